@@ -1,0 +1,47 @@
+# Two commands matter: `make run` and `make test`. Both set up everything they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_STAMP := $(VENV)/.apt-installed
+APT_PACKAGES := mosquitto mosquitto-clients
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ARGS ?=
+
+.PHONY: install run test lint bench image clean
+
+install: $(STAMP) $(APT_STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+# Debian packages the tests and benchmarks drive: mosquitto_pub/sub and the mosquitto peer.
+$(APT_STAMP): $(STAMP)
+	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ]; then \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(APT_PACKAGES); \
+	fi
+	touch $@
+
+run: install
+	$(VENV)/bin/broker run $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check broker tests bench
+
+test: install lint
+	$(VENV)/bin/pytest -q $(ARGS)
+
+bench: install
+	bench/setup.sh
+	$(PY) bench/run.py $(ARGS)
+
+image:
+	docker build -t durable-mqtt-broker:dev .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,48 @@
+"""The `broker` command: `broker run` starts a node; `broker config docs` prints the reference."""
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from broker.config.loader import ConfigError, load_config
+from broker.config.schema import render_markdown_table
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, args.set or [])
+    except ConfigError as error:
+        print(f"broker: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config["log.console.level"].upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from broker.server.app import serve
+
+    try:
+        asyncio.run(serve(config))
+    except OSError as error:
+        print(f"broker: cannot start: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="broker", description="Durable MQTT broker")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="start a broker node")
+    run.add_argument("--config", "-c", help="TOML configuration file")
+    run.add_argument("--set", "-s", action="append", metavar="KEY=VALUE",
+                     help="override one configuration key (repeatable)")
+    run.set_defaults(func=_run)
+    config = commands.add_parser("config", help="configuration reference")
+    config.add_argument("what", choices=["docs"])
+    config.set_defaults(func=lambda _args: print(render_markdown_table()) or 0)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Every configuration key the broker accepts: name, default, parser and documentation.
+
+This list is the single source of truth: the loader validates against it, `broker config
+docs` renders the README's reference table from it, and a test checks the README is current.
+Names follow EMQX where EMQX has the setting, so EMQX users can carry their knowledge over.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker.config.values import (
+    parse_bind,
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_float,
+    parse_int,
+    parse_size,
+    parse_str,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    key: str
+    default: Any
+    parse: Callable[[Any], Any]
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("node.name", "broker@127.0.0.1", parse_str, "Node name, shown in the API."),
+    Setting("node.data_dir", "data", parse_str,
+            "Directory for everything stored on disk (retained messages, later DS)."),
+    Setting("log.console.level", "info",
+            parse_choice("debug", "info", "warning", "error", "critical"),
+            "Log level on stderr."),
+    Setting("listeners.tcp.default.bind", "0.0.0.0:1883", parse_bind,
+            "MQTT over TCP. `off` disables it."),
+    Setting("listeners.ws.default.bind", "0.0.0.0:8083", parse_bind,
+            "MQTT over WebSocket. `off` disables it."),
+    Setting("listeners.ws.default.websocket.mqtt_path", "/mqtt", parse_str,
+            "HTTP path of the WebSocket listener (subprotocol `mqtt`)."),
+    Setting("listeners.ssl.default.bind", "0.0.0.0:8883", parse_bind,
+            "MQTT over TLS; only started when certfile and keyfile are set."),
+    Setting("listeners.ssl.default.ssl_options.certfile", "", parse_str,
+            "PEM certificate chain for the TLS listener."),
+    Setting("listeners.ssl.default.ssl_options.keyfile", "", parse_str,
+            "PEM private key for the TLS listener."),
+    Setting("listeners.ssl.default.ssl_options.cacertfile", "", parse_str,
+            "CA bundle; when set, client certificates are verified (optional)."),
+    Setting("dashboard.listeners.http.bind", "0.0.0.0:18083", parse_bind,
+            "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
+    Setting("mqtt.session_expiry_interval", "2h", parse_duration,
+            "Session expiry for MQTT 3.1.1 clients connecting with clean session = 0."),
+    Setting("mqtt.max_session_expiry_interval", "0s", parse_duration,
+            "Upper bound applied to a client's Session Expiry Interval; 0 = no bound."),
+    Setting("mqtt.max_packet_size", "1MB", parse_size,
+            "Largest packet accepted from a client (advertised in CONNACK)."),
+    Setting("mqtt.max_mqueue_len", 1000, parse_int(0, 2**31),
+            "Messages queued per in-memory session while offline or when the in-flight window"
+            " is full; the oldest is dropped when full. 0 = unlimited."),
+    Setting("mqtt.mqueue_store_qos0", True, parse_bool,
+            "Queue QoS 0 messages for offline in-memory sessions too."),
+    Setting("mqtt.max_inflight", 32, parse_int(1, 65535),
+            "Unacknowledged QoS 1/2 deliveries per client (also bounded by its Receive"
+            " Maximum); advertised as our Receive Maximum."),
+    Setting("mqtt.max_awaiting_rel", 100, parse_int(0, 65535),
+            "Incoming QoS 2 messages awaiting PUBREL per client; 0 = unlimited."),
+    Setting("mqtt.max_topic_alias", 65535, parse_int(0, 65535),
+            "Topic Alias Maximum advertised to MQTT 5 clients; 0 disables aliases."),
+    Setting("mqtt.max_clientid_len", 65535, parse_int(23, 65535), "Longest client ID accepted."),
+    Setting("mqtt.max_topic_levels", 128, parse_int(1, 65535),
+            "Most levels in a topic name or filter."),
+    Setting("mqtt.max_qos_allowed", 2, parse_int(0, 2), "Maximum QoS advertised and granted."),
+    Setting("mqtt.retain_available", True, parse_bool, "Accept retained messages."),
+    Setting("mqtt.wildcard_subscription", True, parse_bool, "Allow `+`/`#` in filters."),
+    Setting("mqtt.shared_subscription", True, parse_bool, "Allow `$share/group/filter`."),
+    Setting("mqtt.keepalive_multiplier", 1.5, parse_float(1.0),
+            "A client is disconnected after keepalive x this without a packet."),
+    Setting("mqtt.server_keepalive", "0s", parse_duration,
+            "If > 0, overrides the client's keepalive and is sent as Server Keep Alive."),
+    Setting("mqtt.idle_timeout", "15s", parse_duration,
+            "Time a new TCP connection may take to send CONNECT."),
+    Setting("retainer.enable", True, parse_bool, "Store retained messages."),
+    Setting("retainer.max_retained_messages", 0, parse_int(0, 2**31),
+            "Most retained topics stored; when full, existing topics can be replaced but new"
+            " ones are not stored. 0 = unlimited."),
+    Setting("retainer.max_payload_size", "1MB", parse_size,
+            "Retained messages with a larger payload are forwarded but not stored."),
+    Setting("retainer.expiry_interval", "0s", parse_duration,
+            "Lifetime of retained messages without their own Message Expiry Interval;"
+            " 0 = never expire."),
+    Setting("retainer.msg_clear_interval", "60s", parse_duration,
+            "How often expired retained messages are deleted from disk (they are never"
+            " delivered once expired regardless); 0 = only on read."),
+)
+
+BY_KEY: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}
+
+
+def render_markdown_table() -> str:
+    """The README's configuration reference, generated so it cannot drift from the code."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for setting in SETTINGS:
+        default = setting.default if setting.default != "" else "(empty)"
+        if isinstance(default, bool):
+            default = str(default).lower()
+        lines.append(f"| `{setting.key}` | `{default}` | {setting.doc} |")
+    return "\n".join(lines)

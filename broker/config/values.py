@@ -1,0 +1,120 @@
+"""Parsers for the value kinds a config key can have (durations, sizes, binds, ...).
+
+Each parser takes the raw value from TOML (already typed) or from `--set` (always a string)
+and returns the normalised Python value, or raises ValueError with a message that the
+loader prefixes with the key's name.
+"""
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]?b)?\s*$", re.IGNORECASE)
+
+
+def parse_duration(raw: Any) -> float:
+    """Seconds from `30s`, `2h`, `500ms`, `1d` or a bare number of seconds."""
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a duration like '30s' or '2h', got {raw!r}")
+    if isinstance(raw, int | float):
+        if raw < 0:
+            raise ValueError(f"duration must not be negative, got {raw!r}")
+        return float(raw)
+    match = _DURATION_RE.match(str(raw))
+    if not match:
+        raise ValueError(f"expected a duration like '30s', '2h', '500ms', got {raw!r}")
+    number, unit = match.groups()
+    return float(number) * _DURATION_UNITS[(unit or "s").lower()]
+
+
+def parse_size(raw: Any) -> int:
+    """Bytes from `1MB`, `64KB`, `512` (binary units, as EMQX reads them)."""
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a size like '1MB', got {raw!r}")
+    if isinstance(raw, int):
+        if raw < 0:
+            raise ValueError(f"size must not be negative, got {raw!r}")
+        return raw
+    match = _SIZE_RE.match(str(raw))
+    if not match:
+        raise ValueError(f"expected a size like '1MB', '64KB' or a number of bytes, got {raw!r}")
+    number, unit = match.groups()
+    return int(number) * _SIZE_UNITS[(unit or "").lower()]
+
+
+def parse_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("true", "on", "yes", "1"):
+        return True
+    if text in ("false", "off", "no", "0"):
+        return False
+    raise ValueError(f"expected true or false, got {raw!r}")
+
+
+def parse_int(minimum: int, maximum: int) -> Callable[[Any], int]:
+    def parse(raw: Any) -> int:
+        if isinstance(raw, bool):
+            raise ValueError(f"expected an integer, got {raw!r}")
+        try:
+            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+        if not minimum <= value <= maximum:
+            raise ValueError(f"must be between {minimum} and {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def parse_float(minimum: float) -> Callable[[Any], float]:
+    def parse(raw: Any) -> float:
+        if isinstance(raw, bool):
+            raise ValueError(f"expected a number, got {raw!r}")
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {raw!r}") from None
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def parse_bind(raw: Any) -> tuple[str, int] | None:
+    """`host:port`, `:port` or a bare port; an empty string or `off` disables the listener."""
+    text = str(raw).strip()
+    if text.lower() in ("", "off", "disabled", "false"):
+        return None
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = "0.0.0.0", text
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"expected host:port, got {raw!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be between 0 and 65535, got {port}")
+    return host, port
+
+
+def parse_str(raw: Any) -> str:
+    if not isinstance(raw, str | int | float) or isinstance(raw, bool):
+        raise ValueError(f"expected a string, got {raw!r}")
+    return str(raw)
+
+
+def parse_choice(*choices: str) -> Callable[[Any], str]:
+    def parse(raw: Any) -> str:
+        text = str(raw).strip().lower()
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
+        return text
+
+    return parse

@@ -1,0 +1,111 @@
+"""The HTTP API on `dashboard.listeners.http.bind`: EMQX-shaped `/api/v5/...` and /metrics.
+
+Handlers read through `Node`'s public state only; responses use EMQX's field names and
+paging envelope (`data` + `meta`) so existing dashboards and scripts mostly just work.
+"""
+
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from broker.mqtt.topic import parse_shared
+from broker.node import Node
+from broker.session.session import Session
+
+NODE_KEY = web.AppKey("node", Node)
+REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+
+
+def client_view(node: Node, session: Session) -> dict[str, Any]:
+    connection = session.connection
+    return {
+        "clientid": session.client_id,
+        "node": node.config["node.name"],
+        "connected": connection is not None,
+        "proto_ver": connection.version if connection else None,
+        "clean_start": connection.clean_start if connection else False,
+        "keepalive": connection.keepalive if connection else None,
+        "ip_address": connection.peer if connection else None,
+        "expiry_interval": session.expiry_interval,
+        "subscriptions_cnt": len(session.subscriptions),
+        "inflight_cnt": len(session.inflight),
+        "mqueue_len": len(session.queue),
+        "awaiting_rel_cnt": len(session.awaiting_rel),
+    }
+
+
+def _page(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
+    try:
+        page = max(1, int(request.query.get("page", "1")))
+        limit = max(1, min(10_000, int(request.query.get("limit", "100"))))
+    except ValueError:
+        return web.json_response(
+            {"code": "BAD_REQUEST", "message": "page and limit must be integers"}, status=400
+        )
+    start = (page - 1) * limit
+    return web.json_response({
+        "data": items[start:start + limit],
+        "meta": {"page": page, "limit": limit, "count": len(items)},
+    })
+
+
+async def list_clients(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    sessions = sorted(node.sessions.sessions.values(), key=lambda s: s.client_id)
+    return _page(request, [client_view(node, s) for s in sessions])
+
+
+async def get_client(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    session = node.sessions.sessions.get(request.match_info["clientid"])
+    if session is None:
+        return web.json_response(
+            {"code": "CLIENTID_NOT_FOUND", "message": "Client ID not found"}, status=404
+        )
+    return web.json_response(client_view(node, session))
+
+
+async def list_subscriptions(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    items = []
+    for session in sorted(node.sessions.sessions.values(), key=lambda s: s.client_id):
+        for key, options in session.subscriptions.items():
+            group, topic_filter = parse_shared(key)
+            items.append({
+                "clientid": session.client_id,
+                "node": node.config["node.name"],
+                "topic": key,
+                "qos": options.qos,
+                "nl": int(options.no_local),
+                "rap": int(options.retain_as_published),
+                "rh": options.retain_handling,
+                "share_group": group,
+                "subid": options.identifier,
+            })
+    return _page(request, items)
+
+
+async def status(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    return web.json_response({"node": node.config["node.name"], "status": "running"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
+    app = web.Application()
+    app[NODE_KEY] = node
+    app[REGISTRY_KEY] = registry
+    app.router.add_get("/status", status)
+    app.router.add_get("/api/v5/status", status)
+    app.router.add_get("/api/v5/clients", list_clients)
+    app.router.add_get("/api/v5/clients/{clientid}", get_client)
+    app.router.add_get("/api/v5/subscriptions", list_subscriptions)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/v5/prometheus/stats", metrics)
+    return app

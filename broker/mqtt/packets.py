@@ -1,0 +1,167 @@
+"""The 15 MQTT control packets as plain data, shared by both protocol versions.
+
+A packet object is what the codec decodes to and encodes from; it holds no version: the
+codec is told the version of the connection. Fields that only exist in MQTT 5 (reason codes
+on acks, properties) take their v3.1.1 meaning when absent (SUCCESS, no properties).
+
+Properties are a `dict[int, Any]` keyed by `PropertyId` value. Value types:
+integers for the integer properties, `str` for UTF-8 strings, `bytes` for Correlation Data
+and Authentication Data, `list[tuple[str, str]]` for USER_PROPERTY (wire order, duplicates
+kept) and `list[int]` for SUBSCRIPTION_IDENTIFIER (PUBLISH may carry several).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.mqtt.constants import PacketType
+
+Properties = dict[int, Any]
+
+
+@dataclass(slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Connect:
+    client_id: str
+    protocol_level: int = 5
+    clean_start: bool = True
+    keepalive: int = 60
+    username: str | None = None
+    password: bytes | None = None
+    will: Will | None = None
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.CONNECT
+
+
+@dataclass(slots=True)
+class Connack:
+    session_present: bool = False
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.CONNACK
+
+
+@dataclass(slots=True)
+class Publish:
+    topic: str
+    payload: bytes = b""
+    qos: int = 0
+    retain: bool = False
+    dup: bool = False
+    packet_id: int | None = None
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.PUBLISH
+
+
+@dataclass(slots=True)
+class Puback:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.PUBACK
+
+
+@dataclass(slots=True)
+class Pubrec:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.PUBREC
+
+
+@dataclass(slots=True)
+class Pubrel:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.PUBREL
+
+
+@dataclass(slots=True)
+class Pubcomp:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.PUBCOMP
+
+
+@dataclass(slots=True)
+class Subscription:
+    """One entry of a SUBSCRIBE payload with its MQTT 5 subscription options."""
+
+    topic_filter: str
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+
+
+@dataclass(slots=True)
+class Subscribe:
+    packet_id: int
+    subscriptions: list[Subscription]
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.SUBSCRIBE
+
+
+@dataclass(slots=True)
+class Suback:
+    packet_id: int
+    reason_codes: list[int]
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.SUBACK
+
+
+@dataclass(slots=True)
+class Unsubscribe:
+    packet_id: int
+    topic_filters: list[str]
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.UNSUBSCRIBE
+
+
+@dataclass(slots=True)
+class Unsuback:
+    """v3.1.1 UNSUBACK has no payload: `reason_codes` is empty when decoded from v3."""
+
+    packet_id: int
+    reason_codes: list[int] = field(default_factory=list)
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.UNSUBACK
+
+
+@dataclass(slots=True)
+class Pingreq:
+    type = PacketType.PINGREQ
+
+
+@dataclass(slots=True)
+class Pingresp:
+    type = PacketType.PINGRESP
+
+
+@dataclass(slots=True)
+class Disconnect:
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.DISCONNECT
+
+
+@dataclass(slots=True)
+class Auth:
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+    type = PacketType.AUTH
+
+
+Packet = (
+    Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Suback
+    | Unsubscribe | Unsuback | Pingreq | Pingresp | Disconnect | Auth
+)

@@ -1,0 +1,394 @@
+"""MQTT wire data types (section 1.5) and the MQTT 5 property block (section 2.2.2).
+
+The property block is made of every primitive type the protocol has (byte, two/four byte
+integer, variable byte integer, UTF-8 string, binary data, string pair), so the primitives
+live here too and both `encode.py` and `decode.py` import them from one place.
+
+Decoding functions work on `(buf, pos, end)`: `buf` is the connection's receive buffer,
+`end` is the end of the current packet. Every length is checked against `end` before it is
+used, because Python slicing past the end silently returns short data instead of failing.
+"""
+
+from typing import Any
+
+from broker.mqtt.constants import MAX_VARINT, PacketType, PropertyId
+from broker.mqtt.errors import MalformedPacket, ProtocolError
+from broker.mqtt.packets import Properties
+
+__all__ = [
+    "ALLOWED_PROPERTIES",
+    "WILL_PROPERTIES",
+    "decode_binary",
+    "decode_properties",
+    "decode_string",
+    "decode_varint",
+    "encode_binary",
+    "encode_properties",
+    "encode_string",
+    "encode_varint",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Primitive types: encoding
+# ---------------------------------------------------------------------------------------------
+
+# One-byte varints are by far the most common (every remaining length < 128); a table lookup
+# is cheaper than building them.
+_VARINT_1 = tuple(bytes((i,)) for i in range(128))
+
+
+def encode_varint(value: int) -> bytes:
+    """Variable Byte Integer (1.5.5); ValueError outside 0..268,435,455."""
+    if value < 128:
+        if value < 0:
+            raise ValueError(f"varint out of range: {value}")
+        return _VARINT_1[value]
+    if value > MAX_VARINT:
+        raise ValueError(f"varint out of range: {value}")
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_string(value: str) -> bytes:
+    """UTF-8 Encoded String (1.5.4): two-byte length then the bytes."""
+    raw = value.encode()
+    if len(raw) > 0xFFFF:
+        raise ValueError("UTF-8 string longer than 65535 bytes")
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def encode_binary(value: bytes) -> bytes:
+    """Binary Data (1.5.6): two-byte length then the bytes."""
+    if len(value) > 0xFFFF:
+        raise ValueError("binary data longer than 65535 bytes")
+    return len(value).to_bytes(2, "big") + bytes(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitive types: decoding
+# ---------------------------------------------------------------------------------------------
+
+
+def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode a Variable Byte Integer at `pos`; returns (value, new_pos).
+
+    Rejects encodings longer than 4 bytes and non-minimal encodings (a trailing 0x00
+    continuation byte), which 1.5.5 forbids ("MUST use the minimum number of bytes").
+    """
+    value = 0
+    shift = 0
+    for i in range(4):
+        if pos + i >= end:
+            raise MalformedPacket("truncated variable byte integer")
+        byte = buf[pos + i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if byte == 0 and i:
+                raise MalformedPacket("non-minimal variable byte integer")
+            return value, pos + i + 1
+        shift += 7
+    raise MalformedPacket("variable byte integer longer than 4 bytes")
+
+
+def decode_string(buf: bytes, pos: int, end: int) -> tuple[str, int]:
+    """Decode a UTF-8 Encoded String; MalformedPacket on bad UTF-8 or U+0000 (1.5.4)."""
+    if pos + 2 > end:
+        raise MalformedPacket("truncated string length")
+    stop = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
+    if stop > end:
+        raise MalformedPacket("string longer than the packet")
+    try:
+        value = buf[pos + 2 : stop].decode()
+    except UnicodeDecodeError:
+        raise MalformedPacket("invalid UTF-8 string") from None
+    if "\x00" in value:
+        raise MalformedPacket("UTF-8 string contains U+0000")
+    return value, stop
+
+
+def decode_binary(buf: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    """Decode Binary Data (1.5.6): two-byte length then that many bytes."""
+    if pos + 2 > end:
+        raise MalformedPacket("truncated binary data length")
+    stop = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
+    if stop > end:
+        raise MalformedPacket("binary data longer than the packet")
+    return bytes(buf[pos + 2 : stop]), stop
+
+
+# ---------------------------------------------------------------------------------------------
+# Property tables (MQTT 5.0 table 2.2.2.2 and each packet's property list)
+# ---------------------------------------------------------------------------------------------
+
+_BYTE, _U16, _U32, _VARINT, _STR, _BIN, _PAIR = range(7)
+
+P = PropertyId
+_KIND: dict[int, int] = {
+    P.PAYLOAD_FORMAT_INDICATOR: _BYTE,
+    P.MESSAGE_EXPIRY_INTERVAL: _U32,
+    P.CONTENT_TYPE: _STR,
+    P.RESPONSE_TOPIC: _STR,
+    P.CORRELATION_DATA: _BIN,
+    P.SUBSCRIPTION_IDENTIFIER: _VARINT,
+    P.SESSION_EXPIRY_INTERVAL: _U32,
+    P.ASSIGNED_CLIENT_IDENTIFIER: _STR,
+    P.SERVER_KEEP_ALIVE: _U16,
+    P.AUTHENTICATION_METHOD: _STR,
+    P.AUTHENTICATION_DATA: _BIN,
+    P.REQUEST_PROBLEM_INFORMATION: _BYTE,
+    P.WILL_DELAY_INTERVAL: _U32,
+    P.REQUEST_RESPONSE_INFORMATION: _BYTE,
+    P.RESPONSE_INFORMATION: _STR,
+    P.SERVER_REFERENCE: _STR,
+    P.REASON_STRING: _STR,
+    P.RECEIVE_MAXIMUM: _U16,
+    P.TOPIC_ALIAS_MAXIMUM: _U16,
+    P.TOPIC_ALIAS: _U16,
+    P.MAXIMUM_QOS: _BYTE,
+    P.RETAIN_AVAILABLE: _BYTE,
+    P.USER_PROPERTY: _PAIR,
+    P.MAXIMUM_PACKET_SIZE: _U32,
+    P.WILDCARD_SUBSCRIPTION_AVAILABLE: _BYTE,
+    P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: _BYTE,
+    P.SHARED_SUBSCRIPTION_AVAILABLE: _BYTE,
+}
+# Plain-int keyed copy: dict lookups with int keys skip IntEnum hashing indirection.
+_KIND_INT: dict[int, int] = {int(k): v for k, v in _KIND.items()}
+
+# Byte properties whose only legal values are 0 and 1 (Protocol Error otherwise).
+_BOOLEAN = frozenset(
+    int(p)
+    for p in (
+        P.PAYLOAD_FORMAT_INDICATOR,
+        P.REQUEST_PROBLEM_INFORMATION,
+        P.REQUEST_RESPONSE_INFORMATION,
+        P.MAXIMUM_QOS,
+        P.RETAIN_AVAILABLE,
+        P.WILDCARD_SUBSCRIPTION_AVAILABLE,
+        P.SUBSCRIPTION_IDENTIFIER_AVAILABLE,
+        P.SHARED_SUBSCRIPTION_AVAILABLE,
+    )
+)
+# Integer properties for which 0 is a Protocol Error.
+_NONZERO = frozenset(
+    int(p)
+    for p in (
+        P.RECEIVE_MAXIMUM,
+        P.MAXIMUM_PACKET_SIZE,
+        P.SUBSCRIPTION_IDENTIFIER,
+        P.TOPIC_ALIAS,
+    )
+)
+
+_UP = int(P.USER_PROPERTY)
+_SUB_ID = int(P.SUBSCRIPTION_IDENTIFIER)
+_REASON = (int(P.REASON_STRING), _UP)
+
+ALLOWED_PROPERTIES: dict[int, frozenset[int]] = {
+    PacketType.CONNECT: frozenset(
+        int(p)
+        for p in (
+            P.SESSION_EXPIRY_INTERVAL,
+            P.AUTHENTICATION_METHOD,
+            P.AUTHENTICATION_DATA,
+            P.REQUEST_PROBLEM_INFORMATION,
+            P.REQUEST_RESPONSE_INFORMATION,
+            P.RECEIVE_MAXIMUM,
+            P.TOPIC_ALIAS_MAXIMUM,
+            P.USER_PROPERTY,
+            P.MAXIMUM_PACKET_SIZE,
+        )
+    ),
+    PacketType.CONNACK: frozenset(
+        int(p)
+        for p in (
+            P.SESSION_EXPIRY_INTERVAL,
+            P.ASSIGNED_CLIENT_IDENTIFIER,
+            P.SERVER_KEEP_ALIVE,
+            P.AUTHENTICATION_METHOD,
+            P.AUTHENTICATION_DATA,
+            P.RESPONSE_INFORMATION,
+            P.SERVER_REFERENCE,
+            P.REASON_STRING,
+            P.RECEIVE_MAXIMUM,
+            P.TOPIC_ALIAS_MAXIMUM,
+            P.MAXIMUM_QOS,
+            P.RETAIN_AVAILABLE,
+            P.USER_PROPERTY,
+            P.MAXIMUM_PACKET_SIZE,
+            P.WILDCARD_SUBSCRIPTION_AVAILABLE,
+            P.SUBSCRIPTION_IDENTIFIER_AVAILABLE,
+            P.SHARED_SUBSCRIPTION_AVAILABLE,
+        )
+    ),
+    PacketType.PUBLISH: frozenset(
+        int(p)
+        for p in (
+            P.PAYLOAD_FORMAT_INDICATOR,
+            P.MESSAGE_EXPIRY_INTERVAL,
+            P.CONTENT_TYPE,
+            P.RESPONSE_TOPIC,
+            P.CORRELATION_DATA,
+            P.SUBSCRIPTION_IDENTIFIER,
+            P.TOPIC_ALIAS,
+            P.USER_PROPERTY,
+        )
+    ),
+    PacketType.PUBACK: frozenset(_REASON),
+    PacketType.PUBREC: frozenset(_REASON),
+    PacketType.PUBREL: frozenset(_REASON),
+    PacketType.PUBCOMP: frozenset(_REASON),
+    PacketType.SUBSCRIBE: frozenset((_SUB_ID, _UP)),
+    PacketType.SUBACK: frozenset(_REASON),
+    PacketType.UNSUBSCRIBE: frozenset((_UP,)),
+    PacketType.UNSUBACK: frozenset(_REASON),
+    PacketType.DISCONNECT: frozenset(
+        int(p)
+        for p in (P.SESSION_EXPIRY_INTERVAL, P.SERVER_REFERENCE, P.REASON_STRING, P.USER_PROPERTY)
+    ),
+    PacketType.AUTH: frozenset(
+        int(p)
+        for p in (P.AUTHENTICATION_METHOD, P.AUTHENTICATION_DATA, P.REASON_STRING, P.USER_PROPERTY)
+    ),
+}
+WILL_PROPERTIES: frozenset[int] = frozenset(
+    int(p)
+    for p in (
+        P.PAYLOAD_FORMAT_INDICATOR,
+        P.MESSAGE_EXPIRY_INTERVAL,
+        P.CONTENT_TYPE,
+        P.RESPONSE_TOPIC,
+        P.CORRELATION_DATA,
+        P.WILL_DELAY_INTERVAL,
+        P.USER_PROPERTY,
+    )
+)
+_PUBLISH_ALLOWED = ALLOWED_PROPERTIES[PacketType.PUBLISH]
+
+# ---------------------------------------------------------------------------------------------
+# Property block
+# ---------------------------------------------------------------------------------------------
+
+
+def _encode_one(pid: int, kind: int, value: Any) -> bytes:
+    if kind == _BYTE:
+        if not 0 <= value <= 0xFF:
+            raise ValueError(f"property {pid:#x}: byte out of range")
+        return bytes((pid, value))
+    if kind == _U16:
+        return bytes((pid,)) + value.to_bytes(2, "big")
+    if kind == _U32:
+        return bytes((pid,)) + value.to_bytes(4, "big")
+    if kind == _STR:
+        return bytes((pid,)) + encode_string(value)
+    if kind == _BIN:
+        return bytes((pid,)) + encode_binary(value)
+    # _VARINT (only SUBSCRIPTION_IDENTIFIER): a list, or a bare int for convenience.
+    if isinstance(value, int):
+        value = (value,)
+    return b"".join(bytes((pid,)) + encode_varint(v) for v in value)
+
+
+def encode_properties(properties: Properties) -> bytes:
+    """Encode a property block including its varint length prefix.
+
+    USER_PROPERTY values are emitted in list order (duplicates kept), SUBSCRIPTION_IDENTIFIER
+    lists emit one entry per identifier. Unknown identifiers raise ValueError: the caller has
+    a bug, and sending it would make the peer drop the connection.
+    """
+    if not properties:
+        return b"\x00"
+    parts: list[bytes] = []
+    for pid, value in properties.items():
+        kind = _KIND_INT.get(pid)
+        if kind is None:
+            raise ValueError(f"unknown property identifier {pid!r}")
+        if kind == _PAIR:
+            for name, val in value:
+                parts.append(b"\x26" + encode_string(name) + encode_string(val))
+        else:
+            try:
+                parts.append(_encode_one(pid, kind, value))
+            except OverflowError:
+                raise ValueError(f"property {pid:#x}: value out of range") from None
+    body = b"".join(parts)
+    return encode_varint(len(body)) + body
+
+
+def decode_properties(
+    buf: bytes, pos: int, end: int, allowed: frozenset[int]
+) -> tuple[Properties, int]:
+    """Decode a property block at `pos` (its length prefix included); returns (props, new_pos).
+
+    Raises MalformedPacket for truncation, unknown identifiers and identifiers not in
+    `allowed` (the packet's list), ProtocolError for duplicates and for the values the spec
+    calls a Protocol Error (0/1 flags, zero Receive Maximum, ...).
+    """
+    length, pos = decode_varint(buf, pos, end)
+    stop = pos + length
+    if stop > end:
+        raise MalformedPacket("property length exceeds the packet")
+    props: Properties = {}
+    while pos < stop:
+        pid = buf[pos]
+        pos += 1
+        if pid not in allowed:
+            if pid in _KIND_INT:
+                raise MalformedPacket(f"property {pid:#x} not allowed in this packet")
+            raise MalformedPacket(f"unknown property identifier {pid:#x}")
+        kind = _KIND_INT[pid]
+        value: Any
+        if kind == _PAIR:
+            name, pos = decode_string(buf, pos, stop)
+            val, pos = decode_string(buf, pos, stop)
+            pairs = props.get(pid)
+            if pairs is None:
+                props[pid] = [(name, val)]
+            else:
+                pairs.append((name, val))
+            continue
+        if kind == _BYTE:
+            if pos >= stop:
+                raise MalformedPacket("truncated property")
+            value = buf[pos]
+            pos += 1
+            if value > 1 and pid in _BOOLEAN:
+                raise ProtocolError(f"property {pid:#x} must be 0 or 1")
+        elif kind == _U16:
+            if pos + 2 > stop:
+                raise MalformedPacket("truncated property")
+            value = (buf[pos] << 8) | buf[pos + 1]
+            pos += 2
+        elif kind == _U32:
+            if pos + 4 > stop:
+                raise MalformedPacket("truncated property")
+            value = int.from_bytes(buf[pos : pos + 4], "big")
+            pos += 4
+        elif kind == _VARINT:
+            value, pos = decode_varint(buf, pos, stop)
+        elif kind == _STR:
+            value, pos = decode_string(buf, pos, stop)
+        else:
+            value, pos = decode_binary(buf, pos, stop)
+        if value == 0 and pid in _NONZERO:
+            raise ProtocolError(f"property {pid:#x} must not be 0")
+        if pid == _SUB_ID:
+            ids = props.get(pid)
+            if ids is None:
+                props[pid] = [value]
+            elif allowed is _PUBLISH_ALLOWED:
+                ids.append(value)
+            else:
+                raise ProtocolError(f"duplicate property {pid:#x}")
+            continue
+        if pid in props:
+            raise ProtocolError(f"duplicate property {pid:#x}")
+        props[pid] = value
+    return props, pos

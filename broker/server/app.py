@@ -1,0 +1,117 @@
+"""Starts and stops a node: listeners, HTTP API, periodic jobs, signal handling.
+
+A stop closes the listeners first (no new clients), then the connections, then flushes and
+closes storage, so SIGTERM under load loses nothing that was acknowledged.
+"""
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+from functools import partial
+
+from aiohttp import web
+
+from broker.config.loader import Config
+from broker.http.api import make_app
+from broker.metrics import make_registry
+from broker.node import Node
+from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol
+
+log = logging.getLogger(__name__)
+
+
+class BrokerApp:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.node = Node(config)
+        self._servers: list[asyncio.Server] = []
+        self._http: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ports: dict[str, int] = {}
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config, node = self.config, self.node
+        listeners = [
+            ("tcp", config["listeners.tcp.default.bind"], partial(MQTTStreamProtocol, node), None),
+            ("ws", config["listeners.ws.default.bind"],
+             partial(MQTTWebSocketProtocol, node,
+                     config["listeners.ws.default.websocket.mqtt_path"]), None),
+        ]
+        tls = self._tls_context()
+        if tls is not None:
+            listeners.append(("ssl", config["listeners.ssl.default.bind"],
+                              partial(MQTTStreamProtocol, node), tls))
+        for name, bind, factory, ssl_context in listeners:
+            if bind is None:
+                continue
+            server = await loop.create_server(
+                factory, bind[0], bind[1], ssl=ssl_context, reuse_address=True, backlog=4096
+            )
+            self._servers.append(server)
+            self.ports[name] = server.sockets[0].getsockname()[1]
+            log.info("listener %s on %s:%d", name, bind[0], self.ports[name])
+        http_bind = config["dashboard.listeners.http.bind"]
+        if http_bind is not None:
+            registry = make_registry(node.stats, node.gauges)
+            self._http = web.AppRunner(make_app(node, registry), access_log=None)
+            await self._http.setup()
+            site = web.TCPSite(self._http, http_bind[0], http_bind[1])
+            await site.start()
+            self.ports["http"] = self._http.addresses[0][1]
+            log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
+        clear_every = config["retainer.msg_clear_interval"]
+        if node.retainer is not None and clear_every > 0:
+            self._tasks.append(asyncio.create_task(self._clear_retained(clear_every)))
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        prefix = "listeners.ssl.default.ssl_options."
+        certfile, keyfile = self.config[prefix + "certfile"], self.config[prefix + "keyfile"]
+        if not certfile or not keyfile or self.config["listeners.ssl.default.bind"] is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certfile, keyfile)
+        if self.config[prefix + "cacertfile"]:
+            context.load_verify_locations(self.config[prefix + "cacertfile"])
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    async def _clear_retained(self, interval: float) -> None:
+        assert self.node.retainer is not None
+        while True:
+            await asyncio.sleep(interval)
+            removed = self.node.retainer.clear_expired()
+            if removed:
+                log.info("removed %d expired retained messages", removed)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in self._tasks:
+            task.cancel()
+        for connection in list(self.node.connections):
+            connection.close()
+        for server in self._servers:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 5)
+        if self._http is not None:
+            await self._http.cleanup()
+        self.node.close()
+
+
+async def serve(config: Config) -> None:
+    """Runs until SIGTERM or SIGINT, then stops gracefully."""
+    app = BrokerApp(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    log.info("broker %s started", config["node.name"])
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        await app.stop()

@@ -1,0 +1,266 @@
+"""One client connection: bytes in, packets dispatched to handlers, bytes out.
+
+The transport is anything with write/close (TCP, TLS or the WebSocket adapter). Output is
+collected and written once per event-loop turn, so a burst of deliveries costs one syscall
+per destination rather than one per message. No exception raised by a packet ever escapes:
+a violation becomes DISCONNECT with its reason code (v5) or a close (v3).
+"""
+
+import asyncio
+import logging
+from typing import Any
+
+from broker.mqtt.codec import Decoder, encode, encode_publish
+from broker.mqtt.constants import MQTT_5, PacketType, PropertyId, ReasonCode
+from broker.mqtt.errors import MalformedPacket, MQTTError, ProtocolError
+from broker.mqtt.packets import Connack, Disconnect, Packet, Pubrel, Will
+from broker.node import Node
+from broker.server.handlers import HANDLERS
+from broker.session.session import Delivery, InFlight, Session
+
+log = logging.getLogger(__name__)
+
+_SUB_IDS = PropertyId.SUBSCRIPTION_IDENTIFIER
+_TOPIC_ALIAS = PropertyId.TOPIC_ALIAS
+
+
+class Connection:
+    def __init__(self, node: Node, transport: Any) -> None:
+        config = node.config
+        self.node = node
+        self.stats = node.stats
+        self.transport = transport
+        self.peer = self._peername(transport)
+        self.decoder = Decoder(max_packet_size=config["mqtt.max_packet_size"])
+        self.version = 4
+        self.connected = False
+        self.closed = False
+        self.client_id = ""
+        self.session: Session | None = None
+        self.will: Will | None = None
+        self.clean_start = True
+        self.keepalive = 0
+        # Limits the client announced in CONNECT (MQTT 5 defaults when absent).
+        self.send_window = config["mqtt.max_inflight"]
+        self.client_max_packet: int | None = None
+        self.client_alias_max = 0
+        self.in_aliases: dict[int, str] = {}
+        self.out_aliases: dict[str, int] = {}
+        self._out: list[bytes] = []
+        self._flush_pending = False
+        self._loop = asyncio.get_running_loop()
+        self._last_rx = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(
+            config["mqtt.idle_timeout"], self._idle_timeout
+        )
+        node.connections.add(self)
+        self.stats.connections_total += 1
+
+    # ---- input -------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._last_rx = self._loop.time()
+        self.stats.bytes_received += len(data)
+        error: MQTTError | None = None
+        try:
+            packets = self.decoder.feed(data)
+        except MQTTError as exc:
+            packets, error = getattr(exc, "packets", []), exc
+        try:
+            for packet in packets:
+                if self.closed:
+                    return
+                self._dispatch(packet)
+        except MQTTError as exc:
+            error = exc
+        except Exception:
+            log.exception("internal error handling a packet from %s", self.client_id or self.peer)
+            error = MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+        if error is not None and not self.closed:
+            self.fail(error)
+
+    def _dispatch(self, packet: Packet) -> None:
+        packet_type = packet.type
+        if not self.connected and packet_type != PacketType.CONNECT:
+            raise ProtocolError(f"{packet_type.name} before CONNECT")
+        handler = HANDLERS.get(packet_type)
+        if handler is None:
+            raise ProtocolError(f"a client must not send {packet_type.name}")
+        handler(self, packet)
+
+    def fail(self, error: MQTTError) -> None:
+        """Ends the connection for a protocol violation, telling a v5 client why."""
+        if isinstance(error, MalformedPacket):
+            self.stats.packets_malformed += 1
+        log.info("closing %s: %s (%s)", self.client_id or self.peer, error,
+                 ReasonCode(error.reason_code).name)
+        if self.connected:
+            self.disconnect(error.reason_code)
+        elif self.decoder.version is not None:
+            # Before CONNACK the reason goes in a CONNACK (MQTT 5.0 section 3.2.2.2).
+            self.version = self.decoder.version
+            self.send_packet(Connack(False, error.reason_code))
+            self.close()
+        else:
+            self.close()
+
+    # ---- output ------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._loop.call_soon(self._flush)
+
+    def send_packet(self, packet: Packet) -> None:
+        self.send(encode(packet, self.version))
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        if not self._out or self.closed:
+            self._out.clear()
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self.stats.bytes_sent += len(data)
+        self.transport.write(data)
+
+    def deliver(self, delivery: Delivery) -> None:
+        """A message for this client: send now, or queue when the in-flight window is full."""
+        message = delivery.message
+        if message.expires_at is not None and message.is_expired():
+            self.stats.drop("expired")
+            return
+        if delivery.qos == 0:
+            self.send_publish(delivery, None, False)
+            return
+        session = self.session
+        assert session is not None
+        if session.queue or len(session.inflight) >= self.send_window:
+            lost = session.enqueue(delivery)
+            if lost:
+                self.stats.drop(lost)
+            return
+        packet_id = session.next_packet_id()
+        session.inflight[packet_id] = InFlight(delivery)
+        self.send_publish(delivery, packet_id, False)
+
+    def drain(self) -> None:
+        """Moves queued messages into the in-flight window as it opens up."""
+        session = self.session
+        if session is None:
+            return
+        queue, inflight = session.queue, session.inflight
+        while queue and len(inflight) < self.send_window:
+            delivery = queue.popleft()
+            if delivery.message.is_expired():
+                self.stats.drop("expired")
+            elif delivery.qos == 0:
+                self.send_publish(delivery, None, False)
+            else:
+                packet_id = session.next_packet_id()
+                inflight[packet_id] = InFlight(delivery)
+                self.send_publish(delivery, packet_id, False)
+
+    def resend_inflight(self) -> None:
+        """On session resume: unacknowledged PUBLISH again with DUP, released QoS 2 as PUBREL."""
+        assert self.session is not None
+        for packet_id, entry in list(self.session.inflight.items()):
+            if entry.released:
+                self.send_packet(Pubrel(packet_id))
+            else:
+                self.send_publish(entry.delivery, packet_id, True)
+
+    def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> None:
+        message = delivery.message
+        topic = message.topic
+        if self.version == MQTT_5:
+            props = (
+                message.outgoing_properties()
+                if message.properties or message.expires_at is not None else {}
+            )
+            if delivery.subscription_ids:
+                props[_SUB_IDS] = delivery.subscription_ids
+            alias = self.out_aliases.get(topic) if self.client_alias_max else None
+            if alias is not None:
+                props[_TOPIC_ALIAS] = alias
+                topic = ""
+            elif self.client_alias_max and len(self.out_aliases) < self.client_alias_max:
+                alias = props[_TOPIC_ALIAS] = len(self.out_aliases) + 1
+            data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
+                                  packet_id, props or None, MQTT_5)
+        else:
+            alias = None
+            data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
+                                  packet_id, None, self.version)
+        if self.client_max_packet is not None and len(data) > self.client_max_packet:
+            # MQTT-3.1.2-25: a packet larger than the client allows is discarded, not sent.
+            self.stats.drop("too_large_for_client")
+            if packet_id is not None and self.session is not None:
+                self.session.inflight.pop(packet_id, None)
+            return
+        if alias is not None and topic:
+            self.out_aliases[topic] = alias
+        self.stats.messages_sent[delivery.qos] += 1
+        self.send(data)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start_keepalive(self, keepalive: int) -> None:
+        self.keepalive = keepalive
+        self._cancel_timer()
+        if keepalive:
+            limit = keepalive * self.node.config["mqtt.keepalive_multiplier"]
+            self._timer = self._loop.call_later(limit, self._check_keepalive, limit)
+
+    def _check_keepalive(self, limit: float) -> None:
+        idle = self._loop.time() - self._last_rx
+        if idle >= limit:
+            self.fail(MQTTError("keepalive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT))
+        else:
+            self._timer = self._loop.call_later(limit - idle, self._check_keepalive, limit)
+
+    def _idle_timeout(self) -> None:
+        if not self.connected:
+            log.info("closing %s: no CONNECT in time", self.peer)
+            self.close()
+
+    def disconnect(self, reason_code: int) -> None:
+        if self.connected and self.version == MQTT_5 and not self.closed:
+            self.send_packet(Disconnect(reason_code))
+        self.close()
+
+    def take_over(self, reason_code: int) -> None:
+        """Another connection claims our client ID: hand the session over right now."""
+        self.disconnect(reason_code)
+        self._release_session()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._flush()
+        self.closed = True
+        self._cancel_timer()
+        self.transport.close()
+
+    def connection_lost(self) -> None:
+        """Called by the transport adapter once the socket is gone, whatever the reason."""
+        self.closed = True
+        self._cancel_timer()
+        self.node.connections.discard(self)
+        self._release_session()
+
+    def _release_session(self) -> None:
+        session, self.session = self.session, None
+        if session is not None and session.connection is self:
+            will, self.will = self.will, None
+            self.node.sessions.detach(session, will)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    @staticmethod
+    def _peername(transport: Any) -> str:
+        peer = transport.get_extra_info("peername")
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)

@@ -1,0 +1,53 @@
+"""PUBACK / PUBREC / PUBREL / PUBCOMP: completing QoS 1 and 2 flows in both directions."""
+
+from typing import TYPE_CHECKING
+
+from broker.mqtt.constants import ReasonCode
+from broker.mqtt.packets import Puback, Pubcomp, Pubrec, Pubrel
+
+if TYPE_CHECKING:
+    from broker.server.connection import Connection
+
+
+def handle_puback(conn: "Connection", packet: Puback) -> None:
+    session = conn.session
+    assert session is not None
+    entry = session.inflight.get(packet.packet_id)
+    if entry is not None and entry.delivery.qos == 1:
+        del session.inflight[packet.packet_id]
+        conn.drain()
+
+
+def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
+    session = conn.session
+    assert session is not None
+    entry = session.inflight.get(packet.packet_id)
+    if entry is None or entry.delivery.qos != 2:
+        conn.send_packet(Pubrel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+        return
+    if packet.reason_code >= 0x80:
+        # The receiver refused the message: the flow ends here (MQTT 5.0 section 4.3.3).
+        del session.inflight[packet.packet_id]
+        conn.drain()
+        return
+    entry.released = True
+    conn.send_packet(Pubrel(packet.packet_id))
+
+
+def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
+    session = conn.session
+    assert session is not None
+    if packet.packet_id in session.awaiting_rel:
+        session.awaiting_rel.discard(packet.packet_id)
+        conn.send_packet(Pubcomp(packet.packet_id))
+    else:
+        conn.send_packet(Pubcomp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+
+
+def handle_pubcomp(conn: "Connection", packet: Pubcomp) -> None:
+    session = conn.session
+    assert session is not None
+    entry = session.inflight.get(packet.packet_id)
+    if entry is not None and entry.released:
+        del session.inflight[packet.packet_id]
+        conn.drain()

@@ -1,0 +1,110 @@
+"""CONNECT: version, client ID, session choice (clean start / expiry), will, limits, CONNACK."""
+
+import uuid
+from typing import TYPE_CHECKING
+
+from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
+from broker.mqtt.errors import MQTTError, ProtocolError
+from broker.mqtt.packets import Connack, Connect
+from broker.mqtt.topic import validate_topic_name
+from broker.session.message import payload_format_ok
+
+if TYPE_CHECKING:
+    from broker.server.connection import Connection
+
+P = PropertyId
+
+
+def _refuse(conn: "Connection", reason: ReasonCode) -> None:
+    conn.send_packet(Connack(False, reason))
+    conn.close()
+
+
+def handle_connect(conn: "Connection", packet: Connect) -> None:
+    if conn.connected:
+        raise ProtocolError("second CONNECT on one connection")
+    config = conn.node.config
+    version = conn.version = packet.protocol_level
+    props = packet.properties
+    if P.AUTHENTICATION_METHOD in props:
+        return _refuse(conn, ReasonCode.BAD_AUTHENTICATION_METHOD)
+
+    client_id, assigned = packet.client_id, False
+    if not client_id:
+        if version != MQTT_5 and not packet.clean_start:
+            return _refuse(conn, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
+        client_id, assigned = f"auto-{uuid.uuid4().hex}", True
+    if len(client_id) > config["mqtt.max_clientid_len"]:
+        return _refuse(conn, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
+
+    will = packet.will
+    if will is not None:
+        try:
+            validate_topic_name(will.topic)
+        except MQTTError:
+            return _refuse(conn, ReasonCode.TOPIC_NAME_INVALID)
+        if will.qos > config["mqtt.max_qos_allowed"]:
+            return _refuse(conn, ReasonCode.QOS_NOT_SUPPORTED)
+        if will.retain and not config["mqtt.retain_available"]:
+            return _refuse(conn, ReasonCode.RETAIN_NOT_SUPPORTED)
+        if not payload_format_ok(will.payload, will.properties):
+            return _refuse(conn, ReasonCode.PAYLOAD_FORMAT_INVALID)
+
+    if version == MQTT_5:
+        expiry = props.get(P.SESSION_EXPIRY_INTERVAL, 0)
+        conn.send_window = min(props.get(P.RECEIVE_MAXIMUM, 65535), config["mqtt.max_inflight"])
+        conn.client_max_packet = props.get(P.MAXIMUM_PACKET_SIZE)
+        conn.client_alias_max = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
+    else:
+        expiry = 0 if packet.clean_start else int(config["mqtt.session_expiry_interval"])
+    cap = int(config["mqtt.max_session_expiry_interval"])
+    granted_expiry = min(expiry, cap) if cap else expiry
+
+    keepalive = packet.keepalive
+    server_keepalive = int(config["mqtt.server_keepalive"])
+    if server_keepalive:
+        keepalive = server_keepalive
+
+    conn.client_id = client_id
+    conn.clean_start = packet.clean_start
+    conn.will = will
+    session, present = conn.node.sessions.open(
+        conn, client_id, packet.clean_start, granted_expiry
+    )
+    conn.session = session
+    conn.connected = True
+
+    ack = {}
+    if version == MQTT_5:
+        ack = _connack_properties(conn, assigned, client_id, server_keepalive)
+        if granted_expiry != expiry:
+            ack[P.SESSION_EXPIRY_INTERVAL] = granted_expiry
+    conn.send_packet(Connack(present, ReasonCode.SUCCESS, ack))
+    conn.start_keepalive(keepalive)
+    if present:
+        conn.resend_inflight()
+        conn.drain()
+
+
+def _connack_properties(
+    conn: "Connection", assigned: bool, client_id: str, server_keepalive: int
+) -> dict[int, object]:
+    config = conn.node.config
+    props: dict[int, object] = {
+        P.RECEIVE_MAXIMUM: config["mqtt.max_inflight"],
+        P.MAXIMUM_PACKET_SIZE: config["mqtt.max_packet_size"],
+        P.RETAIN_AVAILABLE: int(config["mqtt.retain_available"]),
+        P.WILDCARD_SUBSCRIPTION_AVAILABLE: int(config["mqtt.wildcard_subscription"]),
+        P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
+        P.SHARED_SUBSCRIPTION_AVAILABLE: int(config["mqtt.shared_subscription"]),
+    }
+    if config["mqtt.max_topic_alias"]:
+        props[P.TOPIC_ALIAS_MAXIMUM] = config["mqtt.max_topic_alias"]
+    if config["mqtt.max_qos_allowed"] < 2:
+        props[P.MAXIMUM_QOS] = config["mqtt.max_qos_allowed"]
+    if assigned:
+        props[P.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+    if server_keepalive:
+        props[P.SERVER_KEEP_ALIVE] = server_keepalive
+    return props
+

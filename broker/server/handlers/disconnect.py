@@ -1,0 +1,34 @@
+"""DISCONNECT, PINGREQ and AUTH from a client."""
+
+from typing import TYPE_CHECKING
+
+from broker.mqtt.constants import PropertyId, ReasonCode
+from broker.mqtt.errors import MQTTError, ProtocolError
+from broker.mqtt.packets import Auth, Disconnect, Pingreq, Pingresp
+
+if TYPE_CHECKING:
+    from broker.server.connection import Connection
+
+
+def handle_disconnect(conn: "Connection", packet: Disconnect) -> None:
+    session = conn.session
+    assert session is not None
+    expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+    if expiry is not None:
+        if session.expiry_interval == 0 and expiry != 0:
+            # MQTT-3.14.2-2: a session that was to end at disconnect cannot be extended now.
+            raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 in CONNECT")
+        cap = int(conn.node.config["mqtt.max_session_expiry_interval"])
+        session.expiry_interval = min(expiry, cap) if cap else expiry
+    if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+        conn.will = None
+    conn.close()
+
+
+def handle_pingreq(conn: "Connection", packet: Pingreq) -> None:
+    conn.send_packet(Pingresp())
+
+
+def handle_auth(conn: "Connection", packet: Auth) -> None:
+    # Enhanced authentication is not offered, so a client has no AUTH exchange to continue.
+    raise MQTTError("AUTH without an authentication method", ReasonCode.PROTOCOL_ERROR)

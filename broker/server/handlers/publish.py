@@ -1,0 +1,80 @@
+"""PUBLISH from a client: topic aliases, limits, payload format, QoS 0/1/2 acknowledgement."""
+
+from typing import TYPE_CHECKING
+
+from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
+from broker.mqtt.errors import MQTTError, ProtocolError
+from broker.mqtt.packets import Puback, Publish, Pubrec
+from broker.session.message import message_from_publish, payload_format_ok
+
+if TYPE_CHECKING:
+    from broker.server.connection import Connection
+
+_ALIAS = PropertyId.TOPIC_ALIAS
+
+
+def _resolve_alias(conn: "Connection", packet: Publish) -> str:
+    alias = packet.properties.pop(_ALIAS)
+    if alias > conn.node.config["mqtt.max_topic_alias"]:
+        raise MQTTError(f"topic alias {alias} above our maximum", ReasonCode.TOPIC_ALIAS_INVALID)
+    if packet.topic:
+        conn.in_aliases[alias] = packet.topic
+        return packet.topic
+    topic = conn.in_aliases.get(alias)
+    if topic is None:
+        raise ProtocolError(f"topic alias {alias} was never set")
+    return topic
+
+
+def handle_publish(conn: "Connection", packet: Publish) -> None:
+    config = conn.node.config
+    qos = packet.qos
+    topic = packet.topic
+    props = packet.properties
+    if props and _ALIAS in props:
+        topic = _resolve_alias(conn, packet)
+    if qos > config["mqtt.max_qos_allowed"]:
+        raise MQTTError(f"QoS {qos} not supported", ReasonCode.QOS_NOT_SUPPORTED)
+    if packet.retain and not config["mqtt.retain_available"]:
+        raise MQTTError("retain not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
+    if topic.count("/") >= config["mqtt.max_topic_levels"]:
+        raise MQTTError("too many topic levels", ReasonCode.TOPIC_NAME_INVALID)
+    stats = conn.stats
+    stats.messages_received[qos] += 1
+    if props and not payload_format_ok(packet.payload, props):
+        if qos == 0:
+            raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)
+        stats.drop("payload_format_invalid")
+        ack = Puback if qos == 1 else Pubrec
+        conn.send_packet(ack(packet.packet_id, ReasonCode.PAYLOAD_FORMAT_INVALID))
+        return
+
+    session = conn.session
+    assert session is not None
+    if qos == 2 and packet.packet_id in session.awaiting_rel:
+        # A DUP of a QoS 2 message we already own: acknowledge again, never route twice.
+        conn.send_packet(Pubrec(packet.packet_id))
+        return
+    if qos == 2:
+        limit = (
+            config["mqtt.max_inflight"] if conn.version == MQTT_5
+            else config["mqtt.max_awaiting_rel"]
+        )
+        if limit and len(session.awaiting_rel) >= limit:
+            raise MQTTError("too many QoS 2 messages awaiting PUBREL",
+                            ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+    message = message_from_publish(
+        topic, packet.payload, qos, packet.retain, conn.client_id, props
+    )
+    matched = conn.node.publish(message)
+    if qos == 0:
+        return
+    reason = (
+        ReasonCode.SUCCESS if matched or conn.version != MQTT_5
+        else ReasonCode.NO_MATCHING_SUBSCRIBERS
+    )
+    if qos == 1:
+        conn.send_packet(Puback(packet.packet_id, reason))
+    else:
+        session.awaiting_rel.add(packet.packet_id)
+        conn.send_packet(Pubrec(packet.packet_id, reason))

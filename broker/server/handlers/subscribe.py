@@ -1,0 +1,68 @@
+"""SUBSCRIBE: validate each filter, store options, SUBACK, then retained messages."""
+
+from typing import TYPE_CHECKING
+
+from broker.mqtt.constants import PropertyId, ReasonCode
+from broker.mqtt.errors import MQTTError, ProtocolError
+from broker.mqtt.packets import Suback, Subscribe, Subscription
+from broker.mqtt.topic import parse_shared, validate_topic_filter
+from broker.session.session import Delivery, SubscriptionOptions
+
+if TYPE_CHECKING:
+    from broker.server.connection import Connection
+
+
+def _check(conn: "Connection", sub: Subscription) -> tuple[str | None, str]:
+    """(share group, filter) or raises MQTTError carrying the SUBACK reason code."""
+    config = conn.node.config
+    group, topic_filter = parse_shared(sub.topic_filter)
+    validate_topic_filter(topic_filter)
+    if topic_filter.count("/") >= config["mqtt.max_topic_levels"]:
+        raise MQTTError("too many levels", ReasonCode.TOPIC_FILTER_INVALID)
+    if not config["mqtt.wildcard_subscription"] and ("+" in topic_filter or "#" in topic_filter):
+        raise MQTTError("wildcards disabled", ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED)
+    if group is not None:
+        if not config["mqtt.shared_subscription"]:
+            raise MQTTError("shared disabled", ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+        if sub.no_local:
+            # MQTT-3.8.3-4: No Local on a shared subscription is a Protocol Error.
+            raise ProtocolError("No Local set on a shared subscription")
+    return group, topic_filter
+
+
+def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
+    node = conn.node
+    session = conn.session
+    assert session is not None
+    identifiers = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
+    identifier = identifiers[0] if identifiers else None
+    max_qos = node.config["mqtt.max_qos_allowed"]
+    codes: list[int] = []
+    retained: list[Delivery] = []
+    for sub in packet.subscriptions:
+        try:
+            group, topic_filter = _check(conn, sub)
+        except ProtocolError:
+            raise
+        except MQTTError as error:
+            codes.append(error.reason_code)
+            continue
+        granted = min(sub.qos, max_qos)
+        options = SubscriptionOptions(
+            granted, sub.no_local, sub.retain_as_published, sub.retain_handling, identifier,
+            group,
+        )
+        existed = sub.topic_filter in session.subscriptions
+        session.subscriptions[sub.topic_filter] = options
+        node.router.subscribe(session.client_id, topic_filter, options)
+        codes.append(granted)
+        send_retained = sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
+        if group is None and send_retained and node.retainer is not None:
+            sub_ids = [identifier] if identifier is not None else []
+            retained.extend(
+                Delivery(message, min(message.qos, granted), True, list(sub_ids))
+                for message in node.retainer.match(topic_filter)
+            )
+    conn.send_packet(Suback(packet.packet_id, codes))
+    for delivery in retained:
+        conn.deliver(delivery)

@@ -1,0 +1,61 @@
+"""The broker's internal form of an application message, independent of any connection."""
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from broker.mqtt.constants import PropertyId
+from broker.mqtt.packets import Properties
+
+_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
+# Properties the broker forwards unchanged to subscribers (MQTT 5.0 section 3.3.2.3); topic alias
+# and subscription identifiers are per-connection and are set on delivery.
+FORWARDED_PROPERTIES = frozenset({
+    PropertyId.PAYLOAD_FORMAT_INDICATOR,
+    PropertyId.CONTENT_TYPE,
+    PropertyId.RESPONSE_TOPIC,
+    PropertyId.CORRELATION_DATA,
+    PropertyId.USER_PROPERTY,
+})
+
+
+@dataclass(slots=True)
+class Message:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    publisher: str = ""
+    properties: Properties = field(default_factory=dict)
+    # Wall-clock deadline (time.time()) after which the message must not be delivered.
+    expires_at: float | None = None
+
+    def is_expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+    def outgoing_properties(self, now: float | None = None) -> Properties:
+        """Forwarded properties, with Message Expiry Interval set to the time remaining."""
+        props = {k: v for k, v in self.properties.items() if k in FORWARDED_PROPERTIES}
+        if self.expires_at is not None:
+            remaining = self.expires_at - (now or time.time())
+            props[_EXPIRY] = max(1, math.ceil(remaining))
+        return props
+
+
+def message_from_publish(
+    topic: str, payload: bytes, qos: int, retain: bool, publisher: str, properties: Properties
+) -> Message:
+    interval = properties.get(_EXPIRY)
+    expires_at = time.time() + interval if interval is not None else None
+    return Message(topic, payload, qos, retain, publisher, properties, expires_at)
+
+
+def payload_format_ok(payload: bytes, properties: Properties) -> bool:
+    """Payload Format Indicator 1 promises UTF-8; the broker must check the promise."""
+    if properties.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) != 1:
+        return True
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -1,0 +1,76 @@
+"""In-memory session state: subscriptions, the in-flight window and the message queue.
+
+Holds no sockets; the connection that currently owns the session asks it what to send. The
+in-flight window is bounded by the client's Receive Maximum; what does not fit waits in the
+queue (`mqtt.max_mqueue_len`, oldest dropped), which is also where messages wait while the
+client is offline.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.mqtt.constants import MAX_PACKET_ID
+from broker.mqtt.packets import Will
+from broker.session.message import Message
+
+
+@dataclass(slots=True)
+class SubscriptionOptions:
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    identifier: int | None = None
+    share_group: str | None = None
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message bound for one session, with the per-subscriber QoS/flags resolved."""
+
+    message: Message
+    qos: int
+    retain: bool
+    subscription_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class InFlight:
+    delivery: Delivery
+    # True once PUBREC arrived for a QoS 2 delivery: we now owe/await PUBREL/PUBCOMP.
+    released: bool = False
+
+
+class Session:
+    def __init__(self, client_id: str, expiry_interval: int, max_queue: int, queue_qos0: bool):
+        self.client_id = client_id
+        self.expiry_interval = expiry_interval
+        self.subscriptions: dict[str, SubscriptionOptions] = {}
+        self.inflight: dict[int, InFlight] = {}
+        self.queue: deque[Delivery] = deque()
+        self.awaiting_rel: set[int] = set()
+        self.connection: Any = None
+        self.will: Will | None = None
+        self._max_queue = max_queue
+        self._queue_qos0 = queue_qos0
+        self._next_id = 1
+
+    def next_packet_id(self) -> int:
+        """A packet ID not used by any in-flight delivery (MQTT-2.2.1-3)."""
+        for _ in range(MAX_PACKET_ID):
+            packet_id = self._next_id
+            self._next_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
+            if packet_id not in self.inflight:
+                return packet_id
+        raise RuntimeError("no free packet identifier")
+
+    def enqueue(self, delivery: Delivery) -> str | None:
+        """Queues a delivery; returns the reason a message was lost doing so, if one was."""
+        if delivery.qos == 0 and not self._queue_qos0 and self.connection is None:
+            return "offline_qos0"
+        self.queue.append(delivery)
+        if self._max_queue and len(self.queue) > self._max_queue:
+            self.queue.popleft()
+            return "queue_full"
+        return None

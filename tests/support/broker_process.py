@@ -1,0 +1,79 @@
+"""Runs the real `broker` CLI as a subprocess for integration tests.
+
+Every listener binds 127.0.0.1:0; the ports are read from the broker's own start-up log
+lines, so tests neither guess free ports nor sleep while waiting for it to come up.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LISTENER = re.compile(r"(?:listener (\w+)|(HTTP) API) on [\d.]+:(\d+)")
+_STARTED = "started"
+
+
+@dataclass
+class BrokerProcess:
+    data_dir: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    log_lines: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 20.0) -> "BrokerProcess":
+        args = [sys.executable, "-m", "broker", "run"]
+        base = {
+            "listeners.tcp.default.bind": "127.0.0.1:0",
+            "listeners.ws.default.bind": "127.0.0.1:0",
+            "dashboard.listeners.http.bind": "127.0.0.1:0",
+            "node.data_dir": str(self.data_dir),
+        }
+        for key, value in {**base, **self.settings}.items():
+            args += ["--set", f"{key}={value}"]
+        self.ports = {}
+        self.proc = subprocess.Popen(
+            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        ready = threading.Event()
+        threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()
+        if not ready.wait(timeout) or self.proc.poll() is not None:
+            self.kill()
+            raise RuntimeError("broker did not start:\n" + "\n".join(self.log_lines[-30:]))
+        return self
+
+    def _read_log(self, ready: threading.Event) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log_lines.append(line.rstrip())
+            match = _LISTENER.search(line)
+            if match:
+                self.ports[(match.group(1) or "http").lower()] = int(match.group(3))
+            if _STARTED in line and "broker" in line:
+                ready.set()
+        ready.set()
+
+    @property
+    def tcp(self) -> int:
+        return self.ports["tcp"]
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait: the graceful path; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
