@@ -10,7 +10,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from broker.mqtt.topic import parse_shared
 from broker.node import Node
 from broker.session.session import Session
 
@@ -72,7 +71,6 @@ async def list_subscriptions(request: web.Request) -> web.Response:
     items = []
     for session in sorted(node.sessions.sessions.values(), key=lambda s: s.client_id):
         for key, options in session.subscriptions.items():
-            group, topic_filter = parse_shared(key)
             items.append({
                 "clientid": session.client_id,
                 "node": node.config["node.name"],
@@ -81,7 +79,7 @@ async def list_subscriptions(request: web.Request) -> web.Response:
                 "nl": int(options.no_local),
                 "rap": int(options.retain_as_published),
                 "rh": options.retain_handling,
-                "share_group": group,
+                "share_group": options.share_group,
                 "subid": options.identifier,
             })
     return _page(request, items)

@@ -12,6 +12,7 @@ in the wrong direction, filter syntax) are left to the connection.
 """
 
 from collections.abc import Callable
+from typing import NoReturn
 
 from broker.mqtt.constants import MQTT_3_1, MQTT_3_1_1, MQTT_5, PacketType, PropertyId, ReasonCode
 from broker.mqtt.errors import (
@@ -61,27 +62,48 @@ _AUTH_DATA = int(PropertyId.AUTHENTICATION_DATA)
 _PUBLISH_PROPS = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 
 
-def _first_byte_error(b0: int) -> str | None:
-    """Why a fixed-header first byte is malformed, or None (2.1.3 reserved flags, 3.3.1)."""
+def _first_byte_error(b0: int, version: int | None) -> MQTTError | None:
+    """What is wrong with a fixed-header first byte on a connection at `version`, or None.
+
+    Reserved flags (2.1.3), PUBLISH QoS 3 / DUP on QoS 0 (3.3.1), type 0, type 15 (AUTH)
+    before v5, and anything but CONNECT while the version is still unknown.
+    """
     ptype, flags = b0 >> 4, b0 & 0x0F
     if ptype == 0:
-        return "reserved packet type 0"
+        return MalformedPacket("reserved packet type 0")
     if ptype == PacketType.PUBLISH:
         qos = (flags >> 1) & 3
         if qos == 3:
-            return "PUBLISH with QoS 3"
+            return MalformedPacket("PUBLISH with QoS 3")
         if flags & 8 and not qos:
-            return "PUBLISH with DUP set on QoS 0"
-        return None
-    two = (PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE)
-    expected = 2 if ptype in two else 0
-    if flags != expected:
-        return f"reserved fixed header flags {flags:#06b} on packet type {ptype}"
+            return MalformedPacket("PUBLISH with DUP set on QoS 0")
+    else:
+        two = (PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE)
+        expected = 2 if ptype in two else 0
+        if flags != expected:
+            return MalformedPacket(f"reserved flags {flags:#06b} on packet type {ptype}")
+    if ptype == PacketType.AUTH and version in (MQTT_3_1, MQTT_3_1_1):
+        return MalformedPacket("packet type 15 is reserved before MQTT 5")
+    if version is None and ptype != PacketType.CONNECT:
+        return ProtocolError("first packet must be CONNECT")
     return None
 
 
-# Precomputed per possible first byte: the check costs one tuple index per packet.
-_FIRST_BYTE_ERROR: tuple[str | None, ...] = tuple(_first_byte_error(b) for b in range(256))
+# Precomputed per version and possible first byte, so that the whole fixed-header check
+# costs one tuple index per packet. Holds exception templates; the raised error is a copy.
+_FIRST_BYTE: dict[int | None, tuple[MQTTError | None, ...]] = {
+    v: tuple(_first_byte_error(b, v) for b in range(256))
+    for v in (None, MQTT_3_1, MQTT_3_1_1, MQTT_5)
+}
+# PUBLISH first byte -> (qos, retain, dup).
+_PUBLISH_BITS: tuple[tuple[int, bool, bool], ...] = tuple(
+    ((b >> 1) & 3, bool(b & 1), bool(b & 8)) for b in range(256)
+)
+
+
+def _raise_first_byte(template: MQTTError) -> NoReturn:
+    raise type(template)(str(template), template.reason_code)
+
 
 # Reason codes each v5 packet may carry (the "Reason Code values" table of each packet).
 _R = ReasonCode
@@ -418,41 +440,39 @@ class Decoder:
         pos = 0
         need = 0
         version = self.version
-        max_size = self.max_packet_size
-        first_byte_error = _FIRST_BYTE_ERROR
+        v5 = version == MQTT_5
+        first_byte = _FIRST_BYTE[version]
+        # With a one-byte remaining length a packet has at most 129 bytes: the size check
+        # is only needed on that path when the limit is smaller than that.
+        small_limit = self.max_packet_size - 2
+        publish_bits = _PUBLISH_BITS
         publish = Publish
         try:
             while pos < n:
                 b0 = buf[pos]
-                if first_byte_error[b0] is not None:
-                    raise MalformedPacket(first_byte_error[b0])  # type: ignore[arg-type]
-                ptype = b0 >> 4
-                if version is None:
-                    if ptype != 1:
-                        raise ProtocolError("first packet must be CONNECT")
-                elif ptype == 15 and version != MQTT_5:
-                    raise MalformedPacket("packet type 15 is reserved before MQTT 5")
+                if first_byte[b0] is not None:
+                    _raise_first_byte(first_byte[b0])  # type: ignore[arg-type]
                 if pos + 1 >= n:
                     need = 0
                     break
                 rl = buf[pos + 1]
                 if rl < 0x80:
                     start = pos + 2
+                    if rl > small_limit:
+                        self._too_large(rl + 2)
                 else:
                     rl, start = _remaining_length(buf, pos + 1, n)
                     if rl < 0:
                         need = 0
                         break
+                    if start - pos + rl > self.max_packet_size:
+                        self._too_large(start - pos + rl)
                 end = start + rl
-                if end - pos > max_size:
-                    raise PacketTooLarge(
-                        f"packet of {end - pos} bytes exceeds maximum of {max_size}"
-                    )
                 if end > n:
                     need = end - pos
                     break
 
-                if ptype == 3:
+                if b0 >> 4 == 3:
                     # PUBLISH, inline: topic, [packet id], [properties], payload.
                     if rl < 2:
                         raise MalformedPacket("PUBLISH too short")
@@ -463,16 +483,17 @@ class Decoder:
                         topic = buf[start + 2 : p].decode()
                     except UnicodeDecodeError:
                         raise MalformedPacket("invalid UTF-8 in topic name") from None
-                    qos = (b0 >> 1) & 3
-                    packet_id: int | None = None
+                    qos, retain, dup = publish_bits[b0]
                     if qos:
                         if p + 2 > end:
                             raise MalformedPacket("PUBLISH too short for packet identifier")
-                        packet_id = (buf[p] << 8) | buf[p + 1]
+                        packet_id: int | None = (buf[p] << 8) | buf[p + 1]
                         if not packet_id:
                             raise MalformedPacket("packet identifier 0")
                         p += 2
-                    if version == MQTT_5:
+                    else:
+                        packet_id = None
+                    if v5:
                         if p >= end:
                             raise MalformedPacket("PUBLISH without property length")
                         if buf[p]:
@@ -484,13 +505,15 @@ class Decoder:
                         props = {}
                     if not topic or "+" in topic or "#" in topic or "\x00" in topic:
                         _bad_topic(topic, props, version)  # type: ignore[arg-type]
-                    retain = bool(b0 & 1)
-                    append(publish(topic, buf[p:end], qos, retain, bool(b0 & 8), packet_id, props))
-                elif ptype == 1:
+                    append(publish(topic, buf[p:end], qos, retain, dup, packet_id, props))
+                elif b0 == 0x10:
                     append(self._decode_connect(_Reader(buf, start, end)))
                     version = self.version
+                    v5 = version == MQTT_5
+                    first_byte = _FIRST_BYTE[version]
                 else:
-                    append(_DECODER_TABLE[ptype](_Reader(buf, start, end), version))  # type: ignore[misc,arg-type]
+                    decoder = _DECODER_TABLE[b0 >> 4]
+                    append(decoder(_Reader(buf, start, end), version))  # type: ignore[misc,arg-type]
                 pos = end
         except MQTTError as exc:
             exc.packets = packets  # type: ignore[attr-defined]
@@ -506,6 +529,9 @@ class Decoder:
         else:
             self._have = self._need = 0
         return packets
+
+    def _too_large(self, size: int) -> NoReturn:
+        raise PacketTooLarge(f"packet of {size} bytes exceeds maximum of {self.max_packet_size}")
 
     def _decode_connect(self, r: _Reader) -> Connect:
         """CONNECT (3.1). Sets `self.version` as soon as the protocol level is known, so the

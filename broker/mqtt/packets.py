@@ -162,6 +162,19 @@ class Auth:
 
 
 Packet = (
-    Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Suback
-    | Unsubscribe | Unsuback | Pingreq | Pingresp | Disconnect | Auth
+    Connect
+    | Connack
+    | Publish
+    | Puback
+    | Pubrec
+    | Pubrel
+    | Pubcomp
+    | Subscribe
+    | Suback
+    | Unsubscribe
+    | Unsuback
+    | Pingreq
+    | Pingresp
+    | Disconnect
+    | Auth
 )

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def _check(conn: "Connection", sub: Subscription) -> tuple[str | None, str]:
-    """(share group, filter) or raises MQTTError carrying the SUBACK reason code."""
+    """(share group, filter), or MQTTError carrying this filter's SUBACK reason code."""
     config = conn.node.config
     group, topic_filter = parse_shared(sub.topic_filter)
     validate_topic_filter(topic_filter)
@@ -21,12 +21,8 @@ def _check(conn: "Connection", sub: Subscription) -> tuple[str | None, str]:
         raise MQTTError("too many levels", ReasonCode.TOPIC_FILTER_INVALID)
     if not config["mqtt.wildcard_subscription"] and ("+" in topic_filter or "#" in topic_filter):
         raise MQTTError("wildcards disabled", ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED)
-    if group is not None:
-        if not config["mqtt.shared_subscription"]:
-            raise MQTTError("shared disabled", ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
-        if sub.no_local:
-            # MQTT-3.8.3-4: No Local on a shared subscription is a Protocol Error.
-            raise ProtocolError("No Local set on a shared subscription")
+    if group is not None and not config["mqtt.shared_subscription"]:
+        raise MQTTError("shared disabled", ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
     return group, topic_filter
 
 
@@ -42,11 +38,12 @@ def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
     for sub in packet.subscriptions:
         try:
             group, topic_filter = _check(conn, sub)
-        except ProtocolError:
-            raise
         except MQTTError as error:
             codes.append(error.reason_code)
             continue
+        if group is not None and sub.no_local:
+            # MQTT-3.8.3-4: No Local on a shared subscription is a Protocol Error.
+            raise ProtocolError("No Local set on a shared subscription")
         granted = min(sub.qos, max_qos)
         options = SubscriptionOptions(
             granted, sub.no_local, sub.retain_as_published, sub.retain_handling, identifier,
