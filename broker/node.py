@@ -4,6 +4,7 @@ This is the seam between protocol handling (connections) and state; everything t
 reaches more than one client goes through `publish`.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,31 @@ from broker.session.message import Message
 from broker.session.session import Session
 
 
+@dataclass(frozen=True, slots=True)
+class PublishLimits:
+    """The settings checked on every PUBLISH, read once: a Config lookup per packet shows up
+    in profiles."""
+
+    max_qos: int
+    retain_available: bool
+    max_topic_levels: int
+    max_topic_alias: int
+    max_inflight: int
+    max_awaiting_rel: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> "PublishLimits":
+        return cls(
+            config["mqtt.max_qos_allowed"], config["mqtt.retain_available"],
+            config["mqtt.max_topic_levels"], config["mqtt.max_topic_alias"],
+            config["mqtt.max_inflight"], config["mqtt.max_awaiting_rel"],
+        )
+
+
 class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.limits = PublishLimits.from_config(config)
         self.stats = Stats()
         self.router = Router()
         self.connections: set[Any] = set()

@@ -159,8 +159,9 @@ _KIND: dict[int, int] = {
     P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: _BYTE,
     P.SHARED_SUBSCRIPTION_AVAILABLE: _BYTE,
 }
-# Plain-int keyed copy: dict lookups with int keys skip IntEnum hashing indirection.
+# Plain-int keyed copy, and a tuple indexed by identifier byte for the decoder.
 _KIND_INT: dict[int, int] = {int(k): v for k, v in _KIND.items()}
+_KIND_TABLE: tuple[int | None, ...] = tuple(_KIND_INT.get(i) for i in range(256))
 
 # Byte properties whose only legal values are 0 and 1 (Protocol Error otherwise).
 _BOOLEAN = frozenset(
@@ -322,6 +323,17 @@ def encode_properties(properties: Properties) -> bytes:
     return encode_varint(len(body)) + body
 
 
+def _utf8(raw: bytes) -> str:
+    """Strict UTF-8 decode that reports MalformedPacket (1.5.4)."""
+    try:
+        value = raw.decode()
+    except UnicodeDecodeError:
+        raise MalformedPacket("invalid UTF-8 string") from None
+    if "\x00" in value:
+        raise MalformedPacket("UTF-8 string contains U+0000")
+    return value
+
+
 def decode_properties(
     buf: bytes, pos: int, end: int, allowed: frozenset[int]
 ) -> tuple[Properties, int]:
@@ -330,53 +342,74 @@ def decode_properties(
     Raises MalformedPacket for truncation, unknown identifiers and identifiers not in
     `allowed` (the packet's list), ProtocolError for duplicates and for the values the spec
     calls a Protocol Error (0/1 flags, zero Receive Maximum, ...).
+
+    Written flat (strings decoded inline, kinds from a tuple) because v5 PUBLISH with user
+    properties or a message expiry goes through here for every message.
     """
-    length, pos = decode_varint(buf, pos, end)
-    stop = pos + length
+    if pos < end and buf[pos] < 0x80:
+        stop = pos + 1 + buf[pos]
+        pos += 1
+    else:
+        length, pos = decode_varint(buf, pos, end)
+        stop = pos + length
     if stop > end:
         raise MalformedPacket("property length exceeds the packet")
     props: Properties = {}
+    kinds = _KIND_TABLE
     while pos < stop:
         pid = buf[pos]
         pos += 1
         if pid not in allowed:
-            if pid in _KIND_INT:
+            if kinds[pid] is not None:
                 raise MalformedPacket(f"property {pid:#x} not allowed in this packet")
             raise MalformedPacket(f"unknown property identifier {pid:#x}")
-        kind = _KIND_INT[pid]
+        kind = kinds[pid]
         value: Any
         if kind == _PAIR:
-            name, pos = decode_string(buf, pos, stop)
-            val, pos = decode_string(buf, pos, stop)
+            if pos + 2 > stop:
+                raise MalformedPacket("truncated user property")
+            name_at = pos + 2
+            pos = name_at + ((buf[pos] << 8) | buf[pos + 1])
+            if pos + 2 > stop:
+                raise MalformedPacket("truncated user property")
+            value_at = pos + 2
+            pos = value_at + ((buf[pos] << 8) | buf[pos + 1])
+            if pos > stop:
+                raise MalformedPacket("truncated user property")
+            pair = (_utf8(buf[name_at : value_at - 2]), _utf8(buf[value_at:pos]))
             pairs = props.get(pid)
             if pairs is None:
-                props[pid] = [(name, val)]
+                props[pid] = [pair]
             else:
-                pairs.append((name, val))
+                pairs.append(pair)
             continue
-        if kind == _BYTE:
+        if kind == _U32:
+            if pos + 4 > stop:
+                raise MalformedPacket("truncated property")
+            value = int.from_bytes(buf[pos : pos + 4], "big")
+            pos += 4
+        elif kind in (_STR, _BIN):
+            if pos + 2 > stop:
+                raise MalformedPacket("truncated property")
+            start = pos + 2
+            pos = start + ((buf[pos] << 8) | buf[pos + 1])
+            if pos > stop:
+                raise MalformedPacket("truncated property")
+            value = _utf8(buf[start:pos]) if kind == _STR else bytes(buf[start:pos])
+        elif kind == _U16:
+            if pos + 2 > stop:
+                raise MalformedPacket("truncated property")
+            value = (buf[pos] << 8) | buf[pos + 1]
+            pos += 2
+        elif kind == _BYTE:
             if pos >= stop:
                 raise MalformedPacket("truncated property")
             value = buf[pos]
             pos += 1
             if value > 1 and pid in _BOOLEAN:
                 raise ProtocolError(f"property {pid:#x} must be 0 or 1")
-        elif kind == _U16:
-            if pos + 2 > stop:
-                raise MalformedPacket("truncated property")
-            value = (buf[pos] << 8) | buf[pos + 1]
-            pos += 2
-        elif kind == _U32:
-            if pos + 4 > stop:
-                raise MalformedPacket("truncated property")
-            value = int.from_bytes(buf[pos : pos + 4], "big")
-            pos += 4
-        elif kind == _VARINT:
+        else:  # _VARINT
             value, pos = decode_varint(buf, pos, stop)
-        elif kind == _STR:
-            value, pos = decode_string(buf, pos, stop)
-        else:
-            value, pos = decode_binary(buf, pos, stop)
         if value == 0 and pid in _NONZERO:
             raise ProtocolError(f"property {pid:#x} must not be 0")
         if pid == _SUB_ID:

@@ -16,6 +16,7 @@ from broker.mqtt.errors import MalformedPacket, MQTTError, ProtocolError
 from broker.mqtt.packets import Connack, Disconnect, Packet, Pubrel, Will
 from broker.node import Node
 from broker.server.handlers import HANDLERS
+from broker.server.wire import shared_publish
 from broker.session.session import Delivery, InFlight, Session
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,13 @@ class Connection:
     def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> None:
         message = delivery.message
         topic = message.topic
-        if self.version == MQTT_5:
+        alias = None
+        if not dup and (self.version != MQTT_5 or not (
+            message.properties or message.expires_at is not None
+            or delivery.subscription_ids or self.client_alias_max
+        )):
+            data = shared_publish(message, self.version, delivery.qos, delivery.retain, packet_id)
+        elif self.version == MQTT_5:
             props = (
                 message.outgoing_properties()
                 if message.properties or message.expires_at is not None else {}
@@ -190,7 +197,6 @@ class Connection:
             data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
                                   packet_id, props or None, MQTT_5)
         else:
-            alias = None
             data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
                                   packet_id, None, self.version)
         if self.client_max_packet is not None and len(data) > self.client_max_packet:

@@ -29,6 +29,9 @@ class Message:
     properties: Properties = field(default_factory=dict)
     # Wall-clock deadline (time.time()) after which the message must not be delivered.
     expires_at: float | None = None
+    # Encoded PUBLISH per (version, qos, retain), shared by every subscriber that needs no
+    # per-connection properties; see broker.server.wire.
+    wire: dict[tuple[int, int, bool], tuple[bytes, int]] | None = None
 
     def is_expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at

@@ -15,7 +15,7 @@ _ALIAS = PropertyId.TOPIC_ALIAS
 
 def _resolve_alias(conn: "Connection", packet: Publish) -> str:
     alias = packet.properties.pop(_ALIAS)
-    if alias > conn.node.config["mqtt.max_topic_alias"]:
+    if alias > conn.node.limits.max_topic_alias:
         raise MQTTError(f"topic alias {alias} above our maximum", ReasonCode.TOPIC_ALIAS_INVALID)
     if packet.topic:
         conn.in_aliases[alias] = packet.topic
@@ -27,17 +27,17 @@ def _resolve_alias(conn: "Connection", packet: Publish) -> str:
 
 
 def handle_publish(conn: "Connection", packet: Publish) -> None:
-    config = conn.node.config
+    limits = conn.node.limits
     qos = packet.qos
     topic = packet.topic
     props = packet.properties
     if props and _ALIAS in props:
         topic = _resolve_alias(conn, packet)
-    if qos > config["mqtt.max_qos_allowed"]:
+    if qos > limits.max_qos:
         raise MQTTError(f"QoS {qos} not supported", ReasonCode.QOS_NOT_SUPPORTED)
-    if packet.retain and not config["mqtt.retain_available"]:
+    if packet.retain and not limits.retain_available:
         raise MQTTError("retain not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
-    if topic.count("/") >= config["mqtt.max_topic_levels"]:
+    if topic.count("/") >= limits.max_topic_levels:
         raise MQTTError("too many topic levels", ReasonCode.TOPIC_NAME_INVALID)
     stats = conn.stats
     stats.messages_received[qos] += 1
@@ -56,10 +56,7 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         conn.send_packet(Pubrec(packet.packet_id))
         return
     if qos == 2:
-        limit = (
-            config["mqtt.max_inflight"] if conn.version == MQTT_5
-            else config["mqtt.max_awaiting_rel"]
-        )
+        limit = limits.max_inflight if conn.version == MQTT_5 else limits.max_awaiting_rel
         if limit and len(session.awaiting_rel) >= limit:
             raise MQTTError("too many QoS 2 messages awaiting PUBREL",
                             ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)

@@ -1,0 +1,37 @@
+"""Encode a PUBLISH once per variant and reuse it for every subscriber.
+
+In a fan-out the same message goes to many clients with the same (version, QoS, retain);
+only the packet identifier differs. The encoded packet is kept on the message with the
+offset of its packet identifier, and each delivery splices its own two bytes in, which is
+far cheaper than encoding again.
+"""
+
+from broker.mqtt.codec import encode_publish
+from broker.session.message import Message
+
+
+def _packet_id_offset(data: bytes, topic_length: int) -> int:
+    header = 2
+    while data[header - 1] & 0x80:
+        header += 1
+    return header + 2 + topic_length
+
+
+def shared_publish(
+    message: Message, version: int, qos: int, retain: bool, packet_id: int | None
+) -> bytes:
+    """The PUBLISH for a message carrying no per-subscriber properties (caller checks)."""
+    cache = message.wire
+    if cache is None:
+        cache = message.wire = {}
+    key = (version, qos, retain)
+    entry = cache.get(key)
+    if entry is None:
+        data = encode_publish(message.topic, message.payload, qos, retain, False,
+                              1 if qos else None, None, version)
+        offset = _packet_id_offset(data, len(message.topic.encode())) if qos else 0
+        entry = cache[key] = (data, offset)
+    data, offset = entry
+    if packet_id is None:
+        return data
+    return b"".join((data[:offset], packet_id.to_bytes(2, "big"), data[offset + 2:]))
