@@ -21,6 +21,9 @@ from broker.session.session import Delivery, InFlight, Session
 
 log = logging.getLogger(__name__)
 
+# A client that reads slower than it is sent to: past this much unsent data, QoS 0 messages
+# for it are dropped (and counted) rather than held in broker memory without bound.
+QOS0_DROP_BUFFER = 8 * 1024 * 1024
 _SUB_IDS = PropertyId.SUBSCRIPTION_IDENTIFIER
 _TOPIC_ALIAS = PropertyId.TOPIC_ALIAS
 
@@ -133,6 +136,9 @@ class Connection:
             self.stats.drop("expired")
             return
         if delivery.qos == 0:
+            if self.transport.get_write_buffer_size() > QOS0_DROP_BUFFER:
+                self.stats.drop("slow_consumer")
+                return
             self.send_publish(delivery, None, False)
             return
         session = self.session

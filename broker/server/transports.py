@@ -68,6 +68,9 @@ class _WebSocketWriter:
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._transport.get_extra_info(name, default)
 
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
 
 class MQTTWebSocketProtocol(asyncio.Protocol):
     def __init__(self, node: Node, path: str) -> None:

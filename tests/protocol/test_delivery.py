@@ -1,6 +1,7 @@
 """Delivery semantics seen on the wire: flow control, redelivery, exactly-once, aliases."""
 
 import json
+import socket
 import urllib.request
 from collections.abc import Callable
 
@@ -169,3 +170,22 @@ def test_subscription_identifier_and_retain_handling(client: Client) -> None:
     live = sub.recv()
     assert isinstance(live, Publish)
     assert (live.payload, live.retain) == (b"live", False)
+
+
+def test_slow_qos0_consumer_is_bounded_not_buffered_forever(
+    client: Client, shared_broker: BrokerProcess
+) -> None:
+    sub = client()
+    sub.connect("slow-sub")
+    subscribe(sub, "slow/t", 0)
+    sub.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    pub = client()
+    pub.connect("slow-pub")
+    payload = b"x" * 60_000
+    for _ in range(400):  # 24 MB towards a client that never reads
+        pub.send(Publish("slow/t", payload))
+    publish_qos1(pub, "slow/t", [b"sync"])  # the PUBACK means all 400 were routed
+    url = f"http://127.0.0.1:{shared_broker.ports['http']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        metrics = response.read().decode()
+    assert 'mqtt_messages_dropped_total{reason="slow_consumer"}' in metrics
