@@ -1,0 +1,258 @@
+"""Starts and stops the brokers under test: ours, Mosquitto and amqtt.
+
+Each broker gets its own free loopback port and temp dir, is declared ready only once it
+answers a real MQTT CONNECT with a CONNACK (a sleep would either waste time or race), and is
+stopped by PID (SIGTERM, then SIGKILL after a timeout), always, from a `finally`.
+
+The broker is pinned to CPU 0 and the load generator to the other CPUs (when there are at least
+two; `set_pinning(False)` turns it off): all three brokers are single-threaded event loops, so
+this gives each the same dedicated core and keeps the generator from stealing it.
+"""
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import wire
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+OURS_BIN = REPO_DIR / ".venv" / "bin" / "broker"
+MOSQUITTO_BIN = Path("/usr/sbin/mosquitto")
+AMQTT_VENV = BENCH_DIR / ".venv-amqtt"
+AMQTT_BIN = AMQTT_VENV / "bin" / "amqtt"
+
+BROKER_CPU = 0
+_pinning = True
+READY_TIMEOUT = 30.0
+STOP_TIMEOUT = 5.0
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker cannot be run here (not installed) or did not come up."""
+
+
+def free_port() -> int:
+    """A currently unused loopback TCP port (the kernel picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    argv: list[str]
+    port: int
+
+
+def _ours(tmp: Path) -> Launch:
+    if not OURS_BIN.exists():
+        raise BrokerUnavailable(f"{OURS_BIN} does not exist (project not installed)")
+    data_dir = tmp / "data"
+    data_dir.mkdir()
+    port, ws_port, http_port = free_port(), free_port(), free_port()
+    argv = [
+        str(OURS_BIN), "run",
+        "--set", f"listeners.tcp.default.bind=127.0.0.1:{port}",
+        "--set", f"listeners.ws.default.bind=127.0.0.1:{ws_port}",
+        "--set", f"dashboard.listeners.http.bind=127.0.0.1:{http_port}",
+        "--set", f"node.data_dir={data_dir}",
+    ]
+    return Launch(argv, port)
+
+
+def _mosquitto(tmp: Path) -> Launch:
+    if not MOSQUITTO_BIN.exists():
+        raise BrokerUnavailable(f"{MOSQUITTO_BIN} not found (apt-get install mosquitto)")
+    port = free_port()
+    conf = tmp / "mosquitto.conf"
+    # Defaults for everything but the listener: no persistence, max_inflight_messages 20,
+    # max_queued_messages 1000 (the QoS 1 windows in scenarios.py stay below that).
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    return Launch([str(MOSQUITTO_BIN), "-c", str(conf)], port)
+
+
+def _amqtt(tmp: Path) -> Launch:
+    if not AMQTT_BIN.exists():
+        raise BrokerUnavailable("amqtt is not installed: run bench/setup.sh")
+    port = free_port()
+    conf = tmp / "amqtt.yaml"
+    # Only the anonymous-auth plugin: the default config also loads packet/event logger plugins
+    # and $SYS publishing, which would charge amqtt for work the other brokers don't do.
+    conf.write_text(
+        "listeners:\n"
+        "  default:\n"
+        "    type: tcp\n"
+        f"    bind: 127.0.0.1:{port}\n"
+        "plugins:\n"
+        "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+        "    allow_anonymous: true\n"
+    )
+    return Launch([str(AMQTT_BIN), "-c", str(conf)], port)
+
+
+LAUNCHERS: dict[str, Callable[[Path], Launch]] = {
+    "ours": _ours,
+    "mosquitto": _mosquitto,
+    "amqtt": _amqtt,
+}
+
+
+def _output(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (done.stdout + done.stderr).strip()
+
+
+def version(name: str) -> str:
+    """Best-effort version string of a broker, for the results' environment section."""
+    if name == "mosquitto":
+        first = _output([str(MOSQUITTO_BIN), "-h"]).splitlines()
+        return first[0].removeprefix("mosquitto version ").strip() if first else "unknown"
+    if name == "amqtt":
+        return _output([str(AMQTT_BIN), "--version"]) or "not installed"
+    python = REPO_DIR / ".venv" / "bin" / "python"
+    ours = _output([
+        str(python), "-c",
+        "import importlib.metadata as m; print(m.version('durable-mqtt-broker'))",
+    ]).splitlines()
+    sha = _output(["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"])
+    label = ours[-1] if ours and " " not in ours[-1] else "unknown"
+    return f"{label} (git {sha})" if sha and " " not in sha else label
+
+
+@dataclass(slots=True)
+class Running:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    tmp: Path
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def set_pinning(enabled: bool) -> None:
+    global _pinning
+    _pinning = enabled
+
+
+def pinned() -> bool:
+    return _pinning and len(os.sched_getaffinity(0)) > 1
+
+
+def _pin_and_raise_nofile() -> None:
+    """Runs in the broker child before exec: own core, and fd limit up to the hard limit."""
+    if pinned():
+        os.sched_setaffinity(0, {BROKER_CPU})
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def load_cpus() -> set[int]:
+    """CPUs the load generator may use: all but the broker's when pinning."""
+    cpus = set(os.sched_getaffinity(0))
+    return cpus - {BROKER_CPU} if pinned() else cpus
+
+
+def probe(port: int, client_id: str = "bench-probe", timeout: float = 1.0) -> bool:
+    """True if the port answers an MQTT 3.1.1 CONNECT with a successful CONNACK."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(wire.connect(client_id))
+            reply = recv_exact(sock, wire.CONNACK_SIZE)
+    except OSError:
+        return False
+    try:
+        packet = wire.decode_one(reply)
+    except Exception:
+        return False
+    return getattr(packet, "reason_code", 1) == 0
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Read exactly `size` bytes or raise ConnectionError."""
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {size} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def _wait_ready(broker: Running) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    attempt = 0
+    while time.monotonic() < deadline:
+        if not broker.alive():
+            raise BrokerUnavailable(
+                f"{broker.name} exited with {broker.proc.returncode} before accepting "
+                f"connections:\n{broker.log_tail()}"
+            )
+        attempt += 1
+        if probe(broker.port, f"bench-probe-{attempt}"):
+            return
+        time.sleep(0.05)
+    raise BrokerUnavailable(
+        f"{broker.name} did not answer CONNECT within {READY_TIMEOUT:.0f}s:\n{broker.log_tail()}"
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the broker's PID, SIGKILL it if it is still there after STOP_TIMEOUT."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(STOP_TIMEOUT)
+
+
+@contextlib.contextmanager
+def running(name: str) -> Iterator[Running]:
+    """Start broker `name`, wait until it accepts MQTT, yield it; stop it and clean up after."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        launch = LAUNCHERS[name](tmp)
+        log = tmp / "broker.log"
+        with log.open("wb") as out:
+            # Output goes to a file, never a pipe: an unread pipe would block a chatty broker.
+            proc = subprocess.Popen(
+                launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=tmp, start_new_session=True, preexec_fn=_pin_and_raise_nofile,
+            )
+        broker = Running(name, launch.port, proc, tmp, log)
+        _wait_ready(broker)
+        yield broker
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)

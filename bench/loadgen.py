@@ -1,0 +1,356 @@
+"""Load-generator worker processes: subscribers, publishers and idle-connection holders.
+
+Why it looks like this: the machine has 2 cores and the broker gets one of them, so the whole
+generator must fit in the other. Workers use blocking raw sockets multiplexed with epoll,
+send only pre-encoded bytes (`wire.py`) and count replies with C-speed scans; no MQTT client
+library, no asyncio. The orchestrator (`scenarios.py`) and the workers share a few integer
+arrays in shared memory (`Shared`): a phase flag that the orchestrator moves forward and
+per-worker counters that workers publish after each read or write, so the orchestrator can
+sample delivery rates without talking to the workers.
+
+Publishers are flow-controlled so no broker is pushed into unbounded queueing (which would turn
+a throughput test into a memory test): a QoS 1 publisher keeps at most `window` PUBLISHes
+unacknowledged per connection, and every publisher stops writing while the messages sent but not
+yet delivered to subscribers exceed `max_lag` (QoS 0 counts a lag that does not shrink for
+STALL_RESYNC seconds as lost, so a broker that drops messages does not stall the test).
+"""
+
+import contextlib
+import os
+import resource
+import selectors
+import socket
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import RawArray, RawValue
+from typing import Any
+
+from bench import wire
+from bench.wire import Scanner
+from broker.mqtt.packets import Puback
+
+PREP, GO, STOP, DONE = 0, 1, 2, 3
+"""Phases set by the orchestrator: connect and wait / publish / stop publishing and drain /
+close everything."""
+
+RECV_SIZE = 1 << 18
+STALL_RESYNC = 2.0
+COALESCE = 0.01
+CONNECT_TIMEOUT = 10.0
+DRAIN_TIMEOUT = 15.0
+
+
+class Shared:
+    """Shared-memory counters, one slot per worker process; plain ints, no locks.
+
+    Each slot has a single writer (its worker), so lock-free reads are at worst one update old.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.phase: Any = RawValue("i", PREP)
+        self.ready: Any = RawArray("i", workers)  # 1 = connected and set up, -1 = failed
+        self.finished: Any = RawArray("i", workers)  # publishers: all PUBLISHes acknowledged
+        self.sent: Any = RawArray("q", workers)  # PUBLISHes written by publishers
+        self.acked: Any = RawArray("q", workers)  # PUBACKs received by publishers
+        self.delivered: Any = RawArray("q", workers)  # PUBLISHes received by subscribers
+        self.connected: Any = RawArray("q", workers)  # idle connections with a CONNACK
+        self.dropped: Any = RawArray("q", workers)  # idle connections the broker closed
+        self.slow_path: Any = RawArray("i", workers)  # a stream needed the full decoder
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberSpec:
+    port: int
+    client_ids: list[str]
+    topic_filter: str
+    qos: int
+    layout: wire.Layout
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherSpec:
+    port: int
+    client_ids: list[str]
+    topics: list[str]  # one per connection
+    payload: bytes
+    qos: int
+    subscribers: int  # total subscriber connections, to turn deliveries into per-sub progress
+    max_lag: int  # messages sent but not yet received by every subscriber
+    peers: int = 1  # publisher processes sharing max_lag
+    window: int = 0  # QoS 1: unacknowledged PUBLISHes per connection
+    chunk: int = 500  # QoS 0: messages per write
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSpec:
+    port: int
+    client_ids: list[str]
+    concurrency: int = 32  # handshakes in flight per process: stays under listen backlogs
+
+
+Spec = SubscriberSpec | PublisherSpec | IdleSpec
+
+
+def run_worker(spec: Spec, shared: Shared, slot: int, cpus: set[int], errors: Any) -> None:
+    """Process entry point: pin to the load CPUs, raise the fd limit, run, report failures."""
+    try:
+        os.sched_setaffinity(0, cpus)
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        body: Callable[[Any, Shared, int], None]
+        if isinstance(spec, SubscriberSpec):
+            body = _subscriber
+        elif isinstance(spec, PublisherSpec):
+            body = _publisher_qos1 if spec.qos else _publisher_qos0
+        else:
+            body = _idle
+        body(spec, shared, slot)
+    except BaseException as exc:
+        shared.ready[slot] = -1
+        errors.put((slot, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+
+
+def _open(port: int, client_id: str) -> socket.socket:
+    """A connected, CONNACK'ed blocking socket."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(wire.connect(client_id))
+    connack = wire.decode_one(_recv_exact(sock, wire.CONNACK_SIZE))
+    if getattr(connack, "reason_code", 1) != 0:
+        raise ConnectionError(f"CONNACK refused {client_id}: {connack}")
+    sock.settimeout(None)  # from here on the orchestrator's phases and timeouts rule
+    return sock
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            raise ConnectionError(f"broker closed the connection ({len(buf)}/{size} bytes)")
+        buf += chunk
+    return bytes(buf)
+
+
+def _wait_phase(shared: Shared, phase: int) -> None:
+    while shared.phase.value < phase:
+        time.sleep(0.005)
+
+
+def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
+    sel = selectors.DefaultSelector()
+    for client_id in spec.client_ids:
+        sock = _open(spec.port, client_id)
+        sock.sendall(wire.subscribe(spec.topic_filter, spec.qos))
+        suback = wire.decode_one(_recv_exact(sock, wire.SUBACK_SIZE))
+        granted = getattr(suback, "reason_codes", [0x80])
+        if granted != [spec.qos]:
+            raise ConnectionError(f"SUBACK granted {granted}, wanted QoS {spec.qos}")
+        sel.register(sock, selectors.EVENT_READ, Scanner(spec.layout, ack=spec.qos > 0))
+    shared.ready[slot] = 1
+    total = 0
+    # QoS 0 fan-out reads are coalesced: a round of reads at most every COALESCE seconds lets
+    # data pile up in the kernel, so 100 sockets cost a few large recv() calls instead of one
+    # per packet. A single socket needs no help (under load each recv() returns a lot), and
+    # QoS 1 subscribers answer at once: brokers cap unacknowledged deliveries (Mosquitto: 20).
+    coalesce = COALESCE if not spec.qos and len(spec.client_ids) > 1 else 0.0
+    try:
+        while shared.phase.value != DONE:
+            started = time.monotonic()
+            for key, _ in sel.select(0.05):
+                sock, scanner = key.fileobj, key.data
+                data = sock.recv(RECV_SIZE)  # type: ignore[union-attr]
+                if not data:
+                    raise ConnectionError("broker closed a subscriber connection")
+                before = scanner.count
+                acks = scanner.feed(data)
+                if acks:
+                    sock.sendall(acks)  # type: ignore[union-attr]
+                total += scanner.count - before
+            shared.delivered[slot] = total
+            if (pause := coalesce - (time.monotonic() - started)) > 0:
+                time.sleep(pause)
+        shared.slow_path[slot] = int(any(k.data.slow_path for k in sel.get_map().values()))
+    finally:
+        _close_all(sel)
+
+
+class _LagGate:
+    """How many more messages a publisher may send before running too far ahead of delivery."""
+
+    def __init__(self, shared: Shared, spec: PublisherSpec) -> None:
+        self.shared = shared
+        self.subscribers = spec.subscribers
+        self.max_lag = spec.max_lag
+        self.peers = spec.peers
+        self.written_off = 0  # QoS 0: messages presumed lost by a stall resync
+        self._last_delivered = -1
+        self._since = time.monotonic()
+
+    def lag(self) -> float:
+        delivered = sum(self.shared.delivered) / self.subscribers
+        return sum(self.shared.sent) - delivered - self.written_off
+
+    def room(self) -> int:
+        """This process's share of the free lag budget: shares of all peers add up to it."""
+        return (self.max_lag - int(self.lag())) // self.peers
+
+    def resync_if_stalled(self) -> None:
+        """QoS 0: a lag that has not shrunk for STALL_RESYNC seconds is counted as lost."""
+        delivered = sum(self.shared.delivered)
+        now = time.monotonic()
+        if delivered != self._last_delivered:
+            self._last_delivered, self._since = delivered, now
+        elif now - self._since > STALL_RESYNC:
+            self.written_off += max(0, int(self.lag()))
+            self._since = now
+
+
+def _publisher_qos0(spec: PublisherSpec, shared: Shared, slot: int) -> None:
+    socks = [_open(spec.port, cid) for cid in spec.client_ids]
+    chunks = [wire.publish(topic, spec.payload, 0) * spec.chunk for topic in spec.topics]
+    per_round = spec.chunk * len(socks)
+    gate = _LagGate(shared, spec)
+    shared.ready[slot] = 1
+    try:
+        _wait_phase(shared, GO)
+        sent = 0
+        while shared.phase.value == GO:
+            if gate.room() < per_round:
+                gate.resync_if_stalled()
+                time.sleep(0.0005)
+                continue
+            for sock, chunk in zip(socks, chunks, strict=True):
+                sock.sendall(chunk)
+            sent += per_round
+            shared.sent[slot] = sent
+        shared.finished[slot] = 1
+        _wait_phase(shared, DONE)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
+    socks = [_open(spec.port, cid) for cid in spec.client_ids]
+    ids = max(1024, 4 * spec.window)  # packet ids in one pre-encoded cycle, > window
+    cycles = [memoryview(wire.publish_cycle(t, spec.payload, 1, ids)) for t in spec.topics]
+    size = len(cycles[0]) // (2 * ids)
+    low_water = spec.window - max(1, spec.window // 4)
+    sel = selectors.DefaultSelector()
+    scanners = [Scanner(wire.puback_layout(), ack=False, kind=Puback) for _ in socks]
+    for i, sock in enumerate(socks):
+        sel.register(sock, selectors.EVENT_READ, i)
+    sent = [0] * len(socks)
+    total_sent = total_acked = 0
+    hungry = set(range(len(socks)))  # connections at or below the low-water mark
+    gate = _LagGate(shared, spec)
+    shared.ready[slot] = 1
+    try:
+        _wait_phase(shared, GO)
+        deadline = None
+        while shared.phase.value != DONE:
+            sending = shared.phase.value == GO
+            if sending and hungry and (room := gate.room()) > 0:
+                for i in list(hungry):
+                    k = min(spec.window - (sent[i] - scanners[i].count), room)
+                    start = (sent[i] % ids) * size
+                    socks[i].sendall(cycles[i][start : start + k * size])
+                    sent[i] += k
+                    total_sent += k
+                    shared.sent[slot] = total_sent
+                    hungry.discard(i)
+                    room -= k
+                    if room <= 0:
+                        break
+            for key, _ in sel.select(0.002 if sending else 0.05):
+                i = key.data
+                data = socks[i].recv(RECV_SIZE)
+                if not data:
+                    raise ConnectionError("broker closed a publisher connection")
+                before = scanners[i].count
+                scanners[i].feed(data)
+                total_acked += scanners[i].count - before
+                if sent[i] - scanners[i].count <= low_water:
+                    hungry.add(i)
+            shared.acked[slot] = total_acked
+            if not sending and not shared.finished[slot]:
+                deadline = deadline or time.monotonic() + DRAIN_TIMEOUT
+                if total_acked >= total_sent or time.monotonic() > deadline:
+                    shared.finished[slot] = 1
+        shared.slow_path[slot] = int(any(s.slow_path for s in scanners))
+    finally:
+        _close_all(sel)
+
+
+def _idle(spec: IdleSpec, shared: Shared, slot: int) -> None:
+    """Open many connections with a bounded number of handshakes in flight, then hold them."""
+    pending = deque(spec.client_ids)
+    sel = selectors.DefaultSelector()
+    held: list[socket.socket] = []
+    in_flight = failed = 0
+    try:
+        while (pending or in_flight) and shared.phase.value != DONE:
+            while pending and in_flight < spec.concurrency:
+                sock = socket.socket()
+                sock.setblocking(False)
+                sock.connect_ex(("127.0.0.1", spec.port))
+                sel.register(sock, selectors.EVENT_WRITE, [pending.popleft(), b""])
+                in_flight += 1
+            for key, mask in sel.select(1.0):
+                sock, state = key.fileobj, key.data
+                assert isinstance(sock, socket.socket)
+                if mask & selectors.EVENT_WRITE:
+                    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        failed, in_flight = failed + 1, in_flight - 1
+                        sel.unregister(sock)
+                        sock.close()
+                        continue
+                    sock.send(wire.connect(state[0]))
+                    sel.modify(sock, selectors.EVENT_READ, state)
+                    continue
+                data = sock.recv(64)
+                state[1] += data
+                if not data or len(state[1]) >= wire.CONNACK_SIZE:
+                    in_flight -= 1
+                    sel.unregister(sock)
+                    ok = data and getattr(wire.decode_one(state[1]), "reason_code", 1) == 0
+                    if ok:
+                        held.append(sock)
+                    else:
+                        failed += 1
+                        sock.close()
+            shared.connected[slot] = len(held)
+        shared.ready[slot] = 1 if not failed else -1
+        if failed:
+            raise ConnectionError(f"{failed} of {len(spec.client_ids)} connections failed")
+        _wait_phase(shared, DONE)
+        shared.dropped[slot] = _count_closed(held)
+    finally:
+        for sock in held:
+            sock.close()
+        _close_all(sel)
+
+
+def _count_closed(socks: list[socket.socket]) -> int:
+    """How many held connections the broker has closed (readable with EOF)."""
+    sel = selectors.DefaultSelector()
+    for sock in socks:
+        sel.register(sock, selectors.EVENT_READ)
+    closed = 0
+    for key, _ in sel.select(0):
+        with contextlib.suppress(OSError):
+            if not key.fileobj.recv(64):  # type: ignore[union-attr]
+                closed += 1
+    sel.close()
+    return closed
+
+
+def _close_all(sel: selectors.BaseSelector) -> None:
+    for key in list(sel.get_map().values()):
+        with contextlib.suppress(OSError):
+            key.fileobj.close()  # type: ignore[union-attr]
+    sel.close()

@@ -1,0 +1,42 @@
+"""Reads a process's memory and CPU use from /proc (Linux only).
+
+Why from /proc and not psutil: the project venv must not gain dependencies for the benchmark,
+and two fields of two files are all we need.
+"""
+
+import os
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size (VmRSS) in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time consumed so far by the process (all its threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            raw = stat.read()
+    except FileNotFoundError:
+        return 0.0
+    # The command name (field 2) may contain spaces: split after its closing parenthesis.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def machine_busy_seconds() -> float:
+    """CPU time spent busy by all CPUs so far (everything in /proc/stat but idle and iowait).
+
+    The machine may be shared: the busy time not accounted to the broker or the generator is
+    load from other processes, which the report shows next to each result.
+    """
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / _TICKS
