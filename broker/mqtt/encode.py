@@ -74,13 +74,7 @@ def encode_publish(
     """
     t = topic.encode()
     tl = len(t)
-    if tl > 0xFFFF:
-        raise ValueError("topic longer than 65535 bytes")
-    first = 0x30 | (qos << 1)
-    if retain:
-        first |= 1
-    if dup:
-        first |= 8
+    first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
     props = b""
     if version == 5:
         props = encode_properties(properties) if properties else _EMPTY_PROPS
@@ -88,17 +82,19 @@ def encode_publish(
         if qos > 2 or not packet_id or packet_id > 0xFFFF:
             raise ValueError(f"bad qos {qos} / packet id {packet_id} for PUBLISH")
         rl = tl + 4 + len(props) + len(payload)
-        if rl < 128:
+        if rl < 128:  # the common small message: one struct.pack for header + topic length
             return b"".join((_pack_BBH(first, rl, tl), t, _pack_H(packet_id), props, payload))
-        return b"".join(
-            (bytes((first,)), encode_varint(rl), _pack_H(tl), t, _pack_H(packet_id), props, payload)
-        )
-    if qos < 0:
-        raise ValueError(f"bad qos {qos}")
-    rl = tl + 2 + len(props) + len(payload)
-    if rl < 128:
-        return b"".join((_pack_BBH(first, rl, tl), t, props, payload))
-    return b"".join((bytes((first,)), encode_varint(rl), _pack_H(tl), t, props, payload))
+        pid = _pack_H(packet_id)
+    else:
+        if qos < 0:
+            raise ValueError(f"bad qos {qos}")
+        rl = tl + 2 + len(props) + len(payload)
+        if rl < 128:
+            return b"".join((_pack_BBH(first, rl, tl), t, props, payload))
+        pid = b""
+    if tl > 0xFFFF:  # only possible on this path: rl >= tl
+        raise ValueError("topic longer than 65535 bytes")
+    return b"".join((bytes((first,)), encode_varint(rl), _pack_H(tl), t, pid, props, payload))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ Decoding functions work on `(buf, pos, end)`: `buf` is the connection's receive 
 used, because Python slicing past the end silently returns short data instead of failing.
 """
 
+from struct import Struct
+from struct import error as StructError
 from typing import Any
 
 from broker.mqtt.constants import MAX_VARINT, PacketType, PropertyId
@@ -278,48 +280,61 @@ _PUBLISH_ALLOWED = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 # ---------------------------------------------------------------------------------------------
 
 
-def _encode_one(pid: int, kind: int, value: Any) -> bytes:
-    if kind == _BYTE:
-        if not 0 <= value <= 0xFF:
-            raise ValueError(f"property {pid:#x}: byte out of range")
-        return bytes((pid, value))
-    if kind == _U16:
-        return bytes((pid,)) + value.to_bytes(2, "big")
-    if kind == _U32:
-        return bytes((pid,)) + value.to_bytes(4, "big")
-    if kind == _STR:
-        return bytes((pid,)) + encode_string(value)
-    if kind == _BIN:
-        return bytes((pid,)) + encode_binary(value)
-    # _VARINT (only SUBSCRIPTION_IDENTIFIER): a list, or a bare int for convenience.
-    if isinstance(value, int):
-        value = (value,)
-    return b"".join(bytes((pid,)) + encode_varint(v) for v in value)
+_pack_BB = Struct(">BB").pack
+_pack_BH = Struct(">BH").pack
+_pack_BI = Struct(">BI").pack
+_pack_H = Struct(">H").pack
 
 
 def encode_properties(properties: Properties) -> bytes:
     """Encode a property block including its varint length prefix.
 
     USER_PROPERTY values are emitted in list order (duplicates kept), SUBSCRIPTION_IDENTIFIER
-    lists emit one entry per identifier. Unknown identifiers raise ValueError: the caller has
-    a bug, and sending it would make the peer drop the connection.
+    lists (or a bare int) emit one entry per identifier. Unknown identifiers and values the
+    type cannot hold raise ValueError: the caller has a bug, and sending it would make the
+    peer drop the connection. Flat and struct-based because v5 deliveries carrying a
+    message expiry or user properties encode a block per message.
     """
     if not properties:
         return b"\x00"
     parts: list[bytes] = []
-    for pid, value in properties.items():
-        kind = _KIND_INT.get(pid)
-        if kind is None:
-            raise ValueError(f"unknown property identifier {pid!r}")
-        if kind == _PAIR:
-            for name, val in value:
-                parts.append(b"\x26" + encode_string(name) + encode_string(val))
-        else:
-            try:
-                parts.append(_encode_one(pid, kind, value))
-            except OverflowError:
-                raise ValueError(f"property {pid:#x}: value out of range") from None
+    append = parts.append
+    kinds = _KIND_TABLE
+    try:
+        for pid, value in properties.items():
+            kind = kinds[pid] if 0 <= pid < 256 else None
+            if kind == _PAIR:
+                for name, val in value:
+                    raw_name = name.encode()
+                    raw_val = val.encode()
+                    append(_pack_BH(pid, len(raw_name)))
+                    append(raw_name)
+                    append(_pack_H(len(raw_val)))
+                    append(raw_val)
+            elif kind == _U32:
+                append(_pack_BI(pid, value))
+            elif kind == _STR:
+                raw = value.encode()
+                append(_pack_BH(pid, len(raw)))
+                append(raw)
+            elif kind == _U16:
+                append(_pack_BH(pid, value))
+            elif kind == _BYTE:
+                append(_pack_BB(pid, value))
+            elif kind == _BIN:
+                append(_pack_BH(pid, len(value)))
+                append(bytes(value))
+            elif kind == _VARINT:
+                for sub_id in (value,) if isinstance(value, int) else value:
+                    append(bytes((pid,)))
+                    append(encode_varint(sub_id))
+            else:
+                raise ValueError(f"unknown property identifier {pid!r}")
+    except StructError as exc:
+        raise ValueError(f"property value out of range: {exc}") from None
     body = b"".join(parts)
+    if len(body) < 128:
+        return _VARINT_1[len(body)] + body
     return encode_varint(len(body)) + body
 
 

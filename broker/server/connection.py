@@ -12,7 +12,12 @@ from typing import Any
 
 from broker.mqtt.codec import Decoder, encode, encode_publish
 from broker.mqtt.constants import MQTT_5, PacketType, PropertyId, ReasonCode
-from broker.mqtt.errors import MalformedPacket, MQTTError, ProtocolError
+from broker.mqtt.errors import (
+    MalformedPacket,
+    MQTTError,
+    ProtocolError,
+    UnsupportedProtocolVersion,
+)
 from broker.mqtt.packets import Connack, Disconnect, Packet, Pubrel, Will
 from broker.node import Node
 from broker.server.handlers import HANDLERS
@@ -101,9 +106,11 @@ class Connection:
                  ReasonCode(error.reason_code).name)
         if self.connected:
             self.disconnect(error.reason_code)
-        elif self.decoder.version is not None:
-            # Before CONNACK the reason goes in a CONNACK (MQTT 5.0 section 3.2.2.2).
-            self.version = self.decoder.version
+        elif self.decoder.version == MQTT_5 or isinstance(error, UnsupportedProtocolVersion):
+            # Before CONNACK a v5 client learns the reason from a CONNACK (MQTT 5.0 section
+            # 3.2.2.2); v3.1.1 allows a CONNACK only for an unacceptable protocol level, any
+            # other bad CONNECT is closed silently (MQTT-3.1.4-1).
+            self.version = self.decoder.version or 4
             self.send_packet(Connack(False, error.reason_code))
             self.close()
         else:

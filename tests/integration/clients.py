@@ -41,8 +41,31 @@ HOST = "127.0.0.1"
 TIMEOUT = 5.0
 
 
+# MQTT 5.0 reason codes (section 2.4) the tests look for.
+SUCCESS = 0x00
+DISCONNECT_WITH_WILL = 0x04
+NO_MATCHING_SUBSCRIBERS = 0x10
+NO_SUBSCRIPTION_EXISTED = 0x11
+PROTOCOL_ERROR = 0x82
+CLIENT_ID_NOT_VALID = 0x85
+KEEP_ALIVE_TIMEOUT = 0x8D
+SESSION_TAKEN_OVER = 0x8E
+TOPIC_FILTER_INVALID = 0x8F
+TOPIC_NAME_INVALID = 0x90
+TOPIC_ALIAS_INVALID = 0x94
+PACKET_TOO_LARGE = 0x95
+PAYLOAD_FORMAT_INVALID = 0x99
+QOS_NOT_SUPPORTED = 0x9B
+SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E
+WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
+
+
 def unique(prefix: str = "it") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def payloads(messages: Iterable[Any]) -> list[bytes]:
+    return [m.payload for m in messages]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:
@@ -55,6 +78,20 @@ def wait_until(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(0.01)
+
+
+def wait_offline(http_port: int, client_id: str) -> None:
+    """Waits until the broker has detached the client's session from its connection.
+
+    A client's DISCONNECT and another client's PUBLISH travel on different sockets, so
+    without this a message meant for the offline session can still go to the closing
+    connection (and then come back with DUP=1 on resume).
+    """
+    def offline() -> bool:
+        view = api_client(http_port, client_id)
+        return view is not None and view["connected"] is False
+
+    wait_until(offline, what=f"session {client_id} to be offline")
 
 
 def wait_past(deadline: float) -> None:
@@ -307,7 +344,7 @@ class PahoClient:
         return self._wait(find, f"a message on {topic!r}", timeout)
 
     def barrier(self) -> list[Received]:
-        """Round trips on this connection; returns every message the broker sent before.
+        """SUBSCRIBE round trips on this connection; returns every message the broker sent before.
 
         Two of them: paho hands a QoS 2 message to on_message only on PUBREL. Its PUBREC goes
         out before the first SUBACK is read, so the broker's PUBREL precedes the second SUBACK.

@@ -1,9 +1,11 @@
 """gmqtt (asyncio client) against the real broker: both versions, v5 properties, and the
 broker's own Topic Aliases towards a client that allows them (paho never asks for those)."""
 
+import asyncio
+
 import pytest
 
-from tests.integration.clients import unique
+from tests.integration.clients import unique, wait_offline
 
 pytestmark = pytest.mark.integration
 
@@ -105,11 +107,13 @@ async def test_v5_no_local_and_retain_handling(gmqtt_client, topic) -> None:
     assert await client.barrier() == []  # no local: not even its own live message
 
 
-async def test_v5_persistent_session(gmqtt_client, topic) -> None:
+async def test_v5_persistent_session(gmqtt_client, shared_broker, topic) -> None:
     client_id = unique("gpersist")
     first = await gmqtt_client(client_id, clean=True, session_expiry_interval=60)
     await first.subscribe(f"{topic}/s", 1)
     await first.close()
+    # Off the event loop: the HTTP poll blocks.
+    await asyncio.to_thread(wait_offline, shared_broker.ports["http"], client_id)
     pub = await gmqtt_client()
     watcher = await gmqtt_client()
     await watcher.subscribe(f"{topic}/s", 1)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.integration.clients import (
+    KEEP_ALIVE_TIMEOUT,
     PINGREQ,
     PINGRESP,
     raw_connect,
@@ -20,9 +21,6 @@ from tests.integration.clients import (
 )
 
 pytestmark = pytest.mark.integration
-
-KEEP_ALIVE_TIMEOUT = 0x8D
-
 
 def test_silent_clients_disconnected_after_one_and_a_half_keepalives(
     shared_broker, paho_client, topic

@@ -13,6 +13,7 @@ from tests.integration.clients import (
     mosquitto_pub,
     publish_props,
     unique,
+    wait_offline,
     wait_until,
 )
 
@@ -63,6 +64,7 @@ def test_persistent_session_queues_while_offline(shared_broker, mosquitto_sub, t
     subscribe_only = mosquitto_sub(port, [f"{topic}/q"], version=version, qos=1,
                                    extra=[*session, "-E"])
     assert subscribe_only.wait_exit() == 0
+    wait_offline(shared_broker.ports["http"], client_id)
     for n in range(3):
         mosquitto_pub(port, f"{topic}/q", f"queued {n}", version=version, qos=1)
     # The queued messages may come before the SUBACK of the renewed subscription.

@@ -1,71 +1,38 @@
-"""paho-mqtt (MQTT 3.1.1 and 5.0) against the real broker process over TCP.
+"""paho-mqtt (MQTT 3.1.1 and 5.0) against the real broker process over TCP: connecting, QoS,
+topic filters, retained messages, shared subscriptions, volume.
 
-Absence of a delivery is proven with `barrier()` (a SUBSCRIBE round trip on the receiving
+Absence of a delivery is proven with `barrier()` (SUBSCRIBE round trips on the receiving
 connection) after the publisher's own acknowledgement, never by waiting for a while.
 """
 
 import socket
-import time
-from collections.abc import Iterator
 
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.integration.clients import (
+    NO_MATCHING_SUBSCRIBERS,
+    NO_SUBSCRIPTION_EXISTED,
+    PAYLOAD_FORMAT_INVALID,
     PINGREQ,
     PINGRESP,
+    SUCCESS,
+    TOPIC_FILTER_INVALID,
     api_client,
-    props,
+    payloads,
     publish_props,
     raw_connect,
     raw_subscribe,
     recv_packet,
     scrape_metrics,
     unique,
-    wait_past,
+    wait_offline,
     wait_until,
 )
 from tests.support.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.integration
 
-# One broker for every test of a non-default limit (startup is the slow part); none of these
-# settings gets in the way of another's test.
-LIMITS = {
-    "mqtt.max_qos_allowed": "1",
-    "mqtt.max_topic_alias": "2",
-    "mqtt.max_mqueue_len": "3",
-    "mqtt.mqueue_store_qos0": "false",
-    "mqtt.max_session_expiry_interval": "100s",
-    "mqtt.max_packet_size": "2KB",
-    "retainer.max_payload_size": "16",
-    "mqtt.wildcard_subscription": "false",
-    "mqtt.shared_subscription": "false",
-    "mqtt.max_clientid_len": "40",
-    "mqtt.max_topic_levels": "8",
-}
-
-
-@pytest.fixture(scope="module")
-def limited_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path_factory.mktemp("limited"), dict(LIMITS)).start()
-    yield process
-    process.kill()
-
 BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
-
-# Reason codes (MQTT 5.0 section 2.4) as paho reports them.
-SUCCESS = 0
-NO_MATCHING_SUBSCRIBERS = 0x10
-NO_SUBSCRIPTION_EXISTED = 0x11
-SESSION_TAKEN_OVER = 0x8E
-PAYLOAD_FORMAT_INVALID = 0x99
-DISCONNECT_WITH_WILL = 0x04
-
-
-def payloads(messages: list) -> list[bytes]:
-    return [m.payload for m in messages]
 
 
 # ---- connecting ------------------------------------------------------------------------------
@@ -273,7 +240,7 @@ def test_invalid_filter_rejected_per_filter(shared_broker, topic, version) -> No
         codes = raw_subscribe(sock, 7, [(f"{topic}/ok", 1), (f"{topic}/a+b", 1),
                                          (f"{topic}/#/x", 0), (f"{topic}/+", 2)], version)
         # v5: 0x8F Topic Filter invalid per filter; v3.1.1 only knows 0x80 (failure).
-        bad = 0x8F if version == 5 else 0x80
+        bad = TOPIC_FILTER_INVALID if version == 5 else 0x80
         assert codes == [1, bad, bad, 2]
         sock.sendall(PINGREQ)
         assert recv_packet(sock) == PINGRESP  # the connection survived the bad filters
@@ -394,521 +361,6 @@ def test_retained_max_messages_allows_replace_not_new_topics(paho_client, start_
         ("lim/a", b"a2"), ("lim/c", b"c2")]
 
 
-# ---- MQTT 5 subscription options -----------------------------------------------------------------
-def test_v5_retain_handling(paho_client, topic) -> None:
-    name = f"{topic}/rh"
-    paho_client().publish(name, b"kept", 1, retain=True)
-
-    always = paho_client()
-    always.subscribe(name, 1, retain_handling=0)
-    always.subscribe(name, 1, retain_handling=0)  # re-subscribing sends it again
-    assert [(m.payload, m.retain) for m in always.barrier()] == [(b"kept", True)] * 2
-
-    if_new = paho_client()
-    if_new.subscribe(name, 1, retain_handling=1)
-    if_new.subscribe(name, 1, retain_handling=1)  # the subscription exists: nothing
-    assert [(m.payload, m.retain) for m in if_new.barrier()] == [(b"kept", True)]
-
-    never = paho_client()
-    never.subscribe(name, 1, retain_handling=2)
-    assert never.barrier() == []
-
-
-def test_v5_retain_as_published(paho_client, topic) -> None:
-    name = f"{topic}/rap"
-    keep_flag = paho_client()
-    keep_flag.subscribe(name, 1, retain_as_published=True)
-    clear_flag = paho_client()
-    clear_flag.subscribe(name, 1, retain_as_published=False)
-    pub = paho_client()
-    pub.publish(name, b"retained", 1, retain=True)
-    pub.publish(name, b"plain", 1, retain=False)
-    assert [(m.payload, m.retain) for m in keep_flag.wait_messages(2)] == [
-        (b"retained", True), (b"plain", False)]
-    assert [(m.payload, m.retain) for m in clear_flag.wait_messages(2)] == [
-        (b"retained", False), (b"plain", False)]
-
-
-def test_v5_no_local(paho_client, topic) -> None:
-    name = f"{topic}/nl"
-    local = paho_client()
-    local.subscribe(name, 1, no_local=True)
-    echo = paho_client()
-    echo.subscribe(name, 1, no_local=False)
-    local.publish(name, b"from local", 1)
-    echo.publish(name, b"from echo", 1)
-    # `echo` sees its own message (no_local off) and the other one ...
-    assert sorted(payloads(echo.wait_messages(2))) == [b"from echo", b"from local"]
-    # ... `local` sees only the other client's.
-    local.wait_messages(1)
-    assert payloads(local.barrier()) == [b"from echo"]
-
-
-def test_v5_subscription_identifiers(paho_client, topic) -> None:
-    sub = paho_client()
-    sub.subscribe(f"{topic}/+", 1, sub_id=7)
-    sub.subscribe(f"{topic}/#", 2, sub_id=300_000)  # needs a multi-byte varint
-    sub.subscribe(f"{topic}/x/plain", 0)  # no identifier
-    pub = paho_client()
-    pub.publish(f"{topic}/x", b"both", 2)
-    pub.publish(f"{topic}/x/y", b"hash only", 1)
-    pub.publish(f"{topic}/x/plain", b"plain and hash", 1)
-    got = {m.payload: m for m in sub.wait_messages(3)}  # QoS 2 arrives in paho on PUBREL
-    both, hash_only, plain = got[b"both"], got[b"hash only"], got[b"plain and hash"]
-    # Overlapping subscriptions: one delivery, highest QoS, every identifier (3.3.4).
-    assert (both.payload, both.qos) == (b"both", 2)
-    assert sorted(both.prop("SubscriptionIdentifier")) == [7, 300_000]
-    assert hash_only.prop("SubscriptionIdentifier") == [300_000]
-    assert plain.prop("SubscriptionIdentifier") == [300_000]
-    assert sorted(payloads(sub.barrier())) == [b"both", b"hash only", b"plain and hash"]
-    # Retained messages sent because of a subscription carry its identifier too.
-    pub.publish(f"{topic}/r", b"retained", 1, retain=True)
-    late = paho_client()
-    late.subscribe(f"{topic}/r", 1, sub_id=42)
-    (retained,) = late.barrier()
-    assert retained.prop("SubscriptionIdentifier") == [42]
-
-
-def test_v5_user_properties_in_order_with_duplicates(paho_client, topic) -> None:
-    user = [("k", "1"), ("a", "x"), ("k", "2"), ("k", "1"), ("ключ", "значение ✓"), ("", "")]
-    sub = paho_client()
-    sub.subscribe(f"{topic}/up", 1)
-    pub = paho_client()
-    pub.publish(f"{topic}/up", b"p", 1, properties=publish_props(UserProperty=user))
-    pub.publish(f"{topic}/up", b"q", 1, retain=True,
-                properties=publish_props(UserProperty=list(reversed(user))))
-    first, second = sub.wait_messages(2)
-    assert first.prop("UserProperty") == user
-    assert second.prop("UserProperty") == list(reversed(user))
-    late = paho_client()
-    late.subscribe(f"{topic}/up", 1)
-    (retained,) = late.barrier()
-    assert retained.prop("UserProperty") == list(reversed(user))
-
-
-def test_v5_content_type_and_payload_format_forwarded(paho_client, topic) -> None:
-    sub = paho_client()
-    sub.subscribe(f"{topic}/ct", 2)
-    pub = paho_client()
-    pub.publish(f"{topic}/ct", b'{"a": 1}', 2, properties=publish_props(
-        ContentType="application/json; charset=utf-8", PayloadFormatIndicator=1))
-    pub.publish(f"{topic}/ct", b"\x00\x01", 2)
-    with_props, without = sub.wait_messages(2)
-    assert with_props.payload == b'{"a": 1}'
-    assert with_props.prop("ContentType") == "application/json; charset=utf-8"
-    assert with_props.prop("PayloadFormatIndicator") == 1
-    assert without.prop("ContentType") is None
-    assert without.prop("PayloadFormatIndicator") is None
-
-
-def test_v5_request_response(paho_client, topic) -> None:
-    requester = paho_client()
-    responder = paho_client()
-    reply_to = f"{topic}/reply/{requester.client_id}"
-    requester.subscribe(reply_to, 1)
-    responder.subscribe(f"{topic}/service", 1)
-    for n in range(3):
-        correlation = f"req-{n}".encode() + b"\x00\xff"
-        requester.publish(f"{topic}/service", f"ask {n}".encode(), 1, properties=publish_props(
-            ResponseTopic=reply_to, CorrelationData=correlation))
-        request = responder.wait_messages(n + 1)[n]
-        assert request.prop("ResponseTopic") == reply_to
-        assert request.prop("CorrelationData") == correlation
-        responder.publish(request.prop("ResponseTopic"), b"answer " + request.payload, 1,
-                          properties=publish_props(CorrelationData=request.prop(
-                              "CorrelationData")))
-        response = requester.wait_messages(n + 1)[n]
-        assert response.payload == f"answer ask {n}".encode()
-        assert response.prop("CorrelationData") == correlation
-        assert response.prop("ResponseTopic") is None
-
-
-def test_v5_topic_alias_from_client(paho_client, topic) -> None:
-    sub = paho_client()
-    sub.subscribe(f"{topic}/#", 1)
-    pub = paho_client()
-    assert pub.connack.prop("TopicAliasMaximum") >= 2
-    pub.publish(f"{topic}/one", b"set 1", 1, properties=publish_props(TopicAlias=1))
-    pub.publish("", b"use 1", 1, properties=publish_props(TopicAlias=1))
-    pub.publish(f"{topic}/two", b"set 2", 1, properties=publish_props(TopicAlias=2))
-    pub.publish("", b"use 2", 1, properties=publish_props(TopicAlias=2))
-    pub.publish(f"{topic}/three", b"remap 1", 1, properties=publish_props(TopicAlias=1))
-    pub.publish("", b"use 1 again", 1, properties=publish_props(TopicAlias=1))
-    got = [(m.topic, m.payload) for m in sub.wait_messages(6)]
-    assert got == [
-        (f"{topic}/one", b"set 1"), (f"{topic}/one", b"use 1"),
-        (f"{topic}/two", b"set 2"), (f"{topic}/two", b"use 2"),
-        (f"{topic}/three", b"remap 1"), (f"{topic}/three", b"use 1 again"),
-    ]
-    # The alias is the publisher's business: subscribers never see it (paho did not ask).
-    assert all(m.prop("TopicAlias") is None for m in sub.messages)
-
-
-def test_v5_client_maximum_packet_size_respected(paho_client, topic) -> None:
-    small = paho_client(properties=props(PacketTypes.CONNECT, MaximumPacketSize=128))
-    small.subscribe(f"{topic}/mps", 1)
-    pub = paho_client()
-    pub.publish(f"{topic}/mps", b"fits", 1)
-    pub.publish(f"{topic}/mps", b"x" * 200, 1)  # larger than the client accepts: not sent
-    pub.publish(f"{topic}/mps", b"fits too", 1)
-    small.wait_messages(2)
-    assert payloads(small.barrier()) == [b"fits", b"fits too"]
-    assert small.connected
-
-
-# ---- message expiry ----------------------------------------------------------------------------
-def test_v5_forwarded_message_carries_remaining_expiry(paho_client, topic) -> None:
-    sub = paho_client()
-    sub.subscribe(f"{topic}/mei", 1)
-    pub = paho_client()
-    pub.publish(f"{topic}/mei", b"expiring", 1, properties=publish_props(
-        MessageExpiryInterval=60))
-    pub.publish(f"{topic}/mei", b"forever", 1)
-    expiring, forever = sub.wait_messages(2)
-    assert 55 <= expiring.prop("MessageExpiryInterval") <= 60
-    assert forever.prop("MessageExpiryInterval") is None
-
-
-def test_v5_retained_message_expires(paho_client, topic) -> None:
-    pub = paho_client()
-    pub.publish(f"{topic}/short", b"short-lived", 1, retain=True,
-                properties=publish_props(MessageExpiryInterval=1))
-    published_at = time.time()
-    pub.publish(f"{topic}/long", b"long-lived", 1, retain=True,
-                properties=publish_props(MessageExpiryInterval=600))
-    early = paho_client()
-    early.subscribe(f"{topic}/#", 1)
-    got = {m.topic: m for m in early.barrier()}
-    assert sorted(got) == [f"{topic}/long", f"{topic}/short"]
-    assert got[f"{topic}/short"].prop("MessageExpiryInterval") == 1
-    assert 590 <= got[f"{topic}/long"].prop("MessageExpiryInterval") <= 600
-
-    wait_past(published_at + 1.05)  # the one thing that has to take time: the expiry itself
-    late = paho_client()
-    late.subscribe(f"{topic}/#", 1)
-    assert [(m.topic, m.payload) for m in late.barrier()] == [(f"{topic}/long", b"long-lived")]
-
-
-def test_v5_queued_message_expires_while_offline(paho_client, topic) -> None:
-    client_id = unique("offline")
-    sub = paho_client(client_id, session_expiry=60)
-    sub.subscribe(f"{topic}/q", 1)
-    sub.disconnect()
-    pub = paho_client()
-    pub.publish(f"{topic}/q", b"expires", 1, properties=publish_props(MessageExpiryInterval=1))
-    published_at = time.time()
-    pub.publish(f"{topic}/q", b"has time", 1, properties=publish_props(
-        MessageExpiryInterval=30))
-    pub.publish(f"{topic}/q", b"no expiry", 1)
-    wait_past(published_at + 1.05)
-    back = paho_client(client_id, clean_start=False, session_expiry=60)
-    assert back.connack.session_present is True
-    has_time, no_expiry = back.wait_messages(2)
-    assert (has_time.payload, no_expiry.payload) == (b"has time", b"no expiry")
-    assert 1 <= has_time.prop("MessageExpiryInterval") <= 29  # reduced by the time queued
-    assert no_expiry.prop("MessageExpiryInterval") is None
-    assert payloads(back.barrier()) == [b"has time", b"no expiry"]
-
-
-# ---- sessions ----------------------------------------------------------------------------------
-def test_v5_session_resumed_with_queued_messages(paho_client, shared_broker, topic) -> None:
-    client_id = unique("persist")
-    first = paho_client(client_id, clean_start=True, session_expiry=60)
-    assert first.connack.session_present is False
-    first.subscribe(f"{topic}/q", 1)
-    first.disconnect()
-    pub = paho_client()
-    sent = [f"offline-{i}".encode() for i in range(5)]
-    for payload in sent:
-        # Routed to the offline session, so the publisher hears "success".
-        assert pub.publish(f"{topic}/q", payload, 1) == SUCCESS
-    view = api_client(shared_broker.ports["http"], client_id)
-    assert view is not None
-    assert (view["connected"], view["mqueue_len"], view["subscriptions_cnt"]) == (False, 5, 1)
-
-    back = paho_client(client_id, clean_start=False, session_expiry=60)
-    assert back.connack.session_present is True
-    received = back.wait_messages(5)
-    assert payloads(received) == sent
-    assert all(m.qos == 1 for m in received)
-    # The subscription came back with the session.
-    pub.publish(f"{topic}/q", b"live", 1)
-    assert back.wait_messages(6)[5].payload == b"live"
-
-
-def test_v311_persistent_session(paho_client, topic) -> None:
-    client_id = unique("v3persist")
-    first = paho_client(client_id, version=4, clean_session=False)
-    assert first.connack.session_present is False
-    first.subscribe(f"{topic}/q", 2)
-    first.disconnect()
-    pub = paho_client(version=4)
-    for n in range(3):
-        pub.publish(f"{topic}/q", f"queued {n}".encode(), 1 + n % 2)
-    back = paho_client(client_id, version=4, clean_session=False)
-    assert back.connack.session_present is True
-    assert sorted(payloads(back.wait_messages(3))) == [b"queued 0", b"queued 1", b"queued 2"]
-    back.disconnect()
-    # clean session = 1 throws the session away, and its subscription with it.
-    fresh = paho_client(client_id, version=4, clean_session=True)
-    assert fresh.connack.session_present is False
-    pub.publish(f"{topic}/q", b"nobody listens", 1)
-    assert fresh.barrier() == []
-
-
-def test_v5_clean_start_discards_session(paho_client, topic) -> None:
-    client_id = unique("clean")
-    first = paho_client(client_id, session_expiry=60)
-    first.subscribe(f"{topic}/q", 1)
-    first.disconnect()
-    pub = paho_client()
-    pub.publish(f"{topic}/q", b"queued", 1)
-    fresh = paho_client(client_id, clean_start=True, session_expiry=60)
-    assert fresh.connack.session_present is False
-    assert pub.publish(f"{topic}/q", b"after", 1) == NO_MATCHING_SUBSCRIBERS
-    assert fresh.barrier() == []
-
-
-def test_v5_session_without_expiry_ends_at_disconnect(paho_client, shared_broker) -> None:
-    client_id = unique("noexpiry")
-    paho_client(client_id, session_expiry=0).disconnect()
-    wait_until(lambda: api_client(shared_broker.ports["http"], client_id) is None,
-               what="session to end")
-    again = paho_client(client_id, clean_start=False)
-    assert again.connack.session_present is False
-
-
-def test_v5_session_expires_after_interval(paho_client, shared_broker, topic) -> None:
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/will", 1)
-    client_id = unique("expiring")
-    # A will delayed longer than the session lives goes out when the session ends.
-    client = paho_client(client_id, session_expiry=1, will={
-        "topic": f"{topic}/will", "payload": b"session over", "qos": 1,
-        "properties": props(PacketTypes.WILLMESSAGE, WillDelayInterval=3600)})
-    client.kill()
-    disconnected_at = time.time()
-    assert api_client(shared_broker.ports["http"], client_id) is not None  # kept for now
-    wait_until(lambda: api_client(shared_broker.ports["http"], client_id) is None,
-               timeout=3, what="session expiry")
-    assert time.time() - disconnected_at >= 0.9
-    assert payloads(watcher.wait_messages(1)) == [b"session over"]
-    again = paho_client(client_id, clean_start=False, session_expiry=1)
-    assert again.connack.session_present is False
-
-
-def test_v5_disconnect_can_end_session_early(paho_client, shared_broker) -> None:
-    client_id = unique("shorten")
-    client = paho_client(client_id, session_expiry=3600)
-    client.disconnect(properties=props(PacketTypes.DISCONNECT, SessionExpiryInterval=0))
-    wait_until(lambda: api_client(shared_broker.ports["http"], client_id) is None,
-               what="session to end on DISCONNECT with expiry 0")
-    assert paho_client(client_id, clean_start=False).connack.session_present is False
-
-
-def test_v5_unacknowledged_message_resent_with_dup(paho_client, topic) -> None:
-    client_id = unique("dup")
-    sub = paho_client(client_id, session_expiry=60, manual_ack=True)
-    sub.subscribe(f"{topic}/d", 1)
-    pub = paho_client()
-    pub.publish(f"{topic}/d", b"ack me", 1)
-    (first,) = sub.wait_messages(1)
-    assert first.dup is False
-    sub.disconnect()  # without PUBACK
-    back = paho_client(client_id, clean_start=False, session_expiry=60)
-    assert back.connack.session_present is True
-    (again,) = back.wait_messages(1)
-    assert (again.payload, again.qos, again.dup) == (b"ack me", 1, True)
-    back.disconnect()
-    # Acknowledged now: a third connection gets nothing more.
-    third = paho_client(client_id, clean_start=False, session_expiry=60)
-    assert third.connack.session_present is True
-    assert third.barrier() == []
-
-
-def test_v5_resume_resends_inflight_before_queued(paho_client, topic) -> None:
-    client_id = unique("order")
-    sub = paho_client(client_id, session_expiry=60, manual_ack=True)
-    sub.subscribe(f"{topic}/o", 1)
-    pub = paho_client()
-    for n in range(3):
-        pub.publish(f"{topic}/o", f"sent {n}".encode(), 1)
-    sub.wait_messages(3)
-    sub.disconnect()  # three deliveries unacknowledged
-    for n in range(3):
-        pub.publish(f"{topic}/o", f"queued {n}".encode(), 1)
-    back = paho_client(client_id, clean_start=False, session_expiry=60)
-    received = back.wait_messages(6)
-    assert [(m.payload, m.dup) for m in received] == [
-        (b"sent 0", True), (b"sent 1", True), (b"sent 2", True),
-        (b"queued 0", False), (b"queued 1", False), (b"queued 2", False)]
-
-
-def test_v5_disconnect_extending_zero_expiry_is_protocol_error(paho_client, shared_broker,
-                                                              topic) -> None:
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/will", 1)
-    client = paho_client(session_expiry=0, will={"topic": f"{topic}/will", "payload": b"w"})
-    # MQTT-3.14.2-2: a session that was to end at disconnect cannot be extended now ...
-    client.disconnect(properties=props(PacketTypes.DISCONNECT, SessionExpiryInterval=60))
-    # ... so this is no normal disconnect: the will goes out and the session still ends.
-    assert payloads(watcher.wait_messages(1)) == [b"w"]
-    wait_until(lambda: api_client(shared_broker.ports["http"], client.client_id) is None,
-               what="the session to end")
-
-
-def test_v5_qos2_exactly_once_across_reconnect(paho_client, shared_broker, topic) -> None:
-    """PUBREC received, PUBCOMP not yet: on resume the broker must send PUBREL again (not
-    the message), so the application still sees it exactly once."""
-    http = shared_broker.ports["http"]
-    client_id = unique("qos2")
-    sub = paho_client(client_id, session_expiry=60, manual_ack=True)  # PUBCOMP held back
-    sub.subscribe(f"{topic}/x", 2)
-    paho_client().publish(f"{topic}/x", b"exactly once", 2)
-    assert payloads(sub.wait_messages(1)) == [b"exactly once"]
-    assert api_client(http, client_id)["inflight_cnt"] == 1
-    sub.disconnect()
-    back = paho_client(client_id, clean_start=False, session_expiry=60)
-    assert back.connack.session_present is True
-    wait_until(lambda: api_client(http, client_id)["inflight_cnt"] == 0,
-               what="PUBREL resent and PUBCOMP received")
-    assert back.barrier() == []
-
-
-def test_v5_receive_maximum_limits_inflight(paho_client, shared_broker, topic) -> None:
-    sub = paho_client(properties=props(PacketTypes.CONNECT, ReceiveMaximum=2), manual_ack=True)
-    sub.subscribe(f"{topic}/rm", 1)
-    pub = paho_client()
-    for n in range(5):
-        pub.publish(f"{topic}/rm", f"m{n}".encode(), 1)
-    window = sub.wait_messages(2)
-    assert payloads(sub.barrier()) == [b"m0", b"m1"]  # no more than 2 unacknowledged
-    view = api_client(shared_broker.ports["http"], sub.client_id)
-    assert (view["inflight_cnt"], view["mqueue_len"]) == (2, 3)
-    sub.ack(window[0].mid, 1)
-    assert sub.wait_messages(3)[2].payload == b"m2"
-    assert payloads(sub.barrier()) == [b"m0", b"m1", b"m2"]
-    for message in sub.wait_messages(3)[1:]:
-        sub.ack(message.mid, 1)
-    assert payloads(sub.wait_messages(5)) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
-
-
-# ---- session takeover --------------------------------------------------------------------------
-def test_v5_session_takeover(paho_client, topic) -> None:
-    client_id = unique("takeover")
-    first = paho_client(client_id, session_expiry=60)
-    first.subscribe(f"{topic}/t", 1)
-    second = paho_client(client_id, clean_start=False, session_expiry=60)
-    assert first.wait_disconnected() == SESSION_TAKEN_OVER
-    assert second.connack.session_present is True
-    pub = paho_client()
-    pub.publish(f"{topic}/t", b"to the new owner", 1)
-    assert payloads(second.wait_messages(1)) == [b"to the new owner"]
-    assert first.messages == []
-
-
-def test_v311_session_takeover_closes_old_connection(paho_client, shared_broker) -> None:
-    client_id = unique("takeover3")
-    first = paho_client(client_id, version=4)
-    second = paho_client(client_id, version=4)
-    first.wait_disconnected()
-    assert not first.connected
-    assert second.connected
-    view = api_client(shared_broker.ports["http"], client_id)
-    assert view is not None and view["connected"] is True
-
-
-# ---- will messages -----------------------------------------------------------------------------
-@BOTH
-def test_will_sent_when_connection_dies(paho_client, topic, version) -> None:
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/will", 1)
-    will: dict = {"topic": f"{topic}/will", "payload": b"gone", "qos": 1}
-    if version == 5:
-        will["properties"] = props(PacketTypes.WILLMESSAGE, ContentType="text/plain",
-                                   UserProperty=[("why", "crash")])
-    doomed = paho_client(version=version, will=will)
-    doomed.kill()
-    (message,) = watcher.wait_messages(1)
-    assert (message.topic, message.payload, message.qos) == (f"{topic}/will", b"gone", 1)
-    if version == 5:
-        assert message.prop("ContentType") == "text/plain"
-        assert message.prop("UserProperty") == [("why", "crash")]
-
-
-@BOTH
-def test_no_will_on_normal_disconnect(paho_client, shared_broker, topic, version) -> None:
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/will", 1)
-    polite = paho_client(version=version, will={"topic": f"{topic}/will", "payload": b"no"})
-    polite.disconnect()
-    wait_until(lambda: api_client(shared_broker.ports["http"], polite.client_id) is None,
-               what="the broker to process the DISCONNECT")
-    assert watcher.barrier() == []
-
-
-def test_v5_will_sent_on_disconnect_with_will_message(paho_client, topic) -> None:
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/will", 1)
-    client = paho_client(will={"topic": f"{topic}/will", "payload": b"asked for", "qos": 1})
-    client.disconnect(reason_code=DISCONNECT_WITH_WILL)
-    (message,) = watcher.wait_messages(1)
-    assert message.payload == b"asked for"
-
-
-def test_v5_retained_will(paho_client, topic) -> None:
-    doomed = paho_client(will={"topic": f"{topic}/status", "payload": b"offline", "qos": 1,
-                               "retain": True})
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/status", 1)
-    doomed.kill()
-    assert [(m.payload, m.retain) for m in watcher.wait_messages(1)] == [(b"offline", False)]
-    late = paho_client()
-    late.subscribe(f"{topic}/status", 1)
-    assert [(m.payload, m.retain) for m in late.barrier()] == [(b"offline", True)]
-
-
-def test_v5_will_delay_cancelled_by_reconnect_or_takeover(paho_client, shared_broker,
-                                                          topic) -> None:
-    http = shared_broker.ports["http"]
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/will/#", 1)
-
-    def will(name: str) -> dict:
-        return {"topic": f"{topic}/will/{name}", "payload": name.encode(), "qos": 1,
-                "properties": props(PacketTypes.WILLMESSAGE, WillDelayInterval=1)}
-
-    resumer = paho_client(unique("resumer"), session_expiry=60, will=will("resumer"))
-    taken = paho_client(unique("taken"), session_expiry=60, will=will("taken"))
-    control = paho_client(unique("control"), session_expiry=60, will=will("control"))
-    resumer.kill()
-    wait_until(lambda: not api_client(http, resumer.client_id)["connected"],
-               what="the broker to notice the lost connection")
-    # A second connection takes the session over: the old one closes without DISCONNECT,
-    # but the session continues at once, so its delayed will must not go out either.
-    new_owner = paho_client(taken.client_id, clean_start=False, session_expiry=60)
-    assert taken.wait_disconnected() == SESSION_TAKEN_OVER
-    assert new_owner.connack.session_present is True
-    control.kill()  # lost last: its delayed will is due after the other two would have been
-    back = paho_client(resumer.client_id, clean_start=False, session_expiry=60)
-    assert back.connack.session_present is True
-    # The control's will proves the delay has passed for the others as well.
-    (message,) = watcher.wait_messages(1, timeout=5)
-    assert message.topic == f"{topic}/will/control"
-    assert [m.topic for m in watcher.barrier()] == [f"{topic}/will/control"]
-
-
-def test_v5_will_delay_bounded_by_session_expiry(paho_client, topic) -> None:
-    watcher = paho_client()
-    watcher.subscribe(f"{topic}/will", 1)
-    doomed = paho_client(session_expiry=0, will={
-        "topic": f"{topic}/will", "payload": b"now", "qos": 1,
-        "properties": props(PacketTypes.WILLMESSAGE, WillDelayInterval=3600)})
-    doomed.kill()
-    # The session ends at once (expiry 0), so the will cannot wait an hour (3.1.3.2.2).
-    assert payloads(watcher.wait_messages(1)) == [b"now"]
-
-
 # ---- shared subscriptions ----------------------------------------------------------------------
 def test_shared_subscription_splits_messages(paho_client, topic) -> None:
     members = [paho_client(), paho_client()]
@@ -930,13 +382,14 @@ def test_shared_subscription_splits_messages(paho_client, topic) -> None:
     assert all(m.topic == f"{topic}/work" for m in members[0].messages + members[1].messages)
 
 
-def test_shared_subscription_prefers_online_members(paho_client, topic) -> None:
+def test_shared_subscription_prefers_online_members(paho_client, shared_broker, topic) -> None:
     online = paho_client()
     online.subscribe(f"$share/g/{topic}/w", 1)
     offline_id = unique("member")
     offline = paho_client(offline_id, session_expiry=60)
     offline.subscribe(f"$share/g/{topic}/w", 1)
     offline.disconnect()  # keeps its session and its membership
+    wait_offline(shared_broker.ports["http"], offline_id)
     pub = paho_client()
     for n in range(6):
         pub.publish(f"{topic}/w", f"w{n}".encode(), 1)
@@ -966,74 +419,6 @@ def test_shared_subscription_gets_no_retained_messages(paho_client, topic) -> No
     plain = paho_client()
     plain.subscribe(f"{topic}/r", 1)
     assert payloads(plain.barrier()) == [b"retained"]
-
-
-# ---- non-default limits (one broker for all, see LIMITS) ------------------------------------
-def test_max_qos_allowed(paho_client, limited_broker) -> None:
-    client = paho_client(port=limited_broker.tcp)
-    assert client.connack.prop("MaximumQoS") == 1
-    assert client.subscribe("capped/t", 2) == [1]  # granted QoS capped
-    client.client.publish("capped/t", b"x", 2)
-    assert client.wait_disconnected() == 0x9B  # QoS not supported
-
-
-def test_retained_max_payload_size(paho_client, limited_broker) -> None:
-    port = limited_broker.tcp
-    both = [("size/small", 1), ("size/big", 1)]  # no wildcards on this broker
-    live = paho_client(port=port)
-    live.subscribe(both)
-    pub = paho_client(port=port)
-    pub.publish("size/small", b"s" * 16, 1, retain=True)
-    pub.publish("size/big", b"b" * 17, 1, retain=True)
-    assert payloads(live.wait_messages(2)) == [b"s" * 16, b"b" * 17]  # both forwarded
-    sub = paho_client(port=port)
-    sub.subscribe(both)
-    assert [(m.topic, m.payload) for m in sub.barrier()] == [("size/small", b"s" * 16)]
-
-
-def test_v5_topic_alias_limits(paho_client, limited_broker) -> None:
-    pub = paho_client(port=limited_broker.tcp)
-    assert pub.connack.prop("TopicAliasMaximum") == 2
-    pub.publish("alias/t", b"ok", 1, properties=publish_props(TopicAlias=2))
-    pub.client.publish("alias/t", b"x", 1, properties=publish_props(TopicAlias=3))
-    assert pub.wait_disconnected() == 0x94  # Topic Alias invalid
-    unset = paho_client(port=limited_broker.tcp)
-    unset.client.publish("", b"x", 1, properties=publish_props(TopicAlias=1))
-    assert unset.wait_disconnected() == 0x82  # alias never set: Protocol Error
-
-
-def test_v5_session_expiry_capped_in_connack(paho_client, limited_broker) -> None:
-    capped = paho_client(port=limited_broker.tcp, session_expiry=100_000)
-    assert capped.connack.prop("SessionExpiryInterval") == 100
-    within = paho_client(port=limited_broker.tcp, session_expiry=50)
-    assert within.connack.prop("SessionExpiryInterval") is None  # granted as asked
-
-
-def test_offline_queue_keeps_newest_and_skips_qos0(paho_client, limited_broker) -> None:
-    port = limited_broker.tcp
-    client_id = unique("mqueue")
-    sub = paho_client(client_id, port=port, session_expiry=60)
-    sub.subscribe("mq/t", 1)
-    sub.disconnect()
-    pub = paho_client(port=port)
-    for n in range(5):
-        pub.publish("mq/t", f"q1-{n}".encode(), 1)
-        pub.publish("mq/t", f"q0-{n}".encode(), 0)  # mqueue_store_qos0 = false
-    back = paho_client(client_id, port=port, clean_start=False, session_expiry=60)
-    assert back.connack.session_present is True
-    back.wait_messages(3)
-    # max_mqueue_len = 3: the oldest QoS 1 messages were dropped, no QoS 0 was queued.
-    assert payloads(back.barrier()) == [b"q1-2", b"q1-3", b"q1-4"]
-
-
-def test_v5_packet_too_large(paho_client, limited_broker) -> None:
-    client = paho_client(port=limited_broker.tcp)
-    assert client.connack.prop("MaximumPacketSize") == 2048
-    client.subscribe("big/t", 1)
-    client.publish("big/t", b"x" * 1900, 1)  # fits
-    assert payloads(client.wait_messages(1)) == [b"x" * 1900]
-    client.client.publish("big/t", b"x" * 3000, 1)
-    assert client.wait_disconnected() == 0x95  # Packet too large
 
 
 # ---- volume and fan-out ------------------------------------------------------------------------
@@ -1119,37 +504,3 @@ def test_slow_consumer_does_not_stall_others(paho_client, shared_broker, topic) 
             range(count))
         after = scrape_metrics(http)['mqtt_messages_dropped_total{reason="slow_consumer"}']
         assert after > before
-
-
-def test_wildcard_and_shared_subscriptions_disabled(paho_client, limited_broker) -> None:
-    client = paho_client(port=limited_broker.tcp)
-    assert client.connack.prop("WildcardSubscriptionAvailable") == 0
-    assert client.connack.prop("SharedSubscriptionAvailable") == 0
-    codes = client.subscribe([("w/+", 1), ("w/#", 1), ("$share/g/w", 1), ("w/plain", 1)])
-    assert codes == [0xA2, 0xA2, 0x9E, 1]
-    assert client.connected
-
-
-@BOTH
-def test_client_id_length_limit(paho_client, limited_broker, version) -> None:
-    fits = paho_client("x" * 40, port=limited_broker.tcp, version=version)
-    assert fits.connack.reason_code == 0
-    too_long = paho_client("y" * 41, port=limited_broker.tcp, version=version, connect=False)
-    result = too_long.connect(expect_success=False)
-    assert result.reason_code == 0x85  # Client Identifier not valid (v3.1.1: return code 2)
-
-
-def test_topic_level_limit(paho_client, limited_broker) -> None:
-    client = paho_client(port=limited_broker.tcp)
-    eight, nine = "/".join("l" * 8), "/".join("l" * 9)  # at most 8 levels
-    assert client.subscribe([(eight, 1), (nine, 1)]) == [1, 0x8F]
-    client.publish(eight, b"ok", 1)
-    assert payloads(client.wait_messages(1)) == [b"ok"]
-    client.client.publish(nine, b"too deep", 1)
-    assert client.wait_disconnected() == 0x90  # Topic Name invalid
-
-
-def test_v5_no_local_on_shared_subscription_is_protocol_error(paho_client, topic) -> None:
-    client = paho_client()
-    client.client.subscribe((f"$share/g/{topic}", SubscribeOptions(1, noLocal=True)))
-    assert client.wait_disconnected() == 0x82  # MQTT-3.8.3-4

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.packets import (
+    Connack,
     Connect,
     Disconnect,
     Puback,
@@ -146,3 +147,31 @@ def test_garbage_does_not_hurt_the_broker(client: Client) -> None:
         assert raw.closed_by_broker()
     healthy = client()
     assert healthy.connect("still-alive").reason_code == 0
+
+
+def test_malformed_v311_connect_is_closed_without_connack(client: Client) -> None:
+    raw = client(4)
+    raw.send_raw(b"\x10\x0d\x00\x04MQTT\x04\x03\x00\x3c\x00\x01x")  # reserved flag bit set
+    assert raw.sock.recv(16) == b""
+
+
+def test_malformed_v5_connect_gets_connack_0x81(client: Client) -> None:
+    raw = client()
+    raw.send_raw(b"\x10\x0e\x00\x04MQTT\x05\x03\x00\x3c\x00\x00\x01x")  # reserved flag bit set
+    connack = raw.recv()
+    assert isinstance(connack, Connack)
+    assert connack.reason_code == ReasonCode.MALFORMED_PACKET
+
+
+def test_client_publish_with_subscription_identifier_is_a_protocol_error(client: Client) -> None:
+    raw = client()
+    raw.connect("sub-id-pub")
+    raw.send(Publish("t", b"x", properties={PropertyId.SUBSCRIPTION_IDENTIFIER: [3]}))
+    assert_disconnected_with(raw, ReasonCode.PROTOCOL_ERROR)
+
+
+def test_wildcard_response_topic_is_refused(client: Client) -> None:
+    raw = client()
+    raw.connect("resp-topic")
+    raw.send(Publish("t", b"x", properties={PropertyId.RESPONSE_TOPIC: "replies/#"}))
+    assert_disconnected_with(raw, ReasonCode.TOPIC_NAME_INVALID)

@@ -5,12 +5,15 @@ from typing import TYPE_CHECKING
 from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Puback, Publish, Pubrec
+from broker.mqtt.topic import validate_topic_name
 from broker.session.message import message_from_publish, payload_format_ok
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
 
 _ALIAS = PropertyId.TOPIC_ALIAS
+_SUB_IDS = PropertyId.SUBSCRIPTION_IDENTIFIER
+_RESPONSE_TOPIC = PropertyId.RESPONSE_TOPIC
 
 
 def _resolve_alias(conn: "Connection", packet: Publish) -> str:
@@ -31,8 +34,15 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
     qos = packet.qos
     topic = packet.topic
     props = packet.properties
-    if props and _ALIAS in props:
-        topic = _resolve_alias(conn, packet)
+    if props:
+        if _ALIAS in props:
+            topic = _resolve_alias(conn, packet)
+        if _SUB_IDS in props:
+            # MQTT-3.3.4-6: only the server puts Subscription Identifiers on a PUBLISH.
+            raise ProtocolError("PUBLISH from a client carries a Subscription Identifier")
+        response_topic = props.get(_RESPONSE_TOPIC)
+        if response_topic is not None:
+            validate_topic_name(response_topic)
     if qos > limits.max_qos:
         raise MQTTError(f"QoS {qos} not supported", ReasonCode.QOS_NOT_SUPPORTED)
     if packet.retain and not limits.retain_available:
