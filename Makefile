@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_STAMP := $(VENV)/.apt-installed
-APT_PACKAGES := mosquitto mosquitto-clients
+APT_PACKAGES := mosquitto mosquitto-clients openssl
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-# Debian packages the tests and benchmarks drive: mosquitto_pub/sub and the mosquitto peer.
+# Debian packages the tests and benchmarks drive: mosquitto_pub/sub, the mosquitto peer, and
+# openssl for the TLS test's throwaway certificate.
 $(APT_STAMP): $(STAMP)
-	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ]; then \
+	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ] || ! command -v openssl >/dev/null; then \
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(APT_PACKAGES); \
 	fi
