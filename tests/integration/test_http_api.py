@@ -93,6 +93,10 @@ def test_subscriptions(paho_client, shared_broker, topic) -> None:
     assert (opts["qos"], opts["nl"], opts["rap"], opts["rh"], opts["subid"]) == (1, 1, 1, 2, 12)
     assert mine[f"$share/grp/{topic}/shared"]["share_group"] == "grp"
 
+    error = http_json(shared_broker.ports["http"], "/api/v5/subscriptions?limit=many",
+                      status=400)
+    assert error["code"] == "BAD_REQUEST"
+
     client.unsubscribe(f"{topic}/plain")
     items = http_json(shared_broker.ports["http"], "/api/v5/subscriptions?limit=10000")["data"]
     assert f"{topic}/plain" not in {i["topic"] for i in items if i["clientid"] == client.client_id}

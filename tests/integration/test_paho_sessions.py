@@ -32,7 +32,7 @@ def test_v5_session_resumed_with_queued_messages(paho_client, shared_broker, top
     client_id = unique("persist")
     first = paho_client(client_id, clean_start=True, session_expiry=60)
     assert first.connack.session_present is False
-    first.subscribe(f"{topic}/q", 1)
+    first.subscribe(f"{topic}/q", 1, sub_id=9)
     first.disconnect()
     wait_offline(shared_broker.ports["http"], client_id)
     pub = paho_client()
@@ -49,6 +49,8 @@ def test_v5_session_resumed_with_queued_messages(paho_client, shared_broker, top
     received = back.wait_messages(5)
     assert payloads(received) == sent
     assert all(m.qos == 1 for m in received)
+    # Queued deliveries keep what the subscription added: its identifier.
+    assert all(m.prop("SubscriptionIdentifier") == [9] for m in received)
     # The subscription came back with the session.
     pub.publish(f"{topic}/q", b"live", 1)
     assert back.wait_messages(6)[5].payload == b"live"
