@@ -182,7 +182,7 @@ def probe(port: int, client_id: str = "bench-probe", timeout: float = 1.0) -> bo
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
             sock.sendall(wire.connect(client_id))
-            reply = recv_exact(sock, wire.CONNACK_SIZE)
+            reply = wire.recv_exact(sock, wire.CONNACK_SIZE)
     except OSError:
         return False
     try:
@@ -190,17 +190,6 @@ def probe(port: int, client_id: str = "bench-probe", timeout: float = 1.0) -> bo
     except Exception:
         return False
     return getattr(packet, "reason_code", 1) == 0
-
-
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    """Read exactly `size` bytes or raise ConnectionError."""
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {size} bytes")
-        buf += chunk
-    return bytes(buf)
 
 
 def _wait_ready(broker: Running) -> None:

@@ -118,21 +118,11 @@ def _open(port: int, client_id: str) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(wire.connect(client_id))
-    connack = wire.decode_one(_recv_exact(sock, wire.CONNACK_SIZE))
+    connack = wire.decode_one(wire.recv_exact(sock, wire.CONNACK_SIZE))
     if getattr(connack, "reason_code", 1) != 0:
         raise ConnectionError(f"CONNACK refused {client_id}: {connack}")
     sock.settimeout(None)  # from here on the orchestrator's phases and timeouts rule
     return sock
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        if not chunk:
-            raise ConnectionError(f"broker closed the connection ({len(buf)}/{size} bytes)")
-        buf += chunk
-    return bytes(buf)
 
 
 def _wait_phase(shared: Shared, phase: int) -> None:
@@ -145,7 +135,7 @@ def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
     for client_id in spec.client_ids:
         sock = _open(spec.port, client_id)
         sock.sendall(wire.subscribe(spec.topic_filter, spec.qos))
-        suback = wire.decode_one(_recv_exact(sock, wire.SUBACK_SIZE))
+        suback = wire.decode_one(wire.recv_exact(sock, wire.SUBACK_SIZE))
         granted = getattr(suback, "reason_codes", [0x80])
         if granted != [spec.qos]:
             raise ConnectionError(f"SUBACK granted {granted}, wanted QoS {spec.qos}")

@@ -9,6 +9,7 @@ benchmark stream all PUBLISH packets (or all PUBACKs) have the same size. Anythi
 `Decoder` for good, so counts stay exact; `slow_path` records that it happened.
 """
 
+import socket
 from dataclasses import dataclass
 
 from broker.mqtt.codec import Decoder, encode
@@ -172,3 +173,14 @@ class Scanner:
                 if self.ack and isinstance(packet, Publish) and packet.qos:
                     acks.append(encode(Puback(packet_id=packet.packet_id or 0), MQTT_V311))
         return b"".join(acks)
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Read exactly `size` bytes or raise ConnectionError."""
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {size} bytes")
+        buf += chunk
+    return bytes(buf)

@@ -155,6 +155,10 @@ class Connection:
             if lost:
                 self.stats.drop(lost)
             return
+        self._send_inflight(session, delivery)
+
+    def _send_inflight(self, session: Session, delivery: Delivery) -> None:
+        """QoS 1/2: take a packet ID, remember the delivery until acknowledged, send it."""
         packet_id = session.next_packet_id()
         session.inflight[packet_id] = InFlight(delivery)
         self.send_publish(delivery, packet_id, False)
@@ -172,9 +176,7 @@ class Connection:
             elif delivery.qos == 0:
                 self.send_publish(delivery, None, False)
             else:
-                packet_id = session.next_packet_id()
-                inflight[packet_id] = InFlight(delivery)
-                self.send_publish(delivery, packet_id, False)
+                self._send_inflight(session, delivery)
 
     def resend_inflight(self) -> None:
         """On session resume: unacknowledged PUBLISH again with DUP, released QoS 2 as PUBREL."""

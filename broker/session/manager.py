@@ -17,6 +17,12 @@ from broker.session.session import Session
 NEVER_EXPIRES = MAX_UINT32
 
 
+def granted_expiry(requested: int, cap: float) -> int:
+    """The Session Expiry Interval we grant: the client's, bounded by the admin cap if set
+    (`mqtt.max_session_expiry_interval`, 0 = no bound)."""
+    return min(requested, int(cap)) if cap else requested
+
+
 class SessionManager:
     def __init__(
         self,

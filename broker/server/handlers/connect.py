@@ -7,6 +7,7 @@ from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Connack, Connect
 from broker.mqtt.topic import validate_topic_name
+from broker.session.manager import granted_expiry
 from broker.session.message import payload_format_ok
 
 if TYPE_CHECKING:
@@ -57,8 +58,7 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
         conn.client_alias_max = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
     else:
         expiry = 0 if packet.clean_start else int(config["mqtt.session_expiry_interval"])
-    cap = int(config["mqtt.max_session_expiry_interval"])
-    granted_expiry = min(expiry, cap) if cap else expiry
+    granted = granted_expiry(expiry, config["mqtt.max_session_expiry_interval"])
 
     keepalive = packet.keepalive
     server_keepalive = int(config["mqtt.server_keepalive"])
@@ -69,7 +69,7 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     conn.clean_start = packet.clean_start
     conn.will = will
     session, present = conn.node.sessions.open(
-        conn, client_id, packet.clean_start, granted_expiry
+        conn, client_id, packet.clean_start, granted
     )
     conn.session = session
     conn.connected = True
@@ -77,8 +77,8 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     ack = {}
     if version == MQTT_5:
         ack = _connack_properties(conn, assigned, client_id, server_keepalive)
-        if granted_expiry != expiry:
-            ack[P.SESSION_EXPIRY_INTERVAL] = granted_expiry
+        if granted != expiry:
+            ack[P.SESSION_EXPIRY_INTERVAL] = granted
     conn.send_packet(Connack(present, ReasonCode.SUCCESS, ack))
     conn.start_keepalive(keepalive)
     if present:

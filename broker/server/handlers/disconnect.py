@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Auth, Disconnect, Pingreq, Pingresp
+from broker.session.manager import granted_expiry
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
@@ -18,8 +19,9 @@ def handle_disconnect(conn: "Connection", packet: Disconnect) -> None:
         if session.expiry_interval == 0 and expiry != 0:
             # MQTT-3.14.2-2: a session that was to end at disconnect cannot be extended now.
             raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 in CONNECT")
-        cap = int(conn.node.config["mqtt.max_session_expiry_interval"])
-        session.expiry_interval = min(expiry, cap) if cap else expiry
+        session.expiry_interval = granted_expiry(
+            expiry, conn.node.config["mqtt.max_session_expiry_interval"]
+        )
     if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
         conn.will = None
     conn.close()
