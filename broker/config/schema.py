@@ -16,6 +16,7 @@ from broker.config.values import (
     parse_duration,
     parse_float,
     parse_int,
+    parse_int_list,
     parse_size,
     parse_str,
 )
@@ -32,7 +33,10 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("node.name", "broker@127.0.0.1", parse_str, "Node name, shown in the API."),
     Setting("node.data_dir", "data", parse_str,
-            "Directory for everything stored on disk (retained messages, later DS)."),
+            "Directory for everything stored on disk (retained messages, Durable Storage)."),
+    Setting("node.site_id", "", parse_str,
+            "This node's Durable Storage site ID. Empty = random at first start, then kept in"
+            " the data dir; a value that contradicts the data dir's is refused at start-up."),
     Setting("log.console.level", "info",
             parse_choice("debug", "info", "warning", "error", "critical"),
             "Log level on stderr."),
@@ -83,6 +87,30 @@ SETTINGS: tuple[Setting, ...] = (
             "If > 0, overrides the client's keepalive and is sent as Server Keep Alive."),
     Setting("mqtt.idle_timeout", "15s", parse_duration,
             "Time a new TCP connection may take to send CONNECT."),
+    Setting("durable_sessions.enable", True, parse_bool,
+            "Sessions with a Session Expiry Interval > 0 are durable: state and messages on"
+            " disk in Durable Storage, surviving restarts."),
+    Setting("durable_sessions.batch_size", 100, parse_int(1, 100_000),
+            "Messages a durable session reads from a stream per fetch."),
+    Setting("durable_sessions.message_retention_period", "1d", parse_duration,
+            "How long stored messages are kept; older generations are dropped whole."),
+    Setting("durable_sessions.session_gc_interval", "10m", parse_duration,
+            "How often expired durable sessions are garbage collected."),
+    Setting("durable_storage.messages.n_shards", 16, parse_int(1, 1024),
+            "Shards of the `messages` database (by publisher client ID); fixed when the"
+            " database is created."),
+    Setting("durable_storage.messages.replication_factor", 3, parse_int(1, 15),
+            "Replicas of each shard in a cluster (capped by the number of sites)."),
+    Setting("durable_storage.messages.layout.wildcard_thresholds", "[100, 10]",
+            parse_int_list(1),
+            "LTS: distinct values a topic level may take at each depth before it becomes a"
+            " wildcard in the stream's structure; the last value repeats for deeper levels."),
+    Setting("durable_storage.messages.flush_interval", "10ms", parse_duration,
+            "Longest time a cooked batch waits in the write buffer."),
+    Setting("durable_storage.messages.max_items", 1000, parse_int(1, 1_000_000),
+            "Write buffer size that triggers an immediate flush."),
+    Setting("durable_storage.messages.idle_flush_interval", "1ms", parse_duration,
+            "Flush early when nothing new arrived for this long."),
     Setting("retainer.enable", True, parse_bool, "Store retained messages."),
     Setting("retainer.max_retained_messages", 0, parse_int(0, 2**31),
             "Most retained topics stored; when full, existing topics can be replaced but new"

@@ -118,3 +118,26 @@ def parse_choice(*choices: str) -> Callable[[Any], str]:
         return text
 
     return parse
+
+
+def parse_int_list(minimum: int) -> Callable[[Any], tuple[int, ...]]:
+    """A non-empty list of integers, from TOML (`[100, 10]`) or `--set` (`100,10` or `[100,10]`)."""
+
+    def parse(raw: Any) -> tuple[int, ...]:
+        items = raw if isinstance(raw, list | tuple) else str(raw).strip().strip("[]").split(",")
+        values: list[int] = []
+        for item in items:
+            if isinstance(item, bool):
+                raise ValueError(f"expected a list of integers, got {raw!r}")
+            try:
+                value = item if isinstance(item, int) else int(str(item).strip())
+            except ValueError:
+                raise ValueError(f"expected a list of integers, got {raw!r}") from None
+            if value < minimum:
+                raise ValueError(f"every value must be at least {minimum}, got {value}")
+            values.append(value)
+        if not values:
+            raise ValueError("expected at least one integer")
+        return tuple(values)
+
+    return parse

@@ -52,3 +52,15 @@ def test_bad_toml_key_is_rejected_naming_the_key(tmp_path: Path) -> None:
 def test_readme_documents_every_key_with_its_default() -> None:
     assert render_markdown_table() in README.read_text()
     assert len(SETTINGS) == len({s.key for s in SETTINGS})
+
+
+def test_wildcard_thresholds_from_toml_list_and_from_set(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text("[durable_storage.messages.layout]\nwildcard_thresholds = [50, 5, 2]\n")
+    key = "durable_storage.messages.layout.wildcard_thresholds"
+    assert load_config()[key] == (100, 10)
+    assert load_config(path)[key] == (50, 5, 2)
+    assert load_config(None, [f"{key}=7,3"])[key] == (7, 3)
+    for bad in ("[]", "1,x", "0"):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [f"{key}={bad}"])
