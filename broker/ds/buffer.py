@@ -1,0 +1,106 @@
+"""Write buffer: collects writes for one shard and flushes them as one batch.
+
+A flush happens when `max_items` are waiting, when the oldest has waited `flush_interval`, or
+when nothing new arrived for `idle_flush_interval` (a lone writer should not wait the full
+interval). Only one flush runs at a time, so batches reach the disk in the order they were
+buffered; writes that arrive meanwhile form the next batch. Each `add` returns a future that
+resolves once the flush containing it completed (is durable when any write in it asked for
+sync), which is what a PUBACK waits on.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+Flush = Callable[[list[T], bool], Awaitable[None]]
+
+
+class WriteBuffer(Generic[T]):
+    def __init__(
+        self, flush: Flush[T], flush_interval: float, max_items: int, idle_flush_interval: float
+    ) -> None:
+        self._flush = flush
+        self._interval = flush_interval
+        self._max_items = max_items
+        self._idle = idle_flush_interval
+        self._items: list[T] = []
+        self._sync = False
+        self._waiters: list[asyncio.Future[None]] = []
+        self._first_at = 0.0
+        self._last_at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._running: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, items: list[T], sync: bool) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not self._items:
+            self._first_at = now
+        self._last_at = now
+        self._items.extend(items)
+        self._sync = self._sync or sync
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        if len(self._items) >= self._max_items:
+            self._start()
+        elif self._timer is None and self._running is None:
+            self._timer = loop.call_at(self._due(), self._on_timer)
+        return waiter
+
+    def _due(self) -> float:
+        return min(self._first_at + self._interval, self._last_at + self._idle)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self._items or self._running is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._due():
+            self._start()
+        else:
+            self._timer = loop.call_at(self._due(), self._on_timer)
+
+    def _start(self) -> None:
+        if self._running is not None:
+            return  # the running flush picks the items up when it ends
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        items, waiters, sync = self._items, self._waiters, self._sync
+        self._items, self._waiters, self._sync = [], [], False
+        self._running = asyncio.get_running_loop().create_task(self._run(items, waiters, sync))
+
+    async def _run(self, items: list[T], waiters: list[asyncio.Future[None]], sync: bool) -> None:
+        try:
+            await self._flush(items, sync)
+        except BaseException as error:  # every writer must learn its batch failed
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+        else:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        finally:
+            self._running = None
+            if self._items:
+                if len(self._items) >= self._max_items:
+                    self._start()
+                else:
+                    loop = asyncio.get_running_loop()
+                    self._timer = loop.call_at(self._due(), self._on_timer)
+
+    async def drain(self) -> None:
+        """Flushes whatever is waiting now and returns when it is written."""
+        while self._items or self._running is not None:
+            if self._running is None:
+                self._start()
+            running = self._running
+            assert running is not None
+            await asyncio.shield(running)

@@ -1,0 +1,145 @@
+"""The `messages` database: shards by publisher, streams by topic structure, reads by
+iterator.
+
+n_shards is written to db.json when the database is created and read from there ever after:
+changing the setting later must not move a publisher's messages to another shard, or the
+per-shard ordering an iterator relies on would break.
+"""
+
+import asyncio
+import json
+import zlib
+from collections.abc import Awaitable
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+from broker.ds.files import write_atomically
+from broker.ds.iterator import Iterator, Stream, read_plan
+from broker.ds.settings import Settings
+from broker.ds.shard import ChangeListener, Shard
+from broker.ds.slab import Slab
+from broker.ds.ttv import TTV
+from broker.mqtt.topic import topic_matches
+
+DB_FILE = "db.json"
+
+
+def shard_of(publisher: str, n_shards: int) -> int:
+    """CRC-32, not hash(): Python randomises str hashes per process."""
+    return zlib.crc32(publisher.encode()) % n_shards
+
+
+def read_db_file(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / DB_FILE).read_bytes())  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
+
+
+class MessagesDB:
+    def __init__(
+        self, name: str, path: Path, settings: Settings, executor: Executor,
+        on_change: ChangeListener,
+    ) -> None:
+        """Blocking: opens every slab of every shard."""
+        self.name = name
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        meta = read_db_file(path)
+        if meta is None:
+            meta = {"n_shards": settings.n_shards, "format": 1}
+            write_atomically(path / DB_FILE, json.dumps(meta).encode())
+        self.n_shards: int = meta["n_shards"]
+        self.shards = [
+            Shard.open(
+                i, path / f"shard-{i:03d}", settings.wildcard_thresholds, executor, on_change,
+                settings.buffer, settings.generation_max_size,
+            )
+            for i in range(self.n_shards)
+        ]
+
+    def store_batch(self, messages: list[TTV], sync: bool = True) -> Awaitable[None]:
+        """Buffers the messages on their publishers' shards; the result resolves once all
+        of them are written (and fsynced, with `sync`)."""
+        by_shard: dict[int, list[TTV]] = {}
+        n = self.n_shards
+        for message in messages:
+            by_shard.setdefault(shard_of(message.publisher, n), []).append(message)
+        futures = [self.shards[i].buffer.add(batch, sync) for i, batch in by_shard.items()]
+        if len(futures) == 1:
+            return futures[0]
+        return asyncio.gather(*futures)
+
+    def get_streams(self, topic_filter: str, start_time: int = 0) -> list[Stream]:
+        """Streams of every live generation that may hold messages matching the filter at or
+        after `start_time` (microseconds), oldest generation first."""
+        streams = []
+        for shard in self.shards:
+            for slab in shard.slabs.values():
+                if slab.sealed and slab.stats.max_timestamp < start_time:
+                    continue
+                streams.extend(
+                    Stream(self.name, shard.index, slab.generation, stream)
+                    for stream in slab.lts.match(topic_filter)
+                )
+        streams.sort(key=lambda s: (s.generation, s.shard, s.id))
+        return streams
+
+    def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
+        return Iterator(stream, topic_filter, max(start_time - 1, 0))
+
+    def _slab(self, stream: Stream) -> Slab | None:
+        return self.shards[stream.shard].slabs.get(stream.generation)
+
+    def next(self, iterator: Iterator, batch_size: int) -> tuple[Iterator | None, list[TTV]]:
+        """Up to `batch_size` messages after the iterator's position. The iterator returned
+        is None at the end of the stream: its generation is sealed and fully read, or was
+        dropped by retention; the caller moves on to newer generations' streams."""
+        stream = iterator.stream
+        slab = self._slab(stream)
+        if slab is None:
+            return None, []
+        sealed = slab.sealed  # read before the data: a write cannot follow a seal
+        topic_filter = iterator.topic_filter
+        plan = read_plan(slab.lts.structure(stream.id), topic_filter)
+        accept = None if plan.exact else (lambda topic: topic_matches(topic_filter, topic))
+        if plan.fixed:
+            assert accept is not None
+            messages, position = slab.scan_indexed(
+                stream.id, plan.fixed, iterator.position, batch_size, accept
+            )
+        else:
+            messages, position = slab.scan(stream.id, iterator.position, batch_size, accept)
+        if not messages and sealed:
+            return None, []
+        if position == iterator.position:
+            return iterator, messages
+        return Iterator(stream, topic_filter, position), messages
+
+    def keys_visited(self) -> int:
+        return sum(slab.keys_visited for s in self.shards for slab in s.slabs.values())
+
+    async def rotate(self) -> int:
+        """Seals every shard's current generation that holds data (the admin "seal now" and
+        the generation timer; an empty one stays current) and returns how many it sealed."""
+        sealed = [shard for shard in self.shards if shard.current.stats.messages]
+        for shard in sealed:
+            await shard.rotate()
+        for shard in sealed:
+            await shard.wait_sealed()
+        return len(sealed)
+
+    async def drop_older_than(self, cutoff: int) -> int:
+        dropped = 0
+        for shard in self.shards:
+            dropped += len(await shard.drop_older_than(cutoff))
+        return dropped
+
+    async def close(self) -> None:
+        for shard in self.shards:
+            await shard.close()
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "n_shards": self.n_shards,
+                "shards": [shard.info() for shard in self.shards]}

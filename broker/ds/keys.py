@@ -1,0 +1,65 @@
+"""Byte layout of every key in a message slab (one LevelDB directory per shard x generation).
+
+Keys sort by LevelDB's bytewise order, so the layout decides which reads are range scans:
+
+    data, master:  b"D" | stream u32 | 0x00 | timestamp u64                 -> TTV value
+    data, index:   b"D" | stream u32 | level u8 (1..) | hash u64 | timestamp u64 -> b""
+    LTS edge:      b"E" | parent node u32 | level value (UTF-8)             -> child node u32
+    slab meta:     b"M" | name                                              -> see slab.py
+
+All integers are big-endian. `level` in an index key is 1 + the ordinal of a varying
+(wildcard) level of the stream's structure; `hash` is the first 8 bytes of BLAKE2b of that
+level's value. A master scan of one stream is one contiguous range ordered by time; a filter
+that fixes varying levels scans the index ranges of those levels instead and seeks the
+master key per hit, so its cost follows the matches and not the stream's size.
+"""
+
+import hashlib
+import struct
+
+DATA = b"D"
+EDGE = b"E"
+META = b"M"
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_INDEX_HEAD = struct.Struct(">cIBQ")
+_MASTER_HEAD = struct.Struct(">cIB")
+TIMESTAMP_SIZE = _U64.size
+MAX_TIMESTAMP = 2**64 - 1
+
+pack_u32 = _U32.pack
+pack_u64 = _U64.pack
+unpack_u32 = _U32.unpack
+unpack_u64_from = _U64.unpack_from
+
+
+def level_hash(value: str) -> int:
+    """Stable across processes and machines (unlike hash()), so replicas and Spark agree."""
+    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "big")
+
+
+def master_prefix(stream: int) -> bytes:
+    return _MASTER_HEAD.pack(DATA, stream, 0)
+
+
+def index_prefix(stream: int, ordinal: int, value_hash: int) -> bytes:
+    return _INDEX_HEAD.pack(DATA, stream, ordinal + 1, value_hash)
+
+
+def timestamp_of(key: bytes) -> int:
+    """The timestamp is always the key's last 8 bytes, master or index alike."""
+    return unpack_u64_from(key, len(key) - TIMESTAMP_SIZE)[0]
+
+
+def edge_key(parent: int, level: str) -> bytes:
+    return EDGE + pack_u32(parent) + level.encode()
+
+
+def parse_edge(key: bytes, value: bytes) -> tuple[int, str, int]:
+    """(parent, level, child) of an LTS edge record."""
+    return unpack_u32(key[1:5])[0], key[5:].decode(), unpack_u32(value)[0]
+
+
+def meta_key(name: str) -> bytes:
+    return META + name.encode()

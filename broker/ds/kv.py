@@ -1,0 +1,107 @@
+"""A key-value database with optimistic transactions (tx.py): the `sessions` database.
+
+Validated commits get a serial and enter an in-memory overlay at once, before they are on
+disk, so the next transaction already sees them and is checked against them; the overlay
+entry goes when the write is durable. A short log of (serial, keys written) answers "what
+changed since serial N"; a transaction older than the log is treated as conflicting.
+Commits are group-committed through the same write buffer as messages.
+"""
+
+import asyncio
+from collections import deque
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+import plyvel
+
+from broker.ds.buffer import WriteBuffer
+from broker.ds.cook import CookedBatch
+from broker.ds.slab import apply
+from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts
+
+_LOG_LIMIT = 100_000
+Write = tuple[bytes, bytes | None]
+
+
+class KVStore:
+    def __init__(
+        self, name: str, path: Path, executor: Executor, buffer_settings: tuple[float, int, float]
+    ) -> None:
+        self.name = name
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._db = plyvel.DB(str(path), create_if_missing=True)
+        self._executor = executor
+        self._serial = 0
+        self._log: deque[tuple[int, frozenset[bytes]]] = deque(maxlen=_LOG_LIMIT)
+        self._pending: dict[bytes, tuple[int, bytes | None]] = {}
+        self.buffer: WriteBuffer[Write] = WriteBuffer(self._flush, *buffer_settings)
+        self.commits = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        pending = self._pending.get(key)
+        if pending is not None:
+            return pending[1]
+        return self._db.get(key)  # type: ignore[no-any-return]
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        found = dict(self._db.iterator(prefix=prefix))
+        for key, (_, value) in self._pending.items():
+            if key.startswith(prefix):
+                if value is None:
+                    found.pop(key, None)
+                else:
+                    found[key] = value
+        return sorted(found.items())
+
+    def begin(self) -> Transaction:
+        return Transaction(self._serial, self.get, self.scan)
+
+    def _validate(self, tx: Transaction) -> None:
+        log = self._log
+        if tx.serial < self._serial and (not log or log[0][0] > tx.serial + 1):
+            raise Conflict("transaction older than the conflict log")
+        for serial, written in reversed(log):
+            if serial <= tx.serial:
+                break
+            if conflicts(tx, written):
+                raise Conflict("a key read was written since the transaction began")
+        check_preconditions(tx, self.get)
+
+    async def commit(self, tx: Transaction, sync: bool = True) -> None:
+        """Raises Conflict or PreconditionFailed (retry from `begin`); returns once the
+        writes are on disk."""
+        self._validate(tx)
+        if not tx.writes:
+            return
+        self._serial += 1
+        serial = self._serial
+        self._log.append((serial, frozenset(tx.writes)))
+        for key, value in tx.writes.items():
+            self._pending[key] = (serial, value)
+        try:
+            await self.buffer.add(list(tx.writes.items()), sync)
+        finally:
+            for key in tx.writes:
+                if self._pending.get(key, (None,))[0] == serial:
+                    del self._pending[key]
+        self.commits += 1
+
+    async def _flush(self, writes: list[Write], sync: bool) -> None:
+        final = dict(writes)  # the last write of a key in the batch wins
+        batch = CookedBatch(
+            puts=[(key, value) for key, value in final.items() if value is not None],
+            deletes=[key for key, value in final.items() if value is None],
+        )
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, apply, self._db, batch, sync
+        )
+
+    async def close(self) -> None:
+        await self.buffer.drain()
+        self._db.close()
+
+    def info(self) -> dict[str, Any]:
+        count = sum(1 for _ in self._db.iterator(include_value=False))
+        return {"name": self.name, "n_shards": 1, "keys": count, "commits": self.commits}

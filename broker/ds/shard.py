@@ -1,0 +1,189 @@
+"""A shard of the messages database: its generations, its writer and its retention.
+
+Only the newest generation is writable. A rotation makes a new slab current first and then
+seals the old one (compaction and manifest) outside the write lock, so writers wait only for
+the new directory. On disk a generation without a manifest that is not the newest is one
+whose sealing a crash interrupted; opening the shard finishes it.
+"""
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+from broker.ds.buffer import WriteBuffer
+from broker.ds.cook import Cooker
+from broker.ds.files import fsync_dir
+from broker.ds.slab import Slab
+from broker.ds.ttv import TTV
+
+log = logging.getLogger(__name__)
+
+_GEN_PREFIX = "gen-"
+_TMP_SUFFIX = ".tmp"
+
+# (shard, generation, streams written or None for "all of them": sealed or dropped)
+ChangeListener = Callable[[int, int, set[int] | None], None]
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def generation_dir(shard_dir: Path, generation: int) -> Path:
+    return shard_dir / f"{_GEN_PREFIX}{generation:06d}"
+
+
+class Shard:
+    def __init__(
+        self, index: int, path: Path, slabs: list[Slab], thresholds: tuple[int, ...],
+        executor: Executor, on_change: ChangeListener, buffer_settings: tuple[float, int, float],
+        max_generation_bytes: int,
+    ) -> None:
+        self.index = index
+        self.path = path
+        self.slabs: dict[int, Slab] = {slab.generation: slab for slab in slabs}
+        self.current = slabs[-1]
+        self.thresholds = thresholds
+        self._executor = executor
+        self._on_change = on_change
+        self._max_bytes = max_generation_bytes
+        last = max(slab.stats.max_timestamp for slab in slabs)
+        self.cooker = Cooker(self.current.lts, self.current.stats, last)
+        self.buffer: WriteBuffer[TTV] = WriteBuffer(self._flush, *buffer_settings)
+        self._lock = asyncio.Lock()
+        self._sealing: dict[int, asyncio.Future[None]] = {}
+        # Counters for /metrics: batches, messages, bytes, seconds spent applying.
+        self.batches = 0
+        self.messages = 0
+        self.bytes = 0
+        self.flush_seconds = 0.0
+
+    @classmethod
+    def open(
+        cls, index: int, path: Path, thresholds: tuple[int, ...], executor: Executor,
+        on_change: ChangeListener, buffer_settings: tuple[float, int, float],
+        max_generation_bytes: int,
+    ) -> "Shard":
+        """Blocking (call before serving): opens every slab, finishes interrupted seals."""
+        path.mkdir(parents=True, exist_ok=True)
+        for leftover in path.glob(f"{_GEN_PREFIX}*{_TMP_SUFFIX}"):
+            shutil.rmtree(leftover)  # a creation that did not finish holds no data
+        generations = sorted(
+            int(child.name[len(_GEN_PREFIX):]) for child in path.glob(f"{_GEN_PREFIX}*")
+        )
+        slabs = [Slab.open(generation_dir(path, g), g) for g in generations]
+        for slab in slabs[:-1]:
+            if not slab.sealed:
+                log.info("finishing the seal of %s", slab.path)
+                slab.seal(max(slab.created, slab.stats.max_timestamp), index)
+        if not slabs or slabs[-1].sealed:
+            slabs.append(_create_slab(path, generations[-1] + 1 if generations else 1,
+                                      thresholds, now_us()))
+        return cls(index, path, slabs, thresholds, executor, on_change, buffer_settings,
+                   max_generation_bytes)
+
+    async def _flush(self, messages: list[TTV], sync: bool) -> None:
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            slab = self.current
+            batch = self.cooker.cook(messages, now_us())
+            started = time.perf_counter()
+            await loop.run_in_executor(self._executor, slab.apply, batch, sync)
+            self.flush_seconds += time.perf_counter() - started
+            self.batches += 1
+            self.messages += batch.messages
+            self.bytes += batch.size
+            self._on_change(self.index, slab.generation, batch.streams)
+            if slab.stats.size >= self._max_bytes:
+                await self._rotate_locked()
+
+    async def rotate(self) -> int:
+        """Seals the current generation (the seal itself completes in the background: see
+        `wait_sealed`) and returns the new generation's number."""
+        async with self._lock:
+            return await self._rotate_locked()
+
+    async def _rotate_locked(self) -> int:
+        loop = asyncio.get_running_loop()
+        old = self.current
+        now = max(now_us(), self.cooker.last_timestamp)
+        new = await loop.run_in_executor(
+            self._executor, _create_slab, self.path, old.generation + 1, self.thresholds, now
+        )
+        self.slabs[new.generation] = new
+        self.current = new
+        self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
+        # Readers must see the end of the old generation now, not after compaction.
+        old.sealed_at = now
+        self._sealing[old.generation] = loop.run_in_executor(
+            self._executor, old.seal, now, self.index
+        )
+        self._on_change(self.index, old.generation, None)
+        return new.generation
+
+    async def wait_sealed(self) -> None:
+        while self._sealing:
+            generation, sealing = next(iter(self._sealing.items()))
+            await sealing
+            self._sealing.pop(generation, None)
+
+    async def drop_older_than(self, cutoff: int) -> list[int]:
+        """Retention: drops sealed generations that ended before `cutoff`, after sealing a
+        current generation that is itself too old (so it can go next time)."""
+        async with self._lock:
+            current = self.current
+            if current.created < cutoff and current.stats.messages:
+                await self._rotate_locked()
+        await self.wait_sealed()
+        dropped = [
+            generation for generation, slab in self.slabs.items()
+            if slab is not self.current and slab.sealed_at is not None and slab.sealed_at < cutoff
+        ]
+        loop = asyncio.get_running_loop()
+        for generation in dropped:
+            slab = self.slabs.pop(generation)
+            slab.close()
+            await loop.run_in_executor(self._executor, shutil.rmtree, slab.path)
+            self._on_change(self.index, generation, None)
+        return dropped
+
+    async def close(self) -> None:
+        await self.buffer.drain()
+        await self.wait_sealed()
+        for slab in self.slabs.values():
+            slab.close()
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "shard": self.index,
+            "generations": [
+                {
+                    "generation": slab.generation,
+                    "state": "sealed" if slab.sealed else "current",
+                    "since": slab.created,
+                    "until": slab.sealed_at,
+                    "min_timestamp": slab.stats.min_timestamp,
+                    "max_timestamp": slab.stats.max_timestamp,
+                    "messages": slab.stats.messages,
+                    "bytes": slab.stats.size,
+                    "streams": len(slab.lts.streams()),
+                }
+                for slab in self.slabs.values()
+            ],
+        }
+
+
+def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int) -> Slab:
+    """Built under a temporary name and renamed, so a crash never leaves a half-made slab
+    that looks real."""
+    final = generation_dir(shard_dir, generation)
+    tmp = final.with_name(final.name + _TMP_SUFFIX)
+    Slab.create(tmp, generation, thresholds, now).close()
+    tmp.rename(final)
+    fsync_dir(shard_dir)
+    return Slab.open(final, generation)

@@ -1,0 +1,40 @@
+"""This node's site ID: its identity in Durable Storage, independent of host or pod name.
+
+Random at first start and kept in the data dir, so a pod that comes back on the same volume
+is the same site. A configured `node.site_id` is taken at first start; later it must agree
+with the stored one, because replicas are placed on sites and a silently changed identity
+would make this node's data look like someone else's.
+"""
+
+import secrets
+from pathlib import Path
+
+from broker.ds.files import write_atomically
+
+FILE = "site_id"
+
+
+class SiteIdMismatch(ValueError):
+    pass
+
+
+def read_site_id(root: Path) -> str | None:
+    try:
+        return (root / FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def ensure_site_id(root: Path, configured: str) -> str:
+    stored = read_site_id(root)
+    if stored is not None:
+        if configured and configured != stored:
+            raise SiteIdMismatch(
+                f"node.site_id {configured!r} contradicts the site ID {stored!r} stored in"
+                f" {root / FILE}; keep the stored one or use another data dir"
+            )
+        return stored
+    site_id = configured or secrets.token_hex(8)
+    root.mkdir(parents=True, exist_ok=True)
+    write_atomically(root / FILE, site_id.encode() + b"\n")
+    return site_id

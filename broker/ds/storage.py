@@ -1,0 +1,132 @@
+"""Durable Storage as the rest of the broker sees it: the `messages` and `sessions`
+databases of one node, their timers, and the admin view.
+
+Blocking LevelDB work (writes with fsync, compaction, directory removal) runs on a small
+thread pool; everything else runs on the event loop, which also orders it.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from broker.ds.db import MessagesDB
+from broker.ds.iterator import Iterator, Stream
+from broker.ds.kv import KVStore
+from broker.ds.settings import Settings
+from broker.ds.shard import now_us
+from broker.ds.site import ensure_site_id
+from broker.ds.subscribe import Subscription, SubscriptionPool
+from broker.ds.ttv import TTV
+from broker.ds.tx import Transaction
+
+log = logging.getLogger(__name__)
+
+MESSAGES = "messages"
+SESSIONS = "sessions"
+_MAX_THREADS = 4
+
+
+class DurableStorage:
+    def __init__(self, data_dir: Path, settings: Settings) -> None:
+        """Blocking: opens (or creates) every database under `<data_dir>/ds`."""
+        self.root = Path(data_dir) / "ds"
+        self.settings = settings
+        self.site_id = ensure_site_id(self.root, settings.site_id)
+        self._executor = ThreadPoolExecutor(
+            max_workers=min(_MAX_THREADS, settings.n_shards + 1), thread_name_prefix="ds"
+        )
+        self.messages = MessagesDB(MESSAGES, self.root / MESSAGES, settings, self._executor,
+                                   self._on_change)
+        self.sessions = KVStore(SESSIONS, self.root / SESSIONS, self._executor, settings.buffer)
+        self.subscriptions = SubscriptionPool(MESSAGES, self.messages.next)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _on_change(self, shard: int, generation: int, streams: set[int] | None) -> None:
+        self.subscriptions.on_change(shard, generation, streams)
+
+    def _messages(self, db: str) -> MessagesDB:
+        if db != MESSAGES:
+            raise KeyError(f"{db!r} is not a message database")
+        return self.messages
+
+    # Read path -------------------------------------------------------------------------
+
+    def get_streams(self, db: str, topic_filter: str, start_time: int = 0) -> list[Stream]:
+        return self._messages(db).get_streams(topic_filter, start_time)
+
+    def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
+        return self._messages(stream.db).make_iterator(stream, topic_filter, start_time)
+
+    def next(self, iterator: Iterator, batch_size: int) -> tuple[Iterator | None, list[TTV]]:
+        return self._messages(iterator.stream.db).next(iterator, batch_size)
+
+    def subscribe(
+        self, iterator: Iterator, batch_size: int, max_unacked: int = 2
+    ) -> Subscription:
+        return self.subscriptions.subscribe(iterator, batch_size, max_unacked)
+
+    # Write path ------------------------------------------------------------------------
+
+    def store_batch(self, db: str, messages: list[TTV], sync: bool = True) -> Awaitable[None]:
+        return self._messages(db).store_batch(messages, sync)
+
+    def begin(self) -> Transaction:
+        """A transaction on the `sessions` database."""
+        return self.sessions.begin()
+
+    async def commit(self, tx: Transaction, sync: bool = True) -> None:
+        await self.sessions.commit(tx, sync)
+
+    # Generations -----------------------------------------------------------------------
+
+    async def seal(self, db: str = MESSAGES) -> int:
+        """Seals every shard's current generation that holds data; new writes go to new
+        ones. Returns the number of generations sealed."""
+        return await self._messages(db).rotate()
+
+    async def apply_retention(self, now: int | None = None) -> int:
+        cutoff = (now or now_us()) - int(self.settings.retention_period * 1e6)
+        dropped = await self.messages.drop_older_than(cutoff)
+        if dropped:
+            log.info("retention dropped %d generations", dropped)
+        return dropped
+
+    def start(self) -> None:
+        """Starts the generation and retention timers (call on the running loop)."""
+        settings = self.settings
+        self._tasks.append(asyncio.create_task(
+            self._every(settings.generation_interval, self.seal)
+        ))
+        self._tasks.append(asyncio.create_task(self._every(
+            min(settings.retention_period, settings.generation_interval), self.apply_retention
+        )))
+
+    @staticmethod
+    async def _every(interval: float, job: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except Exception:  # a failed round must not stop the timer
+                log.exception("durable storage maintenance failed")
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.subscriptions.close()
+        await self.messages.close()
+        await self.sessions.close()
+        self._executor.shutdown()
+
+    # Admin -----------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        messages = self.messages.info()
+        messages["replication_factor"] = self.settings.replication_factor
+        return {"site_id": self.site_id, "databases": [messages, self.sessions.info()]}

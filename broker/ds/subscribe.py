@@ -1,0 +1,132 @@
+"""Push reads: subscribers get batches as data arrives instead of polling `next`.
+
+A subscription starts in the catch-up pool and is read for as long as it finds data and its
+consumer keeps up (at most `max_unacked` batches wait in it). When a read finds nothing it
+moves to the real-time pool: it costs nothing until a write to its stream wakes it.
+Subscriptions whose iterators are equal (same stream, filter and position) are served by one
+read, which is what happens to every real-time subscriber of a stream after a write.
+"""
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+
+from broker.ds.iterator import Iterator, Stream
+from broker.ds.ttv import TTV
+
+Reader = Callable[[Iterator, int], tuple[Iterator | None, list[TTV]]]
+Batch = tuple[Iterator | None, list[TTV]]
+
+
+class Subscription:
+    def __init__(
+        self, pool: "SubscriptionPool", iterator: Iterator, batch_size: int, max_unacked: int
+    ) -> None:
+        self.iterator: Iterator | None = iterator
+        self.batch_size = batch_size
+        self._pool = pool
+        self._max_unacked = max_unacked
+        self._batches: deque[Batch] = deque()
+        self._arrived = asyncio.Event()
+        self.idle_on: Stream | None = None  # set while in the real-time pool
+
+    @property
+    def has_room(self) -> bool:
+        return self.iterator is not None and len(self._batches) < self._max_unacked
+
+    def push(self, batch: Batch) -> None:
+        self._batches.append(batch)
+        self._arrived.set()
+
+    async def next(self) -> Batch:
+        """The next batch and the iterator after it (the position to checkpoint); the
+        iterator is None once the stream has ended (see MessagesDB.next)."""
+        while not self._batches:
+            self._arrived.clear()
+            await self._arrived.wait()
+        batch = self._batches.popleft()
+        self._pool.consumed(self)
+        return batch
+
+    def close(self) -> None:
+        self._pool.remove(self)
+
+
+class SubscriptionPool:
+    def __init__(self, db: str, read: Reader) -> None:
+        self._db = db
+        self._read = read
+        self._catch_up: set[Subscription] = set()
+        self._real_time: dict[Stream, set[Subscription]] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.reads = 0
+
+    def subscribe(self, iterator: Iterator, batch_size: int, max_unacked: int = 2) -> Subscription:
+        subscription = Subscription(self, iterator, batch_size, max_unacked)
+        self._catch_up.add(subscription)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._pump())
+        self._wakeup.set()
+        return subscription
+
+    def on_change(self, shard: int, generation: int, streams: set[int] | None) -> None:
+        """A write (streams), a seal or a drop (None): wakes the real-time subscribers."""
+        if not self._real_time:
+            return
+        if streams is None:
+            touched = [s for s in self._real_time if (s.shard, s.generation) == (shard, generation)]
+        else:
+            touched = [Stream(self._db, shard, generation, stream) for stream in streams]
+        for stream in touched:
+            for subscription in self._real_time.pop(stream, ()):
+                subscription.idle_on = None
+                self._catch_up.add(subscription)
+                self._wakeup.set()
+
+    def consumed(self, subscription: Subscription) -> None:
+        if subscription.has_room and subscription.idle_on is None:
+            self._catch_up.add(subscription)
+            self._wakeup.set()
+
+    def remove(self, subscription: Subscription) -> None:
+        self._catch_up.discard(subscription)
+        if subscription.idle_on is not None:
+            self._real_time.get(subscription.idle_on, set()).discard(subscription)
+        subscription.iterator = None
+
+    async def _pump(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._catch_up:
+                groups: dict[tuple[Iterator, int], list[Subscription]] = {}
+                for subscription in self._catch_up:
+                    if subscription.iterator is not None and subscription.has_room:
+                        key = (subscription.iterator, subscription.batch_size)
+                        groups.setdefault(key, []).append(subscription)
+                self._catch_up = set()
+                for (iterator, batch_size), subscribers in groups.items():
+                    self._serve(iterator, batch_size, subscribers)
+                await asyncio.sleep(0)  # let consumers and writers run between rounds
+
+    def _serve(self, iterator: Iterator, batch_size: int, subscribers: list[Subscription]) -> None:
+        self.reads += 1
+        after, messages = self._read(iterator, batch_size)
+        for subscription in subscribers:
+            subscription.iterator = after
+            if messages or after is None:
+                subscription.push((after, messages))
+                if subscription.has_room:
+                    self._catch_up.add(subscription)
+            else:
+                subscription.idle_on = iterator.stream
+                self._real_time.setdefault(iterator.stream, set()).add(subscription)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,76 @@
+"""TTV: a stored message (topic, timestamp, value) and its byte format.
+
+The value is what a master key (keys.py) points to. Sealed slabs are read later by Spark jobs
+straight from the volume, without the broker, so the format is fixed and versioned here:
+
+    offset  size  field
+    0       1     format version, 1
+    1       1     flags: bits 0-1 QoS, bit 2 retain (other bits 0)
+    2       8     timestamp, microseconds since the Unix epoch, unsigned big-endian
+    10      2     T = topic length, unsigned big-endian
+    12      T     topic, UTF-8
+    12+T    2     P = publisher client ID length, unsigned big-endian
+    14+T    P     publisher client ID, UTF-8 (may be empty)
+    14+T+P  ...   MQTT 5 PUBLISH properties exactly as on the wire: Property Length as a
+                  Variable Byte Integer (MQTT 5.0 section 1.5.5), then the properties
+                  (section 3.3.2.3); a single 0x00 when there are none
+    ...     rest  payload, to the end of the value
+
+A reader in another language needs only struct unpacking and the MQTT 5 property table.
+"""
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.mqtt.constants import PacketType
+from broker.mqtt.properties import ALLOWED_PROPERTIES, decode_properties, encode_properties
+
+FORMAT_VERSION = 1
+_HEAD = struct.Struct(">BBQH")
+_U16 = struct.Struct(">H")
+_PUBLISH_PROPERTIES = ALLOWED_PROPERTIES[PacketType.PUBLISH]
+_NO_PROPERTIES = b"\x00"
+
+
+@dataclass(slots=True)
+class TTV:
+    """One message as Durable Storage keeps it. `timestamp` (microseconds) is assigned by
+    the shard when the message is stored; whatever a writer puts there is ignored."""
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    publisher: str = ""
+    properties: dict[int, Any] = field(default_factory=dict)
+    timestamp: int = 0
+
+
+def encode_value(ttv: TTV, timestamp: int) -> bytes:
+    topic = ttv.topic.encode()
+    publisher = ttv.publisher.encode()
+    props = encode_properties(ttv.properties) if ttv.properties else _NO_PROPERTIES
+    flags = ttv.qos | (4 if ttv.retain else 0)
+    return b"".join((
+        _HEAD.pack(FORMAT_VERSION, flags, timestamp, len(topic)), topic,
+        _U16.pack(len(publisher)), publisher, props, ttv.payload,
+    ))
+
+
+def decode_value(value: bytes) -> TTV:
+    version, flags, timestamp, topic_len = _HEAD.unpack_from(value)
+    if version != FORMAT_VERSION:
+        raise ValueError(f"unknown TTV format version {version}")
+    pos = _HEAD.size + topic_len
+    topic = value[_HEAD.size:pos].decode()
+    (publisher_len,) = _U16.unpack_from(value, pos)
+    pos += 2
+    publisher = value[pos:pos + publisher_len].decode()
+    pos += publisher_len
+    if value[pos] == 0:
+        properties: dict[int, Any] = {}
+        pos += 1
+    else:
+        properties, pos = decode_properties(value, pos, len(value), _PUBLISH_PROPERTIES)
+    return TTV(topic, value[pos:], flags & 3, bool(flags & 4), publisher, properties, timestamp)

@@ -1,0 +1,95 @@
+"""Optimistic transactions for state (the `sessions` database).
+
+A transaction records what it read (keys and key prefixes), what it will write and what must
+hold at commit (a key exists, does not exist, has a value). Commit checks, in one step on the
+event loop, that no transaction committed since this one began wrote anything it read, and
+that the preconditions hold on the latest state; then its writes go to disk as one atomic
+batch. A loser gets `Conflict` or `PreconditionFailed` and retries from the start: cheap when,
+as with sessions, transactions rarely touch the same keys.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class TxAborted(Exception):
+    pass
+
+
+class Conflict(TxAborted):
+    """Something this transaction read was written by a transaction committed since it
+    began."""
+
+
+class PreconditionFailed(TxAborted):
+    pass
+
+
+Getter = Callable[[bytes], bytes | None]
+Scanner = Callable[[bytes], list[tuple[bytes, bytes]]]
+_EXISTS = object()
+_ABSENT = object()
+
+
+@dataclass
+class Transaction:
+    serial: int  # the last commit this transaction can see
+    _get: Getter
+    _scan: Scanner
+    reads: set[bytes] = field(default_factory=set)
+    prefixes: set[bytes] = field(default_factory=set)
+    writes: dict[bytes, bytes | None] = field(default_factory=dict)  # None deletes
+    preconditions: list[tuple[bytes, object]] = field(default_factory=list)
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.writes:
+            return self.writes[key]
+        self.reads.add(key)
+        return self._get(key)
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every key with the prefix, in order, this transaction's own writes included."""
+        self.prefixes.add(prefix)
+        found = dict(self._scan(prefix))
+        for key, value in self.writes.items():
+            if key.startswith(prefix):
+                if value is None:
+                    found.pop(key, None)
+                else:
+                    found[key] = value
+        return sorted(found.items())
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.writes[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.writes[key] = None
+
+    def require_exists(self, key: bytes) -> None:
+        self.preconditions.append((key, _EXISTS))
+
+    def require_absent(self, key: bytes) -> None:
+        self.preconditions.append((key, _ABSENT))
+
+    def require_value(self, key: bytes, value: bytes) -> None:
+        self.preconditions.append((key, value))
+
+
+def check_preconditions(tx: Transaction, get: Getter) -> None:
+    for key, expected in tx.preconditions:
+        actual = get(key)
+        if expected is _EXISTS:
+            ok = actual is not None
+        elif expected is _ABSENT:
+            ok = actual is None
+        else:
+            ok = actual == expected
+        if not ok:
+            raise PreconditionFailed(f"precondition on {key!r} does not hold")
+
+
+def conflicts(tx: Transaction, written: frozenset[bytes]) -> bool:
+    """Whether a commit that wrote `written` invalidates what `tx` read."""
+    if not tx.reads.isdisjoint(written):
+        return True
+    return any(key.startswith(prefix) for prefix in tx.prefixes for key in written)
