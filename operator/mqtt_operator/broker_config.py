@@ -1,0 +1,87 @@
+"""The broker.toml the operator renders for every pod (contract v1, docs/operator-contract.md).
+
+Only keys `broker run` accepts appear here; a test loads the rendered file with the broker's
+own loader, so a renamed or removed broker key fails the build instead of a rollout. Per-pod
+values (node.name, node.site_id) are not in the file: the pod's command adds them.
+"""
+
+import json
+import re
+from collections.abc import Mapping
+
+from mqtt_operator import constants
+from mqtt_operator.spec import Cluster
+
+Scalar = str | int | bool
+
+# Keys whose value the operator derives from the spec or the pod; spec.config cannot set them
+# because a pod disagreeing with the StatefulSet, the Services or the placement breaks the
+# cluster in ways no broker can detect.
+MANAGED_KEYS = frozenset({
+    "node.name",
+    "node.site_id",
+    "node.data_dir",
+    "listeners.tcp.default.bind",
+    "listeners.ws.default.bind",
+    "dashboard.listeners.http.bind",
+    "durable_sessions.enable",
+    "durable_sessions.batch_size",
+    "durable_sessions.message_retention_period",
+    "durable_sessions.session_gc_interval",
+    "durable_storage.messages.n_shards",
+    "durable_storage.messages.replication_factor",
+})
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def settings(cluster: Cluster) -> dict[str, Scalar]:
+    """Dotted broker keys -> values: spec.config first, then the managed keys over it."""
+    sessions = cluster.durable_sessions
+    values: dict[str, Scalar] = {
+        key: value for key, value in cluster.extra_config.items() if key not in MANAGED_KEYS
+    }
+    values.update({
+        "node.data_dir": constants.DATA_DIR,
+        "listeners.tcp.default.bind": f"0.0.0.0:{cluster.mqtt_port}",
+        "listeners.ws.default.bind": f"0.0.0.0:{cluster.ws_port}",
+        "dashboard.listeners.http.bind": f"0.0.0.0:{cluster.http_port}",
+        "durable_sessions.enable": bool(sessions["enable"]),
+        "durable_sessions.batch_size": int(sessions["batchSize"]),
+        "durable_sessions.message_retention_period": str(sessions["messageRetentionPeriod"]),
+        "durable_sessions.session_gc_interval": str(sessions["sessionGcInterval"]),
+        "durable_storage.messages.n_shards": cluster.n_shards,
+        "durable_storage.messages.replication_factor": cluster.replication_factor,
+    })
+    return values
+
+
+def ignored_keys(cluster: Cluster) -> list[str]:
+    return sorted(key for key in cluster.extra_config if key in MANAGED_KEYS)
+
+
+def _key(segment: str) -> str:
+    return segment if _BARE_KEY.match(segment) else json.dumps(segment)
+
+
+def _value(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def render_toml(values: Mapping[str, Scalar]) -> str:
+    """Nested TOML tables, sorted, so the same settings always give the same bytes (and hash)."""
+    tables: dict[tuple[str, ...], list[tuple[str, Scalar]]] = {}
+    for dotted, value in values.items():
+        *table, leaf = dotted.split(".")
+        tables.setdefault(tuple(table), []).append((leaf, value))
+    lines = [f"# Rendered by mqtt-operator (contract {constants.CONTRACT_VERSION}); do not edit."]
+    for table in sorted(tables):
+        lines.append("")
+        if table:
+            lines.append("[" + ".".join(_key(segment) for segment in table) + "]")
+        lines.extend(f"{_key(leaf)} = {_value(value)}" for leaf, value in sorted(tables[table]))
+    return "\n".join(lines) + "\n"

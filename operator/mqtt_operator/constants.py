@@ -1,0 +1,54 @@
+"""Names shared by the operator, the kubectl plugin, the CRD and the broker contract.
+
+One module so a rename cannot leave the CRD, the handlers and the plugin disagreeing; the
+numbers here are the contract's (docs/operator-contract.md), not tunables.
+"""
+
+GROUP = "mqtt.durablemqtt.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MQTTCluster"
+PLURAL = "mqttclusters"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+CONTRACT_VERSION = "v1"
+DB = "messages"
+FIELD_MANAGER = "mqtt-operator"
+
+# Labels every child carries; the selector labels never change for the life of a cluster.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+APP_NAME = "mqtt-broker"
+
+# Where the pod finds what the operator publishes (mount points of the three ConfigMaps).
+CONFIG_DIR = "/etc/mqtt/config"
+SITES_DIR = "/etc/mqtt/sites"
+PLACEMENT_DIR = "/etc/mqtt/placement"
+DATA_DIR = "/data"
+CONFIG_FILE = "broker.toml"
+PLACEMENT_FILE = "placement.json"
+
+MQTT_PORT_NAME = "mqtt"
+WS_PORT_NAME = "ws"
+HTTP_PORT_NAME = "http"
+
+
+def config_map_name(cluster: str) -> str:
+    return f"{cluster}-config"
+
+
+def sites_map_name(cluster: str) -> str:
+    return f"{cluster}-sites"
+
+
+def placement_map_name(cluster: str) -> str:
+    return f"{cluster}-placement"
+
+
+def headless_service_name(cluster: str) -> str:
+    return f"{cluster}-headless"
+
+
+def selector_labels(cluster: str) -> dict[str, str]:
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: cluster}
