@@ -111,6 +111,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Write buffer size that triggers an immediate flush."),
     Setting("durable_storage.messages.idle_flush_interval", "1ms", parse_duration,
             "Flush early when nothing new arrived for this long."),
+    Setting("durable_storage.messages.generation_interval", "1h", parse_duration,
+            "A new generation (time partition) is started this often; the old one is sealed:"
+            " compacted, read-only, with a manifest.json for offline readers."),
+    Setting("durable_storage.messages.generation_max_size", "1GB", parse_size,
+            "A shard's current generation is sealed early once its stored messages reach"
+            " this size."),
     Setting("retainer.enable", True, parse_bool, "Store retained messages."),
     Setting("retainer.max_retained_messages", 0, parse_int(0, 2**31),
             "Most retained topics stored; when full, existing topics can be replaced but new"
