@@ -129,7 +129,7 @@ class Shard:
     async def wait_sealed(self) -> None:
         while self._sealing:
             generation, sealing = next(iter(self._sealing.items()))
-            await sealing
+            await asyncio.shield(sealing)  # a cancelled waiter must not cancel the seal
             self._sealing.pop(generation, None)
 
     async def drop_older_than(self, cutoff: int) -> list[int]:

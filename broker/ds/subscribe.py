@@ -61,10 +61,17 @@ class SubscriptionPool:
         self._real_time: dict[Stream, set[Subscription]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._live: set[Subscription] = set()
         self.reads = 0
+
+    def __len__(self) -> int:
+        """Live subscriptions: in the catch-up pool, in the real-time pool or waiting for
+        their consumer."""
+        return len(self._live)
 
     def subscribe(self, iterator: Iterator, batch_size: int, max_unacked: int = 2) -> Subscription:
         subscription = Subscription(self, iterator, batch_size, max_unacked)
+        self._live.add(subscription)
         self._catch_up.add(subscription)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._pump())
@@ -91,6 +98,7 @@ class SubscriptionPool:
             self._wakeup.set()
 
     def remove(self, subscription: Subscription) -> None:
+        self._live.discard(subscription)
         self._catch_up.discard(subscription)
         if subscription.idle_on is not None:
             self._real_time.get(subscription.idle_on, set()).discard(subscription)
@@ -118,6 +126,8 @@ class SubscriptionPool:
             subscription.iterator = after
             if messages or after is None:
                 subscription.push((after, messages))
+                if after is None:
+                    self._live.discard(subscription)
                 if subscription.has_room:
                     self._catch_up.add(subscription)
             else:

@@ -1,0 +1,96 @@
+"""Generations: rotation by size and on demand, manifests, retention, interrupted seals."""
+
+import json
+import shutil
+from pathlib import Path
+
+import plyvel
+
+from broker.ds import now_us
+from broker.ds.manifest import read_manifest
+from broker.ds.shard import generation_dir
+from broker.ds.storage import MESSAGES
+from tests.ds.conftest import message, read_all
+
+
+def shard_dir(root: Path, shard: int = 0) -> Path:
+    return root / "ds" / MESSAGES / f"shard-{shard:03d}"
+
+
+async def test_seal_writes_a_manifest_an_offline_reader_can_use(open_storage, tmp_path) -> None:
+    storage = open_storage(n_shards=1, wildcard_thresholds=(1,))
+    await storage.store_batch(MESSAGES, [message(f"m/{i}/x") for i in range(30)])
+    shard = storage.messages.shards[0]
+    stats = shard.current.stats
+    assert await storage.seal() == 1
+    manifest = read_manifest(generation_dir(shard_dir(tmp_path), 1))
+    assert manifest is not None
+    assert manifest["messages"] == 30 and manifest["bytes"] == stats.size
+    assert manifest["since"] <= manifest["min_timestamp"] <= manifest["max_timestamp"]
+    assert manifest["max_timestamp"] <= manifest["until"]
+    assert sorted(s["structure"] for s in manifest["streams"]) == ["m/+/x", "m/0/x"]
+    assert manifest["lts"]["thresholds"] == [1]
+    assert [g["state"] for g in shard.info()["generations"]] == ["sealed", "current"]
+    assert await storage.seal() == 0  # an empty current generation is left alone
+
+
+async def test_size_limit_starts_a_new_generation(open_storage) -> None:
+    storage = open_storage(n_shards=1, generation_max_size=4000)
+    for i in range(10):
+        await storage.store_batch(MESSAGES, [message("big", payload=bytes(900), publisher="p")])
+        assert len(read_all(storage, "big")) == i + 1
+    await storage.messages.shards[0].wait_sealed()
+    generations = storage.messages.shards[0].info()["generations"]
+    assert len(generations) >= 3
+    assert all(g["bytes"] < 4000 + 1000 for g in generations)
+    assert sum(g["messages"] for g in generations) == 10
+
+
+async def test_retention_drops_old_generations_and_iterators_move_on(open_storage) -> None:
+    storage = open_storage(n_shards=1, retention_period=60.0)
+    await storage.store_batch(MESSAGES, [message("r", payload=b"old")])
+    (old_stream,) = storage.get_streams(MESSAGES, "r")
+    iterator = storage.make_iterator(old_stream, "r")
+    assert await storage.apply_retention() == 0
+    assert len(storage.messages.shards[0].slabs) == 1
+    # a minute later every generation is too old: the current one is sealed first (a new
+    # one takes the writes) and then dropped whole
+    assert await storage.apply_retention(now_us() + 61 * 10**6) == 1
+    assert not generation_dir(shard_dir(storage.root.parent), 1).exists()
+    assert list(storage.messages.shards[0].slabs) == [2]
+    await storage.store_batch(MESSAGES, [message("r", payload=b"new")])
+    assert storage.next(iterator, 10) == (None, [])
+    assert [m.payload for m in read_all(storage, "r")] == [b"new"]
+
+
+async def test_open_finishes_a_seal_a_crash_interrupted(open_storage, tmp_path) -> None:
+    storage = open_storage(n_shards=1)
+    await storage.store_batch(MESSAGES, [message("c")])
+    await storage.seal()
+    await storage.close()
+    first = generation_dir(shard_dir(tmp_path), 1)
+    (first / "manifest.json").unlink()  # as if the process died before writing it
+    leftover = shard_dir(tmp_path) / "gen-000003.tmp"
+    shutil.copytree(generation_dir(shard_dir(tmp_path), 2), leftover)  # a half-made slab
+
+    storage = open_storage(n_shards=1)
+    assert json.loads((first / "manifest.json").read_text())["messages"] == 1
+    assert not leftover.exists()
+    assert [g["state"] for g in storage.messages.shards[0].info()["generations"]] == [
+        "sealed", "current"]
+    assert len(read_all(storage, "c")) == 1
+    await storage.close()
+    for slab in shard_dir(tmp_path).iterdir():
+        plyvel.DB(str(slab), create_if_missing=False).close()
+
+
+async def test_generation_timer_seals_and_subscribers_see_the_end(open_storage) -> None:
+    storage = open_storage(n_shards=1, generation_interval=0.05)
+    await storage.store_batch(MESSAGES, [message("tick")])
+    (stream,) = storage.get_streams(MESSAGES, "tick")
+    subscription = storage.subscribe(storage.make_iterator(stream, "tick"), 10)
+    _, first = await subscription.next()
+    assert [m.topic for m in first] == ["tick"]
+    storage.start()
+    assert await subscription.next() == (None, [])  # woken by the seal, not by polling
+    assert storage.messages.shards[0].slabs[1].sealed

@@ -1,0 +1,128 @@
+"""OCC transactions on the `sessions` database."""
+
+import asyncio
+
+import pytest
+
+from broker.ds import Conflict, PreconditionFailed
+
+
+async def test_commit_is_durable_and_atomic(open_storage) -> None:
+    storage = open_storage()
+    tx = storage.begin()
+    tx.put(b"s/a", b"1")
+    tx.put(b"s/b", b"2")
+    tx.delete(b"s/none")
+    await storage.commit(tx)
+    await storage.close()
+    storage = open_storage()
+    assert storage.sessions.scan(b"s/") == [(b"s/a", b"1"), (b"s/b", b"2")]
+
+
+async def test_read_then_concurrent_write_conflicts(open_storage) -> None:
+    storage = open_storage()
+    seed = storage.begin()
+    seed.put(b"counter", b"0")
+    await storage.commit(seed)
+
+    first, second = storage.begin(), storage.begin()
+    for tx in (first, second):
+        tx.put(b"counter", b"%d" % (int(tx.get(b"counter")) + 1))
+    await storage.commit(first)
+    with pytest.raises(Conflict):
+        await storage.commit(second)
+    retry = storage.begin()  # the caller retries from the start and sees the winner
+    retry.put(b"counter", b"%d" % (int(retry.get(b"counter")) + 1))
+    await storage.commit(retry)
+    assert storage.sessions.get(b"counter") == b"2"
+
+
+async def test_blind_writes_and_disjoint_reads_do_not_conflict(open_storage) -> None:
+    storage = open_storage()
+    one, two = storage.begin(), storage.begin()
+    one.get(b"a")
+    one.put(b"a", b"1")
+    two.get(b"b")
+    two.put(b"b", b"2")
+    two.put(b"a", b"blind")
+    await storage.commit(two)
+    with pytest.raises(Conflict):  # `one` read a, which `two` wrote
+        await storage.commit(one)
+    three = storage.begin()
+    three.get(b"c")
+    four = storage.begin()
+    four.put(b"d", b"x")
+    await storage.commit(four)
+    three.put(b"c", b"y")
+    await storage.commit(three)
+
+
+async def test_prefix_reads_conflict_with_new_keys_under_the_prefix(open_storage) -> None:
+    storage = open_storage()
+    gc = storage.begin()
+    assert gc.scan(b"session/") == []
+    writer = storage.begin()
+    writer.put(b"session/x", b"{}")
+    await storage.commit(writer)
+    gc.put(b"gc/last", b"now")
+    with pytest.raises(Conflict):
+        await storage.commit(gc)
+
+
+async def test_preconditions(open_storage) -> None:
+    storage = open_storage()
+    create = storage.begin()
+    create.require_absent(b"k")
+    create.put(b"k", b"v1")
+    await storage.commit(create)
+
+    again = storage.begin()
+    again.require_absent(b"k")
+    again.put(b"k", b"v2")
+    with pytest.raises(PreconditionFailed):
+        await storage.commit(again)
+
+    swap = storage.begin()
+    swap.require_value(b"k", b"v1")
+    swap.put(b"k", b"v2")
+    await storage.commit(swap)
+
+    stale = storage.begin()
+    stale.require_value(b"k", b"v1")
+    stale.delete(b"k")
+    with pytest.raises(PreconditionFailed):
+        await storage.commit(stale)
+
+    gone = storage.begin()
+    gone.require_exists(b"k")
+    gone.delete(b"k")
+    await storage.commit(gone)
+    missing = storage.begin()
+    missing.require_exists(b"k")
+    missing.put(b"other", b"x")
+    with pytest.raises(PreconditionFailed):
+        await storage.commit(missing)
+    assert storage.sessions.get(b"other") is None
+
+
+async def test_concurrent_increments_lose_nothing(open_storage) -> None:
+    """Many writers, one key: every increment lands exactly once through retries."""
+    storage = open_storage()
+
+    async def increment() -> int:
+        attempts = 0
+        while True:
+            attempts += 1
+            tx = storage.begin()
+            value = int(tx.get(b"n") or b"0")
+            await asyncio.sleep(0)  # let the others interleave between read and commit
+            tx.put(b"n", b"%d" % (value + 1))
+            try:
+                await storage.commit(tx)
+                return attempts
+            except Conflict:
+                continue
+
+    attempts = await asyncio.gather(*(increment() for _ in range(20)))
+    assert storage.sessions.get(b"n") == b"20"
+    assert max(attempts) > 1  # contention really happened

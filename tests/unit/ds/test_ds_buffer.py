@@ -1,0 +1,80 @@
+"""The write buffer's flush policy, ordering and error reporting (no disk involved)."""
+
+import asyncio
+
+import pytest
+
+from broker.ds.buffer import WriteBuffer
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[int], bool]] = []
+        self.gate: asyncio.Event | None = None
+        self.fail: Exception | None = None
+
+    async def flush(self, items: list[int], sync: bool) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.batches.append((items, sync))
+
+
+async def test_max_items_flushes_at_once() -> None:
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 3600, 3, 3600)  # timers would never fire
+    first = buffer.add([1, 2], sync=False)
+    second = buffer.add([3], sync=True)
+    await asyncio.gather(first, second)
+    assert recorder.batches == [([1, 2, 3], True)]
+
+
+async def test_idle_interval_flushes_a_lone_writer() -> None:
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 3600, 1000, 0.001)
+    await buffer.add([1], sync=False)
+    assert recorder.batches == [([1], False)]
+
+
+async def test_flush_interval_bounds_the_wait() -> None:
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 0.005, 1000, 3600)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await buffer.add([1], sync=False)
+    assert recorder.batches == [([1], False)]
+    assert loop.time() - started < 1.0
+
+
+async def test_one_flush_at_a_time_in_order() -> None:
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()
+    buffer = WriteBuffer(recorder.flush, 3600, 2, 3600)
+    first = buffer.add([1, 2], sync=False)  # starts a flush that waits at the gate
+    second = buffer.add([3, 4], sync=False)  # full again, but must wait its turn
+    third = buffer.add([5], sync=False)
+    await asyncio.sleep(0)
+    assert recorder.batches == []
+    recorder.gate.set()
+    await asyncio.gather(first, second, third)
+    assert recorder.batches == [([1, 2], False), ([3, 4, 5], False)]
+
+
+async def test_a_failed_flush_fails_every_writer_in_it() -> None:
+    recorder = Recorder()
+    recorder.fail = OSError("disk full")
+    buffer = WriteBuffer(recorder.flush, 3600, 2, 3600)
+    one = buffer.add([1], sync=True)
+    two = buffer.add([2], sync=True)
+    for waiter in (one, two):
+        with pytest.raises(OSError, match="disk full"):
+            await waiter
+
+
+async def test_drain_writes_what_is_waiting() -> None:
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 3600, 1000, 3600)
+    waiter = buffer.add([7], sync=True)
+    await buffer.drain()
+    assert waiter.done() and recorder.batches == [([7], True)]
