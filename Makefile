@@ -9,7 +9,7 @@ APT_PACKAGES := mosquitto mosquitto-clients openssl
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
-.PHONY: install run test lint bench image clean
+.PHONY: install run test lint bench image clean k8s-testbed
 
 install: $(STAMP) $(APT_STAMP)
 
@@ -32,9 +32,19 @@ run: install
 	$(VENV)/bin/broker run $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check broker tests bench
+	$(VENV)/bin/ruff check broker tests bench operator
 
-test: install lint
+# A real kube-apiserver + controller-manager (built once from Debian's sources, ~7 min, then
+# cached in $(K8S_TESTBED)), plus helm and kubectl, for tests/k8s.
+K8S_TESTBED ?= /var/cache/k8s-testbed
+export K8S_TESTBED
+k8s-testbed:
+	@command -v unzip >/dev/null || { $(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends unzip; }
+	$(SUDO) env K8S_TESTBED=$(K8S_TESTBED) bash tests/k8s/testbed/build.sh
+	$(SUDO) env K8S_TESTBED=$(K8S_TESTBED) bash tests/k8s/testbed/helm.sh
+
+test: install lint k8s-testbed
 	$(VENV)/bin/pytest -q $(ARGS)
 
 bench: install

@@ -11,6 +11,7 @@ import heapq
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 Placement = dict[int, tuple[str, ...]]
 
@@ -25,6 +26,10 @@ class Transition:
 
     def as_dict(self) -> dict[str, object]:
         return {"shard": self.shard, "add": list(self.add), "remove": list(self.remove)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Transition":
+        return cls(int(data["shard"]), tuple(data["add"]), tuple(data["remove"]))
 
 
 def plan(previous: Mapping[int, Sequence[str]], sites: Sequence[str], n_shards: int,

@@ -1,0 +1,85 @@
+"""What the operator asks the brokers (contract v1): which shard replicas a site holds.
+
+`GET /api/v5/ds/sites/{site}` on the site's own pod answers EMQX's shape,
+`{"up": bool, "shards": [{"storage": "messages", "id": "3", ...}]}`. A pod without an IP,
+a refused connection, a timeout or any non-200 answer (a broker version that does not serve
+the endpoint yet) all count as unreachable: the reconcile records that and applies the
+documented policy instead of hanging on it.
+"""
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from mqtt_operator import constants
+from mqtt_operator.placement import Transition
+
+
+@dataclass(frozen=True)
+class SiteReport:
+    site: str
+    shards: frozenset[int] | None  # None: the broker could not be asked
+    error: str = ""
+
+    @property
+    def reachable(self) -> bool:
+        return self.shards is not None
+
+
+def ask_site(host: str | None, port: int, site: str, timeout: float) -> SiteReport:
+    if not host:
+        return SiteReport(site, None, "pod has no IP")
+    url = f"http://{host}:{port}/api/v5/ds/sites/{site}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = json.load(response)
+        return SiteReport(site, frozenset(
+            int(shard["id"]) for shard in body.get("shards", ())
+            if shard.get("storage", constants.DB) == constants.DB))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        reason = getattr(error, "reason", None) or error
+        return SiteReport(site, None, f"GET {url}: {reason}")
+
+
+@dataclass(frozen=True)
+class DrainVerdict:
+    proceed: bool
+    reason: str
+    message: str
+
+
+def drain_verdict(reports: Sequence[SiteReport], require_confirmation: bool) -> DrainVerdict:
+    """Shrink only when no leaving site still holds a replica it could tell us about.
+
+    An unreachable broker cannot confirm, but scaling down keeps its volume (and so its data
+    and site ID), so by default the operator proceeds and says so; with
+    spec.scaleDown.requireDrainConfirmation it waits instead.
+    """
+    holding = [r for r in reports if r.reachable and r.shards]
+    if holding:
+        detail = "; ".join(f"{r.site} holds shards {sorted(r.shards or ())}" for r in holding)
+        return DrainVerdict(False, "DrainPending", f"waiting for replicas to move: {detail}")
+    silent = [r for r in reports if not r.reachable]
+    if not silent:
+        return DrainVerdict(True, "DrainConfirmed", "leaving sites hold no shard replicas")
+    detail = "; ".join(f"{r.site}: {r.error}" for r in silent)
+    if require_confirmation:
+        return DrainVerdict(False, "DrainUnconfirmed",
+                            f"waiting: requireDrainConfirmation and unreachable {detail}")
+    return DrainVerdict(True, "DrainUnconfirmed",
+                        f"proceeding without confirmation (volumes are kept): {detail}")
+
+
+def settled(transition: Transition, reports: Mapping[str, SiteReport],
+            members: Collection[str]) -> bool:
+    """Done when every added site reports the shard and no removed member site does (a site
+    that has left the cluster holds nothing any more)."""
+    def holds(site: str) -> bool | None:
+        report = reports.get(site)
+        return None if report is None or report.shards is None else transition.shard in (
+            report.shards)
+
+    return (all(holds(site) is True for site in transition.add)
+            and all(holds(site) is False for site in transition.remove if site in members))

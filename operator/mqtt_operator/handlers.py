@@ -1,0 +1,92 @@
+"""kopf handlers: thin entry points that run one reconcile and report it.
+
+Change handlers react at once to spec edits (and resume after a restart); the timer
+re-reconciles periodically because pod readiness and broker answers change without any
+event on the MQTTCluster. Both paths share one lock per object, so they never interleave.
+
+Settings (environment): MQTT_OPERATOR_METRICS_PORT (9090; 0 disables),
+MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10),
+MQTT_OPERATOR_BROKER_TIMEOUT (2 seconds per broker HTTP call).
+"""
+
+import functools
+import os
+import threading
+from collections import defaultdict
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from mqtt_operator import constants as c
+from mqtt_operator import metrics
+from mqtt_operator.brokers import ask_site
+from mqtt_operator.kube import Kube, client_from_environment
+from mqtt_operator.reconcile import reconcile
+
+RESYNC_SECONDS = float(os.environ.get("MQTT_OPERATOR_RESYNC_SECONDS", "10"))
+BROKER_TIMEOUT = float(os.environ.get("MQTT_OPERATOR_BROKER_TIMEOUT", "2"))
+_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Keep kopf's bookkeeping in annotations under our group, out of the status we own.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.GROUP, key="last-handled-configuration")
+    settings.posting.level = 20  # logging.INFO: Normal events too, not only warnings
+    memo.kube = Kube(client_from_environment())
+    port = int(os.environ.get("MQTT_OPERATOR_METRICS_PORT", "9090"))
+    memo.metrics_server = None
+    if port:
+        memo.metrics_server, _thread = start_http_server(
+            port, os.environ.get("MQTT_OPERATOR_METRICS_ADDR", "0.0.0.0"), metrics.REGISTRY)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """Same sources as the reconcile's client, read at login time (see kube.py)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.cleanup()
+def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    if memo.metrics_server is not None:
+        memo.metrics_server.shutdown()
+        memo.metrics_server.server_close()
+
+
+def _run(trigger: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> str:
+    """One locked, measured reconcile; returns why it must run again soon (or "")."""
+    meta = body["metadata"]
+
+    def emit(kind: str, reason: str, message: str) -> None:
+        (kopf.info if kind == "Normal" else kopf.warn)(body, reason=reason, message=message)
+        logger.info("%s: %s", reason, message)
+
+    ask = functools.partial(ask_site, timeout=BROKER_TIMEOUT)
+    metrics.RECONCILES.labels(trigger).inc()
+    with _locks[meta["uid"]], metrics.DURATION.time():
+        try:
+            outcome = reconcile(memo.kube, meta["namespace"], meta["name"], emit, ask)
+        except Exception:
+            metrics.FAILURES.labels(trigger).inc()
+            raise
+    if outcome.waiting:
+        metrics.WAITING.inc()
+    return outcome.waiting
+
+
+@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL)
+@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL)
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec")
+def on_change(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    waiting = _run("change", body, memo, logger)
+    if waiting:  # kopf retries the handler, so a drain is re-checked without the timer
+        raise kopf.TemporaryError(waiting, delay=min(RESYNC_SECONDS, 5))
+
+
+@kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+def resync(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    _run("timer", body, memo, logger)  # a wait needs no retry here: the next tick asks again

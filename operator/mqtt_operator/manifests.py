@@ -1,0 +1,209 @@
+"""The children of an MQTTCluster, as plain dicts ready for server-side apply.
+
+Pure functions of the spec (plus the replica count and config the reconcile decided), so
+what the operator would create is testable without an API server and identical on every
+reconcile: applying the same dict again changes nothing.
+"""
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mqtt_operator import constants as c
+from mqtt_operator.spec import Cluster
+
+Manifest = dict[str, Any]
+
+# How a pod finds its site ID: its ordinal is the suffix of its name, and the operator has
+# published ordinal -> site ID in the sites ConfigMap before the pod can exist. A missing
+# entry stops the container (set -e) rather than let the broker invent a random site.
+POD_SCRIPT = (
+    'set -eu; ordinal="${POD_NAME##*-}"; '
+    'site="$(cat "$MQTT_SITES_DIR/$ordinal")"; '
+    f'exec broker run --config "$MQTT_CONFIG_DIR/{c.CONFIG_FILE}" '
+    '--set "node.name=broker@$POD_NAME.$MQTT_HEADLESS_SERVICE.$POD_NAMESPACE.svc" '
+    '--set "node.site_id=$site"'
+)
+HEADLESS_LABEL = f"{c.GROUP}/service"
+
+
+def owner_reference(cluster: Cluster) -> Manifest:
+    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": cluster.name,
+            "uid": cluster.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def _metadata(cluster: Cluster, name: str, **extra_labels: str) -> Manifest:
+    labels = {**c.selector_labels(cluster.name), c.LABEL_MANAGED_BY: c.FIELD_MANAGER,
+              **extra_labels}
+    return {"name": name, "namespace": cluster.namespace, "labels": labels,
+            "ownerReferences": [owner_reference(cluster)]}
+
+
+def config_map(cluster: Cluster, name: str, data: Mapping[str, str]) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(cluster, name),
+            "data": dict(data)}
+
+
+def _ports(cluster: Cluster) -> list[tuple[str, int]]:
+    return [(c.MQTT_PORT_NAME, cluster.mqtt_port), (c.WS_PORT_NAME, cluster.ws_port),
+            (c.HTTP_PORT_NAME, cluster.http_port)]
+
+
+def headless_service(cluster: Cluster) -> Manifest:
+    """Stable DNS per pod, also before it is ready: brokers find their peers through it."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(cluster, c.headless_service_name(cluster.name),
+                              **{HEADLESS_LABEL: "headless"}),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": c.selector_labels(cluster.name),
+            "ports": [{"name": name, "port": port, "targetPort": name}
+                      for name, port in _ports(cluster)],
+        },
+    }
+
+
+def client_service(cluster: Cluster) -> Manifest:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(cluster, cluster.name),
+        "spec": {
+            "type": cluster.service_type,
+            "selector": c.selector_labels(cluster.name),
+            "ports": [{"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+                      for name, port in _ports(cluster)],
+        },
+    }
+
+
+def config_hash(config_text: str) -> str:
+    return hashlib.sha256(config_text.encode()).hexdigest()[:16]
+
+
+def _probe(**timing: int) -> Manifest:
+    return {"httpGet": {"path": "/status", "port": c.HTTP_PORT_NAME}, **timing}
+
+
+def _env(name: str, value: str | None = None, field: str | None = None) -> Manifest:
+    if field is not None:
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}}
+    return {"name": name, "value": value}
+
+
+def _config_volume(name: str, config_map_name: str) -> Manifest:
+    return {"name": name, "configMap": {"name": config_map_name}}
+
+
+def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
+    container: Manifest = {
+        "name": "broker",
+        "image": cluster.image,
+        "imagePullPolicy": cluster.image_pull_policy,
+        "command": ["/bin/sh", "-c", POD_SCRIPT],
+        "env": [
+            _env("POD_NAME", field="metadata.name"),
+            _env("POD_NAMESPACE", field="metadata.namespace"),
+            _env("MQTT_HEADLESS_SERVICE", c.headless_service_name(cluster.name)),
+            _env("MQTT_CONFIG_DIR", c.CONFIG_DIR),
+            _env("MQTT_SITES_DIR", c.SITES_DIR),
+        ],
+        "ports": [{"name": name, "containerPort": port, "protocol": "TCP"}
+                  for name, port in _ports(cluster)],
+        "readinessProbe": _probe(periodSeconds=5, failureThreshold=3),
+        "livenessProbe": _probe(initialDelaySeconds=10, periodSeconds=10,
+                                failureThreshold=6),
+        "volumeMounts": [
+            {"name": "data", "mountPath": c.DATA_DIR},
+            {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True},
+            {"name": "sites", "mountPath": c.SITES_DIR, "readOnly": True},
+            {"name": "placement", "mountPath": c.PLACEMENT_DIR, "readOnly": True},
+        ],
+    }
+    if cluster.resources:
+        container["resources"] = dict(cluster.resources)
+    pod_spec: Manifest = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+        "containers": [container],
+        "volumes": [
+            _config_volume("config", c.config_map_name(cluster.name)),
+            _config_volume("sites", c.sites_map_name(cluster.name)),
+            _config_volume("placement", c.placement_map_name(cluster.name)),
+        ],
+    }
+    if cluster.affinity:
+        pod_spec["affinity"] = dict(cluster.affinity)
+    if cluster.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in cluster.tolerations]
+    if cluster.node_selector:
+        pod_spec["nodeSelector"] = dict(cluster.node_selector)
+    claim_spec: Manifest = {"accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": cluster.storage_size}}}
+    if cluster.storage_class:
+        claim_spec["storageClassName"] = cluster.storage_class
+    labels = c.selector_labels(cluster.name)
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _metadata(cluster, cluster.name),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": c.headless_service_name(cluster.name),
+            # Brokers join by site ID, not in order; Parallel also lets a drained scale down
+            # remove all leaving pods at once.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {f"{c.GROUP}/config-hash": config_hash(config_text)},
+                },
+                "spec": pod_spec,
+            },
+            "volumeClaimTemplates": [{"metadata": {"name": "data", "labels": labels},
+                                      "spec": claim_spec}],
+        },
+    }
+
+
+def pod_disruption_budget(cluster: Cluster, api_version: str) -> Manifest:
+    """One broker down at a time: a shard keeps a quorum while a node is drained."""
+    return {
+        "apiVersion": api_version, "kind": "PodDisruptionBudget",
+        "metadata": _metadata(cluster, cluster.name),
+        "spec": {"maxUnavailable": 1,
+                 "selector": {"matchLabels": c.selector_labels(cluster.name)}},
+    }
+
+
+def service_monitor(cluster: Cluster) -> Manifest:
+    """Scrapes every pod through the headless Service, so each broker is its own target."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": _metadata(cluster, cluster.name),
+        "spec": {
+            "selector": {"matchLabels": {**c.selector_labels(cluster.name),
+                                         HEADLESS_LABEL: "headless"}},
+            "namespaceSelector": {"matchNames": [cluster.namespace]},
+            "endpoints": [{"port": c.HTTP_PORT_NAME, "path": "/metrics",
+                           "interval": cluster.service_monitor_interval}],
+        },
+    }
+
+
+def placement_document(revision: int, cluster: Cluster, sites: list[str], leaving: list[str],
+                       shards: Mapping[str, list[str]],
+                       transitions: list[dict[str, Any]]) -> str:
+    """The placement ConfigMap's `placement.json` (contract v1)."""
+    return json.dumps({
+        "version": c.CONTRACT_VERSION,
+        "db": c.DB,
+        "revision": revision,
+        "nShards": cluster.n_shards,
+        "replicationFactor": cluster.replication_factor,
+        "sites": sites,
+        "leaving": leaving,
+        "shards": dict(shards),
+        "transitions": transitions,
+    }, indent=1, sort_keys=True)

@@ -1,0 +1,165 @@
+"""One reconcile of an MQTTCluster: read what exists, decide with the pure modules, apply.
+
+Level-based and idempotent: every decision is re-derived from the API server (site IDs from
+the sites ConfigMap, the previous plan from the placement ConfigMap, the current size from
+the StatefulSet), never from memory or a possibly stale event body, so a restarted operator
+continues exactly where the last one stopped.
+"""
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from mqtt_operator import broker_config, manifests, placement, sites, status
+from mqtt_operator import constants as c
+from mqtt_operator.brokers import SiteReport, drain_verdict, settled
+from mqtt_operator.kube import Kube, path
+from mqtt_operator.spec import Cluster
+
+Emit = Callable[[str, str, str], None]  # (Normal | Warning, reason, message) -> an Event
+Ask = Callable[[str | None, int, str], SiteReport]  # (pod IP, HTTP port, site) -> report
+
+
+@dataclass(frozen=True)
+class Outcome:
+    waiting: str  # why the reconcile must run again soon; empty when settled
+
+
+def problems(cluster: Cluster) -> list[str]:
+    """What the CRD schema cannot reject (cross-field rules), each naming its field."""
+    found = [f"spec.config.{key} is managed by the operator and ignored"
+             for key in broker_config.ignored_keys(cluster)]
+    if cluster.replication_factor > cluster.replicas:
+        found.append(
+            f"spec.durableStorage.replicationFactor ({cluster.replication_factor}) exceeds"
+            f" spec.replicas ({cluster.replicas}): shards get {cluster.replicas} replicas")
+    return found
+
+
+def _data(config_map: Mapping[str, Any] | None) -> dict[str, str] | None:
+    return None if config_map is None else dict(config_map.get("data") or {})
+
+
+def reconcile(kube: Kube, namespace: str, name: str, emit: Emit, ask: Ask) -> Outcome:
+    body = kube.get(path(c.API_VERSION, c.KIND, namespace, name))
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return Outcome("")  # the garbage collector removes the children
+    cluster = Cluster.from_body(body)
+    previous = body.get("status") or {}
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    statefulset = kube.get(path("apps/v1", "StatefulSet", namespace, name))
+    current = statefulset["spec"]["replicas"] if statefulset else 0
+    known = sites.merge_known(
+        _data(kube.get(path("v1", "ConfigMap", namespace, c.sites_map_name(name)))),
+        previous.get("siteIds"))
+    ids = sites.assign(known, max(cluster.replicas, current))
+    kube.apply(manifests.config_map(cluster, c.sites_map_name(name), sites.as_data(ids)))
+    fresh = [f"{ordinal} -> {site}" for ordinal, site in ids.items() if ordinal not in known]
+    if fresh:
+        emit("Normal", "SitesAssigned", "site IDs by pod ordinal: " + ", ".join(fresh))
+
+    config_text = broker_config.render_toml(broker_config.settings(cluster))
+    kube.apply(manifests.config_map(cluster, c.config_map_name(name),
+                                    {c.CONFIG_FILE: config_text}))
+    kube.apply(manifests.headless_service(cluster))
+    kube.apply(manifests.client_service(cluster))
+    pdb_version = "policy/v1" if kube.served("policy/v1") else "policy/v1beta1"
+    kube.apply(manifests.pod_disruption_budget(cluster, pdb_version))
+    if cluster.service_monitor and kube.served("monitoring.coreos.com/v1"):
+        kube.apply(manifests.service_monitor(cluster))
+
+    pods = status.pod_views(kube.list("v1", "Pod", namespace, c.selector_labels(name)), name)
+    by_site = {site: ordinal for ordinal, site in ids.items()}
+    reports: dict[str, SiteReport] = {}
+
+    def report(site: str) -> SiteReport:
+        if site not in reports:
+            pod = pods.get(by_site[site])
+            reports[site] = ask(pod.ip if pod else None, cluster.http_port, site)
+        return reports[site]
+
+    staying = [ids[ordinal] for ordinal in range(cluster.replicas)]
+    leaving = [ids[ordinal] for ordinal in range(cluster.replicas, current)]
+    plan_data = _data(kube.get(path("v1", "ConfigMap", namespace, c.placement_map_name(name))))
+    old_doc = json.loads(plan_data[c.PLACEMENT_FILE]) if plan_data else {"revision": 0}
+    old_shards = placement.from_data(old_doc.get("shards", {}))
+    shards = placement.plan(old_shards, staying, cluster.n_shards, cluster.replication_factor)
+    revision, pending = old_doc["revision"], list(old_doc.get("transitions", []))
+    if shards != old_shards:
+        changes = placement.transitions(old_shards, shards)
+        revision, pending = revision + 1, [change.as_dict() for change in changes]
+        copies = sum(len(change.add) for change in changes)
+        emit("Normal", "PlacementChanged",
+             f"revision {revision}: {len(changes)} shard(s) change, {copies} replica(s) to copy"
+             f" onto sites {', '.join(staying)}")
+    members = set(staying) | set(leaving)
+    pending = [t for t in pending if not settled(
+        placement.Transition.from_dict(t),
+        {s: report(s) for s in (*t["add"], *t["remove"]) if s in members}, members)]
+    kube.apply(manifests.config_map(cluster, c.placement_map_name(name), {
+        c.PLACEMENT_FILE: manifests.placement_document(
+            revision, cluster, staying, leaving, placement.as_data(shards), pending)}))
+
+    replicas, drain = cluster.replicas, None
+    if cluster.replicas < current:
+        verdict = drain_verdict([report(site) for site in leaving],
+                                cluster.require_drain_confirmation)
+        old_drain = previous.get("drain") or {}
+        if old_drain.get("sites") != leaving:
+            emit("Normal", "DrainStarted",
+                 f"moving shard replicas off sites {', '.join(leaving)} before scaling"
+                 f" {current} -> {cluster.replicas}")
+        kind = "Normal" if verdict.reason == "DrainConfirmed" else "Warning"
+        if verdict.proceed:
+            emit(kind, verdict.reason, verdict.message)
+            emit("Normal", "ScaledDown", f"StatefulSet {current} -> {cluster.replicas}")
+        else:
+            replicas = current
+            drain = {"sites": leaving, "from": current, "to": cluster.replicas,
+                     "reason": verdict.reason, "message": verdict.message}
+            if old_drain.get("message") != verdict.message:
+                emit(kind, verdict.reason, verdict.message)
+    elif cluster.replicas > current and statefulset is not None:
+        emit("Normal", "ScaledUp", f"StatefulSet {current} -> {cluster.replicas}")
+    kube.apply(manifests.statefulset(cluster, replicas, config_text))
+
+    found = problems(cluster)
+    conditions = previous.get("conditions") or []
+    degraded = status.condition(conditions, "Degraded", bool(found),
+                                "InvalidSpec" if found else "SpecValid", "; ".join(found), now)
+    if found and degraded["message"] != next(
+            (x.get("message") for x in conditions if x.get("type") == "Degraded"), None):
+        emit("Warning", "InvalidSpec", degraded["message"])
+    ready = sum(1 for ordinal, pod in pods.items() if ordinal < replicas and pod.ready)
+    settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
+    waiting = drain["message"] if drain else ""
+    kube.patch_status(namespace, name, {
+        "observedGeneration": cluster.generation,
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "selector": ",".join(f"{k}={v}" for k, v in sorted(c.selector_labels(name).items())),
+        "phase": status.phase(ready, cluster.replicas, drain is not None, bool(found)),
+        "siteCount": len(staying),
+        "siteIds": sites.as_data(ids),
+        "sites": status.sites(ids, max(replicas, cluster.replicas), pods, name),
+        "placement": {"revision": revision, "nShards": cluster.n_shards,
+                      "replicationFactor": cluster.replication_factor,
+                      "shards": placement.as_data(shards),
+                      "loads": placement.loads(shards, staying)},
+        "transitions": pending,
+        "drain": drain,
+        "conditions": [
+            status.condition(conditions, "Ready", settled_all,
+                             "AllSitesReady" if settled_all else "NotReady",
+                             f"{ready}/{cluster.replicas} brokers ready", now),
+            status.condition(conditions, "Progressing", not settled_all or bool(pending),
+                             drain["reason"] if drain else (
+                                 "TransitionsPending" if pending else "Reconciled"),
+                             waiting or f"{len(pending)} replica transition(s) pending", now),
+            degraded,
+        ],
+    })
+    return Outcome(waiting)

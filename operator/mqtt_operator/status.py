@@ -1,0 +1,61 @@
+"""The MQTTCluster status the operator writes: sites, conditions, phase.
+
+Pure, so what `kubectl get mqc` and `kubectl mqtt sites` show is decided in one place and
+tested without a cluster.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    ready: bool
+    ip: str | None
+
+
+def pod_views(pods: Sequence[Mapping[str, Any]], cluster: str) -> dict[int, PodView]:
+    """Pods by ordinal; the ordinal is the StatefulSet's name suffix."""
+    views = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        prefix, _, ordinal = name.rpartition("-")
+        if prefix != cluster or not ordinal.isdigit():
+            continue
+        status = pod.get("status") or {}
+        ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
+                    for cond in status.get("conditions") or ())
+        views[int(ordinal)] = PodView(name, ready, status.get("podIP"))
+    return views
+
+
+def sites(ids: Mapping[int, str], members: int, pods: Mapping[int, PodView],
+          cluster: str) -> list[dict[str, Any]]:
+    """The member sites (ordinal < members) with their pod and whether it is up."""
+    return [
+        {"ordinal": ordinal, "id": ids[ordinal], "pod": f"{cluster}-{ordinal}",
+         "state": "up" if ordinal in pods and pods[ordinal].ready else "down"}
+        for ordinal in range(members)
+    ]
+
+
+def condition(previous: Sequence[Mapping[str, Any]], kind: str, ok: bool, reason: str,
+              message: str, now: str) -> dict[str, Any]:
+    """A condition whose lastTransitionTime moves only when its status flips."""
+    status = "True" if ok else "False"
+    old = next((c for c in previous if c.get("type") == kind), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == status else now
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since}
+
+
+def phase(ready: int, replicas: int, draining: bool, degraded: bool) -> str:
+    if draining:
+        return "Draining"
+    if degraded:
+        return "Degraded"
+    if ready >= replicas:
+        return "Running"
+    return "Pending" if ready == 0 else "Scaling"

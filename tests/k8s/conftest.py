@@ -1,0 +1,170 @@
+"""A real control plane (etcd, kube-apiserver, kube-controller-manager v1.20.2) per session.
+
+The test bed's own scripts (tests/k8s/testbed/) build it once (cached in $K8S_TESTBED) and
+start it in a private run directory on free loopback ports, so parallel sessions and a
+developer's own test bed do not collide; down.sh stops it also when tests fail. The operator
+runs in-process under kopf's KopfRunner, as the image would run it.
+"""
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED_SCRIPTS = ROOT / "tests" / "k8s" / "testbed"
+CRD = ROOT / "crds" / "mqttcluster.yaml"
+BUILT = Path(os.environ.get("K8S_TESTBED", "/var/cache/k8s-testbed"))
+VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
+
+# Module-level settings the operator reads at import: fast resync for tests, metrics on a
+# port of our choosing. Set before anything imports mqtt_operator.handlers.
+METRICS_PORT = 0
+
+
+def _free_port(pair_offset: int = 0) -> int:
+    """A free loopback port (and port + pair_offset free too, for etcd's peer port)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if not pair_offset or port + pair_offset > 65535:
+            return port
+        with socket.socket() as other:
+            try:
+                other.bind(("127.0.0.1", port + pair_offset))
+            except OSError:
+                continue
+            return port
+
+
+def _run(script: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(TESTBED_SCRIPTS / script)], env=env, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+@dataclass
+class Testbed:
+    root: Path
+    kubeconfig: Path
+    env: dict[str, str]  # PATH with helm, kubectl and kubectl-mqtt; KUBECONFIG
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(["kubectl", *args], env={**self.env, **(env or {})},
+                                input=stdin, text=True, capture_output=True, timeout=60,
+                                check=False)
+        if check and result.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
+    def apply(self, document: dict[str, Any], namespace: str) -> None:
+        self.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(document))
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        result = self.kubectl("get", kind, name, "-n", namespace, "-o", "yaml", check=False)
+        if result.returncode:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        return dict(yaml.safe_load(result.stdout))
+
+    def items(self, kind: str, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        args = ["get", kind, "-n", namespace, "-o", "yaml"]
+        if selector:
+            args += ["-l", selector]
+        return list(yaml.safe_load(self.kubectl(*args).stdout)["items"])
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    base_env = {**os.environ, "K8S_TESTBED": str(BUILT)}
+    for script, limit in (("build.sh", 1800), ("helm.sh", 300)):  # no-ops once built
+        done = _run(script, base_env, limit)
+        assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
+    root = tmp_path_factory.mktemp("k8s")
+    (root / "bin").symlink_to(BUILT / "bin")
+    env = {
+        **os.environ,
+        "K8S_TESTBED": str(root),
+        "K8S_PORT": str(_free_port()),
+        "K8S_ETCD_PORT": str(_free_port(pair_offset=10)),
+        "K8S_KCM_PORT": str(_free_port()),
+        "CRDS": str(CRD),  # before the controller-manager starts: its GC sees the kind at once
+        "PATH": f"{BUILT / 'bin'}:{VENV_BIN}:{os.environ['PATH']}",
+    }
+    try:
+        up = _run("up.sh", env, 180)
+        assert up.returncode == 0, (
+            f"up.sh failed:\n{up.stderr}\n" + "\n".join(
+                f"--- {log.name}\n{log.read_text()[-3000:]}"
+                for log in sorted((root / "run").glob("*.log"))))
+        kubeconfig = root / "run" / "kubeconfig"
+        env["KUBECONFIG"] = str(kubeconfig)
+        yield Testbed(root, kubeconfig, {k: v for k, v in env.items() if k != "CRDS"})
+    finally:
+        _run("down.sh", env, 120)
+
+
+@pytest.fixture(scope="session")
+def operator_env(testbed: Testbed) -> Iterator[dict[str, str]]:
+    """Environment for an in-process operator: session-wide, since kopf and the handlers
+    read it at import and login."""
+    settings = {"KUBECONFIG": str(testbed.kubeconfig), "MQTT_OPERATOR_RESYNC_SECONDS": "1",
+                "MQTT_OPERATOR_BROKER_TIMEOUT": "1",
+                "MQTT_OPERATOR_METRICS_PORT": str(_free_port()),
+                "MQTT_OPERATOR_METRICS_ADDR": "127.0.0.1"}
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    yield settings
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def namespace(testbed: Testbed) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    testbed.kubectl("create", "namespace", name)
+    yield name
+    testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def run_operator(namespace: str) -> Iterator[Any]:
+    """kopf in this process, watching one namespace; stopped (and checked) on exit."""
+    from kopf.testing import KopfRunner
+
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "mqtt_operator.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        yield runner
+    assert runner.exit_code == 0, runner.output
+    assert runner.exception is None, runner.output
+
+
+@pytest.fixture
+def operator(operator_env: dict[str, str], namespace: str) -> Callable[[], Any]:
+    return lambda: run_operator(namespace)
+
+
+def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Polls `check` until it returns something truthy; the deadline, not a sleep, bounds it."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: {last!r}")

@@ -1,0 +1,96 @@
+"""The operator <-> broker contract, checked with the broker's own loader and a real shell."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from broker.config.loader import ConfigError, load_config
+from mqtt_operator import broker_config, manifests
+from mqtt_operator.spec import Cluster
+from tests.support.crd import body
+
+
+def write(tmp_path: Path, cluster: Cluster) -> Path:
+    path = tmp_path / "broker.toml"
+    path.write_text(broker_config.render_toml(broker_config.settings(cluster)))
+    return path
+
+
+def test_rendered_config_loads_with_the_brokers_loader(tmp_path: Path) -> None:
+    cluster = Cluster.from_body(body(
+        durableStorage={"nShards": 8, "replicationFactor": 2},
+        durableSessions={"batchSize": 50, "messageRetentionPeriod": "2h"},
+        listeners={"httpPort": 18084},
+        config={"mqtt.max_inflight": "64",
+                "durable_storage.messages.layout.wildcard_thresholds": "[50, 5]",
+                "node.data_dir": "/elsewhere"}))
+    config = load_config(write(tmp_path, cluster))
+    assert config["durable_storage.messages.n_shards"] == 8
+    assert config["durable_storage.messages.replication_factor"] == 2
+    assert config["durable_sessions.batch_size"] == 50
+    assert config["durable_sessions.message_retention_period"] == 7200
+    assert config["durable_sessions.session_gc_interval"] == 600  # the CRD default, 10m
+    assert config["dashboard.listeners.http.bind"] == ("0.0.0.0", 18084)
+    assert config["listeners.tcp.default.bind"] == ("0.0.0.0", 1883)
+    assert config["mqtt.max_inflight"] == 64
+    assert config["durable_storage.messages.layout.wildcard_thresholds"] == (50, 5)
+    assert config["node.data_dir"] == "/data"  # managed: spec.config cannot move it
+    assert broker_config.ignored_keys(cluster) == ["node.data_dir"]
+
+
+def test_a_key_the_broker_does_not_know_fails_the_contract(tmp_path: Path) -> None:
+    cluster = Cluster.from_body(body(config={"mqtt.no_such_key": "1"}))
+    with pytest.raises(ConfigError, match=r"mqtt\.no_such_key"):
+        load_config(write(tmp_path, cluster))
+
+
+def test_rendering_is_byte_stable() -> None:
+    one = Cluster.from_body(body(config={"b.x": "1", "a.y": "2"}))
+    two = Cluster.from_body(body(config={"a.y": "2", "b.x": "1"}))
+    render = broker_config.render_toml
+    assert render(broker_config.settings(one)) == render(broker_config.settings(two))
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> dict[str, str]:
+    """The pod's mounts and a `broker` on PATH that records its arguments instead of running."""
+    (tmp_path / "sites").mkdir()
+    (tmp_path / "config").mkdir()
+    for ordinal, site in enumerate(["A1B2C3D4E5F60001", "A1B2C3D4E5F60002"]):
+        (tmp_path / "sites" / str(ordinal)).write_text(site)
+    cluster = Cluster.from_body(body())
+    write(tmp_path / "config", cluster)
+    fake = tmp_path / "bin" / "broker"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    "exec python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n")
+    fake.chmod(0o755)
+    return {"PATH": f"{fake.parent}:{os.environ['PATH']}", "POD_NAMESPACE": "prod",
+            "MQTT_HEADLESS_SERVICE": "mqc-headless", "MQTT_SITES_DIR": str(tmp_path / "sites"),
+            "MQTT_CONFIG_DIR": str(tmp_path / "config")}
+
+
+def run_pod(env: dict[str, str], pod_name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/sh", "-c", manifests.POD_SCRIPT],
+                          env={**env, "POD_NAME": pod_name}, capture_output=True, text=True,
+                          timeout=10, check=False)
+
+
+def test_pod_command_passes_its_ordinals_site_id(pod: dict[str, str]) -> None:
+    done = run_pod(pod, "mqc-1")
+    assert done.returncode == 0, done.stderr
+    args = json.loads(done.stdout)
+    assert args[:3] == ["run", "--config", f"{pod['MQTT_CONFIG_DIR']}/broker.toml"]
+    overrides = [args[i + 1] for i, arg in enumerate(args) if arg == "--set"]
+    config = load_config(args[2], overrides)
+    assert config["node.site_id"] == "A1B2C3D4E5F60002"
+    assert config["node.name"] == "broker@mqc-1.mqc-headless.prod.svc"
+
+
+def test_pod_without_a_published_site_id_refuses_to_start(pod: dict[str, str]) -> None:
+    done = run_pod(pod, "mqc-7")
+    assert done.returncode != 0
+    assert done.stdout == ""  # the broker never ran with a made-up site

@@ -1,0 +1,31 @@
+"""Site IDs per ordinal: stable across scale down/up and across lost state."""
+
+
+from mqtt_operator import sites
+
+
+def test_new_ordinals_get_new_ids_and_known_ones_keep_theirs() -> None:
+    ids = iter(["A", "B", "C", "D", "E"])
+    three = sites.assign({}, 3, lambda: next(ids))
+    assert three == {0: "A", 1: "B", 2: "C"}
+    down = sites.assign(three, 2, lambda: next(ids))  # scale down: ordinal 2 keeps its ID
+    assert down == three
+    back = sites.assign(down, 4, lambda: next(ids))
+    assert back == {0: "A", 1: "B", 2: "C", 3: "D"}
+
+
+def test_a_colliding_random_id_is_drawn_again() -> None:
+    ids = iter(["A", "A", "B"])
+    assert sites.assign({}, 2, lambda: next(ids)) == {0: "A", 1: "B"}
+
+
+def test_random_ids_look_like_emqx_sites() -> None:
+    site = sites.new_site_id()
+    assert len(site) == 16 and site == site.upper() and int(site, 16) >= 0
+
+
+def test_published_map_wins_and_status_restores_what_the_map_lost() -> None:
+    merged = sites.merge_known({"0": "A", "1": "B"}, {"1": "X", "2": "C"})
+    assert merged == {0: "A", 1: "B", 2: "C"}
+    assert sites.as_data(merged) == {"0": "A", "1": "B", "2": "C"}
+    assert sites.merge_known(None, None) == {}
