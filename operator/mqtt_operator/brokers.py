@@ -38,6 +38,8 @@ def ask_site(host: str | None, port: int, site: str, timeout: float) -> SiteRepo
         return SiteReport(site, frozenset(
             int(shard["id"]) for shard in body.get("shards", ())
             if shard.get("storage", constants.DB) == constants.DB))
+    except urllib.error.HTTPError as error:  # e.g. 404: this broker does not serve it yet
+        return SiteReport(site, None, f"GET {url}: HTTP {error.code}")
     except (OSError, ValueError, KeyError, TypeError) as error:
         reason = getattr(error, "reason", None) or error
         return SiteReport(site, None, f"GET {url}: {reason}")

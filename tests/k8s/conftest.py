@@ -6,7 +6,9 @@ developer's own test bed do not collide; down.sh stops it also when tests fail. 
 runs in-process under kopf's KopfRunner, as the image would run it.
 """
 
+import base64
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -26,9 +28,7 @@ CRD = ROOT / "crds" / "mqttcluster.yaml"
 BUILT = Path(os.environ.get("K8S_TESTBED", "/var/cache/k8s-testbed"))
 VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
 
-# Module-level settings the operator reads at import: fast resync for tests, metrics on a
-# port of our choosing. Set before anything imports mqtt_operator.handlers.
-METRICS_PORT = 0
+SERVICE_MONITOR_CRD = ROOT / "tests" / "k8s" / "servicemonitor-crd.yaml"
 
 
 def _free_port(pair_offset: int = 0) -> int:
@@ -70,7 +70,12 @@ class Testbed:
     def apply(self, document: dict[str, Any], namespace: str) -> None:
         self.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(document))
 
-    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any]:
+        found = self.find(kind, name, namespace)
+        assert found is not None, f"{kind} {namespace}/{name} does not exist"
+        return found
+
+    def find(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         result = self.kubectl("get", kind, name, "-n", namespace, "-o", "yaml", check=False)
         if result.returncode:
             if "NotFound" in result.stderr:
@@ -93,13 +98,15 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
     root = tmp_path_factory.mktemp("k8s")
     (root / "bin").symlink_to(BUILT / "bin")
+    crds = root / "crds.yaml"
+    crds.write_text(CRD.read_text() + "\n---\n" + SERVICE_MONITOR_CRD.read_text())
     env = {
         **os.environ,
         "K8S_TESTBED": str(root),
         "K8S_PORT": str(_free_port()),
         "K8S_ETCD_PORT": str(_free_port(pair_offset=10)),
         "K8S_KCM_PORT": str(_free_port()),
-        "CRDS": str(CRD),  # before the controller-manager starts: its GC sees the kind at once
+        "CRDS": str(crds),  # before the controller-manager starts: its GC sees the kinds at once
         "PATH": f"{BUILT / 'bin'}:{VENV_BIN}:{os.environ['PATH']}",
     }
     try:
@@ -168,3 +175,42 @@ def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") 
             return last
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: {last!r}")
+
+
+def cluster_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "mqtt.durablemqtt.io/v1alpha1", "kind": "MQTTCluster",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def set_pod_ready(testbed: Testbed, namespace: str, pod: str, ip: str = "127.0.0.1") -> None:
+    """What a kubelet would report; there is none here, so the test says it (as kwok does)."""
+    status = {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                         "conditions": [{"type": "Ready", "status": "True"}]}}
+    testbed.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status",
+                    "--type=merge", "-p", json.dumps(status))
+
+
+def event_reasons(testbed: Testbed, namespace: str, name: str) -> list[str]:
+    return [event["reason"] for event in testbed.items("events", namespace)
+            if event["involvedObject"]["name"] == name
+            and event["involvedObject"]["kind"] == "MQTTCluster"]
+
+
+def service_account_kubeconfig(testbed: Testbed, namespace: str, account: str,
+                               path: Path) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount (its token Secret, which the
+    controller-manager of v1.20 creates), to check what exactly its RBAC allows."""
+    secret = eventually(lambda: testbed.get("serviceaccount", account, namespace).get(
+        "secrets"), what=f"token of {account}")[0]["name"]
+    token = testbed.kubectl("get", "secret", secret, "-n", namespace, "-o",
+                            "jsonpath={.data.token}").stdout
+    server = testbed.kubectl("config", "view", "-o",
+                             "jsonpath={.clusters[0].cluster.server}").stdout
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "sa", "cluster": {"server": server,
+                                                "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "sa", "user": {"token": base64.b64decode(token).decode()}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "sa", "user": "sa",
+                                                "namespace": namespace}}]}))
+    return path

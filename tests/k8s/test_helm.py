@@ -1,0 +1,91 @@
+"""The Helm chart with the real helm binary: lint, template, install/upgrade/uninstall.
+
+The operator runs in-process authenticated as the chart's own ServiceAccount, so the test
+also proves the chart's least-privilege RBAC is enough for everything it does.
+"""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.k8s.conftest import (
+    ROOT,
+    Testbed,
+    eventually,
+    run_operator,
+    service_account_kubeconfig,
+)
+
+CHART = ROOT / "helm" / "durable-mqtt"
+
+
+def helm(testbed: Testbed, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["helm", *args], env=testbed.env, text=True, capture_output=True,
+                            timeout=120, check=False)
+    if check and result.returncode:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def test_lint_and_template(testbed: Testbed) -> None:
+    lint = helm(testbed, "lint", str(CHART), "--strict")
+    assert "1 chart(s) linted, 0 chart(s) failed" in lint.stdout
+    rendered = list(yaml.safe_load_all(helm(testbed, "template", "rel", str(CHART),
+                                            "--namespace", "ns").stdout))
+    kinds = sorted(doc["kind"] for doc in rendered if doc)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "MQTTCluster", "Role",
+                     "RoleBinding", "Service", "ServiceAccount"]
+    cluster = next(doc for doc in rendered if doc and doc["kind"] == "MQTTCluster")
+    assert cluster["metadata"] == {**cluster["metadata"], "name": "rel", "namespace": "ns"}
+    assert cluster["spec"]["replicas"] == 3
+    off = helm(testbed, "template", "rel", str(CHART), "--set", "cluster.enabled=false").stdout
+    assert "kind: MQTTCluster" not in off
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    (["cluster.replicas=0"], "cluster.replicas"),
+    (["cluster.durableStorage.nShards=5000"], "nShards"),
+    (["cluster.replicas=2"], "replicationFactor (3) must not exceed cluster.replicas (2)"),
+])
+def test_invalid_values_fail_naming_the_value(
+        testbed: Testbed, values: list[str], complaint: str) -> None:
+    args = [arg for value in values for arg in ("--set", value)]
+    result = helm(testbed, "template", "rel", str(CHART), *args, check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr, result.stderr
+
+
+def test_install_upgrade_scales_uninstall_collects(
+        testbed: Testbed, namespace: str, operator_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    helm(testbed, "install", "rel", str(CHART), "--namespace", namespace,
+         "--set", "operator.resyncSeconds=1")
+    assert testbed.get("deployment", "rel-operator", namespace)["spec"]["replicas"] == 1
+    assert testbed.get("mqc", "rel", namespace)["spec"]["replicas"] == 3
+    kubeconfig = service_account_kubeconfig(testbed, namespace, "rel-operator",
+                                            tmp_path / "operator.kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    with run_operator(namespace) as runner:
+        eventually(lambda: (s := testbed.find("statefulset", "rel", namespace)) and s[
+            "spec"]["replicas"] == 3, what="StatefulSet of 3")
+        helm(testbed, "upgrade", "rel", str(CHART), "--namespace", namespace,
+             "--reuse-values", "--set", "cluster.replicas=5")
+        assert testbed.get("mqc", "rel", namespace)["spec"]["replicas"] == 5
+        eventually(lambda: testbed.get("statefulset", "rel", namespace)["spec"][
+            "replicas"] == 5, what="StatefulSet of 5")
+        eventually(lambda: testbed.find("servicemonitor", "rel", namespace))
+        status = eventually(lambda: (s := testbed.get("mqc", "rel", namespace).get(
+            "status", {})).get("siteCount") == 5 and s)
+        assert status["conditions"][2] == {**status["conditions"][2], "type": "Degraded",
+                                           "status": "False"}
+    assert "Forbidden" not in runner.output and "403" not in runner.output, runner.output
+    helm(testbed, "uninstall", "rel", "--namespace", namespace, "--wait")
+    assert testbed.find("mqc", "rel", namespace) is None
+    assert testbed.find("deployment", "rel-operator", namespace) is None
+    eventually(lambda: testbed.find("statefulset", "rel", namespace) is None,
+               what="StatefulSet collected")
+    eventually(lambda: testbed.find("configmap", "rel-sites", namespace) is None,
+               what="ConfigMaps collected")
+    assert testbed.find("crd", "mqttclusters.mqtt.durablemqtt.io", "default") is not None

@@ -1,0 +1,278 @@
+"""The operator against a real API server and controller-manager (kopf in-process)."""
+
+import http.server
+import json
+import re
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from mqtt_operator import placement
+from tests.k8s.conftest import (
+    Testbed,
+    cluster_manifest,
+    event_reasons,
+    eventually,
+    set_pod_ready,
+)
+
+CHILDREN = [("configmap", "{}-config"), ("configmap", "{}-sites"),
+            ("configmap", "{}-placement"), ("service", "{}"), ("service", "{}-headless"),
+            ("statefulset", "{}"), ("poddisruptionbudget", "{}"), ("servicemonitor", "{}")]
+
+
+def status_of(testbed: Testbed, namespace: str, name: str) -> dict[str, Any]:
+    return dict(testbed.get("mqc", name, namespace).get("status") or {})
+
+
+def sts_replicas(testbed: Testbed, namespace: str, name: str) -> int | None:
+    sts = testbed.find("statefulset", name, namespace)
+    return None if sts is None else int(sts["spec"]["replicas"])
+
+
+def published_plan(testbed: Testbed, namespace: str, name: str) -> dict[str, Any]:
+    data = testbed.get("configmap", f"{name}-placement", namespace)["data"]
+    return dict(json.loads(data["placement.json"]))
+
+
+def test_apply_creates_owned_children_status_events_and_metrics(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any],
+        operator_env: dict[str, str]) -> None:
+    with operator() as runner:
+        testbed.apply(cluster_manifest("alpha", replicas=3), namespace)
+        uid = testbed.get("mqc", "alpha", namespace)["metadata"]["uid"]
+        for kind, pattern in CHILDREN:
+            child = eventually(lambda k=kind, p=pattern: testbed.find(
+                k, p.format("alpha"), namespace), what=f"{kind} {pattern}")
+            owners = child["metadata"]["ownerReferences"]
+            assert [(o["uid"], o["kind"], o["controller"]) for o in owners] == [
+                (uid, "MQTTCluster", True)], kind
+        status = eventually(lambda: status_of(testbed, namespace, "alpha").get("placement"))
+        full = status_of(testbed, namespace, "alpha")
+        assert full["observedGeneration"] == 1
+        assert sorted(full["siteIds"]) == ["0", "1", "2"]
+        assert [s["state"] for s in full["sites"]] == ["down", "down", "down"]
+        assert full["phase"] == "Pending"
+        assert len(status["shards"]) == 16
+        assert all(len(members) == 3 for members in status["shards"].values())
+        sites_map = testbed.get("configmap", "alpha-sites", namespace)["data"]
+        assert sites_map == full["siteIds"]  # what pods read is what status shows
+        assert {"SitesAssigned", "PlacementChanged"} <= set(eventually(
+            lambda: event_reasons(testbed, namespace, "alpha")))
+        # Broker pods becoming ready (reported by the test: no kubelet here) show in status.
+        for ordinal in range(3):
+            pod = f"alpha-{ordinal}"
+            eventually(lambda p=pod: testbed.find("pod", p, namespace), what=pod)
+            set_pod_ready(testbed, namespace, pod)
+        eventually(lambda: status_of(testbed, namespace, "alpha").get("phase") == "Running")
+        final = status_of(testbed, namespace, "alpha")
+        assert final["readyReplicas"] == 3
+        assert {c["type"]: c["status"] for c in final["conditions"]}["Ready"] == "True"
+        url = f"http://127.0.0.1:{operator_env['MQTT_OPERATOR_METRICS_PORT']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            metrics = response.read().decode()
+    assert re.search(r'^mqtt_operator_reconciles_total\{trigger="change"\} [1-9]', metrics, re.M)
+    assert re.search(r'^mqtt_operator_reconciles_total\{trigger="timer"\} [1-9]', metrics, re.M)
+    assert "mqtt_operator_reconcile_duration_seconds_count" in metrics
+    assert "mqtt_operator_reconcile_failures_total" in metrics
+    assert "Handler 'on_change' succeeded" in runner.output
+
+
+def test_replication_factor_above_replicas_is_reported_naming_the_field(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    with operator():
+        testbed.apply(cluster_manifest("small", replicas=2,
+                                       durableStorage={"replicationFactor": 3, "nShards": 4},
+                                       config={"node.site_id": "X"}), namespace)
+        status = eventually(lambda: status_of(testbed, namespace, "small").get("placement"))
+        degraded = {c["type"]: c for c in status_of(testbed, namespace, "small")["conditions"]}
+    assert degraded["Degraded"]["status"] == "True"
+    assert "spec.durableStorage.replicationFactor (3) exceeds" in degraded["Degraded"]["message"]
+    assert "spec.config.node.site_id is managed" in degraded["Degraded"]["message"]
+    assert all(len(members) == 2 for members in status["shards"].values())
+    assert "InvalidSpec" in event_reasons(testbed, namespace, "small")
+
+
+class FakeBrokers:
+    """The brokers' `GET /api/v5/ds/sites/{site}` (contract v1), answering what the test says
+    each site holds; every pod in this test points its IP at it."""
+
+    def __init__(self) -> None:
+        self.holding: dict[str, list[int]] = {}
+        self.asked: set[str] = set()
+        brokers = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                site = self.path.rsplit("/", 1)[-1]
+                brokers.asked.add(site)
+                body = json.dumps({"up": True, "shards": [
+                    {"storage": "messages", "id": str(shard), "status": "up"}
+                    for shard in brokers.holding.get(site, [])]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+
+
+@pytest.fixture
+def brokers() -> Iterator[FakeBrokers]:
+    fake = FakeBrokers()
+    thread = threading.Thread(target=fake.server.serve_forever, daemon=True)
+    thread.start()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+    thread.join()
+
+
+def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any],
+        brokers: FakeBrokers) -> None:
+    spec = {"durableStorage": {"nShards": 12, "replicationFactor": 2},
+            "listeners": {"httpPort": brokers.port}}
+    with operator():
+        testbed.apply(cluster_manifest("beta", replicas=3, **spec), namespace)
+        eventually(lambda: status_of(testbed, namespace, "beta").get("placement"))
+        three = status_of(testbed, namespace, "beta")
+        ids3 = three["siteIds"]
+
+        testbed.kubectl("scale", "mqc/beta", "-n", namespace, "--replicas=5")
+        eventually(lambda: sts_replicas(testbed, namespace, "beta") == 5)
+        five = eventually(lambda: (s := status_of(testbed, namespace, "beta"))["placement"][
+            "revision"] == 2 and s)
+        ids5 = five["siteIds"]
+        assert {k: ids5[k] for k in ids3} == ids3  # existing pods keep their sites
+        old = placement.from_data(three["placement"]["shards"])
+        new = placement.from_data(five["placement"]["shards"])
+        sites5 = [ids5[str(o)] for o in range(5)]
+        assert new == placement.plan(old, sites5, 12, 2)  # the property-tested optimum
+        loads = five["placement"]["loads"]
+        assert max(loads.values()) - min(loads.values()) <= 1
+        moves = placement.transitions(old, new)
+        assert all(set(m.add) <= {ids5["3"], ids5["4"]} for m in moves)
+        # 24 replicas on 5 sites: the old sites keep 5 of their 8 each, so 9 copies, no more
+        assert sum(len(m.add) for m in moves) == 9
+
+        for ordinal in range(5):
+            pod = f"beta-{ordinal}"
+            eventually(lambda p=pod: testbed.find("pod", p, namespace), what=pod)
+            set_pod_ready(testbed, namespace, pod)
+        leaving = [ids5["2"], ids5["3"], ids5["4"]]
+        brokers.holding = {site: [0, 1] for site in leaving}  # still holding replicas
+
+        testbed.kubectl("scale", "mqc/beta", "-n", namespace, "--replicas=2")
+        draining = eventually(lambda: status_of(testbed, namespace, "beta").get("drain"))
+        assert draining["sites"] == leaving and draining["reason"] == "DrainPending"
+        plan = published_plan(testbed, namespace, "beta")  # the plan moved off first...
+        assert plan["sites"] == [ids5["0"], ids5["1"]] and plan["leaving"] == leaving
+        assert all(set(m) == {ids5["0"], ids5["1"]} for m in plan["shards"].values())
+        assert sts_replicas(testbed, namespace, "beta") == 5  # ...and the pods stay meanwhile
+        assert status_of(testbed, namespace, "beta")["phase"] == "Draining"
+        assert set(leaving) <= brokers.asked
+
+        brokers.holding = {}  # the brokers finished moving the replicas
+        eventually(lambda: sts_replicas(testbed, namespace, "beta") == 2)
+        two = eventually(lambda: (s := status_of(testbed, namespace, "beta")).get(
+            "drain") is None and s)
+        assert two["siteIds"] == ids5  # scaled-down ordinals keep their IDs
+        assert [s["id"] for s in two["sites"]] == [ids5["0"], ids5["1"]]
+        assert {"DrainStarted", "DrainPending", "DrainConfirmed", "ScaledDown"} <= set(
+            eventually(lambda: event_reasons(testbed, namespace, "beta")))
+
+        testbed.kubectl("scale", "mqc/beta", "-n", namespace, "--replicas=4")
+        back = eventually(lambda: (s := status_of(testbed, namespace, "beta"))[
+            "siteCount"] == 4 and s)
+        assert back["siteIds"] == ids5  # ordinals 2 and 3 come back as the same sites
+        assert testbed.get("configmap", "beta-sites", namespace)["data"] == ids5
+
+
+def test_unreachable_brokers_are_recorded_and_the_shrink_proceeds(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    with operator():
+        testbed.apply(cluster_manifest("gamma", replicas=3), namespace)
+        eventually(lambda: sts_replicas(testbed, namespace, "gamma") == 3)
+        testbed.kubectl("scale", "mqc/gamma", "-n", namespace, "--replicas=1")
+        eventually(lambda: sts_replicas(testbed, namespace, "gamma") == 1)
+        reasons = eventually(lambda: "ScaledDown" in (
+            r := event_reasons(testbed, namespace, "gamma")) and r)
+    assert {"DrainStarted", "DrainUnconfirmed"} <= set(reasons)
+    events = [e for e in testbed.items("events", namespace) if e["reason"] == "DrainUnconfirmed"]
+    assert events[0]["type"] == "Warning" and "pod has no IP" in events[0]["message"]
+
+
+def test_require_drain_confirmation_waits_for_unreachable_brokers(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    with operator():
+        testbed.apply(cluster_manifest("delta", replicas=2,
+                                       durableStorage={"replicationFactor": 2},
+                                       scaleDown={"requireDrainConfirmation": True}), namespace)
+        eventually(lambda: sts_replicas(testbed, namespace, "delta") == 2)
+        testbed.kubectl("scale", "mqc/delta", "-n", namespace, "--replicas=1")
+        drain = eventually(lambda: status_of(testbed, namespace, "delta").get("drain"))
+        assert drain["reason"] == "DrainUnconfirmed"
+        eventually(lambda: "DrainUnconfirmed" in event_reasons(testbed, namespace, "delta"))
+        assert sts_replicas(testbed, namespace, "delta") == 2
+
+
+def test_delete_garbage_collects_every_child(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    with operator():
+        testbed.apply(cluster_manifest("doomed", replicas=2,
+                                       durableStorage={"replicationFactor": 2}), namespace)
+        for kind, pattern in CHILDREN:
+            eventually(lambda k=kind, p=pattern: testbed.find(k, p.format("doomed"), namespace))
+        eventually(lambda: testbed.find("pod", "doomed-1", namespace))
+        testbed.kubectl("delete", "mqc", "doomed", "-n", namespace)
+        for kind, pattern in CHILDREN:
+            eventually(lambda k=kind, p=pattern: testbed.find(
+                k, p.format("doomed"), namespace) is None, what=f"{kind} collected")
+        eventually(lambda: not testbed.items("pods", namespace), what="pods collected")
+
+
+def snapshot(testbed: Testbed, namespace: str, name: str) -> dict[str, Any]:
+    """Identity and version of everything the operator owns, plus its decisions."""
+    children = {}
+    for kind in ("configmaps", "services", "statefulsets", "poddisruptionbudgets",
+                 "servicemonitors"):
+        for item in testbed.items(kind, namespace):
+            meta = item["metadata"]
+            children[(kind, meta["name"])] = (meta["uid"], meta["resourceVersion"])
+    status = status_of(testbed, namespace, name)
+    return {"children": children, "sites": status["siteIds"],
+            "revision": status["placement"]["revision"],
+            "events": len(event_reasons(testbed, namespace, name))}
+
+
+def reconciles(operator_env: dict[str, str]) -> float:
+    url = f"http://127.0.0.1:{operator_env['MQTT_OPERATOR_METRICS_PORT']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(
+        r'^mqtt_operator_reconciles_total\{[^}]*\} (\S+)', text, re.M))
+
+
+def test_operator_restart_resumes_without_duplicating_anything(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any],
+        operator_env: dict[str, str]) -> None:
+    with operator():
+        testbed.apply(cluster_manifest("steady", replicas=3), namespace)
+        eventually(lambda: status_of(testbed, namespace, "steady").get("placement"))
+        count = reconciles(operator_env)
+        eventually(lambda: reconciles(operator_env) >= count + 2)  # settled: timer passes
+        before = snapshot(testbed, namespace, "steady")
+    with operator() as runner:
+        count = reconciles(operator_env)
+        eventually(lambda: reconciles(operator_env) >= count + 3, what="resume + timer")
+        after = snapshot(testbed, namespace, "steady")
+    assert after == before
+    assert "Handler 'on_change' succeeded" in runner.output  # resumed the existing cluster

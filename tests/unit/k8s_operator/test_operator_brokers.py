@@ -1,0 +1,87 @@
+"""Asking brokers about their sites, and the drain policy built on the answers."""
+
+import contextlib
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from mqtt_operator.brokers import SiteReport, ask_site, drain_verdict, settled
+from mqtt_operator.placement import Transition
+
+
+@pytest.fixture
+def broker() -> Iterator[int]:
+    """A local HTTP server answering like contract v1: site A holds shards 1 and 3."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/api/v5/ds/sites/A":
+                self.send_error(404)
+                return
+            body = json.dumps({"up": True, "shards": [
+                {"storage": "messages", "id": "1"}, {"storage": "messages", "id": "3"},
+                {"storage": "sessions", "id": "0"}]}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_reachable_site_reports_its_message_shards(broker: int) -> None:
+    assert ask_site("127.0.0.1", broker, "A", 2).shards == frozenset({1, 3})
+
+
+def test_endpoint_missing_refused_or_no_ip_is_unreachable(broker: int) -> None:
+    not_served = ask_site("127.0.0.1", broker, "B", 2)
+    assert not not_served.reachable and "404" in not_served.error
+    with closed_port() as port:
+        refused = ask_site("127.0.0.1", port, "A", 2)
+    assert not refused.reachable and "refused" in refused.error.lower()
+    assert ask_site(None, broker, "A", 2).error == "pod has no IP"
+
+
+@contextlib.contextmanager
+def closed_port() -> Iterator[int]:
+    """A loopback port bound but not listening: connections to it are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+HOLDING = SiteReport("A", frozenset({2}))
+EMPTY = SiteReport("B", frozenset())
+SILENT = SiteReport("C", None, "connection refused")
+
+
+@pytest.mark.parametrize(("reports", "require", "proceed", "reason"), [
+    ([EMPTY], False, True, "DrainConfirmed"),
+    ([EMPTY, HOLDING], False, False, "DrainPending"),
+    ([HOLDING, SILENT], False, False, "DrainPending"),
+    ([EMPTY, SILENT], False, True, "DrainUnconfirmed"),
+    ([EMPTY, SILENT], True, False, "DrainUnconfirmed"),
+])
+def test_drain_policy(reports: list[SiteReport], require: bool, proceed: bool,
+                      reason: str) -> None:
+    verdict = drain_verdict(reports, require)
+    assert (verdict.proceed, verdict.reason) == (proceed, reason)
+
+
+def test_transition_settles_when_added_sites_hold_and_removed_members_do_not() -> None:
+    move = Transition(2, add=("A",), remove=("B",))
+    assert settled(move, {"A": HOLDING, "B": EMPTY}, {"A", "B"})
+    assert settled(move, {"A": HOLDING}, {"A"})  # B has left the cluster
+    assert not settled(move, {"A": HOLDING, "B": SILENT}, {"A", "B"})
+    assert not settled(move, {"A": EMPTY, "B": EMPTY}, {"A", "B"})

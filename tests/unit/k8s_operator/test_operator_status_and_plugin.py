@@ -1,0 +1,82 @@
+"""Status decisions and the plugin's rendering of them (no cluster needed)."""
+
+import json
+from typing import Any
+
+from mqtt_operator import plugin, status
+
+
+def pod(name: str, ready: bool, ip: str | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {
+        "podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_pods_by_ordinal_ignore_foreign_names() -> None:
+    views = status.pod_views([pod("mqc-0", True, "10.0.0.5"), pod("mqc-1", False),
+                              pod("mqc-extra-2", True), pod("other-3", True)], "mqc")
+    assert views == {0: status.PodView("mqc-0", True, "10.0.0.5"),
+                     1: status.PodView("mqc-1", False, None)}
+    listed = status.sites({0: "A", 1: "B", 2: "C"}, 2, views, "mqc")
+    assert listed == [{"ordinal": 0, "id": "A", "pod": "mqc-0", "state": "up"},
+                      {"ordinal": 1, "id": "B", "pod": "mqc-1", "state": "down"}]
+
+
+def test_condition_keeps_its_transition_time_until_it_flips() -> None:
+    first = status.condition([], "Ready", False, "NotReady", "0/3", "t1")
+    same = status.condition([first], "Ready", False, "NotReady", "1/3", "t2")
+    flipped = status.condition([same], "Ready", True, "AllSitesReady", "3/3", "t3")
+    assert (first["lastTransitionTime"], same["lastTransitionTime"],
+            flipped["lastTransitionTime"]) == ("t1", "t1", "t3")
+
+
+def test_phase() -> None:
+    assert status.phase(0, 3, False, False) == "Pending"
+    assert status.phase(2, 3, False, False) == "Scaling"
+    assert status.phase(3, 3, False, False) == "Running"
+    assert status.phase(3, 3, True, False) == "Draining"
+    assert status.phase(3, 3, False, True) == "Degraded"
+
+
+BODY = {
+    "metadata": {"name": "mqc", "namespace": "prod"},
+    "status": {
+        "sites": [{"ordinal": 0, "id": "AAAA", "pod": "mqc-0", "state": "up"},
+                  {"ordinal": 1, "id": "BBBB", "pod": "mqc-1", "state": "down"}],
+        "placement": {"revision": 2, "shards": {"0": ["AAAA", "BBBB"], "10": ["BBBB"]},
+                      "loads": {"AAAA": 1, "BBBB": 2}},
+        "transitions": [{"shard": 10, "add": ["BBBB"], "remove": ["CCCC"]}],
+        "drain": {"sites": ["CCCC"], "from": 3, "to": 2, "message": "waiting"},
+    },
+}
+
+
+def test_sites_reads_like_emqx_ds_info() -> None:
+    assert plugin.render_sites(BODY) == (
+        "SITES:\n"
+        "AAAA  mqc-0  up\n"
+        "BBBB  mqc-1  down\n"
+        "\n"
+        "SHARDS:\n"
+        "Shard        Replicas\n"
+        "messages/0   AAAA BBBB\n"
+        "messages/10  BBBB\n"
+        "\n"
+        "REPLICA TRANSITIONS:\n"
+        "Shard        Transitions\n"
+        "messages/10  +BBBB -CCCC\n"
+        "\n"
+        "DRAINING: CCCC (3 -> 2): waiting\n")
+
+
+def test_shards_and_json() -> None:
+    text = plugin.render_shards(BODY)
+    assert "REPLICAS PER SITE:\nSite  Replicas\nAAAA  1\nBBBB  2\n" in text
+    document = json.loads(plugin.as_json(BODY, "shards"))
+    assert document["placement"]["shards"]["10"] == ["BBBB"] and "sites" not in document
+    assert json.loads(plugin.as_json(BODY, "sites"))["drain"]["to"] == 2
+
+
+def test_no_status_yet_says_so() -> None:
+    empty = {"metadata": {"name": "mqc", "namespace": "prod"}}
+    assert "is the operator running" in plugin.render_sites(empty)
+    assert "is the operator running" in plugin.render_shards(empty)
