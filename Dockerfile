@@ -1,15 +1,20 @@
-# One image for the broker (and, later, the operator). Non-root, data on a volume.
+# One image for the broker and the operator. Non-root, data on a volume.
+#   broker (default):  docker run -p 1883:1883 -v data:/data durable-mqtt-broker:dev
+#   operator:          command kopf run --standalone -m mqtt_operator.handlers ... (Helm chart)
 FROM python:3.11-slim
 
 RUN useradd --create-home --uid 10001 mqtt
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY broker ./broker
-RUN pip install --no-cache-dir . && mkdir -p /data && chown mqtt /data
+COPY operator ./operator
+RUN pip install --no-cache-dir . && mkdir -p /data && chown 10001 /data
 
-USER mqtt
+# Numeric, so Kubernetes' runAsNonRoot can verify it without a pod-level runAsUser.
+USER 10001
 VOLUME ["/data"]
-EXPOSE 1883 8083 8883 18083
+# MQTT, WebSocket, TLS, HTTP API + broker metrics, operator metrics
+EXPOSE 1883 8083 8883 18083 9090
 HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:18083/status', timeout=2)"
 ENTRYPOINT ["broker"]
 CMD ["run", "--set", "node.data_dir=/data"]

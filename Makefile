@@ -51,8 +51,10 @@ bench: install
 	bench/setup.sh
 	$(PY) bench/run.py $(ARGS)
 
+# Tagged with the chart's appVersion too, so `helm install` finds it with default values.
 image:
-	docker build -t durable-mqtt-broker:dev .
+	@command -v docker >/dev/null || { echo "make image needs a Docker engine (none here)"; exit 1; }
+	docker build -t durable-mqtt-broker:dev -t durable-mqtt-broker:0.1.0 .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
