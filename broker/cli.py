@@ -5,8 +5,10 @@ import asyncio
 import logging
 import sys
 
+from broker import ctl
 from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
+from broker.ds import SiteIdMismatch
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -23,6 +25,9 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(config))
+    except SiteIdMismatch as error:
+        print(f"broker: cannot start: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(f"broker: cannot start: {error}", file=sys.stderr)
         return 1
@@ -40,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     config = commands.add_parser("config", help="configuration reference")
     config.add_argument("what", choices=["docs"])
     config.set_defaults(func=lambda _args: print(render_markdown_table()) or 0)
+    ctl.add_parser(commands)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from broker.ds import DurableStorage
+
 
 class Stats:
     __slots__ = (
@@ -64,9 +66,22 @@ class _StatsCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=value)
 
 
+class _DSCollector(Collector):
+    def __init__(self, ds: DurableStorage) -> None:
+        self._ds = ds
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        for name, kind, doc, value in self._ds.metrics():
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(name, doc, value=value)
+
+
 def make_registry(
-    stats: Stats, gauges: Callable[[], dict[str, tuple[str, float]]]
+    stats: Stats, gauges: Callable[[], dict[str, tuple[str, float]]],
+    ds: DurableStorage | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(_StatsCollector(stats, gauges))
+    if ds is not None:
+        registry.register(_DSCollector(ds))
     return registry

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config.loader import Config
+from broker.ds import DurableStorage, Settings
 from broker.metrics import Stats
 from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
@@ -54,6 +55,10 @@ class Node:
                 config["retainer.max_payload_size"],
                 config["retainer.expiry_interval"],
             )
+        # Durable Storage: opened here, its timers started and its buffers flushed by BrokerApp.
+        self.ds: DurableStorage | None = None
+        if config["durable_sessions.enable"]:
+            self.ds = DurableStorage(Path(config["node.data_dir"]), Settings.from_config(config))
         self.sessions = SessionManager(
             self.publish, self._forget_subscriptions,
             config["mqtt.max_mqueue_len"], config["mqtt.mqueue_store_qos0"],

@@ -126,6 +126,27 @@ class DurableStorage:
 
     # Admin -----------------------------------------------------------------------------
 
+    def metrics(self) -> list[tuple[str, str, str, float]]:
+        """(name, "counter" or "gauge", help, value) for /metrics; read on scrape only."""
+        shards = self.messages.shards
+        slabs = [slab for shard in shards for slab in shard.slabs.values()]
+        return [
+            ("ds_batches", "counter", "Batches written to the messages database",
+             sum(s.batches for s in shards)),
+            ("ds_messages", "counter", "Messages written to the messages database",
+             sum(s.messages for s in shards)),
+            ("ds_bytes", "counter", "Bytes (keys and values) written to the messages database",
+             sum(s.bytes for s in shards)),
+            ("ds_flush_seconds", "counter", "Time spent writing batches to LevelDB",
+             sum(s.flush_seconds for s in shards)),
+            ("ds_transactions", "counter", "Transactions committed to the sessions database",
+             self.sessions.commits),
+            ("ds_generations", "gauge", "Live generations, all shards", len(slabs)),
+            ("ds_streams", "gauge", "Streams in live generations, all shards",
+             sum(len(slab.lts.streams()) for slab in slabs)),
+            ("ds_subscriptions", "gauge", "Push subscriptions", len(self.subscriptions)),
+        ]
+
     def info(self) -> dict[str, Any]:
         messages = self.messages.info()
         messages["replication_factor"] = self.settings.replication_factor

@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from broker.ds import DurableStorage
 from broker.node import Node
 from broker.session.session import Session
 
@@ -90,6 +91,33 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response({"node": node.config["node.name"], "status": "running"})
 
 
+def _ds_or_404(request: web.Request) -> DurableStorage:
+    ds = request.app[NODE_KEY].ds
+    if ds is None:
+        raise web.HTTPNotFound(
+            text='{"code": "NOT_FOUND", "message": "durable storage is disabled"}',
+            content_type="application/json",
+        )
+    return ds
+
+
+async def ds_storages(request: web.Request) -> web.Response:
+    """Like `emqx ctl ds info`: site, and per database its shards and generations."""
+    return web.json_response(_ds_or_404(request).info())
+
+
+async def ds_seal(request: web.Request) -> web.Response:
+    """Seals the current generation of every shard that has data (for offline readers)."""
+    ds = _ds_or_404(request)
+    if request.match_info["db"] != "messages":
+        return web.json_response(
+            {"code": "BAD_REQUEST", "message": "only the messages database has generations"},
+            status=400,
+        )
+    sealed = await ds.seal()
+    return web.json_response({"sealed": sealed, **ds.messages.info()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[REGISTRY_KEY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -104,6 +132,8 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     app.router.add_get("/api/v5/clients", list_clients)
     app.router.add_get("/api/v5/clients/{clientid}", get_client)
     app.router.add_get("/api/v5/subscriptions", list_subscriptions)
+    app.router.add_get("/api/v5/ds/storages", ds_storages)
+    app.router.add_post("/api/v5/ds/storages/{db}/generations", ds_seal)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v5/prometheus/stats", metrics)
     return app

@@ -55,13 +55,15 @@ class BrokerApp:
             log.info("listener %s on %s:%d", name, bind[0], self.ports[name])
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
-            registry = make_registry(node.stats, node.gauges)
+            registry = make_registry(node.stats, node.gauges, node.ds)
             self._http = web.AppRunner(make_app(node, registry), access_log=None)
             await self._http.setup()
             site = web.TCPSite(self._http, http_bind[0], http_bind[1])
             await site.start()
             self.ports["http"] = self._http.addresses[0][1]
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
+        if node.ds is not None:
+            node.ds.start()
         clear_every = config["retainer.msg_clear_interval"]
         if node.retainer is not None and clear_every > 0:
             self._tasks.append(asyncio.create_task(self._clear_retained(clear_every)))
@@ -98,6 +100,8 @@ class BrokerApp:
                 await asyncio.wait_for(server.wait_closed(), 5)
         if self._http is not None:
             await self._http.cleanup()
+        if self.node.ds is not None:
+            await self.node.ds.close()  # flushes what is buffered
         self.node.close()
 
 
