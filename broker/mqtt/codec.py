@@ -5,7 +5,7 @@ block), `encode` (packets to bytes) and `decode` (the streaming `Decoder`).
 """
 
 from broker.mqtt.decode import DEFAULT_MAX_PACKET_SIZE, Decoder
-from broker.mqtt.encode import connack_code_v3, encode, encode_publish
+from broker.mqtt.encode import connack_code_v3, encode, encode_ack, encode_publish
 from broker.mqtt.properties import encode_properties, encode_varint
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Decoder",
     "connack_code_v3",
     "encode",
+    "encode_ack",
     "encode_properties",
     "encode_publish",
     "encode_varint",

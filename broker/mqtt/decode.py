@@ -447,6 +447,7 @@ class Decoder:
         small_limit = self.max_packet_size - 2
         publish_bits = _PUBLISH_BITS
         publish = Publish
+        puback = Puback
         try:
             while pos < n:
                 b0 = buf[pos]
@@ -506,6 +507,12 @@ class Decoder:
                     if not topic or "+" in topic or "#" in topic or "\x00" in topic:
                         _bad_topic(topic, props, version)  # type: ignore[arg-type]
                     append(publish(topic, buf[p:end], qos, retain, dup, packet_id, props))
+                elif b0 == 0x40 and rl == 2:
+                    # PUBACK without reason code, the answer to every QoS 1 delivery.
+                    packet_id = (buf[start] << 8) | buf[start + 1]
+                    if not packet_id:
+                        raise MalformedPacket("packet identifier 0")
+                    append(puback(packet_id))
                 elif b0 == 0x10:
                     append(self._decode_connect(_Reader(buf, start, end)))
                     version = self.version

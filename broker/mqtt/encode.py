@@ -180,16 +180,24 @@ def _enc_connack(p: Connack, version: int) -> bytes:
     return _packet(0x20, bytes((flags, p.reason_code)), encode_properties(p.properties))
 
 
+_ACK_HEAD = {first: bytes((first, 2)) for first in (0x40, 0x50, 0x62, 0x70)}
+
+
+def encode_ack(first: int, packet_id: int, reason_code: int, version: int) -> bytes:
+    """PUBACK (0x40) / PUBREC (0x50) / PUBREL (0x62) / PUBCOMP (0x70) without properties,
+    without building a packet object: one of these answers every QoS 1/2 message."""
+    if version != MQTT_5 or reason_code == 0:
+        return _ACK_HEAD[first] + _pack_H(packet_id)
+    return _pack_BBH(first, 3, packet_id) + bytes((reason_code,))
+
+
 def _ack(
     first: int, packet_id: int, reason_code: int, properties: Properties, version: int
 ) -> bytes:
     """PUBACK/PUBREC/PUBREL/PUBCOMP, using the short forms v5 allows (3.4.2.1)."""
-    pid = _pack_H(packet_id)
-    if version != MQTT_5 or (reason_code == 0 and not properties):
-        return bytes((first, 2)) + pid
-    if not properties:
-        return bytes((first, 3)) + pid + bytes((reason_code,))
-    return _packet(first, pid, bytes((reason_code,)), encode_properties(properties))
+    if not properties or version != MQTT_5:
+        return encode_ack(first, packet_id, reason_code, version)
+    return _packet(first, _pack_H(packet_id), bytes((reason_code,)), encode_properties(properties))
 
 
 def _enc_puback(p: Puback, version: int) -> bytes:

@@ -41,10 +41,12 @@ class Router:
                 self._cache.clear()
             self._cache[message.topic] = matches
         deliveries: dict[str, Delivery] = {}
-        groups: dict[tuple[str, str], list[tuple[str, SubscriptionOptions]]] = {}
+        groups: dict[tuple[str, str], list[tuple[str, SubscriptionOptions]]] | None = None
         publisher = message.publisher
         for topic_filter, key, options in matches:
             if options.share_group is not None:
+                if groups is None:
+                    groups = {}
                 group_key = (options.share_group, topic_filter)
                 groups.setdefault(group_key, []).append((key[1], options))  # type: ignore[index]
                 continue
@@ -52,9 +54,10 @@ class Router:
             if options.no_local and client_id == publisher:
                 continue
             self._merge(deliveries, client_id, message, options)
-        for group_key, members in groups.items():
-            client_id, options = self._pick(group_key, members, is_online)
-            self._merge(deliveries, client_id, message, options)
+        if groups is not None:
+            for group_key, members in groups.items():
+                client_id, options = self._pick(group_key, members, is_online)
+                self._merge(deliveries, client_id, message, options)
         return deliveries
 
     @staticmethod
@@ -62,16 +65,19 @@ class Router:
         deliveries: dict[str, Delivery], client_id: str, message: Message,
         options: SubscriptionOptions,
     ) -> None:
-        qos = min(message.qos, options.qos)
+        qos = options.qos if options.qos < message.qos else message.qos
         retain = message.retain and options.retain_as_published
+        identifier = options.identifier
         delivery = deliveries.get(client_id)
         if delivery is None:
-            delivery = deliveries[client_id] = Delivery(message, qos, retain)
-        else:
-            delivery.qos = max(delivery.qos, qos)
-            delivery.retain = delivery.retain or retain
-        if options.identifier is not None:
-            delivery.subscription_ids.append(options.identifier)
+            deliveries[client_id] = Delivery(
+                message, qos, retain, () if identifier is None else (identifier,)
+            )
+            return
+        delivery.qos = max(delivery.qos, qos)
+        delivery.retain = delivery.retain or retain
+        if identifier is not None:
+            delivery.subscription_ids += (identifier,)
 
     def _pick(
         self, group_key: tuple[str, str], members: list[tuple[str, SubscriptionOptions]],

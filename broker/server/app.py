@@ -17,6 +17,7 @@ from broker.config.loader import Config
 from broker.http.api import make_app
 from broker.metrics import make_registry
 from broker.node import Node
+from broker.server.output import OutputBatch
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,18 @@ class BrokerApp:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config, node = self.config, self.node
+        output = OutputBatch(loop)
         listeners = [
-            ("tcp", config["listeners.tcp.default.bind"], partial(MQTTStreamProtocol, node), None),
+            ("tcp", config["listeners.tcp.default.bind"],
+             partial(MQTTStreamProtocol, node, output), None),
             ("ws", config["listeners.ws.default.bind"],
-             partial(MQTTWebSocketProtocol, node,
+             partial(MQTTWebSocketProtocol, node, output,
                      config["listeners.ws.default.websocket.mqtt_path"]), None),
         ]
         tls = self._tls_context()
         if tls is not None:
             listeners.append(("ssl", config["listeners.ssl.default.bind"],
-                              partial(MQTTStreamProtocol, node), tls))
+                              partial(MQTTStreamProtocol, node, output), tls))
         for name, bind, factory, ssl_context in listeners:
             if bind is None:
                 continue

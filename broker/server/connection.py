@@ -21,6 +21,7 @@ from broker.mqtt.errors import (
 from broker.mqtt.packets import Connack, Disconnect, Packet, Pubrel, Will
 from broker.node import Node
 from broker.server.handlers import HANDLERS
+from broker.server.output import OutputBatch
 from broker.server.wire import shared_publish
 from broker.session.session import Delivery, InFlight, Session
 
@@ -34,7 +35,7 @@ _TOPIC_ALIAS = PropertyId.TOPIC_ALIAS
 
 
 class Connection:
-    def __init__(self, node: Node, transport: Any) -> None:
+    def __init__(self, node: Node, transport: Any, output: OutputBatch) -> None:
         config = node.config
         self.node = node
         self.stats = node.stats
@@ -56,6 +57,7 @@ class Connection:
         self.in_aliases: dict[int, str] = {}
         self.out_aliases: dict[str, int] = {}
         self._out: list[bytes] = []
+        self._output = output
         self._flush_pending = False
         self._loop = asyncio.get_running_loop()
         self._last_rx = self._loop.time()
@@ -88,6 +90,7 @@ class Connection:
             error = MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
         if error is not None and not self.closed:
             self.fail(error)
+        self._output.flush()
 
     def _dispatch(self, packet: Packet) -> None:
         packet_type = packet.type
@@ -121,12 +124,12 @@ class Connection:
         self._out.append(data)
         if not self._flush_pending:
             self._flush_pending = True
-            self._loop.call_soon(self._flush)
+            self._output.add(self)
 
     def send_packet(self, packet: Packet) -> None:
         self.send(encode(packet, self.version))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         self._flush_pending = False
         if not self._out or self.closed:
             self._out.clear()
@@ -202,7 +205,7 @@ class Connection:
                 if message.properties or message.expires_at is not None else {}
             )
             if delivery.subscription_ids:
-                props[_SUB_IDS] = delivery.subscription_ids
+                props[_SUB_IDS] = list(delivery.subscription_ids)
             alias = self.out_aliases.get(topic) if self.client_alias_max else None
             if alias is not None:
                 props[_TOPIC_ALIAS] = alias
@@ -258,7 +261,7 @@ class Connection:
     def close(self) -> None:
         if self.closed:
             return
-        self._flush()
+        self.flush()
         self.closed = True
         self._cancel_timer()
         self.transport.close()

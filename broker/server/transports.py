@@ -23,6 +23,7 @@ from wsproto.utilities import RemoteProtocolError
 
 from broker.node import Node
 from broker.server.connection import Connection
+from broker.server.output import OutputBatch
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +31,15 @@ _HIGH_WATER = 4 * 1024 * 1024
 
 
 class MQTTStreamProtocol(asyncio.Protocol):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, output: OutputBatch) -> None:
         self._node = node
+        self._output = output
         self._connection: Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         transport.set_write_buffer_limits(high=_HIGH_WATER)
-        self._connection = Connection(self._node, transport)
+        self._connection = Connection(self._node, transport, self._output)
 
     def data_received(self, data: bytes) -> None:
         assert self._connection is not None
@@ -73,8 +75,9 @@ class _WebSocketWriter:
 
 
 class MQTTWebSocketProtocol(asyncio.Protocol):
-    def __init__(self, node: Node, path: str) -> None:
+    def __init__(self, node: Node, output: OutputBatch, path: str) -> None:
         self._node = node
+        self._output = output
         self._path = path
         self._ws = WSConnection(ConnectionType.SERVER)
         self._transport: asyncio.Transport | None = None
@@ -125,7 +128,8 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
             (p for p in request.subprotocols if p in ("mqtt", "mqttv3.1", "mqttv5")), None
         )
         transport.write(self._ws.send(AcceptConnection(subprotocol=subprotocol)))
-        self._connection = Connection(self._node, _WebSocketWriter(transport, self._ws))
+        writer = _WebSocketWriter(transport, self._ws)
+        self._connection = Connection(self._node, writer, self._output)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._connection is not None:

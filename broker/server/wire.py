@@ -27,11 +27,16 @@ def shared_publish(
     key = (version, qos, retain)
     entry = cache.get(key)
     if entry is None:
+        # The first delivery's packet identifier goes straight into the cached encoding;
+        # later deliveries of this variant overwrite it.
         data = encode_publish(message.topic, message.payload, qos, retain, False,
-                              1 if qos else None, None, version)
-        offset = _packet_id_offset(data, len(message.topic.encode())) if qos else 0
-        entry = cache[key] = (data, offset)
+                              packet_id, None, version)
+        cache[key] = (data, -1)  # the offset is found when a second delivery needs it
+        return data
     data, offset = entry
     if packet_id is None:
         return data
+    if offset < 0:
+        offset = _packet_id_offset(data, len(message.topic.encode()))
+        cache[key] = (data, offset)
     return b"".join((data[:offset], packet_id.to_bytes(2, "big"), data[offset + 2:]))

@@ -7,7 +7,7 @@ client is offline.
 """
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from broker.mqtt.constants import MAX_PACKET_ID
@@ -32,7 +32,8 @@ class Delivery:
     message: Message
     qos: int
     retain: bool
-    subscription_ids: list[int] = field(default_factory=list)
+    # A tuple, so the common case (no identifiers) allocates nothing per delivery.
+    subscription_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -58,12 +59,14 @@ class Session:
 
     def next_packet_id(self) -> int:
         """A packet ID not used by any in-flight delivery (MQTT-2.2.1-3)."""
-        for _ in range(MAX_PACKET_ID):
-            packet_id = self._next_id
-            self._next_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
-            if packet_id not in self.inflight:
-                return packet_id
-        raise RuntimeError("no free packet identifier")
+        inflight = self.inflight
+        if len(inflight) >= MAX_PACKET_ID:
+            raise RuntimeError("no free packet identifier")
+        packet_id = self._next_id
+        while packet_id in inflight:
+            packet_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
+        self._next_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
+        return packet_id
 
     def enqueue(self, delivery: Delivery) -> str | None:
         """Queues a delivery; returns the reason a message was lost doing so, if one was."""

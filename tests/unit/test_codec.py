@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.mqtt.codec import Decoder, encode, encode_properties, encode_publish
+from broker.mqtt.codec import Decoder, encode, encode_ack, encode_properties, encode_publish
 from broker.mqtt.constants import MAX_VARINT, MQTT_3_1, MQTT_3_1_1, MQTT_5, PacketType
 from broker.mqtt.constants import PropertyId as P
 from broker.mqtt.errors import MQTTError, PacketTooLarge
@@ -622,3 +622,15 @@ def test_packet_exactly_at_limit_is_accepted() -> None:
 def test_decoder_rejects_unknown_version_argument() -> None:
     with pytest.raises(ValueError):
         Decoder(version=6)
+
+
+@pytest.mark.parametrize("cls", [Puback, Pubrec, Pubrel, Pubcomp])
+@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("reason_code", [0x00, 0x10, 0x92])
+@pytest.mark.parametrize("packet_id", [1, 300, 0xFFFF])
+def test_encode_ack_fast_path_matches_the_packet_encoder(
+    cls: type, version: int, reason_code: int, packet_id: int
+) -> None:
+    first = {Puback: 0x40, Pubrec: 0x50, Pubrel: 0x62, Pubcomp: 0x70}[cls]
+    expected = encode(cls(packet_id, reason_code if version == 5 else 0), version)
+    assert encode_ack(first, packet_id, reason_code, version) == expected

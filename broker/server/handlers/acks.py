@@ -2,11 +2,15 @@
 
 from typing import TYPE_CHECKING
 
+from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.packets import Puback, Pubcomp, Pubrec, Pubrel
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
+
+_PUBREL, _PUBCOMP = 0x62, 0x70
+_NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 
 
 def handle_puback(conn: "Connection", packet: Puback) -> None:
@@ -23,7 +27,7 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
     assert session is not None
     entry = session.inflight.get(packet.packet_id)
     if entry is None or entry.delivery.qos != 2:
-        conn.send_packet(Pubrel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+        conn.send(encode_ack(_PUBREL, packet.packet_id, _NOT_FOUND, conn.version))
         return
     if packet.reason_code >= 0x80:
         # The receiver refused the message: the flow ends here (MQTT 5.0 section 4.3.3).
@@ -31,7 +35,7 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
         conn.drain()
         return
     entry.released = True
-    conn.send_packet(Pubrel(packet.packet_id))
+    conn.send(encode_ack(_PUBREL, packet.packet_id, 0, conn.version))
 
 
 def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
@@ -39,9 +43,9 @@ def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
     assert session is not None
     if packet.packet_id in session.awaiting_rel:
         session.awaiting_rel.discard(packet.packet_id)
-        conn.send_packet(Pubcomp(packet.packet_id))
+        conn.send(encode_ack(_PUBCOMP, packet.packet_id, 0, conn.version))
     else:
-        conn.send_packet(Pubcomp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+        conn.send(encode_ack(_PUBCOMP, packet.packet_id, _NOT_FOUND, conn.version))
 
 
 def handle_pubcomp(conn: "Connection", packet: Pubcomp) -> None:

@@ -2,9 +2,10 @@
 
 from typing import TYPE_CHECKING
 
+from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
-from broker.mqtt.packets import Puback, Publish, Pubrec
+from broker.mqtt.packets import Publish
 from broker.mqtt.topic import validate_topic_name
 from broker.session.message import message_from_publish, payload_format_ok
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 _ALIAS = PropertyId.TOPIC_ALIAS
 _SUB_IDS = PropertyId.SUBSCRIPTION_IDENTIFIER
 _RESPONSE_TOPIC = PropertyId.RESPONSE_TOPIC
+_PUBACK, _PUBREC = 0x40, 0x50
 
 
 def _resolve_alias(conn: "Connection", packet: Publish) -> str:
@@ -55,15 +57,15 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         if qos == 0:
             raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)
         stats.drop("payload_format_invalid")
-        ack = Puback if qos == 1 else Pubrec
-        conn.send_packet(ack(packet.packet_id, ReasonCode.PAYLOAD_FORMAT_INVALID))
+        conn.send(encode_ack(_PUBACK if qos == 1 else _PUBREC, packet.packet_id,
+                             ReasonCode.PAYLOAD_FORMAT_INVALID, conn.version))
         return
 
     session = conn.session
     assert session is not None
     if qos == 2 and packet.packet_id in session.awaiting_rel:
         # A DUP of a QoS 2 message we already own: acknowledge again, never route twice.
-        conn.send_packet(Pubrec(packet.packet_id))
+        conn.send(encode_ack(_PUBREC, packet.packet_id, 0, conn.version))
         return
     if qos == 2:
         limit = limits.max_inflight if conn.version == MQTT_5 else limits.max_awaiting_rel
@@ -81,7 +83,7 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         else ReasonCode.NO_MATCHING_SUBSCRIBERS
     )
     if qos == 1:
-        conn.send_packet(Puback(packet.packet_id, reason))
+        conn.send(encode_ack(_PUBACK, packet.packet_id, reason, conn.version))
     else:
         session.awaiting_rel.add(packet.packet_id)
-        conn.send_packet(Pubrec(packet.packet_id, reason))
+        conn.send(encode_ack(_PUBREC, packet.packet_id, reason, conn.version))

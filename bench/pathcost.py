@@ -1,0 +1,114 @@
+"""CPU cost of one message through the broker's hot path, in process, without sockets.
+
+Why: socket benchmarks on a shared 2-core machine swing by 2x with other load, which hides
+a 10% change. This drives real `Connection` objects (codec, handlers, router, sessions,
+output batching) with pre-encoded bytes and counts CPU time per message, so an optimisation
+can be judged in seconds and profiled (`py-spy record -- python bench/pathcost.py`).
+It complements the side-by-side run in `run.py`; it does not replace it.
+
+Usage: .venv/bin/python bench/pathcost.py [--qos 0|1] [--messages N] [--batch N] [--repeat N]
+"""
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import wire
+from broker.config.loader import load_config
+from broker.mqtt.codec import encode
+from broker.mqtt.packets import Puback
+from broker.node import Node
+from broker.server.connection import Connection
+from broker.server.output import OutputBatch
+
+
+class SinkTransport:
+    """Stands in for a socket: keeps what the broker wrote so the driver can answer it."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def _count_publishes(chunks: list[bytes], size: int) -> int:
+    return sum(len(chunk) for chunk in chunks) // size
+
+
+async def measure(qos: int, messages: int, batch: int) -> float:
+    """Microseconds of CPU per message, publisher read to subscriber acknowledgement."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false"])
+        node = Node(config)
+        output = OutputBatch(asyncio.get_running_loop())
+        sub_t, pub_t = SinkTransport(), SinkTransport()
+        sub, pub = Connection(node, sub_t, output), Connection(node, pub_t, output)
+        sub.data_received(wire.connect("sub") + wire.subscribe("bench/t", qos))
+        pub.data_received(wire.connect("pub"))
+        sub_t.written.clear()
+        payload = bytes(100)
+        chunk = b"".join(
+            wire.publish("bench/t", payload, qos, (i % 65535) + 1) for i in range(batch)
+        )
+        publish_size = len(wire.publish("bench/t", payload, qos, 1 if qos else None))
+        acks = [encode(Puback(i), wire.MQTT_V311) for i in range(1, 65536)]
+        next_ack = 0
+        delivered = 0
+        started = time.process_time()
+        while delivered < messages:
+            pub.data_received(chunk)
+            got = _count_publishes(sub_t.written, publish_size)
+            sub_t.written.clear()
+            pub_t.written.clear()
+            delivered += got
+            if qos:
+                # Acknowledge what arrived; ids run 1..65535 in order, as the broker assigns them.
+                ids = [(next_ack + i) % 65535 for i in range(got)]
+                next_ack = (next_ack + got) % 65535
+                sub.data_received(b"".join(acks[i] for i in ids))
+                more = _count_publishes(sub_t.written, publish_size)
+                sub_t.written.clear()
+                while more:
+                    ids = [(next_ack + i) % 65535 for i in range(more)]
+                    next_ack = (next_ack + more) % 65535
+                    delivered += more
+                    sub.data_received(b"".join(acks[i] for i in ids))
+                    more = _count_publishes(sub_t.written, publish_size)
+                    sub_t.written.clear()
+        elapsed = time.process_time() - started
+        node.close()
+        return elapsed / delivered * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--qos", type=int, default=1, choices=(0, 1))
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=32, help="PUBLISHes per publisher read")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    costs = [asyncio.run(measure(args.qos, args.messages, args.batch))
+             for _ in range(args.repeat)]
+    best = min(costs)
+    print(f"QoS {args.qos}, {args.batch} per read: {best:.2f} us CPU per message "
+          f"(best of {args.repeat}; {1e6 / best:,.0f} msgs/s on one core, no syscalls)")
+
+
+if __name__ == "__main__":
+    main()
