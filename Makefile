@@ -50,6 +50,7 @@ test: install lint k8s-testbed
 bench: install
 	bench/setup.sh
 	$(PY) bench/run.py $(ARGS)
+	$(PY) bench/ds_bench.py
 
 # Tagged with the chart's appVersion too, so `helm install` finds it with default values.
 image:

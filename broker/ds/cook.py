@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 
 from broker.ds import keys
 from broker.ds.lts import LTS, Edge
-from broker.ds.ttv import TTV, encode_value
+from broker.ds.ttv import TTV, pack_value
 
 _STATS = struct.Struct(">QQQQ")
 STATS_KEY = keys.meta_key("stats")
-_PREFIX_CACHE_LIMIT = 100_000
+_CACHE_LIMIT = 100_000
+# (stream, master key prefix, index key prefixes, topic as UTF-8)
+Route = tuple[int, bytes, tuple[bytes, ...], bytes]
 
 
 @dataclass(slots=True)
@@ -57,22 +59,27 @@ class Cooker:
         self.lts = lts
         self.stats = stats
         self.last_timestamp = last_timestamp
-        # topic -> (stream, master prefix, index prefixes): most batches repeat topics, and a
-        # topic's route never changes once learned.
-        self._prefixes: dict[str, tuple[int, bytes, tuple[bytes, ...]]] = {}
+        # topic -> Route: most batches repeat topics, and a topic's route never changes once
+        # learned. Per-message work is most of a write's CPU cost, so it is kept to lookups.
+        self._routes: dict[str, Route] = {}
+        self._publishers: dict[str, bytes] = {}
 
-    def _route(self, topic: str, edges: list[Edge]) -> tuple[int, bytes, tuple[bytes, ...]]:
-        route = self._prefixes.get(topic)
-        if route is None:
-            stream, varying = self.lts.learn(topic, edges)
-            route = (stream, keys.master_prefix(stream), tuple(
-                keys.index_prefix(stream, ordinal, keys.level_hash(value))
-                for ordinal, value in enumerate(varying)
-            ))
-            if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
-                self._prefixes.clear()
-            self._prefixes[topic] = route
+    def _learn(self, topic: str, edges: list[Edge]) -> Route:
+        stream, varying = self.lts.learn(topic, edges)
+        route = (stream, keys.master_prefix(stream), tuple(
+            keys.index_prefix(stream, ordinal, keys.level_hash(value))
+            for ordinal, value in enumerate(varying)
+        ), topic.encode())
+        if len(self._routes) >= _CACHE_LIMIT:
+            self._routes.clear()
+        self._routes[topic] = route
         return route
+
+    def _publisher(self, publisher: str) -> bytes:
+        if len(self._publishers) >= _CACHE_LIMIT:
+            self._publishers.clear()
+        encoded = self._publishers[publisher] = publisher.encode()
+        return encoded
 
     def cook(self, messages: list[TTV], now_us: int) -> CookedBatch:
         """Timestamps are max(clock, previous + 1): strictly increasing per shard even if
@@ -86,13 +93,20 @@ class Cooker:
         ts = self.last_timestamp
         first = ts + 1 if now_us <= ts else now_us
         size = 0
+        routes, publishers = self._routes, self._publishers
+        streams = batch.streams
         for message in messages:
             ts = ts + 1 if now_us <= ts else now_us
-            stream, master, indexes = self._route(message.topic, edges)
-            batch.streams.add(stream)
+            topic = message.topic
+            route = routes.get(topic) or self._learn(topic, edges)
+            stream, master, indexes, topic_bytes = route
+            streams.add(stream)
             ts_bytes = pack_ts(ts)
             key = master + ts_bytes
-            value = encode_value(message, ts)
+            publisher = message.publisher
+            value = pack_value(
+                topic_bytes, publishers.get(publisher) or self._publisher(publisher), message, ts
+            )
             append((key, value))
             size += len(key) + len(value)
             for prefix in indexes:

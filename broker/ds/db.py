@@ -63,9 +63,14 @@ class MessagesDB:
         """Buffers the messages on their publishers' shards; the result resolves once all
         of them are written (and fsynced, with `sync`)."""
         by_shard: dict[int, list[TTV]] = {}
+        by_publisher: dict[str, list[TTV]] = {}  # a batch usually has one publisher
         n = self.n_shards
         for message in messages:
-            by_shard.setdefault(shard_of(message.publisher, n), []).append(message)
+            publisher = message.publisher
+            group = by_publisher.get(publisher)
+            if group is None:
+                group = by_publisher[publisher] = by_shard.setdefault(shard_of(publisher, n), [])
+            group.append(message)
         futures = [self.shards[i].buffer.add(batch, sync) for i, batch in by_shard.items()]
         if len(futures) == 1:
             return futures[0]

@@ -8,15 +8,16 @@ straight from the volume, without the broker, so the format is fixed and version
     1       1     flags: bits 0-1 QoS, bit 2 retain (other bits 0)
     2       8     timestamp, microseconds since the Unix epoch, unsigned big-endian
     10      2     T = topic length, unsigned big-endian
-    12      T     topic, UTF-8
-    12+T    2     P = publisher client ID length, unsigned big-endian
+    12      2     P = publisher client ID length, unsigned big-endian
+    14      T     topic, UTF-8
     14+T    P     publisher client ID, UTF-8 (may be empty)
     14+T+P  ...   MQTT 5 PUBLISH properties exactly as on the wire: Property Length as a
                   Variable Byte Integer (MQTT 5.0 section 1.5.5), then the properties
                   (section 3.3.2.3); a single 0x00 when there are none
     ...     rest  payload, to the end of the value
 
-A reader in another language needs only struct unpacking and the MQTT 5 property table.
+A reader in another language needs only struct unpacking and the MQTT 5 property table. Both
+lengths sit in the fixed header so a reader unpacks once per message (the read path's cost).
 """
 
 import struct
@@ -27,8 +28,9 @@ from broker.mqtt.constants import PacketType
 from broker.mqtt.properties import ALLOWED_PROPERTIES, decode_properties, encode_properties
 
 FORMAT_VERSION = 1
-_HEAD = struct.Struct(">BBQH")
-_U16 = struct.Struct(">H")
+_HEAD = struct.Struct(">BBQHH")
+_HEAD_SIZE = _HEAD.size
+_pack_head = _HEAD.pack
 _PUBLISH_PROPERTIES = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 _NO_PROPERTIES = b"\x00"
 
@@ -48,29 +50,30 @@ class TTV:
 
 
 def encode_value(ttv: TTV, timestamp: int) -> bytes:
-    topic = ttv.topic.encode()
-    publisher = ttv.publisher.encode()
+    return pack_value(ttv.topic.encode(), ttv.publisher.encode(), ttv, timestamp)
+
+
+def pack_value(topic: bytes, publisher: bytes, ttv: TTV, timestamp: int) -> bytes:
+    """`encode_value` for a writer that has the topic and publisher encoded already (the
+    cooker caches them: they repeat from message to message)."""
     props = encode_properties(ttv.properties) if ttv.properties else _NO_PROPERTIES
-    flags = ttv.qos | (4 if ttv.retain else 0)
     return b"".join((
-        _HEAD.pack(FORMAT_VERSION, flags, timestamp, len(topic)), topic,
-        _U16.pack(len(publisher)), publisher, props, ttv.payload,
+        _pack_head(FORMAT_VERSION, ttv.qos | (4 if ttv.retain else 0), timestamp, len(topic),
+                   len(publisher)),
+        topic, publisher, props, ttv.payload,
     ))
 
 
 def decode_value(value: bytes) -> TTV:
-    version, flags, timestamp, topic_len = _HEAD.unpack_from(value)
+    version, flags, timestamp, topic_end, publisher_len = _HEAD.unpack_from(value)
     if version != FORMAT_VERSION:
         raise ValueError(f"unknown TTV format version {version}")
-    pos = _HEAD.size + topic_len
-    topic = value[_HEAD.size:pos].decode()
-    (publisher_len,) = _U16.unpack_from(value, pos)
-    pos += 2
-    publisher = value[pos:pos + publisher_len].decode()
-    pos += publisher_len
+    topic_end += _HEAD_SIZE
+    pos = topic_end + publisher_len
     if value[pos] == 0:
         properties: dict[int, Any] = {}
         pos += 1
     else:
         properties, pos = decode_properties(value, pos, len(value), _PUBLISH_PROPERTIES)
-    return TTV(topic, value[pos:], flags & 3, bool(flags & 4), publisher, properties, timestamp)
+    return TTV(value[_HEAD_SIZE:topic_end].decode(), value[pos:], flags & 3, bool(flags & 4),
+               value[topic_end:topic_end + publisher_len].decode(), properties, timestamp)

@@ -32,10 +32,8 @@ def test_ttv_round_trip(topic, payload, qos, retain, publisher, ts) -> None:
 def test_ttv_layout_is_the_documented_one() -> None:
     """What an offline reader (Spark) relies on: the byte offsets in ttv.py's docstring."""
     value = encode_value(TTV("t/1", b"PAY", 1, True, "pub"), 42)
-    version, flags, ts, topic_len = struct.unpack_from(">BBQH", value)
-    assert (version, flags, ts, topic_len) == (1, 0b101, 42, 3)
-    assert value[12:15] == b"t/1"
-    assert struct.unpack_from(">H", value, 15) == (3,)
+    assert struct.unpack_from(">BBQHH", value) == (1, 0b101, 42, 3, 3)
+    assert value[14:17] == b"t/1"
     assert value[17:20] == b"pub"
     assert value[20] == 0  # empty property block
     assert value[21:] == b"PAY"
