@@ -17,7 +17,7 @@ from broker.ds.db import MessagesDB
 from broker.ds.iterator import Iterator, Stream
 from broker.ds.kv import KVStore
 from broker.ds.settings import Settings
-from broker.ds.shard import now_us
+from broker.ds.shard import ChangeListener, now_us
 from broker.ds.site import ensure_site_id
 from broker.ds.subscribe import Subscription, SubscriptionPool
 from broker.ds.ttv import TTV
@@ -43,10 +43,15 @@ class DurableStorage:
                                    self._on_change)
         self.sessions = KVStore(SESSIONS, self.root / SESSIONS, self._executor, settings.buffer)
         self.subscriptions = SubscriptionPool(MESSAGES, self.messages.next)
+        # Told of every write (the streams written), seal and drop (None): durable sessions
+        # learn of new streams this way instead of polling get_streams.
+        self.change_listeners: list[ChangeListener] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     def _on_change(self, shard: int, generation: int, streams: set[int] | None) -> None:
         self.subscriptions.on_change(shard, generation, streams)
+        for listener in self.change_listeners:
+            listener(shard, generation, streams)
 
     def _messages(self, db: str) -> MessagesDB:
         if db != MESSAGES:
