@@ -88,16 +88,22 @@ def write_raw(root: Path, batches: list[list[tuple[bytes, bytes]]], sync: bool) 
     return elapsed
 
 
-def read_ours(storage: DurableStorage) -> tuple[float, int]:
-    started = time.perf_counter()
+def read_filter(storage: DurableStorage, topic_filter: str) -> int:
+    """Messages read by draining an iterator over every matching stream."""
     count = 0
-    for stream in storage.get_streams("messages", "bench/#"):
-        iterator = storage.make_iterator(stream, "bench/#")
+    for stream in storage.get_streams("messages", topic_filter):
+        iterator = storage.make_iterator(stream, topic_filter)
         while iterator is not None:
             iterator, batch = storage.next(iterator, BATCH)
             if not batch:
                 break
             count += len(batch)
+    return count
+
+
+def read_ours(storage: DurableStorage) -> tuple[float, int]:
+    started = time.perf_counter()
+    count = read_filter(storage, "bench/#")
     return time.perf_counter() - started, count
 
 
@@ -117,14 +123,7 @@ def read_raw(root: Path, master_keys: int) -> tuple[float, int]:
 def wildcard(storage: DurableStorage) -> dict[str, Any]:
     """Keys visited to read one device that lives in the shared `bench/+/temp` stream."""
     before = storage.messages.keys_visited()
-    _, count = 0, 0
-    for stream in storage.get_streams("messages", "bench/dev42/#"):
-        iterator = storage.make_iterator(stream, "bench/dev42/#")
-        while iterator is not None:
-            iterator, batch = storage.next(iterator, BATCH)
-            if not batch:
-                break
-            count += len(batch)
+    count = read_filter(storage, "bench/dev42/#")
     visited = storage.messages.keys_visited() - before
     stream_size = storage.messages.shards[0].current.stats.messages
     return {"matches": count, "keys_visited": visited, "raw_full_scan_keys": stream_size,

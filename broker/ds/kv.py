@@ -18,7 +18,7 @@ import plyvel
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
 from broker.ds.slab import apply
-from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts
+from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
 _LOG_LIMIT = 100_000
 Write = tuple[bytes, bytes | None]
@@ -46,14 +46,8 @@ class KVStore:
         return self._db.get(key)  # type: ignore[no-any-return]
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        found = dict(self._db.iterator(prefix=prefix))
-        for key, (_, value) in self._pending.items():
-            if key.startswith(prefix):
-                if value is None:
-                    found.pop(key, None)
-                else:
-                    found[key] = value
-        return sorted(found.items())
+        pending = ((key, value) for key, (_, value) in self._pending.items())
+        return overlay(self._db.iterator(prefix=prefix), pending, prefix)
 
     def begin(self) -> Transaction:
         return Transaction(self._serial, self.get, self.scan)

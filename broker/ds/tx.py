@@ -8,7 +8,7 @@ batch. A loser gets `Conflict` or `PreconditionFailed` and retries from the star
 as with sessions, transactions rarely touch the same keys.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 
@@ -50,14 +50,7 @@ class Transaction:
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """Every key with the prefix, in order, this transaction's own writes included."""
         self.prefixes.add(prefix)
-        found = dict(self._scan(prefix))
-        for key, value in self.writes.items():
-            if key.startswith(prefix):
-                if value is None:
-                    found.pop(key, None)
-                else:
-                    found[key] = value
-        return sorted(found.items())
+        return overlay(self._scan(prefix), self.writes.items(), prefix)
 
     def put(self, key: bytes, value: bytes) -> None:
         self.writes[key] = value
@@ -73,6 +66,21 @@ class Transaction:
 
     def require_value(self, key: bytes, value: bytes) -> None:
         self.preconditions.append((key, value))
+
+
+def overlay(
+    stored: Iterable[tuple[bytes, bytes]], writes: Iterable[tuple[bytes, bytes | None]],
+    prefix: bytes,
+) -> list[tuple[bytes, bytes]]:
+    """The keys under `prefix` after applying `writes` (None deletes) over `stored`, sorted."""
+    found = dict(stored)
+    for key, value in writes:
+        if key.startswith(prefix):
+            if value is None:
+                found.pop(key, None)
+            else:
+                found[key] = value
+    return sorted(found.items())
 
 
 def check_preconditions(tx: Transaction, get: Getter) -> None:

@@ -69,40 +69,31 @@ async def test_prefix_reads_conflict_with_new_keys_under_the_prefix(open_storage
         await storage.commit(gc)
 
 
+async def attempt(storage, require: str, *args: bytes) -> bool:
+    """Commits a transaction that writes `other` under one precondition; whether it held."""
+    tx = storage.begin()
+    getattr(tx, require)(*args)
+    tx.put(b"other", args[-1])
+    try:
+        await storage.commit(tx)
+    except PreconditionFailed:
+        return False
+    return True
+
+
 async def test_preconditions(open_storage) -> None:
     storage = open_storage()
-    create = storage.begin()
-    create.require_absent(b"k")
-    create.put(b"k", b"v1")
-    await storage.commit(create)
-
-    again = storage.begin()
-    again.require_absent(b"k")
-    again.put(b"k", b"v2")
-    with pytest.raises(PreconditionFailed):
-        await storage.commit(again)
-
-    swap = storage.begin()
-    swap.require_value(b"k", b"v1")
-    swap.put(b"k", b"v2")
-    await storage.commit(swap)
-
-    stale = storage.begin()
-    stale.require_value(b"k", b"v1")
-    stale.delete(b"k")
-    with pytest.raises(PreconditionFailed):
-        await storage.commit(stale)
-
-    gone = storage.begin()
-    gone.require_exists(b"k")
-    gone.delete(b"k")
-    await storage.commit(gone)
-    missing = storage.begin()
-    missing.require_exists(b"k")
-    missing.put(b"other", b"x")
-    with pytest.raises(PreconditionFailed):
-        await storage.commit(missing)
-    assert storage.sessions.get(b"other") is None
+    assert not await attempt(storage, "require_exists", b"k")
+    assert storage.sessions.get(b"other") is None  # nothing of a failed commit is written
+    assert await attempt(storage, "require_absent", b"k")
+    seed = storage.begin()
+    seed.put(b"k", b"v1")
+    await storage.commit(seed)
+    assert not await attempt(storage, "require_absent", b"k")
+    assert await attempt(storage, "require_exists", b"k")
+    assert await attempt(storage, "require_value", b"k", b"v1")
+    assert not await attempt(storage, "require_value", b"k", b"v2")
+    assert storage.sessions.get(b"other") == b"v1"
 
 
 async def test_concurrent_increments_lose_nothing(open_storage) -> None:
