@@ -1,0 +1,162 @@
+"""Sealed slabs as a Spark DataFrame, and what every job shares: arguments, the session,
+one-line errors and the report of skipped slabs.
+
+One partition per sealed slab: the driver reads only manifests (slabs.plan) and every
+executor copies, verifies and decodes its own slabs (slabs.read_tasks), straight from the
+volume, never through the broker.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pyspark import SparkConf
+from pyspark.accumulators import Accumulator, AccumulatorParam
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import slabs
+
+COLUMNS = [
+    "topic", "timestamp", "payload", "qos", "retain", "publisher", "content_type",
+    "payload_format", "response_topic", "correlation_data", "message_expiry",
+    "user_properties", "shard", "generation", "stream", "structure",
+]
+_SLAB_ERROR = re.compile(r"SlabError: ([^\n]+)")
+
+
+class _ListParam(AccumulatorParam[list[dict[str, Any]]]):
+    def zero(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return []
+
+    def addInPlace(
+        self, value1: list[dict[str, Any]], value2: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        value1.extend(value2)
+        return value1
+
+
+class Report:
+    """Slabs skipped on the driver (unsealed, bad manifest) and on executors (corrupt,
+    vanished). Executor reports arrive through an accumulator, so they are complete only
+    after an action; a retried task may report a slab twice, hence the de-duplication."""
+
+    def __init__(self, tasks: list[slabs.SlabTask], skipped: list[slabs.Skipped],
+                 problems: Accumulator[list[dict[str, Any]]]) -> None:
+        self.tasks = tasks
+        self.skipped = skipped
+        self._problems = problems
+
+    def to_json(self) -> dict[str, Any]:
+        failed = {s["path"]: s for s in self._problems.value}
+        skipped = [s.to_json() for s in self.skipped] + list(failed.values())
+        return {"slabs_read": len(self.tasks) - len(failed),
+                "skipped": sorted(skipped, key=lambda s: (s["shard"], s["generation"]))}
+
+
+def read_messages(
+    spark: SparkSession, path: Path, selection: slabs.Selection, strict: bool = False
+) -> tuple[DataFrame, Report]:
+    """The messages of the sealed slabs under `path` that match `selection` (COLUMNS)."""
+    tasks, skipped = slabs.plan(path, selection)
+    if strict:
+        corrupt = [s for s in skipped if s.reason.startswith("corrupt")]
+        if corrupt:
+            raise slabs.ReaderError(f"{corrupt[0].path}: {corrupt[0].reason}")
+    sc = spark.sparkContext
+    problems = sc.accumulator([], _ListParam())
+    report = partial(_report, problems)
+    rdd = sc.parallelize(tasks, max(len(tasks), 1)).mapPartitions(
+        lambda part: slabs.read_tasks(part, selection, strict, report)
+    )
+    frame = spark.createDataFrame(rdd, slabs.RAW_SCHEMA).withColumn(
+        "timestamp", F.expr("timestamp_micros(timestamp_us)")
+    )
+    return frame.select(*COLUMNS), Report(tasks, skipped, problems)
+
+
+def _report(problems: Accumulator[list[dict[str, Any]]], skipped: slabs.Skipped) -> None:
+    problems.add([skipped.to_json()])
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("data", type=Path,
+                        help="the broker's data dir (node.data_dir), or its ds/messages dir")
+    parser.add_argument("--master", help="Spark master, e.g. local[2] (spark-submit sets it)")
+    parser.add_argument("--topic-filter", default="#",
+                        help="MQTT topic filter (+ and #, as the broker matches them)")
+    parser.add_argument("--since", type=slabs.parse_time, help="ISO 8601 time, inclusive")
+    parser.add_argument("--until", type=slabs.parse_time, help="ISO 8601 time, exclusive")
+    parser.add_argument("--shard", type=int, help="read only this shard")
+    parser.add_argument("--generation", type=int, help="read only this generation")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail on a corrupt slab instead of skipping it")
+    return parser
+
+
+def selection(args: argparse.Namespace) -> slabs.Selection:
+    return slabs.Selection(args.topic_filter, args.since, args.until, args.shard,
+                           args.generation)
+
+
+def session(app_name: str, master: str | None = None) -> SparkSession:
+    """Times in UTC (hours and dates of the output do not depend on the machine), and the
+    executor-side modules shipped with the job so spark-submit needs no --py-files."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = SparkConf()
+    if master:
+        conf.setMaster(master)
+    conf.setIfMissing("spark.master", "local[*]")
+    conf.setIfMissing("spark.ui.showConsoleProgress", "false")
+    if conf.get("spark.master", "").startswith("local"):
+        # The default 200 shuffle partitions cost seconds of task overhead on one machine.
+        conf.setIfMissing("spark.sql.shuffle.partitions", "8")
+    conf.set("spark.sql.session.timeZone", "UTC")
+    conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    spark = SparkSession.builder.appName(app_name).config(conf=conf).getOrCreate()
+    here = Path(__file__).resolve().parent
+    for module in ("slabs.py", "slabframe.py"):
+        spark.sparkContext.addPyFile(str(here / module))
+    return spark
+
+
+@contextmanager
+def job_session(app_name: str, master: str | None) -> Iterator[SparkSession]:
+    """The session a job runs in: the caller's if one is active (tests and notebooks run
+    several jobs in one JVM), else a new one, stopped at the end."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    spark = session(app_name, master)
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def run(name: str, job: Callable[[], dict[str, Any]]) -> None:
+    """Runs a job's main: its summary as one JSON line on stdout, skipped slabs on stderr,
+    and any failure as one line (exit 2 for bad input, 1 for a failed job)."""
+    try:
+        summary = job()
+    except slabs.ReaderError as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as error:  # Spark wraps executor failures in Java exceptions
+        found = _SLAB_ERROR.search(str(error))
+        line = found.group(1) if found else f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        print(f"{name}: failed: {line}", file=sys.stderr)
+        sys.exit(1)
+    for skipped in summary.get("skipped", []):
+        print(f"{name}: skipped shard {skipped['shard']} generation {skipped['generation']}: "
+              f"{skipped['reason']} ({skipped['path']})", file=sys.stderr)
+    print(json.dumps(summary, sort_keys=True))

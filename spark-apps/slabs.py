@@ -1,0 +1,284 @@
+"""Sealed slabs as rows, without Spark: finding them, copying them, reading them.
+
+Everything a Spark executor runs lives here so it can be unit-tested without a JVM. The
+byte formats are not re-implemented: slabs are opened with `broker.ds.slab.Slab` and values
+decoded by `broker.ds.ttv` (the Spark image installs this project), so a format change in
+the broker is a change here too.
+
+Reading while the broker runs: LevelDB lets one process open a directory, and the broker
+keeps every live slab open. A sealed slab's files are immutable once its manifest exists (it
+was compacted before the manifest was written), so each slab is copied to a private temp
+dir on the executor and opened there. The copy is checked against the slab's CURRENT file,
+which changes only if the broker reopened the slab meanwhile (a restart writes a new
+LevelDB MANIFEST); then it is copied again. The broker's files are only ever read.
+"""
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import plyvel
+
+from broker.ds import keys
+from broker.ds.db import DB_FILE
+from broker.ds.iterator import read_plan
+from broker.ds.lts import LTS
+from broker.ds.manifest import read_manifest
+from broker.ds.slab import Slab
+from broker.ds.storage import MESSAGES
+from broker.mqtt.constants import PropertyId
+from broker.mqtt.errors import ProtocolError
+from broker.mqtt.topic import topic_matches, validate_topic_filter
+
+# One row per message, in this order. `timestamp_us` becomes a Spark timestamp on the JVM
+# side (exact to the microsecond, and cheaper than building datetimes in Python).
+RAW_SCHEMA = (
+    "topic string, timestamp_us long, payload binary, qos int, retain boolean, "
+    "publisher string, content_type string, payload_format int, response_topic string, "
+    "correlation_data binary, message_expiry long, "
+    "user_properties array<struct<key:string,value:string>>, "
+    "shard int, generation int, stream int, structure string"
+)
+SUPPORTED_FORMATS = {"format": 1, "key_format": 1, "value_format": 1}
+_BATCH = 1000
+_COPY_ATTEMPTS = 3
+_CURRENT = "CURRENT"
+_LOCK = "LOCK"
+
+
+class ReaderError(Exception):
+    """A problem with the job's input as a whole: reported as one line, exit status 2."""
+
+
+class SlabError(Exception):
+    """One slab cannot be read; skipped and reported, or fatal with --strict."""
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    topic_filter: str = "#"
+    since: int | None = None  # microseconds, inclusive
+    until: int | None = None  # microseconds, exclusive
+    shard: int | None = None
+    generation: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlabTask:
+    """What an executor needs to read one sealed slab: the streams that may match."""
+
+    path: str
+    shard: int
+    generation: int
+    messages: int
+    streams: tuple[tuple[int, str], ...]  # (stream id, structure such as "metrics/+/cpu")
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    path: str
+    shard: int
+    generation: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "shard": self.shard, "generation": self.generation,
+                "reason": self.reason}
+
+
+def parse_time(text: str) -> int:
+    """ISO 8601 (a time without an offset is UTC) -> microseconds since the epoch."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ReaderError(f"not an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def check_selection(selection: Selection) -> None:
+    try:
+        validate_topic_filter(selection.topic_filter)
+    except ProtocolError as error:
+        raise ReaderError(str(error)) from None
+    if selection.topic_filter.startswith("$share/"):
+        raise ReaderError("a shared subscription is not a topic filter")
+    since, until = selection.since, selection.until
+    if since is not None and until is not None and since >= until:
+        raise ReaderError("--since must be before --until")
+
+
+def messages_dir(path: Path) -> Path:
+    """Accepts the broker's data dir (node.data_dir), its ds/ dir or the messages DB dir,
+    so a volume can be mounted at any of those levels."""
+    if not path.exists():
+        raise ReaderError(f"no such path: {path}")
+    for candidate in (path, path / MESSAGES, path / "ds" / MESSAGES):
+        if (candidate / DB_FILE).is_file():
+            return candidate
+    raise ReaderError(f"no Durable Storage messages database in {path} (no {DB_FILE})")
+
+
+def _overlaps(manifest: dict[str, Any], selection: Selection) -> bool:
+    if not manifest["messages"]:
+        return False
+    if selection.since is not None and manifest["max_timestamp"] < selection.since:
+        return False
+    return selection.until is None or manifest["min_timestamp"] < selection.until
+
+
+def plan(path: Path, selection: Selection) -> tuple[list[SlabTask], list[Skipped]]:
+    """The sealed slabs to read (only manifests are opened, on the driver), and those
+    skipped: unsealed (no manifest yet) or with an unreadable manifest. Slabs that cannot
+    hold a match (time range, shard, generation, topic structure) are simply left out."""
+    check_selection(selection)
+    tasks: list[SlabTask] = []
+    skipped: list[Skipped] = []
+    for shard_dir in sorted(messages_dir(path).glob("shard-*")):
+        shard = int(shard_dir.name.removeprefix("shard-"))
+        if selection.shard is not None and shard != selection.shard:
+            continue
+        for slab_dir in sorted(shard_dir.glob("gen-*")):
+            if slab_dir.name.endswith(".tmp"):
+                continue  # a slab being created (shard.py): never data
+            generation = int(slab_dir.name.removeprefix("gen-"))
+            if selection.generation is not None and generation != selection.generation:
+                continue
+            task = _task(slab_dir, shard, generation, selection, skipped)
+            if task is not None:
+                tasks.append(task)
+    return tasks, skipped
+
+
+def _task(
+    slab_dir: Path, shard: int, generation: int, selection: Selection, skipped: list[Skipped]
+) -> SlabTask | None:
+    def skip(reason: str) -> None:
+        skipped.append(Skipped(str(slab_dir), shard, generation, reason))
+
+    try:
+        manifest = read_manifest(slab_dir)
+        if manifest is None:
+            skip("unsealed (no manifest.json yet)")
+            return None
+        unsupported = [k for k, v in SUPPORTED_FORMATS.items() if manifest.get(k) != v]
+        if unsupported:
+            skip(f"corrupt: unsupported {', '.join(unsupported)} in manifest.json")
+            return None
+        if not _overlaps(manifest, selection):
+            return None
+        structures = {s["id"]: s["structure"] for s in manifest["streams"]}
+        streams = LTS.from_json(manifest["lts"]).match(selection.topic_filter)
+        return SlabTask(str(slab_dir), shard, generation, manifest["messages"],
+                        tuple((s, structures[s]) for s in sorted(streams))) if streams else None
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        skip(f"corrupt: manifest.json unreadable ({type(error).__name__}: {error})")
+        return None
+
+
+def snapshot(source: Path, target: Path) -> None:
+    """Copies a slab's files (not its LOCK) to `target`, retrying if the broker reopened
+    the slab meanwhile."""
+    for _ in range(_COPY_ATTEMPTS):
+        try:
+            current = (source / _CURRENT).read_bytes()
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            with os.scandir(source) as entries:
+                for entry in entries:
+                    if entry.name != _LOCK and entry.is_file():
+                        shutil.copyfile(entry.path, target / entry.name)
+            if (source / _CURRENT).read_bytes() == current:
+                return
+        except FileNotFoundError:
+            if not source.exists():
+                raise SlabError("vanished: dropped by retention while being read") from None
+    raise SlabError(f"changed while being copied, {_COPY_ATTEMPTS} times")
+
+
+def _verify(slab: Slab, task: SlabTask) -> None:
+    """Reads every stored message's block with checksums on, and counts them against the
+    manifest: a slab is read whole or not at all, so a damaged one yields no rows."""
+    counted = 0
+    for stream in slab.lts.streams():
+        for _ in slab.db.iterator(prefix=keys.master_prefix(stream), include_value=False,
+                                  verify_checksums=True, fill_cache=False):
+            counted += 1
+    if counted != task.messages or slab.stats.messages != task.messages:
+        raise SlabError(f"corrupt: {counted} messages stored, the manifest says {task.messages}")
+
+
+@contextmanager
+def opened(task: SlabTask, tmp_root: str | None = None) -> Iterator[Slab]:
+    """A verified private copy of a sealed slab, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="slab-", dir=tmp_root) as tmp:
+        copy = Path(tmp) / "slab"
+        snapshot(Path(task.path), copy)
+        try:
+            slab = Slab.open(copy, task.generation)
+        except (plyvel.Error, ValueError, OSError) as error:
+            raise SlabError(f"corrupt: {type(error).__name__}: {error}") from None
+        try:
+            try:
+                _verify(slab, task)
+            except plyvel.Error as error:
+                raise SlabError(f"corrupt: {type(error).__name__}: {error}") from None
+            yield slab
+        finally:
+            slab.close()
+
+
+_CONTENT_TYPE = PropertyId.CONTENT_TYPE
+_PAYLOAD_FORMAT = PropertyId.PAYLOAD_FORMAT_INDICATOR
+_RESPONSE_TOPIC = PropertyId.RESPONSE_TOPIC
+_CORRELATION_DATA = PropertyId.CORRELATION_DATA
+_MESSAGE_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
+_USER_PROPERTY = PropertyId.USER_PROPERTY
+
+
+def rows(slab: Slab, task: SlabTask, selection: Selection) -> Iterator[tuple[Any, ...]]:
+    """Rows (RAW_SCHEMA) of the selected streams, each in time order."""
+    topic_filter = selection.topic_filter
+    since = selection.since or 1
+    until = keys.MAX_TIMESTAMP if selection.until is None else selection.until
+    shard, generation = task.shard, task.generation
+    for stream, structure in task.streams:
+        exact = read_plan(tuple(structure.split("/")), topic_filter).exact
+        accept = None if exact else (lambda topic: topic_matches(topic_filter, topic))
+        position = since - 1
+        while True:
+            batch, position = slab.scan(stream, position, _BATCH, accept)
+            for ttv in batch:
+                if ttv.timestamp >= until:
+                    break
+                p = ttv.properties
+                yield (ttv.topic, ttv.timestamp, ttv.payload, ttv.qos, ttv.retain,
+                       ttv.publisher, p.get(_CONTENT_TYPE), p.get(_PAYLOAD_FORMAT),
+                       p.get(_RESPONSE_TOPIC), p.get(_CORRELATION_DATA), p.get(_MESSAGE_EXPIRY),
+                       p.get(_USER_PROPERTY, []), shard, generation, stream, structure)
+            if len(batch) < _BATCH or position >= until:
+                break
+
+
+def read_tasks(
+    tasks: Iterable[SlabTask], selection: Selection, strict: bool,
+    report: Callable[[Skipped], None], tmp_root: str | None = None,
+) -> Iterator[tuple[Any, ...]]:
+    """An executor's partition: the rows of each slab; a slab that cannot be read is
+    reported and skipped, or raises with `strict`."""
+    for task in tasks:
+        try:
+            with opened(task, tmp_root) as slab:
+                yield from rows(slab, task, selection)
+        except SlabError as error:
+            if strict:
+                raise SlabError(f"{task.path}: {error}") from None
+            report(Skipped(task.path, task.shard, task.generation, str(error)))
