@@ -1,18 +1,22 @@
 """kopf handlers: thin entry points that run one reconcile and report it.
 
-Change handlers react at once to spec edits (and resume after a restart); the timer
-re-reconciles periodically because pod readiness and broker answers change without any
-event on the MQTTCluster. Both paths share one lock per object, so they never interleave.
+Change handlers react at once to spec edits (and resume after a restart); broker pod
+events re-reconcile their cluster, because readiness changes without any event on the
+MQTTCluster; a drain that is not confirmed yet makes the change handler retry. Both paths
+share one lock per cluster, so they never interleave. No kopf timer or daemon on purpose:
+those put a finalizer on the MQTTCluster, and `helm uninstall` removes the operator together
+with the cluster, which would leave the cluster stuck in deletion.
 
 Settings (environment): MQTT_OPERATOR_METRICS_PORT (9090; 0 disables),
-MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10),
-MQTT_OPERATOR_BROKER_TIMEOUT (2 seconds per broker HTTP call).
+MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10: longest wait before
+asking the brokers again about a drain), MQTT_OPERATOR_BROKER_TIMEOUT (2 seconds per call).
 """
 
 import functools
 import os
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -26,7 +30,7 @@ from mqtt_operator.reconcile import reconcile
 
 RESYNC_SECONDS = float(os.environ.get("MQTT_OPERATOR_RESYNC_SECONDS", "10"))
 BROKER_TIMEOUT = float(os.environ.get("MQTT_OPERATOR_BROKER_TIMEOUT", "2"))
-_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 
 
 @kopf.on.startup()
@@ -36,6 +40,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=c.GROUP, key="last-handled-configuration")
     settings.posting.level = 20  # logging.INFO: Normal events too, not only warnings
+    # No watching of namespaces and CRDs: that needs cluster-wide read access the operator
+    # otherwise does without. The CRD exists before the operator starts (the chart's crds/).
+    settings.scanning.disabled = True
     memo.kube = Kube(client_from_environment())
     port = int(os.environ.get("MQTT_OPERATOR_METRICS_PORT", "9090"))
     memo.metrics_server = None
@@ -57,19 +64,19 @@ def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
         memo.metrics_server.server_close()
 
 
-def _run(trigger: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> str:
+def _run(trigger: str, namespace: str, name: str, memo: kopf.Memo,
+         logger: kopf.Logger) -> str:
     """One locked, measured reconcile; returns why it must run again soon (or "")."""
-    meta = body["metadata"]
 
-    def emit(kind: str, reason: str, message: str) -> None:
+    def post(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         (kopf.info if kind == "Normal" else kopf.warn)(body, reason=reason, message=message)
         logger.info("%s: %s", reason, message)
 
     ask = functools.partial(ask_site, timeout=BROKER_TIMEOUT)
     metrics.RECONCILES.labels(trigger).inc()
-    with _locks[meta["uid"]], metrics.DURATION.time():
+    with _locks[(namespace, name)], metrics.DURATION.time():
         try:
-            outcome = reconcile(memo.kube, meta["namespace"], meta["name"], emit, ask)
+            outcome = reconcile(memo.kube, namespace, name, post, ask)
         except Exception:
             metrics.FAILURES.labels(trigger).inc()
             raise
@@ -82,11 +89,15 @@ def _run(trigger: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) ->
 @kopf.on.create(c.GROUP, c.VERSION, c.PLURAL)
 @kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec")
 def on_change(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    waiting = _run("change", body, memo, logger)
-    if waiting:  # kopf retries the handler, so a drain is re-checked without the timer
+    meta = body["metadata"]
+    waiting = _run("change", meta["namespace"], meta["name"], memo, logger)
+    if waiting:  # kopf retries the handler: the drain is checked again without any event
         raise kopf.TemporaryError(waiting, delay=min(RESYNC_SECONDS, 5))
 
 
-@kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    _run("timer", body, memo, logger)  # a wait needs no retry here: the next tick asks again
+@kopf.on.event("", "v1", "pods", labels={c.LABEL_NAME: c.APP_NAME})
+def on_pod(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    meta = body["metadata"]
+    cluster = (meta.get("labels") or {}).get(c.LABEL_INSTANCE)
+    if cluster:
+        _run("pod", meta["namespace"], cluster, memo, logger)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -41,6 +42,8 @@ def client_from_environment() -> ApiClient:
     except ConfigException:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
                                            client_configuration=configuration)
+    if not configuration.verify_ssl:  # the kubeconfig chose this; kubectl does not nag either
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     return ApiClient(configuration)
 
 

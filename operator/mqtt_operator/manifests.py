@@ -50,6 +50,12 @@ def _ports(cluster: Cluster) -> list[tuple[str, int]]:
             (c.HTTP_PORT_NAME, cluster.http_port)]
 
 
+def _service_ports(cluster: Cluster) -> list[Manifest]:
+    # protocol is spelled out: server-side apply keys Service ports by (port, protocol).
+    return [{"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+            for name, port in _ports(cluster)]
+
+
 def headless_service(cluster: Cluster) -> Manifest:
     """Stable DNS per pod, also before it is ready: brokers find their peers through it."""
     return {
@@ -60,8 +66,7 @@ def headless_service(cluster: Cluster) -> Manifest:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": c.selector_labels(cluster.name),
-            "ports": [{"name": name, "port": port, "targetPort": name}
-                      for name, port in _ports(cluster)],
+            "ports": _service_ports(cluster),
         },
     }
 
@@ -73,8 +78,7 @@ def client_service(cluster: Cluster) -> Manifest:
         "spec": {
             "type": cluster.service_type,
             "selector": c.selector_labels(cluster.name),
-            "ports": [{"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
-                      for name, port in _ports(cluster)],
+            "ports": _service_ports(cluster),
         },
     }
 

@@ -126,8 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("-n", "--namespace", help="namespace (default: the context's)")
         sub.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = parser.parse_args(argv)
-    # A kubeconfig that says insecure-skip-tls-verify chose that; kubectl does not nag either.
-    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     try:
         kube = Kube(client_from_environment())
         body = fetch(kube, args.namespace or _default_namespace(), args.name)

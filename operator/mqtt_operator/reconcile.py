@@ -6,6 +6,7 @@ the StatefulSet), never from memory or a possibly stale event body, so a restart
 continues exactly where the last one stopped.
 """
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from mqtt_operator.brokers import SiteReport, drain_verdict, settled
 from mqtt_operator.kube import Kube, path
 from mqtt_operator.spec import Cluster
 
-Emit = Callable[[str, str, str], None]  # (Normal | Warning, reason, message) -> an Event
+# (the MQTTCluster, Normal | Warning, reason, message) -> an Event about it
+Post = Callable[[Mapping[str, Any], str, str, str], None]
 Ask = Callable[[str | None, int, str], SiteReport]  # (pod IP, HTTP port, site) -> report
 
 
@@ -42,10 +44,11 @@ def _data(config_map: Mapping[str, Any] | None) -> dict[str, str] | None:
     return None if config_map is None else dict(config_map.get("data") or {})
 
 
-def reconcile(kube: Kube, namespace: str, name: str, emit: Emit, ask: Ask) -> Outcome:
+def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Outcome:
     body = kube.get(path(c.API_VERSION, c.KIND, namespace, name))
     if body is None or body["metadata"].get("deletionTimestamp"):
         return Outcome("")  # the garbage collector removes the children
+    emit = functools.partial(post, body)
     cluster = Cluster.from_body(body)
     previous = body.get("status") or {}
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -129,7 +132,8 @@ def reconcile(kube: Kube, namespace: str, name: str, emit: Emit, ask: Ask) -> Ou
     found = problems(cluster)
     conditions = previous.get("conditions") or []
     degraded = status.condition(conditions, "Degraded", bool(found),
-                                "InvalidSpec" if found else "SpecValid", "; ".join(found), now)
+                                "InvalidSpec" if found else "SpecValid",
+                                "; ".join(found) or "no problems found", now)
     if found and degraded["message"] != next(
             (x.get("message") for x in conditions if x.get("type") == "Degraded"), None):
         emit("Warning", "InvalidSpec", degraded["message"])

@@ -54,6 +54,8 @@ def _run(script: str, env: dict[str, str], timeout: float) -> subprocess.Complet
 
 @dataclass
 class Testbed:
+    __test__ = False  # not a test class, despite the name
+
     root: Path
     kubeconfig: Path
     env: dict[str, str]  # PATH with helm, kubectl and kubectl-mqtt; KUBECONFIG

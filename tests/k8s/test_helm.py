@@ -35,8 +35,8 @@ def test_lint_and_template(testbed: Testbed) -> None:
     rendered = list(yaml.safe_load_all(helm(testbed, "template", "rel", str(CHART),
                                             "--namespace", "ns").stdout))
     kinds = sorted(doc["kind"] for doc in rendered if doc)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "MQTTCluster", "Role",
-                     "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == ["Deployment", "MQTTCluster", "Role", "RoleBinding", "Service",
+                     "ServiceAccount"]  # nothing cluster-wide unless operator.clusterWide
     cluster = next(doc for doc in rendered if doc and doc["kind"] == "MQTTCluster")
     assert cluster["metadata"] == {**cluster["metadata"], "name": "rel", "namespace": "ns"}
     assert cluster["spec"]["replicas"] == 3
@@ -80,7 +80,8 @@ def test_install_upgrade_scales_uninstall_collects(
             "status", {})).get("siteCount") == 5 and s)
         assert status["conditions"][2] == {**status["conditions"][2], "type": "Degraded",
                                            "status": "False"}
-    assert "Forbidden" not in runner.output and "403" not in runner.output, runner.output
+    assert "Forbidden" not in runner.output, runner.output  # the chart's RBAC sufficed
+    assert "failed with an exception" not in runner.output, runner.output
     helm(testbed, "uninstall", "rel", "--namespace", namespace, "--wait")
     assert testbed.find("mqc", "rel", namespace) is None
     assert testbed.find("deployment", "rel-operator", namespace) is None
