@@ -20,10 +20,10 @@ PARTITIONS = ["date", "shard", "generation"]
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = slabframe.arguments("Export sealed generations to Parquet.")
     parser.add_argument("--output", required=True, help="Parquet dataset directory")
-    args = parser.parse_args(argv)
+    args = slabframe.parse(parser, argv)
     with slabframe.job_session("mqtt-export", args.master) as spark:
         messages, report = slabframe.read_messages(
-            spark, args.data, slabframe.selection(args), args.strict)
+            spark, args.data, args.selection, args.strict)
         (messages.withColumn("date", F.to_date("timestamp"))
             .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
             .partitionBy(*PARTITIONS).parquet(args.output))

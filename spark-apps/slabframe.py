@@ -91,8 +91,9 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("data", type=Path,
                         help="the broker's data dir (node.data_dir), or its ds/messages dir")
     parser.add_argument("--master", help="Spark master, e.g. local[2] (spark-submit sets it)")
-    parser.add_argument("--topic-filter", default="#",
-                        help="MQTT topic filter (+ and #, as the broker matches them)")
+    parser.add_argument("--topic-filter",
+                        help="MQTT topic filter (+ and #, as the broker matches them); "
+                             "default: every message, $SYS/... too")
     parser.add_argument("--since", type=slabs.parse_time, help="ISO 8601 time, inclusive")
     parser.add_argument("--until", type=slabs.parse_time, help="ISO 8601 time, exclusive")
     parser.add_argument("--shard", type=int, help="read only this shard")
@@ -102,21 +103,32 @@ def arguments(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def selection(args: argparse.Namespace) -> slabs.Selection:
-    return slabs.Selection(args.topic_filter, args.since, args.until, args.shard,
-                           args.generation)
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Arguments, with the input checked before a JVM is started for nothing; the
+    selection is in `args.selection`."""
+    args = parser.parse_args(argv)
+    args.selection = slabs.Selection(args.topic_filter, args.since, args.until, args.shard,
+                                     args.generation)
+    slabs.check_selection(args.selection)
+    slabs.messages_dir(args.data)
+    return args
 
 
 def session(app_name: str, master: str | None = None) -> SparkSession:
     """Times in UTC (hours and dates of the output do not depend on the machine), and the
     executor-side modules shipped with the job so spark-submit needs no --py-files."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    local = (master or "local").startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local run listens on loopback
     conf = SparkConf()
     if master:
         conf.setMaster(master)
     conf.setIfMissing("spark.master", "local[*]")
     conf.setIfMissing("spark.ui.showConsoleProgress", "false")
-    if conf.get("spark.master", "").startswith("local"):
+    if local:
+        conf.setIfMissing("spark.driver.host", "127.0.0.1")
+        conf.setIfMissing("spark.ui.enabled", "false")
         # The default 200 shuffle partitions cost seconds of task overhead on one machine.
         conf.setIfMissing("spark.sql.shuffle.partitions", "8")
     conf.set("spark.sql.session.timeZone", "UTC")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ class SlabError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    topic_filter: str = "#"
+    topic_filter: str | None = None  # None: every message, `$` topics too (unlike "#")
     since: int | None = None  # microseconds, inclusive
     until: int | None = None  # microseconds, exclusive
     shard: int | None = None
@@ -105,12 +106,14 @@ def parse_time(text: str) -> int:
 
 
 def check_selection(selection: Selection) -> None:
-    try:
-        validate_topic_filter(selection.topic_filter)
-    except ProtocolError as error:
-        raise ReaderError(str(error)) from None
-    if selection.topic_filter.startswith("$share/"):
-        raise ReaderError("a shared subscription is not a topic filter")
+    topic_filter = selection.topic_filter
+    if topic_filter is not None:
+        try:
+            validate_topic_filter(topic_filter)
+        except ProtocolError as error:
+            raise ReaderError(str(error)) from None
+        if topic_filter.startswith("$share/"):
+            raise ReaderError("a shared subscription is not a topic filter")
     since, until = selection.since, selection.until
     if since is not None and until is not None and since >= until:
         raise ReaderError("--since must be before --until")
@@ -176,7 +179,9 @@ def _task(
         if not _overlaps(manifest, selection):
             return None
         structures = {s["id"]: s["structure"] for s in manifest["streams"]}
-        streams = LTS.from_json(manifest["lts"]).match(selection.topic_filter)
+        topic_filter = selection.topic_filter
+        streams = list(structures) if topic_filter is None else LTS.from_json(
+            manifest["lts"]).match(topic_filter)
         return SlabTask(str(slab_dir), shard, generation, manifest["messages"],
                         tuple((s, structures[s]) for s in sorted(streams))) if streams else None
     except (ValueError, KeyError, TypeError, OSError) as error:
@@ -251,8 +256,10 @@ def rows(slab: Slab, task: SlabTask, selection: Selection) -> Iterator[tuple[Any
     until = keys.MAX_TIMESTAMP if selection.until is None else selection.until
     shard, generation = task.shard, task.generation
     for stream, structure in task.streams:
-        exact = read_plan(tuple(structure.split("/")), topic_filter).exact
-        accept = None if exact else (lambda topic: topic_matches(topic_filter, topic))
+        accept = None
+        if topic_filter is not None and not read_plan(
+                tuple(structure.split("/")), topic_filter).exact:
+            accept = partial(topic_matches, topic_filter)
         position = since - 1
         while True:
             batch, position = slab.scan(stream, position, _BATCH, accept)

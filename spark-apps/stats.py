@@ -29,10 +29,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = slabframe.arguments("Per-hour message statistics of sealed generations.")
     parser.add_argument("--output", help="directory for by_topic/ and by_stream/")
     parser.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
-    args = parser.parse_args(argv)
+    args = slabframe.parse(parser, argv)
     with slabframe.job_session("mqtt-stats", args.master) as spark:
         messages, report = slabframe.read_messages(
-            spark, args.data, slabframe.selection(args), args.strict)
+            spark, args.data, args.selection, args.strict)
         messages.createOrReplaceTempView("messages")
         stats = spark.sql(_AGGREGATE).cache()
         tables = {
