@@ -16,15 +16,16 @@ install: $(STAMP) $(APT_STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $@
 
-# Debian packages the tests and benchmarks drive: mosquitto_pub/sub, the mosquitto peer, and
-# openssl for the TLS test's throwaway certificate.
+# Debian packages the tests and benchmarks drive: mosquitto_pub/sub, the mosquitto peer,
+# openssl for the TLS test's throwaway certificate, and a Java runtime for PySpark.
 $(APT_STAMP): $(STAMP)
-	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ] || ! command -v openssl >/dev/null; then \
+	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ] || ! command -v openssl >/dev/null || ! command -v java >/dev/null; then \
 		$(SUDO) apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(APT_PACKAGES); \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(APT_PACKAGES) \
+			$$(command -v java >/dev/null || echo openjdk-17-jre-headless); \
 	fi
 	touch $@
 
@@ -32,7 +33,7 @@ run: install
 	$(VENV)/bin/broker run $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check broker tests bench operator
+	$(VENV)/bin/ruff check broker tests bench operator spark-apps
 
 # A real kube-apiserver + controller-manager (built once from Debian's sources, ~7 min, then
 # cached in $(K8S_TESTBED)), plus helm and kubectl, for tests/k8s.
