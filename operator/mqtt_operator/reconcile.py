@@ -6,6 +6,7 @@ the StatefulSet), never from memory or a possibly stale event body, so a restart
 continues exactly where the last one stopped.
 """
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -49,8 +50,11 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
     if body is None or body["metadata"].get("deletionTimestamp"):
         return Outcome("")  # the garbage collector removes the children
     emit = functools.partial(post, body)
-    cluster = Cluster.from_body(body)
+    requested = Cluster.from_body(body)
     previous = body.get("status") or {}
+    created_shards = (previous.get("placement") or {}).get("nShards", requested.n_shards)
+    # The brokers fix n_shards when the database is created: keep it, report the edit.
+    cluster = dataclasses.replace(requested, n_shards=created_shards)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     statefulset = kube.get(path("apps/v1", "StatefulSet", namespace, name))
@@ -93,7 +97,9 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
     revision, pending = old_doc["revision"], list(old_doc.get("transitions", []))
     if shards != old_shards:
         changes = placement.transitions(old_shards, shards)
-        revision, pending = revision + 1, [change.as_dict() for change in changes]
+        # The first plan creates shards; only later revisions move replicas between brokers.
+        pending = [change.as_dict() for change in changes] if revision else []
+        revision += 1
         copies = sum(len(change.add) for change in changes)
         emit("Normal", "PlacementChanged",
              f"revision {revision}: {len(changes)} shard(s) change, {copies} replica(s) to copy"
@@ -130,6 +136,9 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
     kube.apply(manifests.statefulset(cluster, replicas, config_text))
 
     found = problems(cluster)
+    if requested.n_shards != created_shards:
+        found.append(f"spec.durableStorage.nShards cannot change after creation: it stays"
+                     f" {created_shards}")
     conditions = previous.get("conditions") or []
     degraded = status.condition(conditions, "Degraded", bool(found),
                                 "InvalidSpec" if found else "SpecValid",
@@ -140,7 +149,7 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
     ready = sum(1 for ordinal, pod in pods.items() if ordinal < replicas and pod.ready)
     settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
     waiting = drain["message"] if drain else ""
-    kube.patch_status(namespace, name, {
+    kube.patch_status(namespace, name, status.merge_patch(previous, {
         "observedGeneration": cluster.generation,
         "replicas": replicas,
         "readyReplicas": ready,
@@ -165,5 +174,5 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
                              waiting or f"{len(pending)} replica transition(s) pending", now),
             degraded,
         ],
-    })
+    }))
     return Outcome(waiting)

@@ -59,3 +59,18 @@ def phase(ready: int, replicas: int, draining: bool, degraded: bool) -> str:
     if ready >= replicas:
         return "Running"
     return "Pending" if ready == 0 else "Scaling"
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning `old` into `new` for the keys `new` sets: maps inside get
+    null for keys that disappeared (a plain merge would keep a removed site's entry)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value)
+            inner.update({gone: None for gone in before if gone not in value})
+            patch[key] = inner
+        else:
+            patch[key] = value
+    return patch

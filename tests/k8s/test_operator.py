@@ -58,6 +58,7 @@ def test_apply_creates_owned_children_status_events_and_metrics(
         assert [s["state"] for s in full["sites"]] == ["down", "down", "down"]
         assert full["phase"] == "Pending"
         assert len(status["shards"]) == 16
+        assert full["transitions"] == []  # a first plan creates shards, it moves nothing
         assert all(len(members) == 3 for members in status["shards"].values())
         sites_map = testbed.get("configmap", "alpha-sites", namespace)["data"]
         assert sites_map == full["siteIds"]  # what pods read is what status shows
@@ -90,10 +91,18 @@ def test_replication_factor_above_replicas_is_reported_naming_the_field(
                                        config={"node.site_id": "X"}), namespace)
         status = eventually(lambda: status_of(testbed, namespace, "small").get("placement"))
         degraded = {c["type"]: c for c in status_of(testbed, namespace, "small")["conditions"]}
+        testbed.kubectl("patch", "mqc", "small", "-n", namespace, "--type=merge",
+                        "-p", '{"spec": {"durableStorage": {"nShards": 8}}}')
+        message = eventually(lambda: "nShards cannot change" in (m := {
+            c["type"]: c for c in status_of(testbed, namespace, "small")["conditions"]}[
+            "Degraded"]["message"]) and m)
+        config = testbed.get("configmap", "small-config", namespace)["data"]["broker.toml"]
     assert degraded["Degraded"]["status"] == "True"
     assert "spec.durableStorage.replicationFactor (3) exceeds" in degraded["Degraded"]["message"]
     assert "spec.config.node.site_id is managed" in degraded["Degraded"]["message"]
     assert all(len(members) == 2 for members in status["shards"].values())
+    assert "it stays 4" in message and "n_shards = 4" in config
+    assert len(status_of(testbed, namespace, "small")["placement"]["shards"]) == 4
     assert "InvalidSpec" in event_reasons(testbed, namespace, "small")
 
 
@@ -186,6 +195,7 @@ def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(
         two = eventually(lambda: (s := status_of(testbed, namespace, "beta")).get(
             "drain") is None and s)
         assert two["siteIds"] == ids5  # scaled-down ordinals keep their IDs
+        assert set(two["placement"]["loads"]) == {ids5["0"], ids5["1"]}  # left sites dropped
         assert [s["id"] for s in two["sites"]] == [ids5["0"], ids5["1"]]
         assert {"DrainStarted", "DrainPending", "DrainConfirmed", "ScaledDown"} <= set(
             eventually(lambda: event_reasons(testbed, namespace, "beta")))

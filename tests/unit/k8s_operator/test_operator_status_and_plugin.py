@@ -80,3 +80,13 @@ def test_no_status_yet_says_so() -> None:
     empty = {"metadata": {"name": "mqc", "namespace": "prod"}}
     assert "is the operator running" in plugin.render_sites(empty)
     assert "is the operator running" in plugin.render_shards(empty)
+
+
+def test_status_patch_removes_what_the_new_status_no_longer_has() -> None:
+    old = {"placement": {"loads": {"A": 2, "B": 2, "C": 2}, "revision": 1},
+           "siteIds": {"0": "A"}, "kopf": {"x": 1}, "drain": {"sites": ["C"]}}
+    new = {"placement": {"loads": {"A": 3, "B": 3}, "revision": 2}, "siteIds": {"0": "A"},
+           "drain": None}
+    assert status.merge_patch(old, new) == {
+        "placement": {"loads": {"A": 3, "B": 3, "C": None}, "revision": 2},
+        "siteIds": {"0": "A"}, "drain": None}
