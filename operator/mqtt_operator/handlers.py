@@ -2,7 +2,8 @@
 
 Change handlers react at once to spec edits (and resume after a restart); broker pod
 events re-reconcile their cluster, because readiness changes without any event on the
-MQTTCluster; a drain that is not confirmed yet makes the change handler retry. Both paths
+MQTTCluster; a drain not confirmed yet, or replica transitions that answering brokers have
+not finished, make the change handler retry. Both paths
 share one lock per cluster, so they never interleave. No kopf timer or daemon on purpose:
 those put a finalizer on the MQTTCluster, and `helm uninstall` removes the operator together
 with the cluster, which would leave the cluster stuck in deletion.
@@ -91,7 +92,7 @@ def _run(trigger: str, namespace: str, name: str, memo: kopf.Memo,
 def on_change(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
     waiting = _run("change", meta["namespace"], meta["name"], memo, logger)
-    if waiting:  # kopf retries the handler: the drain is checked again without any event
+    if waiting:  # kopf retries the handler: the brokers are asked again without any event
         raise kopf.TemporaryError(waiting, delay=min(RESYNC_SECONDS, 5))
 
 

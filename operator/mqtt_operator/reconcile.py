@@ -148,7 +148,11 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
         emit("Warning", "InvalidSpec", degraded["message"])
     ready = sum(1 for ordinal, pod in pods.items() if ordinal < replicas and pod.ready)
     settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
-    waiting = drain["message"] if drain else ""
+    # Pending transitions are worth asking about again only while some broker answers;
+    # otherwise the next pod event (a broker becoming ready) brings the operator back.
+    answering = any(report.reachable for report in reports.values())
+    waiting = drain["message"] if drain else (
+        f"{len(pending)} replica transition(s) pending" if pending and answering else "")
     kube.patch_status(namespace, name, status.merge_patch(previous, {
         "observedGeneration": cluster.generation,
         "replicas": replicas,

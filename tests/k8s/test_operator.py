@@ -196,6 +196,11 @@ def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(
             "drain") is None and s)
         assert two["siteIds"] == ids5  # scaled-down ordinals keep their IDs
         assert set(two["placement"]["loads"]) == {ids5["0"], ids5["1"]}  # left sites dropped
+        assert two["transitions"]  # the brokers have not reported the new replicas yet
+        brokers.holding = {site: [int(s) for s, members in two["placement"]["shards"].items()
+                                  if site in members] for site in (ids5["0"], ids5["1"])}
+        eventually(lambda: status_of(testbed, namespace, "beta")["transitions"] == [],
+                   what="transitions settled by the brokers' answers")
         assert [s["id"] for s in two["sites"]] == [ids5["0"], ids5["1"]]
         assert {"DrainStarted", "DrainPending", "DrainConfirmed", "ScaledDown"} <= set(
             eventually(lambda: event_reasons(testbed, namespace, "beta")))
