@@ -15,8 +15,9 @@ from broker.ds import DurableStorage
 
 class Stats:
     __slots__ = (
-        "bytes_received", "bytes_sent", "connections_total", "messages_dropped",
-        "messages_received", "messages_sent", "packets_malformed",
+        "bytes_received", "bytes_sent", "connections_total", "durable_persisted",
+        "durable_replayed", "messages_dropped", "messages_received", "messages_sent",
+        "packets_malformed",
     )
 
     def __init__(self) -> None:
@@ -27,6 +28,8 @@ class Stats:
         self.bytes_sent = 0
         self.connections_total = 0
         self.packets_malformed = 0
+        self.durable_persisted = 0  # messages stored for durable sessions
+        self.durable_replayed = 0  # unacknowledged deliveries resent after a resume
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
@@ -61,6 +64,15 @@ class _StatsCollector(Collector):
         yield CounterMetricFamily(
             "mqtt_packets_malformed", "Connections closed for a malformed packet",
             value=stats.packets_malformed,
+        )
+        yield CounterMetricFamily(
+            "mqtt_durable_messages_persisted", "Messages stored once for durable sessions",
+            value=stats.durable_persisted,
+        )
+        yield CounterMetricFamily(
+            "mqtt_durable_messages_replayed",
+            "Unacknowledged deliveries resent when a durable session resumed",
+            value=stats.durable_replayed,
         )
         for name, (doc, value) in self._gauges().items():
             yield GaugeMetricFamily(name, doc, value=value)

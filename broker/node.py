@@ -4,19 +4,25 @@ This is the seam between protocol handling (connections) and state; everything t
 reaches more than one client goes through `publish`.
 """
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from broker.config.loader import Config
-from broker.ds import DurableStorage, Settings
+from broker.ds import TTV, DurableStorage, Settings
 from broker.metrics import Stats
 from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
 from broker.routing.router import Router
+from broker.routing.trie import TopicTrie
+from broker.session.durable.session import DurableContext, DurableSession
+from broker.session.durable.store import SessionStore
 from broker.session.manager import SessionManager
 from broker.session.message import Message
-from broker.session.session import Session
+from broker.session.session import Session, SubscriptionOptions
+
+_CACHE_LIMIT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +65,62 @@ class Node:
         self.ds: DurableStorage | None = None
         if config["durable_sessions.enable"]:
             self.ds = DurableStorage(Path(config["node.data_dir"]), Settings.from_config(config))
+        self.durable: DurableContext | None = None
+        if self.ds is not None:
+            self.durable = DurableContext(self.ds, SessionStore(self.ds), self.stats,
+                                          config["durable_sessions.batch_size"])
+        # Filters of durable sessions: a message on a matching topic is stored once in DS.
+        self.durable_filters: TopicTrie[SubscriptionOptions] = TopicTrie()
+        self._durable_topics: dict[str, int] = {}
         self.sessions = SessionManager(
             self.publish, self._forget_subscriptions,
-            config["mqtt.max_mqueue_len"], config["mqtt.mqueue_store_qos0"],
+            config["mqtt.max_mqueue_len"], config["mqtt.mqueue_store_qos0"], self.durable,
         )
 
-    def publish(self, message: Message) -> int:
-        """Stores if retained, then hands the message to every matching session."""
+    def restore_durable_sessions(self) -> int:
+        """Start-up (on the running loop): durable sessions from disk, disconnected."""
+        if self.durable is None:
+            return 0
+        restored = self.sessions.restore()
+        for session in restored:
+            if self.sessions.sessions.get(session.client_id) is session:
+                for topic_filter, options in session.subscriptions.items():
+                    self.add_durable_filter(session.client_id, topic_filter, options)
+        return len(restored)
+
+    def add_durable_filter(self, client_id: str, topic_filter: str,
+                           options: SubscriptionOptions) -> None:
+        self.durable_filters.add(topic_filter, client_id, options)
+        self._durable_topics.clear()
+
+    def remove_durable_filter(self, client_id: str, topic_filter: str) -> None:
+        self.durable_filters.remove(topic_filter, client_id)
+        self._durable_topics.clear()
+
+    def _durable_matches(self, topic: str) -> int:
+        count = self._durable_topics.get(topic)
+        if count is None:
+            count = len({key for _, key, _ in self.durable_filters.match(topic)})
+            if len(self._durable_topics) >= _CACHE_LIMIT:
+                self._durable_topics.clear()
+            self._durable_topics[topic] = count
+        return count
+
+    def publish(self, message: Message) -> tuple[int, Awaitable[None] | None]:
+        """Stores if retained, stores once in DS if a durable session subscribed to the topic,
+        then hands the message to every matching regular session. Returns how many sessions
+        it reached and, when it was stored in DS, what resolves once that is durable."""
         if message.retain and self.retainer is not None and not self.retainer.put(message):
             self.stats.drop("retained_limit")
+        stored = None
+        durable = self._durable_matches(message.topic) if self.ds is not None else 0
+        if durable:
+            assert self.ds is not None
+            stored = self.ds.store_batch("messages", [TTV(
+                message.topic, message.payload, message.qos, message.retain,
+                message.publisher, message.properties,
+            )])
+            self.stats.durable_persisted += 1
         deliveries = self.router.route(message, self._is_online)
         sessions = self.sessions.sessions
         for client_id, delivery in deliveries.items():
@@ -79,9 +132,9 @@ class Node:
                 lost = session.enqueue(delivery)
                 if lost:
                     self.stats.drop(lost)
-        if not deliveries:
+        if not deliveries and not durable:
             self.stats.drop("no_subscribers")
-        return len(deliveries)
+        return len(deliveries) + durable, stored
 
     def _is_online(self, client_id: str) -> bool:
         session = self.sessions.sessions.get(client_id)
@@ -93,11 +146,15 @@ class Node:
             self.stats.drop("session_ended", dropped)
         for key, options in session.subscriptions.items():
             _, topic_filter = parse_shared(key)
-            self.router.unsubscribe(session.client_id, topic_filter, options.share_group)
+            if session.durable and options.share_group is None:
+                self.remove_durable_filter(session.client_id, topic_filter)
+            else:
+                self.router.unsubscribe(session.client_id, topic_filter, options.share_group)
         session.subscriptions.clear()
 
     def gauges(self) -> dict[str, tuple[str, float]]:
         sessions = self.sessions.sessions.values()
+        durable = [s for s in sessions if isinstance(s, DurableSession)]
         return {
             "mqtt_connections": ("Connected clients", len(self.connections)),
             "mqtt_sessions": ("Sessions, connected or not", len(self.sessions.sessions)),
@@ -108,6 +165,22 @@ class Node:
             "mqtt_inflight": ("Deliveries awaiting acknowledgement",
                               sum(len(s.inflight) for s in sessions)),
             "mqtt_queued": ("Messages queued in sessions", sum(len(s.queue) for s in sessions)),
+            "mqtt_durable_sessions_connected": (
+                "Durable sessions with a connection",
+                sum(1 for s in durable if s.connection is not None),
+            ),
+            "mqtt_durable_sessions_disconnected": (
+                "Durable sessions kept for a client that is away",
+                sum(1 for s in durable if s.connection is None),
+            ),
+            "mqtt_durable_state_writes_pending": (
+                "Durable session changes (acknowledgements, subscriptions) not yet on disk",
+                self.durable.store.unsettled if self.durable is not None else 0,
+            ),
+            "mqtt_durable_checkpoint_lag": (
+                "Deliveries recorded but not yet acknowledged, all durable sessions",
+                sum(s.backlog() for s in durable),
+            ),
         }
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ def client_view(node: Node, session: Session) -> dict[str, Any]:
         "keepalive": connection.keepalive if connection else None,
         "ip_address": connection.peer if connection else None,
         "expiry_interval": session.expiry_interval,
+        "durable": session.durable,
         "subscriptions_cnt": len(session.subscriptions),
         "inflight_cnt": len(session.inflight),
         "mqueue_len": len(session.queue),

@@ -19,6 +19,7 @@ from broker.metrics import make_registry
 from broker.node import Node
 from broker.server.output import OutputBatch
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol
+from broker.session.durable.session import DurableSession
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ class BrokerApp:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config, node = self.config, self.node
+        restored = node.restore_durable_sessions()
+        if restored:
+            log.info("restored %d durable sessions", restored)
         output = OutputBatch(loop)
         listeners = [
             ("tcp", config["listeners.tcp.default.bind"],
@@ -98,11 +102,17 @@ class BrokerApp:
             task.cancel()
         for connection in list(self.node.connections):
             connection.close()
+            connection.connection_lost()  # detach its session now, not on a later loop turn
         for server in self._servers:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 5)
         if self._http is not None:
             await self._http.cleanup()
+        if self.node.durable is not None:
+            for session in self.node.sessions.sessions.values():
+                if isinstance(session, DurableSession):
+                    session.stop_reading()
+            await self.node.durable.store.settle()
         if self.node.ds is not None:
             await self.node.ds.close()  # flushes what is buffered
         self.node.close()

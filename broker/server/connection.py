@@ -8,6 +8,8 @@ a violation becomes DISCONNECT with its reason code (v5) or a close (v3).
 
 import asyncio
 import logging
+from collections import deque
+from collections.abc import Awaitable
 from typing import Any
 
 from broker.mqtt.codec import Decoder, encode, encode_publish
@@ -57,6 +59,8 @@ class Connection:
         self.in_aliases: dict[int, str] = {}
         self.out_aliases: dict[str, int] = {}
         self._out: list[bytes] = []
+        # Acknowledgements waiting for storage, in the order they must leave.
+        self._deferred: deque[tuple[asyncio.Future[Any] | None, bytes]] = deque()
         self._output = output
         self._flush_pending = False
         self._loop = asyncio.get_running_loop()
@@ -126,6 +130,36 @@ class Connection:
             self._flush_pending = True
             self._output.add(self)
 
+    def send_when(self, durable: Awaitable[Any] | None, data: bytes) -> None:
+        """Sends `data` once `durable` is done and after every earlier deferred packet:
+        a PUBACK/PUBREC for a stored message waits for the disk, and acknowledgements leave
+        in the order their PUBLISHes came (MQTT-4.6.0-2)."""
+        if durable is None and not self._deferred:
+            self.send(data)
+            return
+        future = asyncio.ensure_future(durable) if durable is not None else None
+        self._deferred.append((future, data))
+        if future is not None:
+            future.add_done_callback(self._send_deferred)
+
+    def _send_deferred(self, _: object = None) -> None:
+        deferred = self._deferred
+        while deferred:
+            future, data = deferred[0]
+            if future is not None and not future.done():
+                return
+            deferred.popleft()
+            if future is not None and (future.cancelled() or future.exception() is not None):
+                # Not durable, so not acknowledged: the client resends after reconnecting.
+                log.error("storing a message from %s failed: %r", self.client_id,
+                          None if future.cancelled() else future.exception())
+                deferred.clear()
+                if not self.closed:
+                    self.fail(MQTTError("storage failed", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
+                return
+            if not self.closed:
+                self.send(data)
+
     def send_packet(self, packet: Packet) -> None:
         self.send(encode(packet, self.version))
 
@@ -162,7 +196,7 @@ class Connection:
 
     def _send_inflight(self, session: Session, delivery: Delivery) -> None:
         """QoS 1/2: take a packet ID, remember the delivery until acknowledged, send it."""
-        packet_id = session.next_packet_id()
+        packet_id = delivery.packet_id or session.next_packet_id()
         session.inflight[packet_id] = InFlight(delivery)
         self.send_publish(delivery, packet_id, False)
 

@@ -6,13 +6,19 @@ cancelled when the client resumes the session in time (MQTT 5.0 section 3.1.3.2.
 """
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from broker.mqtt.constants import MAX_UINT32, PropertyId, ReasonCode
 from broker.mqtt.packets import Will
+from broker.session.durable import records
+from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.message import Message, message_from_publish
 from broker.session.session import Session
+
+log = logging.getLogger(__name__)
 
 NEVER_EXPIRES = MAX_UINT32
 
@@ -30,13 +36,52 @@ class SessionManager:
         forget_subscriptions: Callable[[Session], None],
         max_queue: int,
         queue_qos0: bool,
+        durable: DurableContext | None = None,
     ) -> None:
         self.sessions: dict[str, Session] = {}
         self._publish = publish
         self._forget_subscriptions = forget_subscriptions
         self._max_queue = max_queue
         self._queue_qos0 = queue_qos0
+        self._durable = durable
         self._timers: dict[str, list[asyncio.TimerHandle]] = {}
+        self._known_streams: set[tuple[int, int, int]] = set()
+        if durable is not None:
+            durable.ds.change_listeners.append(self._streams_changed)
+
+    def _streams_changed(self, shard: int, generation: int, streams: set[int] | None) -> None:
+        """A write to DS: if it created a stream (or a generation was sealed or dropped),
+        connected durable sessions look for streams they should now read."""
+        if streams is not None:
+            known = self._known_streams
+            new = [key for key in ((shard, generation, s) for s in streams) if key not in known]
+            if not new:
+                return
+            known.update(new)
+        for session in self.sessions.values():
+            if isinstance(session, DurableSession) and session.connection is not None:
+                session.refresh_streams()
+
+    def restore(self) -> list[DurableSession]:
+        """Start-up: durable sessions come back disconnected. Those that expired while the
+        node was down end now (publishing their wills); wills whose delay ran out fire now;
+        the rest get their timers for the time that is left. A session that was connected
+        when the node died counts as disconnected now (its connection was lost)."""
+        assert self._durable is not None
+        now = time.time()
+        restored = []
+        for stored in self._durable.store.load_all():
+            meta = stored.meta
+            session = DurableSession(stored.client_id, meta.expiry_interval, self._durable)
+            session.restore_subscriptions(stored)
+            session.loaded = False
+            session.protocol = meta.protocol
+            session.will = meta.will
+            self.sessions[session.client_id] = session
+            restored.append(session)
+            since = now if meta.connected or meta.disconnected_at is None else meta.disconnected_at
+            self._start_timers(session, meta.will, now - since)
+        return restored
 
     def open(self, connection: Any, client_id: str, clean_start: bool, expiry: int) -> tuple[
         Session, bool
@@ -52,29 +97,62 @@ class SessionManager:
             existing = None
         self._cancel_timers(client_id)
         if existing is None:
-            session = Session(client_id, expiry, self._max_queue, self._queue_qos0)
+            session: Session
+            if self._durable is not None and expiry > 0:
+                session = DurableSession(client_id, expiry, self._durable)
+            else:
+                session = Session(client_id, expiry, self._max_queue, self._queue_qos0)
             self.sessions[client_id] = session
         else:
             session = existing
             session.expiry_interval = expiry
             session.will = None
         session.connection = connection
+        if isinstance(session, DurableSession):
+            assert self._durable is not None
+            store = self._durable.store
+            session.attach(store.load(client_id) if not session.loaded else None)
+            self._save_meta(session, connection.version, True, connection.will)
         return session, existing is not None
 
     def detach(self, session: Session, will: Will | None) -> None:
         """The connection is gone: publish or schedule the will, then keep or end the session."""
+        version = session.connection.version if session.connection is not None else 4
         session.connection = None
+        if isinstance(session, DurableSession):
+            session.detach()
+        if not self._start_timers(session, will, 0.0):
+            will = None  # published already, or there is none
+        if isinstance(session, DurableSession) and session.expiry_interval:
+            self._save_meta(session, version, False, will)
+
+    def _start_timers(self, session: Session, will: Will | None, elapsed: float) -> bool:
+        """Will and expiry timers for a session disconnected `elapsed` seconds ago; False
+        when the will was published right away."""
         delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0) if will else 0
         expiry = session.expiry_interval
-        if will is not None and (delay == 0 or expiry == 0):
+        pending = will is not None
+        if will is not None and (delay == 0 or expiry == 0 or min(delay, expiry) <= elapsed):
+            session.will = None
             self._publish_will(session.client_id, will)
+            pending = False
         elif will is not None:
             session.will = will
-            self._schedule(session.client_id, min(delay, expiry), self._fire_will, session)
-        if expiry == 0:
+            self._schedule(session.client_id, min(delay, expiry) - elapsed, self._fire_will,
+                           session)
+        if expiry == 0 or (expiry != NEVER_EXPIRES and expiry <= elapsed):
             self.end(session)
         elif expiry != NEVER_EXPIRES:
-            self._schedule(session.client_id, expiry, self.end, session)
+            self._schedule(session.client_id, expiry - elapsed, self.end, session)
+        return pending
+
+    def _save_meta(self, session: DurableSession, version: int, connected: bool,
+                   will: Will | None) -> None:
+        assert self._durable is not None
+        session.protocol = version
+        meta = records.Meta(session.expiry_interval, version, connected,
+                            None if connected else time.time(), will)
+        self._durable.store.write_soon([(records.meta_key(session.client_id), meta.to_bytes())])
 
     def end(self, session: Session) -> None:
         """The session is over: a pending will goes out now, state is dropped."""
@@ -86,6 +164,11 @@ class SessionManager:
             session.will = None
         del self.sessions[session.client_id]
         self._forget_subscriptions(session)
+        if isinstance(session, DurableSession):
+            assert self._durable is not None
+            session.stop_reading()
+            store = self._durable.store
+            store.write_soon(store.delete_writes(session.client_id))
 
     def close_all(self) -> None:
         for client_id in list(self._timers):
@@ -95,6 +178,8 @@ class SessionManager:
         if session.will is not None and session.connection is None:
             will, session.will = session.will, None
             self._publish_will(session.client_id, will)
+            if isinstance(session, DurableSession):
+                self._save_meta(session, session.protocol, False, None)  # never fired twice
 
     def _publish_will(self, client_id: str, will: Will) -> None:
         properties = {

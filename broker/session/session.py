@@ -7,6 +7,7 @@ client is offline.
 """
 
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,9 @@ class Delivery:
     retain: bool
     # A tuple, so the common case (no identifiers) allocates nothing per delivery.
     subscription_ids: tuple[int, ...] = ()
+    # Set by durable sessions, whose identifiers follow their recorded sequence numbers;
+    # 0 = the connection assigns one when it sends.
+    packet_id: int = 0
 
 
 @dataclass(slots=True)
@@ -44,6 +48,8 @@ class InFlight:
 
 
 class Session:
+    durable = False
+
     def __init__(self, client_id: str, expiry_interval: int, max_queue: int, queue_qos0: bool):
         self.client_id = client_id
         self.expiry_interval = expiry_interval
@@ -67,6 +73,14 @@ class Session:
             packet_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
         self._next_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
         return packet_id
+
+    def completed(self, packet_id: int) -> None:
+        """A QoS 1/2 delivery was acknowledged (PUBACK / PUBCOMP). Durable sessions record
+        it; a memory session has nothing more to do."""
+
+    def released(self, packet_id: int) -> Awaitable[None] | None:
+        """PUBREC arrived; the PUBREL waits for what this returns, if anything."""
+        return None
 
     def enqueue(self, delivery: Delivery) -> str | None:
         """Queues a delivery; returns the reason a message was lost doing so, if one was."""

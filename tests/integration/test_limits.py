@@ -39,6 +39,9 @@ LIMITS = {
     "mqtt.shared_subscription": "false",
     "mqtt.max_clientid_len": "40",
     "mqtt.max_topic_levels": "8",
+    # The memory session's queue limits are what these tests check (durable sessions keep
+    # their backlog in Durable Storage, without a queue limit).
+    "durable_sessions.enable": "false",
 }
 
 

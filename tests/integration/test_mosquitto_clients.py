@@ -65,8 +65,11 @@ def test_persistent_session_queues_while_offline(shared_broker, mosquitto_sub, t
                                    extra=[*session, "-E"])
     assert subscribe_only.wait_exit() == 0
     wait_offline(shared_broker.ports["http"], client_id)
+    # One publisher ID: MQTT orders messages per publisher, and so does Durable Storage
+    # (a publisher's messages share a shard); three anonymous publishers would not be ordered.
     for n in range(3):
-        mosquitto_pub(port, f"{topic}/q", f"queued {n}", version=version, qos=1)
+        mosquitto_pub(port, f"{topic}/q", f"queued {n}", version=version, qos=1,
+                      extra=["-i", f"{client_id}-pub"])
     # The queued messages may come before the SUBACK of the renewed subscription.
     back = mosquitto_sub(port, [f"{topic}/q"], version=version, qos=1,
                          extra=[*session, "-C", "3"], wait_for_suback=False)

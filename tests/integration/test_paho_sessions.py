@@ -42,7 +42,8 @@ def test_v5_session_resumed_with_queued_messages(paho_client, shared_broker, top
         assert pub.publish(f"{topic}/q", payload, 1) == SUCCESS
     view = api_client(shared_broker.ports["http"], client_id)
     assert view is not None
-    assert (view["connected"], view["mqueue_len"], view["subscriptions_cnt"]) == (False, 5, 1)
+    # Durable by default (expiry > 0): the backlog is in Durable Storage, not in a queue.
+    assert (view["connected"], view["durable"], view["subscriptions_cnt"]) == (False, True, 1)
 
     back = paho_client(client_id, clean_start=False, session_expiry=60)
     assert back.connack.session_present is True

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.packets import Puback, Pubcomp, Pubrec, Pubrel
+from broker.session.durable.session import DurableSession
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
@@ -19,6 +20,7 @@ def handle_puback(conn: "Connection", packet: Puback) -> None:
     entry = session.inflight.get(packet.packet_id)
     if entry is not None and entry.delivery.qos == 1:
         del session.inflight[packet.packet_id]
+        session.completed(packet.packet_id)
         conn.drain()
 
 
@@ -35,7 +37,8 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
         conn.drain()
         return
     entry.released = True
-    conn.send(encode_ack(_PUBREL, packet.packet_id, 0, conn.version))
+    conn.send_when(session.released(packet.packet_id),
+                   encode_ack(_PUBREL, packet.packet_id, 0, conn.version))
 
 
 def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
@@ -43,7 +46,10 @@ def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
     assert session is not None
     if packet.packet_id in session.awaiting_rel:
         session.awaiting_rel.discard(packet.packet_id)
-        conn.send(encode_ack(_PUBCOMP, packet.packet_id, 0, conn.version))
+        durable = conn.node.durable
+        if isinstance(session, DurableSession) and durable is not None:
+            durable.store.write_soon([session.awaiting_rel_write(packet.packet_id, False)])
+        conn.send_when(None, encode_ack(_PUBCOMP, packet.packet_id, 0, conn.version))
     else:
         conn.send(encode_ack(_PUBCOMP, packet.packet_id, _NOT_FOUND, conn.version))
 
@@ -54,4 +60,5 @@ def handle_pubcomp(conn: "Connection", packet: Pubcomp) -> None:
     entry = session.inflight.get(packet.packet_id)
     if entry is not None and entry.released:
         del session.inflight[packet.packet_id]
+        session.completed(packet.packet_id)
         conn.drain()

@@ -1,5 +1,6 @@
 """PUBLISH from a client: topic aliases, limits, payload format, QoS 0/1/2 acknowledgement."""
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from broker.mqtt.codec import encode_ack
@@ -7,6 +8,7 @@ from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Publish
 from broker.mqtt.topic import validate_topic_name
+from broker.session.durable.session import DurableSession
 from broker.session.message import message_from_publish, payload_format_ok
 
 if TYPE_CHECKING:
@@ -57,15 +59,15 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         if qos == 0:
             raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)
         stats.drop("payload_format_invalid")
-        conn.send(encode_ack(_PUBACK if qos == 1 else _PUBREC, packet.packet_id,
-                             ReasonCode.PAYLOAD_FORMAT_INVALID, conn.version))
+        conn.send_when(None, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet.packet_id,
+                                        ReasonCode.PAYLOAD_FORMAT_INVALID, conn.version))
         return
 
     session = conn.session
     assert session is not None
     if qos == 2 and packet.packet_id in session.awaiting_rel:
         # A DUP of a QoS 2 message we already own: acknowledge again, never route twice.
-        conn.send(encode_ack(_PUBREC, packet.packet_id, 0, conn.version))
+        conn.send_when(None, encode_ack(_PUBREC, packet.packet_id, 0, conn.version))
         return
     if qos == 2:
         limit = limits.max_inflight if conn.version == MQTT_5 else limits.max_awaiting_rel
@@ -75,7 +77,7 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
     message = message_from_publish(
         topic, packet.payload, qos, packet.retain, conn.client_id, props
     )
-    matched = conn.node.publish(message)
+    matched, stored = conn.node.publish(message)
     if qos == 0:
         return
     reason = (
@@ -83,7 +85,13 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         else ReasonCode.NO_MATCHING_SUBSCRIBERS
     )
     if qos == 1:
-        conn.send(encode_ack(_PUBACK, packet.packet_id, reason, conn.version))
-    else:
-        session.awaiting_rel.add(packet.packet_id)
-        conn.send(encode_ack(_PUBREC, packet.packet_id, reason, conn.version))
+        conn.send_when(stored, encode_ack(_PUBACK, packet.packet_id, reason, conn.version))
+        return
+    session.awaiting_rel.add(packet.packet_id)
+    durable = conn.node.durable
+    if isinstance(session, DurableSession) and durable is not None:
+        # The PUBREC must not leave before we remember owning the message: a restart would
+        # otherwise route the client's resent PUBLISH a second time.
+        remembered = durable.store.write([session.awaiting_rel_write(packet.packet_id, True)])
+        stored = remembered if stored is None else asyncio.gather(stored, remembered)
+    conn.send_when(stored, encode_ack(_PUBREC, packet.packet_id, reason, conn.version))

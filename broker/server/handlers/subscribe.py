@@ -2,10 +2,12 @@
 
 from typing import TYPE_CHECKING
 
+from broker.ds import now_us
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Suback, Subscribe, Subscription
 from broker.mqtt.topic import parse_shared, validate_topic_filter
+from broker.session.durable.session import DurableSession
 from broker.session.session import Delivery, SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -50,14 +52,19 @@ def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
             group,
         )
         existed = sub.topic_filter in session.subscriptions
-        session.subscriptions[sub.topic_filter] = options
-        node.router.subscribe(session.client_id, topic_filter, options)
+        if isinstance(session, DurableSession) and group is None and node.durable is not None:
+            # Read from Durable Storage, not routed: the topics become durable from now on.
+            node.add_durable_filter(session.client_id, topic_filter, options)
+            node.durable.store.write_soon([session.subscribe(topic_filter, options, now_us())])
+        else:
+            session.subscriptions[sub.topic_filter] = options
+            node.router.subscribe(session.client_id, topic_filter, options)
         codes.append(granted)
         send_retained = sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
         if group is None and send_retained and node.retainer is not None:
-            sub_ids = [identifier] if identifier is not None else []
+            sub_ids = (identifier,) if identifier is not None else ()
             retained.extend(
-                Delivery(message, min(message.qos, granted), True, list(sub_ids))
+                Delivery(message, min(message.qos, granted), True, sub_ids)
                 for message in node.retainer.match(topic_filter)
             )
     conn.send_packet(Suback(packet.packet_id, codes))

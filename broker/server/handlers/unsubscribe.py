@@ -6,6 +6,7 @@ from broker.mqtt.constants import ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.mqtt.packets import Unsuback, Unsubscribe
 from broker.mqtt.topic import parse_shared
+from broker.session.durable.session import DurableSession
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
@@ -21,9 +22,17 @@ def handle_unsubscribe(conn: "Connection", packet: Unsubscribe) -> None:
         except MQTTError:
             codes.append(ReasonCode.TOPIC_FILTER_INVALID)
             continue
-        if session.subscriptions.pop(key, None) is None:
+        if key not in session.subscriptions:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
-        conn.node.router.unsubscribe(session.client_id, topic_filter, group)
+        node = conn.node
+        if isinstance(session, DurableSession) and group is None and node.durable is not None:
+            session.unsubscribe(topic_filter)
+            node.remove_durable_filter(session.client_id, topic_filter)
+            store = node.durable.store
+            store.write_soon(store.unsubscribe_writes(session.client_id, topic_filter))
+        else:
+            del session.subscriptions[key]
+            node.router.unsubscribe(session.client_id, topic_filter, group)
         codes.append(ReasonCode.SUCCESS)
     conn.send_packet(Unsuback(packet.packet_id, codes))

@@ -1,0 +1,181 @@
+"""How a durable session is laid out in the `sessions` database: keys and values.
+
+One key per independently changing piece, so each change is a small blind write and
+transactions of one session never conflict with each other:
+
+    m\\0<client id>                          meta: expiry, protocol, connection state, will
+    s\\0<client id>\\0<filter>                a subscription: options and start time
+    p\\0<client id>\\0<filter>\\0<stream>      read position in a stream (or "done")
+    b\\0<client id>\\0<seqno>                 a batch sent but not fully acknowledged
+    r\\0<client id>\\0<seqno>                 QoS 2 delivery whose PUBREC arrived (PUBREL owed)
+    a\\0<client id>\\0<packet id>             QoS 2 PUBLISH received, PUBREL not yet
+
+Sequence numbers (seqno) count this session's QoS 1/2 deliveries; the packet identifier is
+derived from the seqno, so a batch replayed after a restart carries the same identifiers it
+had on the wire before (MQTT-4.4.0-1). Values are JSON, readable by `broker ctl sessions`.
+"""
+
+import base64
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.ds import Stream
+from broker.mqtt.constants import MAX_PACKET_ID
+from broker.mqtt.packets import Will
+from broker.mqtt.properties import WILL_PROPERTIES, decode_properties, encode_properties
+from broker.session.session import SubscriptionOptions
+
+SEP = b"\x00"
+_STREAM = struct.Struct(">HII")
+_SEQNO = struct.Struct(">Q")
+_PACKET_ID = struct.Struct(">H")
+
+
+def packet_id_of(seqno: int) -> int:
+    return (seqno - 1) % MAX_PACKET_ID + 1
+
+
+def _key(kind: bytes, client_id: str, *parts: bytes) -> bytes:
+    return SEP.join((kind, client_id.encode(), *parts))
+
+
+def prefix(kind: bytes, client_id: str) -> bytes:
+    """Every key of one kind for one client (the trailing separator keeps `a` from `ab`)."""
+    return _key(kind, client_id) + SEP
+
+
+def meta_key(client_id: str) -> bytes:
+    return _key(b"m", client_id)
+
+
+def subscription_key(client_id: str, topic_filter: str) -> bytes:
+    return _key(b"s", client_id, topic_filter.encode())
+
+
+def position_key(client_id: str, topic_filter: str, stream: Stream) -> bytes:
+    return _key(b"p", client_id, topic_filter.encode(),
+                _STREAM.pack(stream.shard, stream.generation, stream.id))
+
+
+def batch_key(client_id: str, first_seqno: int) -> bytes:
+    return _key(b"b", client_id, _SEQNO.pack(first_seqno))
+
+
+def released_key(client_id: str, seqno: int) -> bytes:
+    return _key(b"r", client_id, _SEQNO.pack(seqno))
+
+
+def awaiting_rel_key(client_id: str, packet_id: int) -> bytes:
+    return _key(b"a", client_id, _PACKET_ID.pack(packet_id))
+
+
+def seqno_of_key(key: bytes) -> int:
+    return _SEQNO.unpack(key[-_SEQNO.size:])[0]  # type: ignore[no-any-return]
+
+
+def packet_id_of_key(key: bytes) -> int:
+    return _PACKET_ID.unpack(key[-_PACKET_ID.size:])[0]  # type: ignore[no-any-return]
+
+
+def position_parts(key: bytes, client_id: str) -> tuple[str, int, int, int]:
+    """(filter, shard, generation, stream id) back from a position key."""
+    body = key[len(prefix(b"p", client_id)):]
+    topic_filter = body[:-_STREAM.size - 1].decode()
+    shard, generation, stream = _STREAM.unpack(body[-_STREAM.size:])
+    return topic_filter, shard, generation, stream
+
+
+def dumps(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def loads(raw: bytes) -> dict[str, Any]:
+    return json.loads(raw)  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True)
+class Meta:
+    expiry_interval: int
+    protocol: int
+    connected: bool
+    disconnected_at: float | None  # wall clock, seconds
+    will: Will | None = None
+
+    def to_bytes(self) -> bytes:
+        return dumps({
+            "expiry": self.expiry_interval, "proto": self.protocol, "connected": self.connected,
+            "disconnected_at": self.disconnected_at,
+            "will": will_to_json(self.will) if self.will is not None else None,
+        })
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Meta":
+        value = loads(raw)
+        will = value.get("will")
+        return cls(value["expiry"], value["proto"], value["connected"],
+                   value["disconnected_at"], will_from_json(will) if will else None)
+
+
+def will_to_json(will: Will) -> dict[str, Any]:
+    return {
+        "topic": will.topic, "qos": will.qos, "retain": will.retain,
+        "payload": base64.b64encode(will.payload).decode(),
+        "props": base64.b64encode(encode_properties(will.properties)).decode(),
+    }
+
+
+def will_from_json(value: dict[str, Any]) -> Will:
+    raw = base64.b64decode(value["props"])
+    properties, _ = decode_properties(raw, 0, len(raw), WILL_PROPERTIES)
+    return Will(value["topic"], base64.b64decode(value["payload"]), value["qos"],
+                value["retain"], properties)
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    """Deliveries of one fetched batch that need acknowledging: which stream, the read
+    window (positions `begin` < timestamp <= `end`), and the (timestamp, QoS) of each QoS 1/2
+    delivery in order; the k-th has seqno `first_seqno + k`."""
+
+    topic_filter: str
+    stream: Stream
+    begin: int
+    end: int
+    first_seqno: int
+    entries: list[tuple[int, int]]
+    done: list[int] = field(default_factory=list)  # offsets of acknowledged entries
+
+    def to_bytes(self) -> bytes:
+        s = self.stream
+        return dumps({"filter": self.topic_filter, "stream": [s.db, s.shard, s.generation, s.id],
+                      "begin": self.begin, "end": self.end, "first": self.first_seqno,
+                      "entries": self.entries, "done": self.done})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "BatchRecord":
+        value = loads(raw)
+        db, shard, generation, stream = value["stream"]
+        return cls(value["filter"], Stream(db, shard, generation, stream), value["begin"],
+                   value["end"], value["first"], [(ts, qos) for ts, qos in value["entries"]],
+                   value["done"])
+
+
+def subscription_to_bytes(options: SubscriptionOptions, since: int) -> bytes:
+    return dumps({"qos": options.qos, "nl": options.no_local, "rap": options.retain_as_published,
+                  "rh": options.retain_handling, "id": options.identifier, "since": since})
+
+
+def subscription_from_bytes(raw: bytes) -> tuple[SubscriptionOptions, int]:
+    value = loads(raw)
+    options = SubscriptionOptions(value["qos"], value["nl"], value["rap"], value["rh"],
+                                  value["id"])
+    return options, value["since"]
+
+
+def split_key(key: bytes) -> tuple[bytes, str]:
+    """(kind, client id) of any key (client IDs cannot contain U+0000, MQTT-1.5.4-2)."""
+    kind, _, rest = key.partition(SEP)
+    client_id, _, _ = rest.partition(SEP)
+    return kind, client_id.decode()

@@ -1,0 +1,355 @@
+"""A durable session: state in the `sessions` database, messages read from Durable Storage.
+
+While connected, the session reads each (subscription, stream) pair through a DS push
+subscription, in batches of `durable_sessions.batch_size`. A batch is recorded (which
+messages got which sequence numbers, and the new read position) and that record is on disk
+before any of its messages is sent; acknowledgements are recorded as they arrive and a
+fully acknowledged batch record is deleted. So after any restart the session knows exactly
+what was sent and not acknowledged: it resends those with DUP and their original packet
+identifiers, sends PUBREL for QoS 2 deliveries whose PUBREC it had, and reads on from the
+recorded position. Nothing is held in memory while the client is offline.
+
+Streams of one shard are read generation by generation, so messages of a topic arrive in
+the order they were stored.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from broker.ds import TTV, DurableStorage, Iterator, Stream
+from broker.metrics import Stats
+from broker.mqtt.constants import PropertyId, ReasonCode
+from broker.mqtt.errors import MQTTError
+from broker.session.durable import records as r
+from broker.session.durable.store import SessionStore, StoredSession, Write
+from broker.session.message import Message
+from broker.session.session import Delivery, InFlight, Session, SubscriptionOptions
+
+log = logging.getLogger(__name__)
+
+_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
+
+
+@dataclass(slots=True)
+class DurableContext:
+    """What every durable session of a node shares."""
+
+    ds: DurableStorage
+    store: SessionStore
+    stats: Stats
+    batch_size: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: r.BatchRecord
+    remaining: int
+
+
+def message_from_ttv(ttv: TTV) -> Message:
+    interval = ttv.properties.get(_EXPIRY)
+    expires_at = ttv.timestamp / 1e6 + interval if interval is not None else None
+    return Message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher, ttv.properties,
+                   expires_at)
+
+
+class DurableSession(Session):
+    durable = True
+
+    def __init__(self, client_id: str, expiry_interval: int, context: DurableContext) -> None:
+        # No queue limit: the backlog lives in Durable Storage, and reading pauses while
+        # what was fetched waits for the in-flight window.
+        super().__init__(client_id, expiry_interval, 0, True)
+        self._ctx = context
+        self.since: dict[str, int] = {}
+        self._positions: dict[tuple[str, Stream], int | None] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._by_packet: dict[int, tuple[_Pending, int]] = {}
+        self._dirty: set[int] = set()
+        self._flush_scheduled = False
+        self._readers: dict[tuple[str, Stream], asyncio.Task[None]] = {}
+        self._room = asyncio.Event()
+        self._room.set()
+        self._next_seqno = 1
+        # False for a session restored from disk at start-up until its client is back: then
+        # what was in flight is rebuilt from the store, once.
+        self.loaded = True
+        self.protocol = 4  # MQTT version of the last connection, kept with the state
+
+    # ---- state from the store ----------------------------------------------------------
+    def restore_subscriptions(self, stored: StoredSession) -> None:
+        for topic_filter, (options, since) in stored.subscriptions.items():
+            self.subscriptions[topic_filter] = options
+            self.since[topic_filter] = since
+
+    def attach(self, stored: StoredSession | None) -> None:
+        """The client is back. After a restart (`stored` given) what was in flight is
+        rebuilt from the store; within one run it is still in memory. Either way the
+        connection resends the in-flight window with DUP, and reading resumes."""
+        if stored is not None:
+            self.subscriptions.clear()
+            self.since.clear()
+            self.restore_subscriptions(stored)
+            self._positions = dict(stored.positions)
+            self.awaiting_rel = set(stored.awaiting_rel)
+            for record in stored.batches:
+                self._replay(record, stored.released)
+        self.loaded = True
+        self.refresh_streams()
+
+    def _replay(self, record: r.BatchRecord, released: set[int]) -> None:
+        found = self._read_window(record)
+        options = self.subscriptions.get(record.topic_filter)
+        pending = _Pending(record, 0)
+        done = set(record.done)
+        for offset, (timestamp, qos) in enumerate(record.entries):
+            seqno = record.first_seqno + offset
+            self._next_seqno = max(self._next_seqno, seqno + 1)
+            ttv = found.get(timestamp)
+            if offset in done or ttv is None:  # acknowledged, or dropped by retention
+                continue
+            retain = ttv.retain and (options.retain_as_published if options else False)
+            ids = (options.identifier,) if options and options.identifier is not None else ()
+            packet_id = r.packet_id_of(seqno)
+            delivery = Delivery(message_from_ttv(ttv), qos, retain, ids, packet_id)
+            window = self.connection.send_window if self.connection is not None else 0
+            if seqno in released or len(self.inflight) < window:
+                self.inflight[packet_id] = InFlight(delivery, seqno in released)
+            else:  # beyond the client's Receive Maximum: sent as the window opens
+                self.queue.append(delivery)
+            self._by_packet[packet_id] = (pending, offset)
+            pending.remaining += 1
+            self._ctx.stats.durable_replayed += 1
+        if pending.remaining:
+            self._pending[record.first_seqno] = pending
+        else:
+            self._ctx.store.write_soon(self._completion_writes(record))
+
+    def _read_window(self, record: r.BatchRecord) -> dict[int, TTV]:
+        """The stored messages of a recorded batch, by timestamp."""
+        found: dict[int, TTV] = {}
+        iterator: Iterator | None = Iterator(record.stream, record.topic_filter, record.begin)
+        while iterator is not None and iterator.position < record.end:
+            iterator, ttvs = self._ctx.ds.next(iterator, max(len(record.entries), 1) * 2)
+            if not ttvs:
+                break
+            for ttv in ttvs:
+                if ttv.timestamp <= record.end:
+                    found[ttv.timestamp] = ttv
+        return found
+
+    def detach(self) -> None:
+        """The client left: stop reading. What was fetched stays in memory for a resume
+        within this run (a restart rebuilds it from the store)."""
+        self._flush_acks()
+        self.stop_reading()
+
+    def stop_reading(self) -> None:
+        for task in self._readers.values():
+            task.cancel()
+        self._readers.clear()
+        self._room.set()
+
+    # ---- subscriptions -----------------------------------------------------------------
+    def subscribe(self, topic_filter: str, options: SubscriptionOptions, since: int) -> Write:
+        self.subscriptions[topic_filter] = options
+        since = self.since.setdefault(topic_filter, since)
+        if self.connection is not None:
+            self.refresh_streams()
+        return r.subscription_key(self.client_id, topic_filter), r.subscription_to_bytes(
+            options, since
+        )
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        self.subscriptions.pop(topic_filter, None)
+        self.since.pop(topic_filter, None)
+        for key in [key for key in self._readers if key[0] == topic_filter]:
+            self._readers.pop(key).cancel()
+        for key in [key for key in self._positions if key[0] == topic_filter]:
+            del self._positions[key]
+
+    # ---- reading -----------------------------------------------------------------------
+    def refresh_streams(self) -> None:
+        """Starts readers for streams not yet read: per shard only the oldest generation
+        not read to its end, so a topic's messages stay in order across generations."""
+        if self.connection is None:
+            return
+        ds = self._ctx.ds
+        for topic_filter in list(self.subscriptions):
+            if topic_filter not in self.since:
+                continue  # a shared subscription: routed live, not read from storage
+            since = self.since[topic_filter]
+            oldest: dict[int, int] = {}
+            streams = [
+                stream for stream in ds.get_streams("messages", topic_filter, since)
+                if self._positions.get((topic_filter, stream), 0) is not None
+            ]
+            for stream in streams:
+                oldest[stream.shard] = min(oldest.get(stream.shard, stream.generation),
+                                           stream.generation)
+            for stream in streams:
+                key = (topic_filter, stream)
+                if stream.generation != oldest[stream.shard] or key in self._readers:
+                    continue
+                position = self._positions.get(key)
+                iterator = (
+                    Iterator(stream, topic_filter, position) if position is not None
+                    else ds.make_iterator(stream, topic_filter, since)
+                )
+                self._readers[key] = asyncio.get_running_loop().create_task(
+                    self._read(topic_filter, stream, iterator)
+                )
+
+    async def _read(self, topic_filter: str, stream: Stream, iterator: Iterator) -> None:
+        ctx = self._ctx
+        subscription = ctx.ds.subscribe(iterator, ctx.batch_size)
+        try:
+            while True:
+                after, ttvs = await subscription.next()
+                while not self._room.is_set():
+                    await self._room.wait()
+                if self.connection is None or topic_filter not in self.subscriptions:
+                    return
+                # Shielded: once recorded, a batch must reach the session even if the reader
+                # is cancelled meanwhile (the client left), or it would be lost until restart.
+                await asyncio.shield(
+                    self._deliver_batch(topic_filter, stream, iterator, after, ttvs)
+                )
+                if after is None:
+                    break
+                iterator = after
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("durable session %s: reading %s failed", self.client_id, stream)
+            if self.connection is not None:
+                self.connection.fail(MQTTError("durable session read failed",
+                                               ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
+            return
+        finally:
+            subscription.close()
+        self._readers.pop((topic_filter, stream), None)
+        self.refresh_streams()  # the next generation of this shard, if any
+
+    async def _deliver_batch(
+        self, topic_filter: str, stream: Stream, before: Iterator, after: Iterator | None,
+        ttvs: list[TTV],
+    ) -> None:
+        options = self.subscriptions[topic_filter]
+        ids = (options.identifier,) if options.identifier is not None else ()
+        now = time.time()
+        deliveries: list[Delivery] = []
+        entries: list[tuple[int, int]] = []
+        first = self._next_seqno
+        for ttv in ttvs:
+            if options.no_local and ttv.publisher == self.client_id:
+                continue
+            message = message_from_ttv(ttv)
+            if message.expires_at is not None and message.expires_at <= now:
+                self._ctx.stats.drop("expired")
+                continue
+            qos = min(ttv.qos, options.qos)
+            packet_id = 0
+            if qos:
+                packet_id = r.packet_id_of(first + len(entries))
+                entries.append((ttv.timestamp, qos))
+            retain = ttv.retain and options.retain_as_published
+            deliveries.append(Delivery(message, qos, retain, ids, packet_id))
+        self._next_seqno = first + len(entries)
+        position = after.position if after is not None else None
+        writes = [SessionStore.position_write(self.client_id, topic_filter, stream, position)]
+        pending = None
+        if entries:
+            record = r.BatchRecord(topic_filter, stream, before.position,
+                                   position if position is not None else before.position,
+                                   first, entries)
+            if position is None:
+                record.end = max(ts for ts, _ in entries)
+            writes.append((r.batch_key(self.client_id, first), record.to_bytes()))
+            pending = self._pending[first] = _Pending(record, len(entries))
+        self._positions[(topic_filter, stream)] = position
+        await self._ctx.store.write(writes)  # recorded before anything is sent
+        connection = self.connection
+        offset = 0
+        for delivery in deliveries:
+            if delivery.qos and pending is not None:
+                self._by_packet[delivery.packet_id] = (pending, offset)
+                offset += 1
+            if connection is not None:
+                connection.deliver(delivery)
+            elif delivery.qos:
+                self.queue.append(delivery)  # the client left meanwhile: sent on resume
+        if connection is not None:
+            connection.flush()
+        self._update_room()
+
+    def _update_room(self) -> None:
+        if len(self.queue) > self._ctx.batch_size:
+            self._room.clear()
+        else:
+            self._room.set()
+
+    # ---- acknowledgements --------------------------------------------------------------
+    def next_packet_id(self) -> int:
+        """Deliveries outside a batch (retained messages) take a sequence number too, so
+        their identifiers never collide with a batch's."""
+        seqno = self._next_seqno
+        self._next_seqno += 1
+        return r.packet_id_of(seqno)
+
+    def completed(self, packet_id: int) -> None:
+        entry = self._by_packet.pop(packet_id, None)
+        if entry is not None:
+            pending, offset = entry
+            pending.record.done.append(offset)
+            pending.remaining -= 1
+            self._dirty.add(pending.record.first_seqno)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_acks)
+        if not self._room.is_set():
+            self._update_room()
+
+    def released(self, packet_id: int) -> Awaitable[None] | None:
+        """PUBREC: the PUBREL goes out only once this is on disk, so a restart resends
+        PUBREL rather than the PUBLISH (which the client would take as a new message)."""
+        entry = self._by_packet.get(packet_id)
+        if entry is None:
+            return None
+        pending, offset = entry
+        key = r.released_key(self.client_id, pending.record.first_seqno + offset)
+        return self._ctx.store.write([(key, b"1")])
+
+    def _flush_acks(self) -> None:
+        """Acknowledgements of one event-loop turn, written together."""
+        self._flush_scheduled = False
+        writes: list[Write] = []
+        for first in self._dirty:
+            pending = self._pending.get(first)
+            if pending is None:
+                continue
+            if pending.remaining:
+                writes.append((r.batch_key(self.client_id, first), pending.record.to_bytes()))
+            else:
+                del self._pending[first]
+                writes.extend(self._completion_writes(pending.record))
+        self._dirty.clear()
+        if writes:
+            self._ctx.store.write_soon(writes)
+
+    def _completion_writes(self, record: r.BatchRecord) -> list[Write]:
+        writes: list[Write] = [(r.batch_key(self.client_id, record.first_seqno), None)]
+        writes.extend((r.released_key(self.client_id, record.first_seqno + offset), None)
+                      for offset, (_, qos) in enumerate(record.entries) if qos == 2)
+        return writes
+
+    # ---- incoming QoS 2 ----------------------------------------------------------------
+    def awaiting_rel_write(self, packet_id: int, present: bool) -> Write:
+        return r.awaiting_rel_key(self.client_id, packet_id), b"1" if present else None
+
+    def backlog(self) -> int:
+        """Deliveries recorded but not yet acknowledged (the checkpoint lag)."""
+        return sum(pending.remaining for pending in self._pending.values())

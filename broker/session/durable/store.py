@@ -1,0 +1,142 @@
+"""Durable session state in the `sessions` database: load it, change it, delete it.
+
+Every change is a blind write (no reads recorded), so changes of one session never
+conflict; each is committed with fsync through the storage's group commit. The key-value
+store shows a committed change to readers at once, before it is on disk, so a session that
+is detached and immediately resumed reads its latest state. Changes whose completion no one
+awaits are tracked, so shutdown can wait for them and a failure is logged, not lost.
+"""
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from broker.ds import DurableStorage, Stream
+from broker.session.durable import records as r
+from broker.session.session import SubscriptionOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StoredSession:
+    client_id: str
+    meta: r.Meta
+    subscriptions: dict[str, tuple[SubscriptionOptions, int]] = field(default_factory=dict)
+    # (filter, stream) -> position (microseconds) or None once the stream was read to its end
+    positions: dict[tuple[str, Stream], int | None] = field(default_factory=dict)
+    batches: list[r.BatchRecord] = field(default_factory=list)
+    released: set[int] = field(default_factory=set)
+    awaiting_rel: set[int] = field(default_factory=set)
+
+
+Write = tuple[bytes, bytes | None]  # None deletes
+
+
+class SessionStore:
+    def __init__(self, ds: DurableStorage) -> None:
+        self._ds = ds
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ---- reading -----------------------------------------------------------------------
+    def load_all(self) -> list[StoredSession]:
+        """Every stored session, from one ordered scan of the database."""
+        found: dict[str, StoredSession] = {}
+        rest: list[tuple[bytes, str, bytes, bytes]] = []
+        for key, value in self._ds.sessions.scan(b""):
+            kind, client_id = r.split_key(key)
+            if kind == b"m":
+                found[client_id] = StoredSession(client_id, r.Meta.from_bytes(value))
+            else:
+                rest.append((kind, client_id, key, value))
+        for kind, client_id, key, value in rest:
+            stored = found.get(client_id)
+            if stored is None:
+                continue  # left over from a session whose delete was interrupted
+            self._add(stored, kind, key, value)
+        for stored in found.values():
+            stored.batches.sort(key=lambda batch: batch.first_seqno)
+        return list(found.values())
+
+    def load(self, client_id: str) -> StoredSession | None:
+        raw = self._ds.sessions.get(r.meta_key(client_id))
+        if raw is None:
+            return None
+        stored = StoredSession(client_id, r.Meta.from_bytes(raw))
+        for kind in (b"s", b"p", b"b", b"r", b"a"):
+            for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
+                self._add(stored, kind, key, value)
+        stored.batches.sort(key=lambda batch: batch.first_seqno)
+        return stored
+
+    @staticmethod
+    def _add(stored: StoredSession, kind: bytes, key: bytes, value: bytes) -> None:
+        client_id = stored.client_id
+        if kind == b"s":
+            topic_filter = key[len(r.prefix(b"s", client_id)):].decode()
+            stored.subscriptions[topic_filter] = r.subscription_from_bytes(value)
+        elif kind == b"p":
+            topic_filter, shard, generation, stream = r.position_parts(key, client_id)
+            position = r.loads(value)["pos"]
+            stored.positions[(topic_filter, Stream("messages", shard, generation, stream))] = (
+                position
+            )
+        elif kind == b"b":
+            stored.batches.append(r.BatchRecord.from_bytes(value))
+        elif kind == b"r":
+            stored.released.add(r.seqno_of_key(key))
+        elif kind == b"a":
+            stored.awaiting_rel.add(r.packet_id_of_key(key))
+
+    # ---- writing -----------------------------------------------------------------------
+    async def write(self, writes: Iterable[Write]) -> None:
+        """Commits the writes atomically; returns once they are on disk."""
+        tx = self._ds.begin()
+        for key, value in writes:
+            if value is None:
+                tx.delete(key)
+            else:
+                tx.put(key, value)
+        await self._ds.commit(tx, sync=True)
+
+    def write_soon(self, writes: Iterable[Write]) -> None:
+        """`write` for callers that need not wait: visible to readers at once, on disk
+        within a flush interval."""
+        task = asyncio.get_running_loop().create_task(self.write(list(writes)))
+        self._background.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("durable session state not written", exc_info=task.exception())
+
+    @property
+    def unsettled(self) -> int:
+        """Changes started with `write_soon` and not yet on disk."""
+        return len(self._background)
+
+    async def settle(self) -> None:
+        """Waits for every change started with `write_soon` (shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    def delete_writes(self, client_id: str) -> list[Write]:
+        """Writes that remove every key of the session."""
+        deletes: list[Write] = [(r.meta_key(client_id), None)]
+        for kind in (b"s", b"p", b"b", b"r", b"a"):
+            deletes.extend((key, None)
+                           for key, _ in self._ds.sessions.scan(r.prefix(kind, client_id)))
+        return deletes
+
+    @staticmethod
+    def position_write(client_id: str, topic_filter: str, stream: Stream,
+                       position: int | None) -> Write:
+        return r.position_key(client_id, topic_filter, stream), r.dumps({"pos": position})
+
+    def unsubscribe_writes(self, client_id: str, topic_filter: str) -> list[Write]:
+        writes: list[Write] = [(r.subscription_key(client_id, topic_filter), None)]
+        start = r.prefix(b"p", client_id) + topic_filter.encode() + r.SEP
+        writes.extend((key, None) for key, _ in self._ds.sessions.scan(start))
+        return writes
