@@ -3,10 +3,10 @@
 Change handlers react at once to spec edits (and resume after a restart); broker pod
 events re-reconcile their cluster, because readiness changes without any event on the
 MQTTCluster; a drain not confirmed yet, or replica transitions that answering brokers have
-not finished, make the change handler retry. Both paths
-share one lock per cluster, so they never interleave. No kopf timer or daemon on purpose:
-those put a finalizer on the MQTTCluster, and `helm uninstall` removes the operator together
-with the cluster, which would leave the cluster stuck in deletion.
+not finished, make the change handler retry. Both paths share one lock per cluster, so they
+never interleave. No kopf timer or daemon on purpose: those put a finalizer on the
+MQTTCluster, and `helm uninstall` removes the operator together with the cluster, which
+would leave the cluster stuck in deletion.
 
 Settings (environment): MQTT_OPERATOR_METRICS_PORT (9090; 0 disables),
 MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10: longest wait before
@@ -40,7 +40,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=c.GROUP, key="last-handled-configuration")
-    settings.posting.level = 20  # logging.INFO: Normal events too, not only warnings
     # No watching of namespaces and CRDs: that needs cluster-wide read access the operator
     # otherwise does without. The CRD exists before the operator starts (the chart's crds/).
     settings.scanning.disabled = True
