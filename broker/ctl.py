@@ -1,7 +1,7 @@
-"""`broker ctl ds ...`: Durable Storage administration, like `emqx ctl ds`.
+"""`broker ctl ds ...` and `broker ctl sessions ...`: administration, like `emqx ctl`.
 
-A running node is asked over its HTTP API (`--url`); a stopped one is read from its data dir
-(`--data-dir`), which LevelDB's lock refuses while a node has it open.
+A running node is asked over its HTTP API (`--url`); for `ds info` a stopped one can be read
+from its data dir (`--data-dir`), which LevelDB's lock refuses while a node has it open.
 """
 
 import argparse
@@ -9,6 +9,7 @@ import asyncio
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +86,55 @@ def ds_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_sessions(clients: list[dict[str, Any]]) -> str:
+    lines = [f"{'CLIENT ID':<32}{'STATE':<14}{'KIND':<8}{'EXPIRY':>8}{'SUBS':>6}{'INFLIGHT':>10}"]
+    for client in clients:
+        lines.append(
+            f"{client['clientid']:<32}"
+            f"{'connected' if client['connected'] else 'disconnected':<14}"
+            f"{'durable' if client.get('durable') else 'memory':<8}"
+            f"{client['expiry_interval']:>8}{client['subscriptions_cnt']:>6}"
+            f"{client['inflight_cnt']:>10}"
+        )
+    return "\n".join(lines)
+
+
+def format_session(client: dict[str, Any], subscriptions: list[dict[str, Any]]) -> str:
+    lines = [f"{key}: {value}" for key, value in client.items()]
+    lines.append("subscriptions:")
+    lines.extend(f"  {s['topic']} qos={s['qos']} nl={s['nl']} rap={s['rap']} rh={s['rh']}"
+                 f" subid={s['subid']}" for s in subscriptions)
+    return "\n".join(lines)
+
+
+def sessions_command(args: argparse.Namespace) -> int:
+    base = args.url.rstrip("/") + "/api/v5"
+    try:
+        if args.action == "list":
+            clients = _http(base + "/clients?limit=10000")["data"]
+            print(json.dumps(clients, indent=1) if args.output == "json"
+                  else format_sessions(clients))
+            return 0
+        if not args.client_id:
+            print("broker ctl: sessions show needs a client ID", file=sys.stderr)
+            return 2
+        quoted = urllib.parse.quote(args.client_id, safe="")
+        client = _http(f"{base}/clients/{quoted}")
+        subscriptions = _http(f"{base}/subscriptions?limit=10000&clientid={quoted}")["data"]
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            print(f"broker ctl: no session {args.client_id!r}", file=sys.stderr)
+            return 1
+        print(f"broker ctl: {args.url}: {error}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as error:
+        print(f"broker ctl: cannot reach {args.url}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({**client, "subscriptions": subscriptions}, indent=1)
+          if args.output == "json" else format_session(client, subscriptions))
+    return 0
+
+
 def add_parser(commands: Any) -> None:
     ctl = commands.add_parser("ctl", help="administer a node (like `emqx ctl`)")
     topics = ctl.add_subparsers(dest="topic", required=True)
@@ -94,3 +144,9 @@ def add_parser(commands: Any) -> None:
     ds.add_argument("--data-dir", help="read a stopped node's data dir instead (info only)")
     ds.add_argument("-o", "--output", choices=["text", "json"], default="text")
     ds.set_defaults(func=ds_command)
+    sessions = topics.add_parser("sessions", help="sessions, durable ones included: list, show")
+    sessions.add_argument("action", choices=["list", "show"])
+    sessions.add_argument("client_id", nargs="?", help="for show")
+    sessions.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    sessions.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    sessions.set_defaults(func=sessions_command)

@@ -71,7 +71,10 @@ async def get_client(request: web.Request) -> web.Response:
 async def list_subscriptions(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     items = []
+    wanted = request.query.get("clientid")  # EMQX's filter
     for session in sorted(node.sessions.sessions.values(), key=lambda s: s.client_id):
+        if wanted is not None and session.client_id != wanted:
+            continue
         for key, options in session.subscriptions.items():
             items.append({
                 "clientid": session.client_id,

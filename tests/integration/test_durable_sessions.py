@@ -6,6 +6,7 @@ is killed (or stopped) and started again on the same data directory, and the cli
 back without subscribing: every message arrives, in order, and Session Present is 1.
 """
 
+import json
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from tests.integration.clients import (
     PahoClient,
     api_client,
     http_json,
+    run_cli,
     scrape_metrics,
     unique,
     wait_offline,
@@ -201,3 +203,26 @@ def test_messages_are_stored_once_for_many_durable_subscribers(
         back = paho_client(f"many{n}", port=broker.tcp, clean_start=False,
                            session_expiry=EXPIRY)
         assert len(back.wait_messages(10)) == 10
+
+
+def test_ctl_sessions_list_and_show_after_a_restart(paho_client, start_broker) -> None:
+    broker = start_broker()
+    sub = paho_client("ctl-c", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+    sub.subscribe([("ctl/a", 1), ("ctl/+/b", 2)])
+    sub.disconnect()
+    wait_offline(broker.ports["http"], "ctl-c")
+    wait_state_on_disk(broker)
+    broker = restart(broker, start_broker, "kill")
+    url = f"http://127.0.0.1:{broker.ports['http']}"
+
+    listed = run_cli("ctl", "sessions", "list", "--url", url)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("ctl-c"))
+    assert row.split()[1:3] == ["disconnected", "durable"]
+    shown = run_cli("ctl", "sessions", "show", "ctl-c", "--url", url, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    assert sorted((s["topic"], s["qos"]) for s in detail["subscriptions"]) == [
+        ("ctl/+/b", 2), ("ctl/a", 1)]
+    missing = run_cli("ctl", "sessions", "show", "nobody", "--url", url)
+    assert missing.returncode == 1 and "no session 'nobody'" in missing.stderr
