@@ -68,7 +68,8 @@ class Node:
         self.durable: DurableContext | None = None
         if self.ds is not None:
             self.durable = DurableContext(self.ds, SessionStore(self.ds), self.stats,
-                                          config["durable_sessions.batch_size"])
+                                          config["durable_sessions.batch_size"],
+                                          config["durable_sessions.session_ttl"])
         # Filters of durable sessions: a message on a matching topic is stored once in DS.
         self.durable_filters: TopicTrie[SubscriptionOptions] = TopicTrie()
         self._durable_topics: dict[str, int] = {}

@@ -95,7 +95,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durable_sessions.message_retention_period", "1d", parse_duration,
             "How long stored messages are kept; older generations are dropped whole."),
     Setting("durable_sessions.session_gc_interval", "10m", parse_duration,
-            "How often expired durable sessions are garbage collected."),
+            "How often expired durable sessions are garbage collected (their expiry timers"
+            " normally end them first; the sweep also applies `session_ttl`)."),
+    Setting("durable_sessions.max_session_expiry_interval", "0s", parse_duration,
+            "Administrative cap on a durable session's expiry interval (TBMQ's"
+            " `max-expiry-interval`), granted in CONNACK; 0 = no cap."),
+    Setting("durable_sessions.session_ttl", "0s", parse_duration,
+            "How long a disconnected durable session that never expires (expiry 0xFFFFFFFF)"
+            " is kept (TBMQ's `ttl`); 0 = forever."),
     Setting("durable_storage.messages.n_shards", 16, parse_int(1, 1024),
             "Shards of the `messages` database (by publisher client ID); fixed when the"
             " database is created."),

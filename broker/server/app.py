@@ -71,6 +71,9 @@ class BrokerApp:
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
         if node.ds is not None:
             node.ds.start()
+        gc_every = config["durable_sessions.session_gc_interval"]
+        if node.durable is not None and gc_every > 0:
+            self._tasks.append(asyncio.create_task(self._collect_sessions(gc_every)))
         clear_every = config["retainer.msg_clear_interval"]
         if node.retainer is not None and clear_every > 0:
             self._tasks.append(asyncio.create_task(self._clear_retained(clear_every)))
@@ -94,6 +97,13 @@ class BrokerApp:
             removed = self.node.retainer.clear_expired()
             if removed:
                 log.info("removed %d expired retained messages", removed)
+
+    async def _collect_sessions(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            ended = self.node.sessions.collect_garbage()
+            if ended:
+                log.info("garbage collected %d expired durable sessions", ended)
 
     async def stop(self) -> None:
         for server in self._servers:

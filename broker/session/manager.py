@@ -80,6 +80,7 @@ class SessionManager:
             self.sessions[session.client_id] = session
             restored.append(session)
             since = now if meta.connected or meta.disconnected_at is None else meta.disconnected_at
+            session.disconnected_at = since
             self._start_timers(session, meta.will, now - since)
         return restored
 
@@ -121,6 +122,7 @@ class SessionManager:
         session.connection = None
         if isinstance(session, DurableSession):
             session.detach()
+            session.disconnected_at = time.time()
         if not self._start_timers(session, will, 0.0):
             will = None  # published already, or there is none
         if isinstance(session, DurableSession) and session.expiry_interval:
@@ -153,6 +155,24 @@ class SessionManager:
         meta = records.Meta(session.expiry_interval, version, connected,
                             None if connected else time.time(), will)
         self._durable.store.write_soon([(records.meta_key(session.client_id), meta.to_bytes())])
+
+    def collect_garbage(self, now: float | None = None) -> int:
+        """Ends disconnected durable sessions past their expiry, or past
+        `durable_sessions.session_ttl` for those that never expire; returns how many."""
+        if self._durable is None:
+            return 0
+        now = time.time() if now is None else now
+        ended = 0
+        for session in list(self.sessions.values()):
+            if (not isinstance(session, DurableSession) or session.connection is not None
+                    or session.disconnected_at is None):
+                continue
+            expiry = session.expiry_interval
+            limit = self._durable.ttl if expiry == NEVER_EXPIRES else expiry
+            if limit and now - session.disconnected_at >= limit:
+                self.end(session)
+                ended += 1
+        return ended
 
     def end(self, session: Session) -> None:
         """The session is over: a pending will goes out now, state is dropped."""

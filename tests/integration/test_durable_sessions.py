@@ -226,3 +226,36 @@ def test_ctl_sessions_list_and_show_after_a_restart(paho_client, start_broker) -
         ("ctl/+/b", 2), ("ctl/a", 1)]
     missing = run_cli("ctl", "sessions", "show", "nobody", "--url", url)
     assert missing.returncode == 1 and "no session 'nobody'" in missing.stderr
+
+
+def test_admin_cap_and_ttl_for_durable_sessions(paho_client, start_broker) -> None:
+    broker = start_broker(**{
+        "durable_sessions.max_session_expiry_interval": "1h",
+        "durable_sessions.session_ttl": "1s",
+        "durable_sessions.session_gc_interval": "200ms",
+    })
+    capped = paho_client("capped", port=broker.tcp, clean_start=False, session_expiry=86_400)
+    assert capped.connack.prop("SessionExpiryInterval") == 3600
+    forever = paho_client("forever", port=broker.tcp, clean_start=False,
+                          session_expiry=0xFFFFFFFF)
+    assert forever.connack.prop("SessionExpiryInterval") == 3600  # the cap applies too
+    capped.disconnect()
+    wait_offline(broker.ports["http"], "capped")
+    assert api_client(broker.ports["http"], "capped") is not None
+
+
+def test_session_ttl_ends_sessions_that_never_expire(paho_client, start_broker) -> None:
+    broker = start_broker(**{
+        "durable_sessions.session_ttl": "1s",
+        "durable_sessions.session_gc_interval": "200ms",
+    })
+    client = paho_client("forever", port=broker.tcp, clean_start=False,
+                         session_expiry=0xFFFFFFFF)
+    client.subscribe("ttl/t", 1)
+    client.disconnect()
+    wait_offline(broker.ports["http"], "forever")
+    wait_until(lambda: api_client(broker.ports["http"], "forever") is None,
+               what="the garbage collector ending the session after its TTL")
+    back = paho_client("forever", port=broker.tcp, clean_start=False,
+                       session_expiry=0xFFFFFFFF)
+    assert back.connack.session_present is False

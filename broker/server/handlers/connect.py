@@ -59,6 +59,8 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     else:
         expiry = 0 if packet.clean_start else int(config["mqtt.session_expiry_interval"])
     granted = granted_expiry(expiry, config["mqtt.max_session_expiry_interval"])
+    if granted and conn.node.durable is not None:
+        granted = granted_expiry(granted, config["durable_sessions.max_session_expiry_interval"])
 
     keepalive = packet.keepalive
     server_keepalive = int(config["mqtt.server_keepalive"])

@@ -41,6 +41,7 @@ class DurableContext:
     store: SessionStore
     stats: Stats
     batch_size: int
+    ttl: float = 0.0  # durable_sessions.session_ttl
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class DurableSession(Session):
         # what was in flight is rebuilt from the store, once.
         self.loaded = True
         self.protocol = 4  # MQTT version of the last connection, kept with the state
+        self.disconnected_at: float | None = None
 
     # ---- state from the store ----------------------------------------------------------
     def restore_subscriptions(self, stored: StoredSession) -> None:
