@@ -82,12 +82,11 @@ class Node:
         """Start-up (on the running loop): durable sessions from disk, disconnected."""
         if self.durable is None:
             return 0
-        restored = self.sessions.restore()
-        for session in restored:
-            if self.sessions.sessions.get(session.client_id) is session:
-                for topic_filter, options in session.subscriptions.items():
-                    self.add_durable_filter(session.client_id, topic_filter, options)
-        return len(restored)
+        def subscribed(session: DurableSession) -> None:
+            for topic_filter, options in session.subscriptions.items():
+                self.add_durable_filter(session.client_id, topic_filter, options)
+
+        return self.sessions.restore(subscribed)
 
     def add_durable_filter(self, client_id: str, topic_filter: str,
                            options: SubscriptionOptions) -> None:

@@ -97,6 +97,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durable_sessions.session_gc_interval", "10m", parse_duration,
             "How often expired durable sessions are garbage collected (their expiry timers"
             " normally end them first; the sweep also applies `session_ttl`)."),
+    Setting("durable_sessions.heartbeat_interval", "5s", parse_duration,
+            "How often the node records that it is alive: after a crash, sessions that were"
+            " connected count as disconnected since the last record (for expiry and wills)."),
     Setting("durable_sessions.max_session_expiry_interval", "0s", parse_duration,
             "Administrative cap on a durable session's expiry interval (TBMQ's"
             " `max-expiry-interval`), granted in CONNACK; 0 = no cap."),

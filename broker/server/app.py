@@ -9,6 +9,7 @@ import contextlib
 import logging
 import signal
 import ssl
+import time
 from functools import partial
 
 from aiohttp import web
@@ -71,6 +72,9 @@ class BrokerApp:
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
         if node.ds is not None:
             node.ds.start()
+        beat_every = config["durable_sessions.heartbeat_interval"]
+        if node.durable is not None and beat_every > 0:
+            self._tasks.append(asyncio.create_task(self._heartbeat(beat_every)))
         gc_every = config["durable_sessions.session_gc_interval"]
         if node.durable is not None and gc_every > 0:
             self._tasks.append(asyncio.create_task(self._collect_sessions(gc_every)))
@@ -97,6 +101,13 @@ class BrokerApp:
             removed = self.node.retainer.clear_expired()
             if removed:
                 log.info("removed %d expired retained messages", removed)
+
+    async def _heartbeat(self, interval: float) -> None:
+        assert self.node.durable is not None
+        store = self.node.durable.store
+        while True:
+            store.heartbeat(time.time())
+            await asyncio.sleep(interval)
 
     async def _collect_sessions(self, interval: float) -> None:
         while True:

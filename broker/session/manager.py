@@ -62,13 +62,17 @@ class SessionManager:
             if isinstance(session, DurableSession) and session.connection is not None:
                 session.refresh_streams()
 
-    def restore(self) -> list[DurableSession]:
+    def restore(self, subscribed: Callable[[DurableSession], None]) -> int:
         """Start-up: durable sessions come back disconnected. Those that expired while the
         node was down end now (publishing their wills); wills whose delay ran out fire now;
         the rest get their timers for the time that is left. A session that was connected
-        when the node died counts as disconnected now (its connection was lost)."""
+        when the node died counts as disconnected since the node's last heartbeat.
+        `subscribed` registers each session's subscriptions, all of them before any will
+        is published, so a will reaches the durable sessions that subscribed to it."""
         assert self._durable is not None
         now = time.time()
+        # Sessions connected when the node died were lost at its last heartbeat.
+        lost_at = self._durable.store.last_heartbeat() or now
         restored = []
         for stored in self._durable.store.load_all():
             meta = stored.meta
@@ -79,10 +83,13 @@ class SessionManager:
             session.will = meta.will
             self.sessions[session.client_id] = session
             restored.append(session)
-            since = now if meta.connected or meta.disconnected_at is None else meta.disconnected_at
-            session.disconnected_at = since
-            self._start_timers(session, meta.will, now - since)
-        return restored
+            session.disconnected_at = lost_at if meta.connected or meta.disconnected_at is None \
+                else meta.disconnected_at
+            subscribed(session)
+        for session in restored:
+            assert session.disconnected_at is not None
+            self._start_timers(session, session.will, now - session.disconnected_at)
+        return len(restored)
 
     def open(self, connection: Any, client_id: str, clean_start: bool, expiry: int) -> tuple[
         Session, bool

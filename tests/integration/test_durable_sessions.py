@@ -11,11 +11,14 @@ import time
 from collections.abc import Callable
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
 
 from tests.integration.clients import (
     PahoClient,
     api_client,
     http_json,
+    props,
+    publish_props,
     run_cli,
     scrape_metrics,
     unique,
@@ -259,3 +262,44 @@ def test_session_ttl_ends_sessions_that_never_expire(paho_client, start_broker) 
     back = paho_client("forever", port=broker.tcp, clean_start=False,
                        session_expiry=0xFFFFFFFF)
     assert back.connack.session_present is False
+
+
+def test_a_will_whose_delay_ran_out_while_the_node_was_down_fires_at_start_up(
+    paho_client, start_broker
+) -> None:
+    broker = start_broker(**{"durable_sessions.heartbeat_interval": "100ms"})
+    watcher = paho_client("watcher", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+    watcher.subscribe("wills/#", 1)
+    watcher.disconnect()
+    doomed = paho_client("doomed", port=broker.tcp, clean_start=False, session_expiry=EXPIRY,
+                         will={"topic": "wills/doomed", "payload": b"gone", "qos": 1,
+                               "properties": props(PacketTypes.WILLMESSAGE,
+                                                   WillDelayInterval=1)})
+    wait_state_on_disk(broker)  # the will is on disk
+    broker.kill()  # the connection is lost with the node; the will is owed 1 s later
+    doomed.wait_disconnected()
+    time.sleep(1.5)  # the node stays down past the will delay
+    broker = start_broker(broker.data_dir)
+    back = paho_client("watcher", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+    (will,) = back.wait_messages(1)
+    assert (will.topic, will.payload) == ("wills/doomed", b"gone")
+    assert api_client(broker.ports["http"], "doomed")["connected"] is False  # session kept
+
+
+def test_stored_messages_expire(paho_client, start_broker) -> None:
+    broker = start_broker()
+    sub = paho_client("exp", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+    sub.subscribe("exp/t", 1)
+    sub.disconnect()
+    wait_offline(broker.ports["http"], "exp")
+    pub = paho_client(port=broker.tcp)
+    pub.publish("exp/t", b"short", 1, properties=publish_props(MessageExpiryInterval=1))
+    pub.publish("exp/t", b"long", 1, properties=publish_props(MessageExpiryInterval=100))
+    pub.publish("exp/t", b"forever", 1)
+    time.sleep(1.5)  # the first message's lifetime passes while the client is away
+    back = paho_client("exp", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+    back.wait_messages(2)
+    received = back.barrier()
+    assert [m.payload for m in received] == [b"long", b"forever"]
+    assert 97 <= received[0].prop("MessageExpiryInterval") <= 99  # the time remaining
+    assert received[1].prop("MessageExpiryInterval") is None

@@ -3,6 +3,7 @@
 One key per independently changing piece, so each change is a small blind write and
 transactions of one session never conflict with each other:
 
+    h                                       the node's heartbeat (wall clock seconds)
     m\\0<client id>                          meta: expiry, protocol, connection state, will
     s\\0<client id>\\0<filter>                a subscription: options and start time
     p\\0<client id>\\0<filter>\\0<stream>      read position in a stream (or "done")
@@ -28,6 +29,7 @@ from broker.mqtt.properties import WILL_PROPERTIES, decode_properties, encode_pr
 from broker.session.session import SubscriptionOptions
 
 SEP = b"\x00"
+HEARTBEAT_KEY = b"h"  # the node's last sign of life (wall clock), for sessions it had open
 _STREAM = struct.Struct(">HII")
 _SEQNO = struct.Struct(">Q")
 _PACKET_ID = struct.Struct(">H")

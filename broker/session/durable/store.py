@@ -45,6 +45,8 @@ class SessionStore:
         found: dict[str, StoredSession] = {}
         rest: list[tuple[bytes, str, bytes, bytes]] = []
         for key, value in self._ds.sessions.scan(b""):
+            if key == r.HEARTBEAT_KEY:
+                continue
             kind, client_id = r.split_key(key)
             if kind == b"m":
                 found[client_id] = StoredSession(client_id, r.Meta.from_bytes(value))
@@ -88,6 +90,13 @@ class SessionStore:
             stored.released.add(r.seqno_of_key(key))
         elif kind == b"a":
             stored.awaiting_rel.add(r.packet_id_of_key(key))
+
+    def last_heartbeat(self) -> float | None:
+        raw = self._ds.sessions.get(r.HEARTBEAT_KEY)
+        return float(raw) if raw is not None else None
+
+    def heartbeat(self, now: float) -> None:
+        self.write_soon([(r.HEARTBEAT_KEY, repr(now).encode())])
 
     # ---- writing -----------------------------------------------------------------------
     async def write(self, writes: Iterable[Write]) -> None:
