@@ -1,0 +1,112 @@
+"""Spark stats job vs a single-process plyvel scan over the same sealed slabs.
+
+Writes N messages (default 1M, 4 shards, 1,000 topics under `sensors/+/temp`, 64-byte
+payloads) with the DS library and seals them, then measures:
+  - plyvel: one process opens each slab and decodes every value (broker.ds.ttv), the floor
+    any reader pays;
+  - start-up overhead: starting the JVM and a local[2] session, plus the stats job over a
+    one-message database (planning, stages, tasks: what every run pays whatever the data);
+  - stats: the stats job (`stats.main`, output to Parquet) over the N messages, in the same
+    session.
+messages/s of the job = N / stats (in a warm session, its fixed per-job cost included, so
+noise cannot make it look better than it is); the ratio is that over plyvel's.
+Results go to bench/spark_results.json.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import plyvel
+
+from broker.ds import TTV, DurableStorage, Settings, keys
+from broker.ds.manifest import read_manifest
+from broker.ds.storage import MESSAGES
+from broker.ds.ttv import decode_value
+
+# spark-apps/ is not a package: its jobs run as scripts and import each other by name.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark-apps"))
+import slabframe
+import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+_BATCH = 10_000
+
+
+def write(data_dir: Path, count: int) -> None:
+    async def run() -> None:
+        storage = DurableStorage(data_dir, Settings(n_shards=4, generation_max_size=1 << 40))
+        payload = bytes(64)
+        for start in range(0, count, _BATCH):
+            await storage.store_batch(MESSAGES, [
+                TTV(f"sensors/{i % 1000}/temp", payload, i % 3, False, f"device-{i % 5000}")
+                for i in range(start, min(start + _BATCH, count))
+            ], sync=False)
+        await storage.seal()
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def plyvel_scan(data_dir: Path) -> int:
+    decoded = 0
+    for manifest in sorted(data_dir.glob("ds/messages/shard-*/gen-*/manifest.json")):
+        db = plyvel.DB(str(manifest.parent))
+        for stream in read_manifest(manifest.parent)["streams"]:
+            for value in db.iterator(prefix=keys.master_prefix(stream["id"]),
+                                     include_key=False):
+                decode_value(value)
+                decoded += 1
+        db.close()
+    return decoded
+
+
+def timed(job: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    job()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
+    try:
+        big, tiny = work / "big", work / "tiny"
+        started = time.perf_counter()
+        write(big, args.messages)
+        write(tiny, 1)
+        print(f"wrote {args.messages} messages in {time.perf_counter() - started:.1f} s")
+
+        started = time.perf_counter()
+        assert plyvel_scan(big) == args.messages
+        plyvel_s = time.perf_counter() - started
+        spark_s = timed(lambda: slabframe.session("bench", "local[2]"))
+        tiny_s = timed(lambda: stats.main([str(tiny), "--output", str(work / "out-tiny")]))
+        stats_s = timed(lambda: stats.main([str(big), "--output", str(work / "out-big")]))
+        results = {
+            "messages": args.messages, "cores": os.cpu_count(),
+            "plyvel_scan_s": round(plyvel_s, 2),
+            "plyvel_msgs_per_s": round(args.messages / plyvel_s),
+            "session_start_s": round(spark_s, 1), "tiny_job_s": round(tiny_s, 1),
+            "startup_overhead_s": round(spark_s + tiny_s, 1), "stats_s": round(stats_s, 1),
+            "stats_msgs_per_s": round(args.messages / stats_s),
+        }
+        results["ratio_to_plyvel"] = round(
+            results["stats_msgs_per_s"] / results["plyvel_msgs_per_s"], 2)
+        print(json.dumps(results, indent=1))
+        (ROOT / "bench" / "spark_results.json").write_text(json.dumps(results, indent=1) + "\n")
+    finally:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
