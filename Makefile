@@ -52,6 +52,7 @@ bench: install
 	bench/setup.sh
 	$(PY) bench/run.py $(ARGS)
 	$(PY) bench/ds_bench.py
+	$(PY) bench/durable_bench.py
 	$(PY) bench/spark_bench.py
 
 # Tagged with the chart's appVersion too, so `helm install` finds it with default values.

@@ -9,8 +9,10 @@ two; `set_pinning(False)` turns it off): all three brokers are single-threaded e
 this gives each the same dedicated core and keeps the generator from stealing it.
 """
 
+import argparse
 import contextlib
 import os
+import pwd
 import resource
 import shutil
 import signal
@@ -70,15 +72,33 @@ def _ours(tmp: Path) -> Launch:
     return Launch(argv, port)
 
 
-def _mosquitto(tmp: Path) -> Launch:
+def _mosquitto_with(tmp: Path, settings: str) -> Launch:
     if not MOSQUITTO_BIN.exists():
         raise BrokerUnavailable(f"{MOSQUITTO_BIN} not found (apt-get install mosquitto)")
     port = free_port()
     conf = tmp / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n{settings}")
+    return Launch([str(MOSQUITTO_BIN), "-c", str(conf)], port)
+
+
+def _mosquitto(tmp: Path) -> Launch:
     # Defaults for everything but the listener: no persistence, max_inflight_messages 20,
     # max_queued_messages 1000 (the QoS 1 windows in scenarios.py stay below that).
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
-    return Launch([str(MOSQUITTO_BIN), "-c", str(conf)], port)
+    return _mosquitto_with(tmp, "")
+
+
+def _mosquitto_persistent(tmp: Path) -> Launch:
+    """What Mosquitto needs to keep persistent sessions' queues across a restart and to
+    queue without a limit, as ours does with its defaults (durable_bench.py).
+
+    `user`: started as root, Mosquitto drops to user `mosquitto`, which cannot write its
+    database into our temp dir and so loses everything at a restart; it must stay the user
+    that owns the dir (the option is ignored when not started as root)."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    return _mosquitto_with(
+        tmp, f"persistence true\npersistence_location {tmp}/\nmax_queued_messages 0\n"
+             f"user {user}\n"
+    )
 
 
 def _amqtt(tmp: Path) -> Launch:
@@ -104,6 +124,10 @@ LAUNCHERS: dict[str, Callable[[Path], Launch]] = {
     "ours": _ours,
     "mosquitto": _mosquitto,
     "amqtt": _amqtt,
+}
+PERSISTENT_LAUNCHERS: dict[str, Callable[[Path], Launch]] = {
+    "ours": _ours,  # durable sessions are on by default
+    "mosquitto": _mosquitto_persistent,
 }
 
 
@@ -139,6 +163,8 @@ class Running:
     proc: subprocess.Popen[bytes]
     tmp: Path
     log: Path
+    argv: list[str]
+    ready_s: float = 0.0  # from spawning the process to its first CONNACK
 
     @property
     def pid(self) -> int:
@@ -192,7 +218,7 @@ def probe(port: int, client_id: str = "bench-probe", timeout: float = 1.0) -> bo
     return getattr(packet, "reason_code", 1) == 0
 
 
-def _wait_ready(broker: Running) -> None:
+def _wait_ready(broker: Running, interval: float = 0.05) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     attempt = 0
     while time.monotonic() < deadline:
@@ -204,44 +230,92 @@ def _wait_ready(broker: Running) -> None:
         attempt += 1
         if probe(broker.port, f"bench-probe-{attempt}"):
             return
-        time.sleep(0.05)
+        time.sleep(interval)
     raise BrokerUnavailable(
         f"{broker.name} did not answer CONNECT within {READY_TIMEOUT:.0f}s:\n{broker.log_tail()}"
     )
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the broker's PID, SIGKILL it if it is still there after STOP_TIMEOUT."""
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
+          timeout: float = STOP_TIMEOUT) -> None:
+    """Signal the broker's PID, SIGKILL it if it is still there after `timeout`."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
     try:
-        proc.wait(STOP_TIMEOUT)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait(STOP_TIMEOUT)
 
 
+def _spawn(argv: list[str], tmp: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        # Output goes to a file, never a pipe: an unread pipe would block a chatty broker.
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=tmp, start_new_session=True, preexec_fn=_pin_and_raise_nofile,
+        )
+
+
+RESTART_POLL = 0.01
+"""Probe interval while timing a restart: the figure is only as precise as this."""
+
+
+def restart(broker: Running, sig: int, stop_timeout: float = 120.0) -> tuple[float, float]:
+    """Stop the broker with `sig`, start it again on the same data and ports; returns
+    (seconds until the old process exited, seconds from the new one's start to its first
+    CONNACK). The stop timeout is long because a broker may write its whole queue on the
+    way out (Mosquitto's persistence does); running past it SIGKILLs, which the caller sees
+    as a stop time at the timeout."""
+    started = time.monotonic()
+    _stop(broker.proc, sig, stop_timeout)
+    stopped = time.monotonic()
+    broker.proc = _spawn(broker.argv, broker.tmp, broker.log)
+    _wait_ready(broker, RESTART_POLL)
+    broker.ready_s = time.monotonic() - stopped
+    return stopped - started, broker.ready_s
+
+
 @contextlib.contextmanager
-def running(name: str) -> Iterator[Running]:
-    """Start broker `name`, wait until it accepts MQTT, yield it; stop it and clean up after."""
+def running(name: str, persistent: bool = False) -> Iterator[Running]:
+    """Start broker `name`, wait until it accepts MQTT, yield it; stop it and clean up after.
+
+    `persistent`: configured to keep persistent sessions and their queues across restarts
+    (PERSISTENT_LAUNCHERS)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
-    proc: subprocess.Popen[bytes] | None = None
+    broker: Running | None = None
     try:
-        launch = LAUNCHERS[name](tmp)
+        launch = (PERSISTENT_LAUNCHERS if persistent else LAUNCHERS)[name](tmp)
         log = tmp / "broker.log"
-        with log.open("wb") as out:
-            # Output goes to a file, never a pipe: an unread pipe would block a chatty broker.
-            proc = subprocess.Popen(
-                launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=tmp, start_new_session=True, preexec_fn=_pin_and_raise_nofile,
-            )
-        broker = Running(name, launch.port, proc, tmp, log)
-        _wait_ready(broker)
+        spawned = time.monotonic()
+        broker = Running(name, launch.port, _spawn(launch.argv, tmp, log), tmp, log,
+                         launch.argv)
+        _wait_ready(broker, RESTART_POLL)
+        broker.ready_s = time.monotonic() - spawned
         yield broker
     finally:
-        if proc is not None:
-            _stop(proc)
+        if broker is not None:
+            _stop(broker.proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...],
+                  output: Path) -> None:
+    """The options every side-by-side benchmark shares (run.py, durable_bench.py)."""
+    parser.add_argument("--brokers", default=",".join(names),
+                        help="comma-separated subset of: " + ",".join(names))
+    parser.add_argument("--no-pin", action="store_true",
+                        help="let the OS schedule broker and generator on any CPU")
+    parser.add_argument("--output", type=Path, default=output, help="results JSON path")
+
+
+def chosen(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The brokers named by --brokers, in that order; also applies --no-pin."""
+    picked = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    if bad := [b for b in picked if b not in names]:
+        raise SystemExit(f"unknown broker(s) {bad}; choose from {', '.join(names)}")
+    set_pinning(not args.no_pin)
+    return picked

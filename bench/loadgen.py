@@ -59,15 +59,19 @@ class Shared:
         self.connected: Any = RawArray("q", workers)  # idle connections with a CONNACK
         self.dropped: Any = RawArray("q", workers)  # idle connections the broker closed
         self.slow_path: Any = RawArray("i", workers)  # a stream needed the full decoder
+        self.resumed: Any = RawArray("q", workers)  # CONNACKs with Session Present
+        self.mismatched: Any = RawArray("q", workers)  # connections that got != expected
 
 
 @dataclass(frozen=True, slots=True)
 class SubscriberSpec:
     port: int
     client_ids: list[str]
-    topic_filter: str
+    topic_filter: str | None  # None: resume a persistent session, which has it already
     qos: int
     layout: wire.Layout
+    clean: bool = True  # False: persistent sessions, left with a DISCONNECT at the end
+    expected: int = 0  # > 0: count connections that did not get exactly this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,7 @@ class PublisherSpec:
     peers: int = 1  # publisher processes sharing max_lag
     window: int = 0  # QoS 1: unacknowledged PUBLISHes per connection
     chunk: int = 500  # QoS 0: messages per write
+    total: int = 0  # QoS 1: stop after this many PUBLISHes per process (0: at phase STOP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,16 +118,16 @@ def run_worker(spec: Spec, shared: Shared, slot: int, cpus: set[int], errors: An
         errors.put((slot, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
 
 
-def _open(port: int, client_id: str) -> socket.socket:
-    """A connected, CONNACK'ed blocking socket."""
+def _open(port: int, client_id: str, clean: bool = True) -> tuple[socket.socket, bool]:
+    """A connected, CONNACK'ed blocking socket, and the CONNACK's Session Present."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(wire.connect(client_id))
+    sock.sendall(wire.connect(client_id, clean=clean))
     connack = wire.decode_one(wire.recv_exact(sock, wire.CONNACK_SIZE))
     if getattr(connack, "reason_code", 1) != 0:
         raise ConnectionError(f"CONNACK refused {client_id}: {connack}")
     sock.settimeout(None)  # from here on the orchestrator's phases and timeouts rule
-    return sock
+    return sock, bool(getattr(connack, "session_present", False))
 
 
 def _wait_phase(shared: Shared, phase: int) -> None:
@@ -132,14 +137,20 @@ def _wait_phase(shared: Shared, phase: int) -> None:
 
 def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
     sel = selectors.DefaultSelector()
+    resumed = 0
     for client_id in spec.client_ids:
-        sock = _open(spec.port, client_id)
+        sock, present = _open(spec.port, client_id, spec.clean)
+        resumed += present
+        # Registered at once, so `_close_all` closes it also when the SUBACK check fails.
+        sel.register(sock, selectors.EVENT_READ, Scanner(spec.layout, ack=spec.qos > 0))
+        if spec.topic_filter is None:
+            continue
         sock.sendall(wire.subscribe(spec.topic_filter, spec.qos))
         suback = wire.decode_one(wire.recv_exact(sock, wire.SUBACK_SIZE))
         granted = getattr(suback, "reason_codes", [0x80])
         if granted != [spec.qos]:
             raise ConnectionError(f"SUBACK granted {granted}, wanted QoS {spec.qos}")
-        sel.register(sock, selectors.EVENT_READ, Scanner(spec.layout, ack=spec.qos > 0))
+    shared.resumed[slot] = resumed
     shared.ready[slot] = 1
     total = 0
     # QoS 0 fan-out reads are coalesced: a round of reads at most every COALESCE seconds lets
@@ -163,7 +174,14 @@ def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
             shared.delivered[slot] = total
             if (pause := coalesce - (time.monotonic() - started)) > 0:
                 time.sleep(pause)
-        shared.slow_path[slot] = int(any(k.data.slow_path for k in sel.get_map().values()))
+        scanners = [key.data for key in sel.get_map().values()]
+        shared.slow_path[slot] = int(any(s.slow_path for s in scanners))
+        if spec.expected:
+            shared.mismatched[slot] = sum(s.count != spec.expected for s in scanners)
+        if not spec.clean:
+            for key in sel.get_map().values():
+                with contextlib.suppress(OSError):  # counted already; closing anyway
+                    key.fileobj.sendall(wire.DISCONNECT)  # type: ignore[union-attr]
     finally:
         _close_all(sel)
 
@@ -185,7 +203,11 @@ class _LagGate:
         return sum(self.shared.sent) - delivered - self.written_off
 
     def room(self) -> int:
-        """This process's share of the free lag budget: shares of all peers add up to it."""
+        """This process's share of the free lag budget: shares of all peers add up to it.
+        Without subscribers (publishing to offline sessions) there is nothing to lag
+        behind: only the publisher's window limits it."""
+        if not self.subscribers:
+            return self.max_lag
         return (self.max_lag - int(self.lag())) // self.peers
 
     def resync_if_stalled(self) -> None:
@@ -200,7 +222,7 @@ class _LagGate:
 
 
 def _publisher_qos0(spec: PublisherSpec, shared: Shared, slot: int) -> None:
-    socks = [_open(spec.port, cid) for cid in spec.client_ids]
+    socks = [_open(spec.port, cid)[0] for cid in spec.client_ids]
     chunks = [wire.publish(topic, spec.payload, 0) * spec.chunk for topic in spec.topics]
     per_round = spec.chunk * len(socks)
     gate = _LagGate(shared, spec)
@@ -225,7 +247,7 @@ def _publisher_qos0(spec: PublisherSpec, shared: Shared, slot: int) -> None:
 
 
 def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
-    socks = [_open(spec.port, cid) for cid in spec.client_ids]
+    socks = [_open(spec.port, cid)[0] for cid in spec.client_ids]
     ids = max(1024, 4 * spec.window)  # packet ids in one pre-encoded cycle, > window
     cycles = [memoryview(wire.publish_cycle(t, spec.payload, 1, ids)) for t in spec.topics]
     size = len(cycles[0]) // (2 * ids)
@@ -238,13 +260,14 @@ def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
     total_sent = total_acked = 0
     hungry = set(range(len(socks)))  # connections at or below the low-water mark
     gate = _LagGate(shared, spec)
+    limit = spec.total or float("inf")
     shared.ready[slot] = 1
     try:
         _wait_phase(shared, GO)
         deadline = None
         while shared.phase.value != DONE:
-            sending = shared.phase.value == GO
-            if sending and hungry and (room := gate.room()) > 0:
+            sending = shared.phase.value == GO and total_sent < limit
+            if sending and hungry and (room := min(gate.room(), limit - total_sent)) > 0:
                 for i in list(hungry):
                     k = min(spec.window - (sent[i] - scanners[i].count), room)
                     start = (sent[i] % ids) * size

@@ -26,16 +26,12 @@ ALL_BROKERS = ("ours", "mosquitto", "amqtt")
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated scenario keys or names (e.g. a,b)")
-    parser.add_argument("--brokers", default=",".join(ALL_BROKERS),
-                        help="comma-separated subset of: " + ",".join(ALL_BROKERS))
     parser.add_argument("--duration", type=float, help="measured window per scenario, seconds")
     parser.add_argument("--warmup", type=float, help="unmeasured ramp-up before the window")
     parser.add_argument("--connections", type=int, help="idle connections for scenario e")
     parser.add_argument("--quick", action="store_true",
                         help="1 s windows and 1000 idle connections (under a minute)")
-    parser.add_argument("--no-pin", action="store_true",
-                        help="let the OS schedule broker and generator on any CPU")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="results JSON path")
+    brokers.add_arguments(parser, ALL_BROKERS, RESULTS)
     return parser.parse_args(argv)
 
 
@@ -54,15 +50,12 @@ def _select(only: str | None) -> list[Scenario]:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     scenarios = _select(args.only)
-    names = [b.strip() for b in args.brokers.split(",") if b.strip()]
-    if bad := [b for b in names if b not in ALL_BROKERS]:
-        raise SystemExit(f"unknown broker(s) {bad}; choose from {', '.join(ALL_BROKERS)}")
+    names = brokers.chosen(args, ALL_BROKERS)
     timing = Timing(
         warmup=args.warmup if args.warmup is not None else (0.5 if args.quick else 2.0),
         duration=args.duration or (1.0 if args.quick else 5.0),
         idle_connections=args.connections or (1_000 if args.quick else 10_000),
     )
-    brokers.set_pinning(not args.no_pin)
     versions = {b: brokers.version(b) for b in names}
     where = (f"broker on CPU {brokers.BROKER_CPU}, load on CPUs {sorted(brokers.load_cpus())}"
              if brokers.pinned() else "no CPU pinning")

@@ -57,6 +57,7 @@ class Scenario:
     pub_procs: int = 1
     sub_procs: int = 1
     idle_procs: int = 0  # > 0 makes this the idle-connections memory scenario
+    clean: bool = True  # False: subscribers hold persistent sessions (durable_bench.py)
 
     @property
     def idle(self) -> bool:
@@ -102,7 +103,7 @@ class Outcome:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def _split(items: Sequence[str], parts: int) -> list[list[str]]:
+def split(items: Sequence[str], parts: int) -> list[list[str]]:
     return [list(items[i::parts]) for i in range(parts) if items[i::parts]]
 
 
@@ -139,7 +140,7 @@ class Fleet:
         deadline = time.monotonic() + timeout
         while not all(self.shared.ready[s] == 1 for s in slots):
             self.check()
-            _check_broker(broker)
+            check_broker(broker)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"load workers not connected after {timeout:.0f}s")
             time.sleep(0.02)
@@ -160,7 +161,7 @@ class Fleet:
                 proc.join()
 
 
-def _check_broker(broker: brokers.Running) -> None:
+def check_broker(broker: brokers.Running) -> None:
     if not broker.alive():
         raise RuntimeError(
             f"{broker.name} exited with {broker.proc.returncode}:\n{broker.log_tail()}"
@@ -172,16 +173,19 @@ def _sleep_watching(seconds: float, fleet: Fleet, broker: brokers.Running) -> No
     while (left := end - time.monotonic()) > 0:
         time.sleep(min(0.1, left))
         fleet.check()
-        _check_broker(broker)
+        check_broker(broker)
 
 
-def _wait_until(done: Callable[[], bool], progress: Callable[[], int], quiet: float,
-                limit: float) -> None:
-    """Poll until `done()`, or `progress()` has not moved for `quiet` s, or `limit` s passed."""
+def wait_until(done: Callable[[], bool], progress: Callable[[], int], quiet: float,
+               limit: float, watch: Callable[[], None] | None = None) -> None:
+    """Poll until `done()`, or `progress()` has not moved for `quiet` s, or `limit` s passed.
+    `watch` runs on every poll, to raise as soon as a worker or the broker died."""
     end = time.monotonic() + limit
     last, since = progress(), time.monotonic()
     while not done() and time.monotonic() < end:
         time.sleep(0.02)
+        if watch is not None:
+            watch()
         now_value = progress()
         if now_value != last:
             last, since = now_value, time.monotonic()
@@ -195,12 +199,13 @@ def throughput(sc: Scenario, broker: brokers.Running, timing: Timing) -> Outcome
     layout = wire.publish_layout(topics[0], PAYLOAD, sc.qos)
     max_lag = sc.max_lag if sc.qos else max(100, QOS0_MAX_LAG_DELIVERIES // sc.subscribers)
     run_id = f"{broker.name}-{sc.key}"
-    subs = _split([f"bench-{run_id}-sub{i}" for i in range(sc.subscribers)], sc.sub_procs)
+    subs = split([f"bench-{run_id}-sub{i}" for i in range(sc.subscribers)], sc.sub_procs)
     pub_ids = [f"bench-{run_id}-pub{i}" for i in range(sc.publishers)]
-    pubs = _split(pub_ids, sc.pub_procs)
+    pubs = split(pub_ids, sc.pub_procs)
     by_id = dict(zip(pub_ids, topics, strict=True))
     specs: list[Spec] = [
-        SubscriberSpec(broker.port, ids, topic_filter, sc.qos, layout) for ids in subs
+        SubscriberSpec(broker.port, ids, topic_filter, sc.qos, layout, clean=sc.clean)
+        for ids in subs
     ]
     specs += [
         PublisherSpec(broker.port, ids, [by_id[i] for i in ids], PAYLOAD, sc.qos,
@@ -225,13 +230,13 @@ def throughput(sc: Scenario, broker: brokers.Running, timing: Timing) -> Outcome
         t1, d1, s1 = time.monotonic(), sum(sh.delivered), sum(sh.sent)
         b1, g1, m1 = procstat.cpu_seconds(broker.pid), fleet.cpu(), procstat.machine_busy_seconds()
         sh.phase.value = STOP
-        _wait_until(lambda: all(sh.finished[s] for s in pub_slots), lambda: sum(sh.acked),
+        wait_until(lambda: all(sh.finished[s] for s in pub_slots), lambda: sum(sh.acked),
                     quiet=DRAIN_TIMEOUT, limit=DRAIN_TIMEOUT + 5)
         fleet.check()
         published = sum(sh.acked) if sc.qos else sum(sh.sent)
         unacked = sum(sh.sent) - sum(sh.acked) if sc.qos else 0
         expected = published * sc.subscribers
-        _wait_until(lambda: sum(sh.delivered) >= expected, lambda: sum(sh.delivered),
+        wait_until(lambda: sum(sh.delivered) >= expected, lambda: sum(sh.delivered),
                     quiet=3.0 if sc.qos else 1.0, limit=20.0)
         delivered = sum(sh.delivered)
         fleet.check()
@@ -267,7 +272,7 @@ def idle_connections(sc: Scenario, broker: brokers.Running, timing: Timing) -> O
     time.sleep(0.5)  # let start-up allocations settle before the baseline
     before = procstat.rss_kib(broker.pid)
     ids = [f"bench-{broker.name}-idle{i}" for i in range(n)]
-    specs: list[Spec] = [IdleSpec(broker.port, part) for part in _split(ids, sc.idle_procs)]
+    specs: list[Spec] = [IdleSpec(broker.port, part) for part in split(ids, sc.idle_procs)]
     slots = range(len(specs))
     fleet = Fleet(specs)
     try:
@@ -275,8 +280,8 @@ def idle_connections(sc: Scenario, broker: brokers.Running, timing: Timing) -> O
         fleet.start(slots)
         fleet.wait_ready(slots, broker, timeout=max(READY_TIMEOUT, n / 50))
         connect_s = time.monotonic() - started
-        after = _settled_rss(broker.pid)
-        _check_broker(broker)
+        after = settled_rss(broker.pid)
+        check_broker(broker)
     finally:
         fleet.close()
     connected, dropped = sum(fleet.shared.connected), sum(fleet.shared.dropped)
@@ -295,7 +300,7 @@ def idle_connections(sc: Scenario, broker: brokers.Running, timing: Timing) -> O
                    details=details)
 
 
-def _settled_rss(pid: int) -> int:
+def settled_rss(pid: int) -> int:
     """VmRSS once it stops moving (within 1% over 0.5 s), at most 5 s after the last connect."""
     deadline = time.monotonic() + 5
     last = procstat.rss_kib(pid)

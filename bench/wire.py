@@ -16,6 +16,7 @@ from broker.mqtt.codec import Decoder, encode
 from broker.mqtt.packets import (
     Connack,
     Connect,
+    Disconnect,
     Packet,
     Puback,
     Publish,
@@ -28,11 +29,17 @@ MQTT_V311 = 4
 """All brokers are driven with MQTT 3.1.1 so the comparison is like for like."""
 
 
-def connect(client_id: str, keepalive: int = 0) -> bytes:
-    """CONNECT with a clean session; keepalive 0 so idle benchmark connections never ping."""
-    packet = Connect(client_id=client_id, protocol_level=MQTT_V311, clean_start=True,
+def connect(client_id: str, keepalive: int = 0, clean: bool = True) -> bytes:
+    """CONNECT; keepalive 0 so idle benchmark connections never ping. `clean=False` is the
+    3.1.1 persistent session the durable benchmark queues messages for."""
+    packet = Connect(client_id=client_id, protocol_level=MQTT_V311, clean_start=clean,
                      keepalive=keepalive)
     return encode(packet, MQTT_V311)
+
+
+DISCONNECT = encode(Disconnect(), MQTT_V311)
+"""Sent before closing a persistent session, so the broker takes it offline at once and in
+order, not whenever it notices the closed socket."""
 
 
 def subscribe(topic_filter: str, qos: int, packet_id: int = 1) -> bytes:
