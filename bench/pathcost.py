@@ -15,7 +15,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -26,25 +25,7 @@ from broker.mqtt.packets import Puback
 from broker.node import Node
 from broker.server.connection import Connection
 from broker.server.output import OutputBatch
-
-
-class SinkTransport:
-    """Stands in for a socket: keeps what the broker wrote so the driver can answer it."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def close(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else default
-
-    def get_write_buffer_size(self) -> int:
-        return 0
+from tests.support.transport import RecordingTransport
 
 
 def _count_publishes(chunks: list[bytes], size: int) -> int:
@@ -57,11 +38,11 @@ async def measure(qos: int, messages: int, batch: int) -> float:
         config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false"])
         node = Node(config)
         output = OutputBatch(asyncio.get_running_loop())
-        sub_t, pub_t = SinkTransport(), SinkTransport()
+        sub_t, pub_t = RecordingTransport(), RecordingTransport()
         sub, pub = Connection(node, sub_t, output), Connection(node, pub_t, output)
         sub.data_received(wire.connect("sub") + wire.subscribe("bench/t", qos))
         pub.data_received(wire.connect("pub"))
-        sub_t.written.clear()
+        sub_t.writes.clear()
         payload = bytes(100)
         chunk = b"".join(
             wire.publish("bench/t", payload, qos, (i % 65535) + 1) for i in range(batch)
@@ -73,24 +54,24 @@ async def measure(qos: int, messages: int, batch: int) -> float:
         started = time.process_time()
         while delivered < messages:
             pub.data_received(chunk)
-            got = _count_publishes(sub_t.written, publish_size)
-            sub_t.written.clear()
-            pub_t.written.clear()
+            got = _count_publishes(sub_t.writes, publish_size)
+            sub_t.writes.clear()
+            pub_t.writes.clear()
             delivered += got
             if qos:
                 # Acknowledge what arrived; ids run 1..65535 in order, as the broker assigns them.
                 ids = [(next_ack + i) % 65535 for i in range(got)]
                 next_ack = (next_ack + got) % 65535
                 sub.data_received(b"".join(acks[i] for i in ids))
-                more = _count_publishes(sub_t.written, publish_size)
-                sub_t.written.clear()
+                more = _count_publishes(sub_t.writes, publish_size)
+                sub_t.writes.clear()
                 while more:
                     ids = [(next_ack + i) % 65535 for i in range(more)]
                     next_ack = (next_ack + more) % 65535
                     delivered += more
                     sub.data_received(b"".join(acks[i] for i in ids))
-                    more = _count_publishes(sub_t.written, publish_size)
-                    sub_t.written.clear()
+                    more = _count_publishes(sub_t.writes, publish_size)
+                    sub_t.writes.clear()
         elapsed = time.process_time() - started
         node.close()
         return elapsed / delivered * 1e6

@@ -41,6 +41,15 @@ def publish_all(client: PahoClient, topic: str, payloads: list[bytes], qos: int)
         assert info.is_published()
 
 
+def subscribe_and_leave(paho_client, broker: BrokerProcess, client_id: str,
+                        subscriptions: list[tuple[str, int]]) -> None:
+    """A durable session subscribes and disconnects; returns once the broker shows it away."""
+    sub = paho_client(client_id, port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+    assert sub.subscribe(subscriptions) == [qos for _, qos in subscriptions]
+    sub.disconnect()
+    wait_offline(broker.ports["http"], client_id)
+
+
 def wait_state_on_disk(broker: BrokerProcess) -> None:
     """Session changes (disconnect time, acknowledgements) reach the disk within a flush
     interval; a test that kills the broker right after one waits for it."""
@@ -64,10 +73,7 @@ def test_quick_start_offline_messages_survive_a_restart(
     paho_client, start_broker, how: str, qos: int
 ) -> None:
     broker = start_broker()
-    sub = paho_client("emqx_c", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
-    assert sub.subscribe("t/1", qos) == [qos]
-    sub.disconnect()
-    wait_offline(broker.ports["http"], "emqx_c")
+    subscribe_and_leave(paho_client, broker, "emqx_c", [("t/1", qos)])
     pub = paho_client(port=broker.tcp)
     sent = [f"message {n}".encode() for n in range(COUNT)]
     publish_all(pub, "t/1", sent, qos)
@@ -106,10 +112,7 @@ def test_wildcard_subscription_gets_every_matching_topic_in_order(
     paho_client, start_broker
 ) -> None:
     broker = start_broker()
-    sub = paho_client("wild", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
-    sub.subscribe("metrics/+/cpu/#", 1)
-    sub.disconnect()
-    wait_offline(broker.ports["http"], "wild")
+    subscribe_and_leave(paho_client, broker, "wild", [("metrics/+/cpu/#", 1)])
     pub = paho_client(port=broker.tcp)
     hosts = [f"host{n}" for n in range(20)]
     expected: dict[str, list[bytes]] = {}
@@ -176,10 +179,7 @@ def test_session_expiry_is_honoured_across_a_restart(paho_client, start_broker) 
 
 def test_storage_and_metrics_report_durable_sessions(paho_client, start_broker) -> None:
     broker = start_broker()
-    sub = paho_client(unique("m"), port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
-    sub.subscribe("dm/t", 1)
-    sub.disconnect()
-    wait_offline(broker.ports["http"], sub.client_id)
+    subscribe_and_leave(paho_client, broker, unique("m"), [("dm/t", 1)])
     pub = paho_client(port=broker.tcp)
     publish_all(pub, "dm/t", [b"a", b"b", b"c"], 1)
     metrics = scrape_metrics(broker.ports["http"])
@@ -210,10 +210,7 @@ def test_messages_are_stored_once_for_many_durable_subscribers(
 
 def test_ctl_sessions_list_and_show_after_a_restart(paho_client, start_broker) -> None:
     broker = start_broker()
-    sub = paho_client("ctl-c", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
-    sub.subscribe([("ctl/a", 1), ("ctl/+/b", 2)])
-    sub.disconnect()
-    wait_offline(broker.ports["http"], "ctl-c")
+    subscribe_and_leave(paho_client, broker, "ctl-c", [("ctl/a", 1), ("ctl/+/b", 2)])
     wait_state_on_disk(broker)
     broker = restart(broker, start_broker, "kill")
     url = f"http://127.0.0.1:{broker.ports['http']}"
@@ -268,9 +265,7 @@ def test_a_will_whose_delay_ran_out_while_the_node_was_down_fires_at_start_up(
     paho_client, start_broker
 ) -> None:
     broker = start_broker(**{"durable_sessions.heartbeat_interval": "100ms"})
-    watcher = paho_client("watcher", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
-    watcher.subscribe("wills/#", 1)
-    watcher.disconnect()
+    subscribe_and_leave(paho_client, broker, "watcher", [("wills/#", 1)])
     doomed = paho_client("doomed", port=broker.tcp, clean_start=False, session_expiry=EXPIRY,
                          will={"topic": "wills/doomed", "payload": b"gone", "qos": 1,
                                "properties": props(PacketTypes.WILLMESSAGE,
@@ -288,10 +283,7 @@ def test_a_will_whose_delay_ran_out_while_the_node_was_down_fires_at_start_up(
 
 def test_stored_messages_expire(paho_client, start_broker) -> None:
     broker = start_broker()
-    sub = paho_client("exp", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
-    sub.subscribe("exp/t", 1)
-    sub.disconnect()
-    wait_offline(broker.ports["http"], "exp")
+    subscribe_and_leave(paho_client, broker, "exp", [("exp/t", 1)])
     pub = paho_client(port=broker.tcp)
     pub.publish("exp/t", b"short", 1, properties=publish_props(MessageExpiryInterval=1))
     pub.publish("exp/t", b"long", 1, properties=publish_props(MessageExpiryInterval=100))

@@ -2,7 +2,6 @@
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from broker.config.loader import load_config
 from broker.mqtt.codec import Decoder, encode
@@ -10,27 +9,9 @@ from broker.mqtt.packets import Connect, Puback, Publish, Subscribe, Subscriptio
 from broker.node import Node
 from broker.server.connection import Connection
 from broker.server.output import OutputBatch
+from tests.support.transport import RecordingTransport
 
 V4 = 4
-
-
-class RecordingTransport:
-    """The socket end the broker writes to; records each write() call separately."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def close(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else default
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 def _client(
