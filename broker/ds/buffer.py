@@ -3,7 +3,8 @@
 A flush happens when `max_items` are waiting, when the oldest has waited `flush_interval`, or
 when nothing new arrived for `idle_flush_interval` (a lone writer should not wait the full
 interval). Only one flush runs at a time, so batches reach the disk in the order they were
-buffered; writes that arrive meanwhile form the next batch. Each `add` returns a future that
+buffered; writes that arrive meanwhile form the next batch, which starts as soon as the
+running one ends. Each `add` returns a future that
 resolves once the flush containing it completed (is durable when any write in it asked for
 sync), which is what a PUBACK waits on.
 """
@@ -90,11 +91,10 @@ class WriteBuffer(Generic[T]):
         finally:
             self._running = None
             if self._items:
-                if len(self._items) >= self._max_items:
-                    self._start()
-                else:
-                    loop = asyncio.get_running_loop()
-                    self._timer = loop.call_at(self._due(), self._on_timer)
+                # Group commit: what arrived during that flush has waited one flush already,
+                # so it goes now. Under load the disk never idles and batches grow by
+                # themselves; the timers only pace a writer that starts from idle.
+                self._start()
 
     async def drain(self) -> None:
         """Flushes whatever is waiting now and returns when it is written."""

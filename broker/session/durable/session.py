@@ -16,6 +16,7 @@ the order they were stored.
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -72,6 +73,11 @@ class DurableSession(Session):
         self._dirty: set[int] = set()
         self._flush_scheduled = False
         self._readers: dict[tuple[str, Stream], asyncio.Task[None]] = {}
+        # Batches whose record is being written, oldest first: (write, batch, deliveries).
+        self._recording: deque[tuple[asyncio.Future[None], _Pending | None, list[Delivery]]] = (
+            deque()
+        )
+        self._unsent = 0
         self._room = asyncio.Event()
         self._room.set()
         self._next_seqno = 1
@@ -215,11 +221,7 @@ class DurableSession(Session):
                     await self._room.wait()
                 if self.connection is None or topic_filter not in self.subscriptions:
                     return
-                # Shielded: once recorded, a batch must reach the session even if the reader
-                # is cancelled meanwhile (the client left), or it would be lost until restart.
-                await asyncio.shield(
-                    self._deliver_batch(topic_filter, stream, iterator, after, ttvs)
-                )
+                self._record_batch(topic_filter, stream, iterator, after, ttvs)
                 if after is None:
                     break
                 iterator = after
@@ -236,10 +238,13 @@ class DurableSession(Session):
         self._readers.pop((topic_filter, stream), None)
         self.refresh_streams()  # the next generation of this shard, if any
 
-    async def _deliver_batch(
+    def _record_batch(
         self, topic_filter: str, stream: Stream, before: Iterator, after: Iterator | None,
         ttvs: list[TTV],
     ) -> None:
+        """Assigns sequence numbers and starts writing the batch record; its messages are
+        sent once the record is on disk (`_send_recorded`), in the order batches were
+        recorded. Reading goes on meanwhile, so one fsync does not stall the stream."""
         options = self.subscriptions[topic_filter]
         ids = (options.identifier,) if options.identifier is not None else ()
         now = time.time()
@@ -273,23 +278,41 @@ class DurableSession(Session):
             writes.append((r.batch_key(self.client_id, first), record.to_bytes()))
             pending = self._pending[first] = _Pending(record, len(entries))
         self._positions[(topic_filter, stream)] = position
-        await self._ctx.store.write(writes)  # recorded before anything is sent
+        # A task, not awaited here: it completes even if this reader is cancelled.
+        written = asyncio.ensure_future(self._ctx.store.write(writes))
+        self._recording.append((written, pending, deliveries))
+        self._unsent += len(deliveries)
+        self._update_room()
+        written.add_done_callback(self._send_recorded)
+
+    def _send_recorded(self, _: object = None) -> None:
+        recording = self._recording
         connection = self.connection
-        offset = 0
-        for delivery in deliveries:
-            if delivery.qos and pending is not None:
-                self._by_packet[delivery.packet_id] = (pending, offset)
-                offset += 1
-            if connection is not None:
-                connection.deliver(delivery)
-            elif delivery.qos:
-                self.queue.append(delivery)  # the client left meanwhile: sent on resume
+        while recording and recording[0][0].done():
+            written, pending, deliveries = recording.popleft()
+            self._unsent -= len(deliveries)
+            if written.cancelled() or written.exception() is not None:
+                # Not recorded: nothing of it may be sent; it is read again after a restart.
+                log.error("durable session %s: batch record not written: %r", self.client_id,
+                          None if written.cancelled() else written.exception())
+                if pending is not None:
+                    self._pending.pop(pending.record.first_seqno, None)
+                continue
+            offset = 0
+            for delivery in deliveries:
+                if delivery.qos and pending is not None:
+                    self._by_packet[delivery.packet_id] = (pending, offset)
+                    offset += 1
+                if connection is not None:
+                    connection.deliver(delivery)
+                elif delivery.qos:
+                    self.queue.append(delivery)  # the client left meanwhile: sent on resume
         if connection is not None:
             connection.flush()
         self._update_room()
 
     def _update_room(self) -> None:
-        if len(self.queue) > self._ctx.batch_size:
+        if len(self.queue) + self._unsent > 2 * self._ctx.batch_size:
             self._room.clear()
         else:
             self._room.set()
