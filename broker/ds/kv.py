@@ -17,7 +17,7 @@ import plyvel
 
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
-from broker.ds.slab import apply
+from broker.ds.slab import prepare
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
 _LOG_LIMIT = 100_000
@@ -89,7 +89,7 @@ class KVStore:
             deletes=[key for key, value in final.items() if value is None],
         )
         await asyncio.get_running_loop().run_in_executor(
-            self._executor, apply, self._db, batch, sync
+            self._executor, prepare(self._db, batch, sync).write
         )
 
     async def close(self) -> None:

@@ -93,7 +93,7 @@ class Shard:
             slab = self.current
             batch = self.cooker.cook(messages, now_us())
             started = time.perf_counter()
-            await loop.run_in_executor(self._executor, slab.apply, batch, sync)
+            await loop.run_in_executor(self._executor, slab.prepare(batch, sync).write)
             self.flush_seconds += time.perf_counter() - started
             self.batches += 1
             self.messages += batch.messages

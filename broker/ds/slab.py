@@ -8,6 +8,7 @@ read by another program, and a restart rebuilds its state from the slab alone.
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import plyvel
 
@@ -31,14 +32,17 @@ def _open_leveldb(path: Path, create: bool) -> plyvel.DB:
     )
 
 
-def apply(db: plyvel.DB, batch: CookedBatch, sync: bool) -> None:
-    """Blocking and atomic; runs in a worker thread (plyvel releases the GIL while writing)."""
-    with db.write_batch(sync=sync) as write:
-        put = write.put
-        for key, value in batch.puts:
-            put(key, value)
-        for key in batch.deletes:
-            write.delete(key)
+def prepare(db: plyvel.DB, batch: CookedBatch, sync: bool) -> Any:
+    """The LevelDB write batch, built on the caller's (event loop) thread. Only its atomic
+    `write()` goes to a worker thread: plyvel releases the GIL there, while a loop of puts in
+    the worker would hold it and make the event loop wait up to a switch interval (5 ms)."""
+    write = db.write_batch(sync=sync)
+    put = write.put
+    for key, value in batch.puts:
+        put(key, value)
+    for key in batch.deletes:
+        write.delete(key)
+    return write
 
 
 class Slab:
@@ -75,8 +79,8 @@ class Slab:
     def sealed(self) -> bool:
         return self.sealed_at is not None
 
-    def apply(self, batch: CookedBatch, sync: bool) -> None:
-        apply(self.db, batch, sync)
+    def prepare(self, batch: CookedBatch, sync: bool) -> Any:
+        return prepare(self.db, batch, sync)
 
     def seal(self, until: int, shard: int) -> None:
         """Blocking: compacts, then writes the manifest that marks the slab sealed."""
