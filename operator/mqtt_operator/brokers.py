@@ -1,4 +1,5 @@
-"""What the operator asks the brokers (contract v1): which shard replicas a site holds.
+"""What the operator asks the brokers (contract v1): which shard replicas a site holds, and
+which generations a broker has sealed (what the Spark jobs may read).
 
 `GET /api/v5/ds/sites/{site}` on the site's own pod answers EMQX's shape,
 `{"up": bool, "shards": [{"storage": "messages", "id": "3", ...}]}`. A pod without an IP,
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mqtt_operator import constants
 from mqtt_operator.placement import Transition
@@ -28,21 +30,43 @@ class SiteReport:
         return self.shards is not None
 
 
-def ask_site(host: str | None, port: int, site: str, timeout: float) -> SiteReport:
+def _get_json(host: str | None, port: int, path: str, timeout: float) -> tuple[Any, str]:
+    """(body, "") or (None, why the broker counts as unreachable)."""
     if not host:
-        return SiteReport(site, None, "pod has no IP")
-    url = f"http://{host}:{port}/api/v5/ds/sites/{site}"
+        return None, "pod has no IP"
+    url = f"http://{host}:{port}{path}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = json.load(response)
-        return SiteReport(site, frozenset(
-            int(shard["id"]) for shard in body.get("shards", ())
-            if shard.get("storage", constants.DB) == constants.DB))
+            return json.load(response), ""
     except urllib.error.HTTPError as error:  # e.g. 404: this broker does not serve it yet
-        return SiteReport(site, None, f"GET {url}: HTTP {error.code}")
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        reason = getattr(error, "reason", None) or error
-        return SiteReport(site, None, f"GET {url}: {reason}")
+        return None, f"GET {url}: HTTP {error.code}"
+    except (OSError, ValueError) as error:
+        return None, f"GET {url}: {getattr(error, 'reason', None) or error}"
+
+
+def ask_site(host: str | None, port: int, site: str, timeout: float) -> SiteReport:
+    body, error = _get_json(host, port, f"/api/v5/ds/sites/{site}", timeout)
+    try:
+        return SiteReport(site, None if body is None else frozenset(
+            int(shard["id"]) for shard in body.get("shards", ())
+            if shard.get("storage", constants.DB) == constants.DB), error)
+    except (ValueError, KeyError, TypeError, AttributeError) as bad:
+        return SiteReport(site, None, f"/api/v5/ds/sites/{site}: unreadable answer: {bad!r}")
+
+
+def ask_sealed(host: str | None, port: int, timeout: float) -> frozenset[tuple[int, int]] | None:
+    """The (shard, generation) pairs of the messages database this broker has sealed, from
+    `GET /api/v5/ds/storages`; None when it cannot be asked (the reconcile then launches
+    nothing for data only that broker holds, and asks again next time)."""
+    body, _error = _get_json(host, port, "/api/v5/ds/storages", timeout)
+    try:
+        return None if body is None else frozenset(
+            (int(shard["shard"]), int(generation["generation"]))
+            for database in body["databases"] if database.get("name") == constants.DB
+            for shard in database["shards"] for generation in shard["generations"]
+            if generation.get("state") == "sealed")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -50,5 +50,10 @@ def headless_service_name(cluster: str) -> str:
     return f"{cluster}-headless"
 
 
+def data_claim_name(cluster: str, ordinal: int) -> str:
+    """The StatefulSet's claim of one pod (volumeClaimTemplate `data`)."""
+    return f"data-{cluster}-{ordinal}"
+
+
 def selector_labels(cluster: str) -> dict[str, str]:
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: cluster}

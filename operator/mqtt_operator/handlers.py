@@ -6,14 +6,19 @@ MQTTCluster; a drain not confirmed yet, or replica transitions that answering br
 not finished, make the change handler retry. Both paths share one lock per cluster, so they
 never interleave. No kopf timer or daemon on purpose: those put a finalizer on the
 MQTTCluster, and `helm uninstall` removes the operator together with the cluster, which
-would leave the cluster stuck in deletion.
+would leave the cluster stuck in deletion. Brokers seal generations (and Spark applications
+finish) without any event on the MQTTCluster, so clusters with a `spark` section are
+reconciled again by one plain polling thread instead.
 
 Settings (environment): MQTT_OPERATOR_METRICS_PORT (9090; 0 disables),
 MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10: longest wait before
-asking the brokers again about a drain), MQTT_OPERATOR_BROKER_TIMEOUT (2 seconds per call).
+asking the brokers again about a drain), MQTT_OPERATOR_BROKER_TIMEOUT (2 seconds per call),
+MQTT_OPERATOR_SPARK_POLL_SECONDS (30: how often clusters with Spark jobs are reconciled).
 """
 
+import contextvars
 import functools
+import logging
 import os
 import threading
 from collections import defaultdict
@@ -25,12 +30,14 @@ from prometheus_client import start_http_server
 
 from mqtt_operator import constants as c
 from mqtt_operator import metrics
-from mqtt_operator.brokers import ask_site
+from mqtt_operator.brokers import ask_sealed, ask_site
 from mqtt_operator.kube import Kube, client_from_environment
 from mqtt_operator.reconcile import reconcile
 
 RESYNC_SECONDS = float(os.environ.get("MQTT_OPERATOR_RESYNC_SECONDS", "10"))
 BROKER_TIMEOUT = float(os.environ.get("MQTT_OPERATOR_BROKER_TIMEOUT", "2"))
+SPARK_POLL_SECONDS = float(os.environ.get("MQTT_OPERATOR_SPARK_POLL_SECONDS", "30"))
+_log = logging.getLogger(__name__)
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 
 
@@ -44,6 +51,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # otherwise does without. The CRD exists before the operator starts (the chart's crds/).
     settings.scanning.disabled = True
     memo.kube = Kube(client_from_environment())
+    memo.poller = _Poller()
+    memo.poller.thread = threading.Thread(target=_poll, args=(memo,), name="spark-poll",
+                                          daemon=True)
+    memo.poller.thread.start()
     port = int(os.environ.get("MQTT_OPERATOR_METRICS_PORT", "9090"))
     memo.metrics_server = None
     if port:
@@ -57,8 +68,32 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
+class _Poller:
+    """One object, not memo fields: handlers get a shallow copy of the memo, so only what
+    the fields point to is shared with the polling thread."""
+
+    def __init__(self) -> None:
+        self.clusters: set[tuple[str, str]] = set()  # (namespace, name) with Spark jobs
+        self.context: contextvars.Context | None = None  # kopf posts Events only from one
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+
+def _poll(memo: kopf.Memo) -> None:
+    poller: _Poller = memo.poller
+    while not poller.stop.wait(SPARK_POLL_SECONDS):
+        for namespace, name in sorted(poller.clusters.copy()):
+            try:
+                assert poller.context is not None  # set before a cluster is added
+                poller.context.copy().run(_run, "poll", namespace, name, memo, _log)
+            except Exception:  # the next poll or event tries again; kopf's own retry is absent
+                _log.exception("polling %s/%s failed", namespace, name)
+
+
 @kopf.on.cleanup()
-def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+def stop(memo: kopf.Memo, **_: Any) -> None:
+    memo.poller.stop.set()
+    memo.poller.thread.join()
     if memo.metrics_server is not None:
         memo.metrics_server.shutdown()
         memo.metrics_server.server_close()
@@ -73,13 +108,19 @@ def _run(trigger: str, namespace: str, name: str, memo: kopf.Memo,
         logger.info("%s: %s", reason, message)
 
     ask = functools.partial(ask_site, timeout=BROKER_TIMEOUT)
+    sealed = functools.partial(ask_sealed, timeout=BROKER_TIMEOUT)
     metrics.RECONCILES.labels(trigger).inc()
     with _locks[(namespace, name)], metrics.DURATION.time():
         try:
-            outcome = reconcile(memo.kube, namespace, name, post, ask)
+            outcome = reconcile(memo.kube, namespace, name, post, ask, sealed)
         except Exception:
             metrics.FAILURES.labels(trigger).inc()
             raise
+    if outcome.polls:
+        memo.poller.context = memo.poller.context or contextvars.copy_context()
+        memo.poller.clusters.add((namespace, name))
+    else:
+        memo.poller.clusters.discard((namespace, name))
     if outcome.waiting:
         metrics.WAITING.inc()
     return outcome.waiting

@@ -26,6 +26,7 @@ _PLURALS = {
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors",
+    "SparkApplication": "sparkapplications",
     constants.KIND: constants.PLURAL,
 }
 
@@ -92,6 +93,14 @@ class Kube:
         return self.request("PATCH", url, body=manifest,
                             content_type="application/apply-patch+yaml",
                             query={"fieldManager": constants.FIELD_MANAGER, "force": "true"})
+
+    def delete(self, url: str) -> None:
+        """Gone already counts as done: another reconcile or the GC may have been first."""
+        try:
+            self.request("DELETE", url)
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Any:
         url = path(constants.API_VERSION, constants.KIND, namespace, name) + "/status"

@@ -9,12 +9,13 @@ continues exactly where the last one stopped.
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from mqtt_operator import broker_config, manifests, placement, sites, status
+from mqtt_operator import broker_config, manifests, placement, sites, spark, sparkapp, status
 from mqtt_operator import constants as c
 from mqtt_operator.brokers import SiteReport, drain_verdict, settled
 from mqtt_operator.kube import Kube, path
@@ -23,11 +24,14 @@ from mqtt_operator.spec import Cluster
 # (the MQTTCluster, Normal | Warning, reason, message) -> an Event about it
 Post = Callable[[Mapping[str, Any], str, str, str], None]
 Ask = Callable[[str | None, int, str], SiteReport]  # (pod IP, HTTP port, site) -> report
+# (pod IP, HTTP port) -> sealed (shard, generation) pairs, None when the broker cannot answer
+AskSealed = Callable[[str | None, int], frozenset[tuple[int, int]] | None]
 
 
 @dataclass(frozen=True)
 class Outcome:
     waiting: str  # why the reconcile must run again soon; empty when settled
+    polls: bool = False  # Spark jobs: brokers seal generations without any Kubernetes event
 
 
 def problems(cluster: Cluster) -> list[str]:
@@ -41,11 +45,64 @@ def problems(cluster: Cluster) -> list[str]:
     return found
 
 
+def _changed(conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
+    """Whether a condition's message differs from last time: one Event per news, not per
+    reconcile."""
+    return new["message"] != next(
+        (old.get("message") for old in conditions if old.get("type") == new["type"]), None)
+
+
 def _data(config_map: Mapping[str, Any] | None) -> dict[str, str] | None:
     return None if config_map is None else dict(config_map.get("data") or {})
 
 
-def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Outcome:
+def reconcile_spark(kube: Kube, cluster: Cluster, settings: spark.Settings,
+                    previous: Mapping[str, Any], pods: Mapping[int, status.PodView],
+                    replicas: Mapping[int, list[int]], emit: Callable[[str, str, str], None],
+                    ask: AskSealed) -> tuple[dict[str, Any], bool, str, str]:
+    """Launches what the brokers sealed, deletes what retention drops, reads the states.
+
+    Returns (status.spark, ok, reason, message) for the SparkJobs condition. Applications
+    that exist are never applied again: the Spark operator resubmits an application whose
+    spec changes, and a finished run must stay finished."""
+    if not kube.served(sparkapp.API_VERSION):
+        return dict(previous), False, "SparkOperatorMissing", (
+            f"{sparkapp.API_VERSION} is not served: install the Spark operator; no"
+            f" SparkApplication is created until then")
+    ns = cluster.namespace
+    listed = kube.list(sparkapp.API_VERSION, sparkapp.KIND, ns, {
+        c.LABEL_INSTANCE: cluster.name, sparkapp.LABEL_COMPONENT: sparkapp.COMPONENT})
+    apps = [spark.AppView.from_object(app) for app in listed]
+    marks = spark.watermarks(previous.get("launched") or {}, apps)
+    asked = {ordinal: ask(pod.ip, cluster.http_port) for ordinal, pod in pods.items()
+             if ordinal < cluster.replicas and pod.ready}
+    answers = {ordinal: held for ordinal, held in asked.items() if held is not None}
+    todo = spark.planned(settings, spark.sources(answers, replicas), marks, time.time())
+    owner = manifests.owner_reference(cluster)
+    created = [spark.AppView.from_object(kube.apply(sparkapp.spark_application(
+        cluster=cluster.name, namespace=ns, owner=owner, job=plan.job, run=plan.run,
+        broker_pod=f"{cluster.name}-{plan.ordinal}",
+        data_claim=c.data_claim_name(cluster.name, plan.ordinal), spec=settings.app)))
+        for plan in todo]
+    if created:
+        emit("Normal", "SparkApplicationsCreated", ", ".join(app.name for app in created))
+    apps += created
+    old = spark.expired(apps, settings.keep_finished)
+    for name in old:
+        kube.delete(path(sparkapp.API_VERSION, sparkapp.KIND, ns, name))
+    if old:
+        emit("Normal", "SparkApplicationsDeleted",
+             f"finished beyond the newest {settings.keep_finished} per job: {', '.join(old)}")
+    kept = [app for app in apps if app.name not in old]
+    silent = ", ".join(f"{cluster.name}-{o}" for o in sorted(set(asked) - set(answers)))
+    message = (f"{len(kept)} application(s); {len(answers)}/{len(asked)} ready broker(s)"
+               f" told their sealed generations" + (f" (not {silent})" if silent else ""))
+    summary = {**spark.summary(kept), "launched": spark.launched(marks, todo)}
+    return summary, True, "Launching", message
+
+
+def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
+              ask_sealed: AskSealed) -> Outcome:
     body = kube.get(path(c.API_VERSION, c.KIND, namespace, name))
     if body is None or body["metadata"].get("deletionTimestamp"):
         return Outcome("")  # the garbage collector removes the children
@@ -135,16 +192,30 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
         emit("Normal", "ScaledUp", f"StatefulSet {current} -> {cluster.replicas}")
     kube.apply(manifests.statefulset(cluster, replicas, config_text))
 
+    conditions = previous.get("conditions") or []
+    spark_conditions = []
+    spark_status: dict[str, Any] | None = None  # null: no Spark section, none in status
+    if cluster.spark is not None:
+        members = {site: ordinal for ordinal, site in ids.items() if ordinal < replicas}
+        spark_status, ok, reason, message = reconcile_spark(
+            kube, cluster, spark.Settings.from_spec(cluster.spark),
+            previous.get("spark") or {}, pods,
+            {shard: [members[site] for site in holders if site in members]
+             for shard, holders in shards.items()},
+            emit, ask_sealed)
+        spark_condition = status.condition(conditions, "SparkJobs", ok, reason, message, now)
+        if not ok and _changed(conditions, spark_condition):
+            emit("Warning", reason, message)
+        spark_conditions.append(spark_condition)
+
     found = problems(cluster)
     if requested.n_shards != created_shards:
         found.append(f"spec.durableStorage.nShards cannot change after creation: it stays"
                      f" {created_shards}")
-    conditions = previous.get("conditions") or []
     degraded = status.condition(conditions, "Degraded", bool(found),
                                 "InvalidSpec" if found else "SpecValid",
                                 "; ".join(found) or "no problems found", now)
-    if found and degraded["message"] != next(
-            (x.get("message") for x in conditions if x.get("type") == "Degraded"), None):
+    if found and _changed(conditions, degraded):
         emit("Warning", "InvalidSpec", degraded["message"])
     ready = sum(1 for ordinal, pod in pods.items() if ordinal < replicas and pod.ready)
     settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
@@ -168,6 +239,7 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
                       "loads": placement.loads(shards, staying)},
         "transitions": pending,
         "drain": drain,
+        "spark": spark_status,
         "conditions": [
             status.condition(conditions, "Ready", settled_all,
                              "AllSitesReady" if settled_all else "NotReady",
@@ -177,6 +249,7 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask) -> Ou
                                  "TransitionsPending" if pending else "Reconciled"),
                              waiting or f"{len(pending)} replica transition(s) pending", now),
             degraded,
+            *spark_conditions,
         ],
     }))
-    return Outcome(waiting)
+    return Outcome(waiting, polls=cluster.spark is not None)

@@ -35,6 +35,7 @@ class Cluster:
     affinity: Mapping[str, Any] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    spark: Mapping[str, Any] | None = None  # spec.spark; absent: no Spark jobs
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "Cluster":
@@ -66,4 +67,5 @@ class Cluster:
             affinity=dict(spec.get("affinity") or {}),
             tolerations=tuple(spec.get("tolerations") or ()),
             node_selector=dict(spec.get("nodeSelector") or {}),
+            spark=spec.get("spark"),
         )

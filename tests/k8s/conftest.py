@@ -8,10 +8,12 @@ runs in-process under kopf's KopfRunner, as the image would run it.
 
 import base64
 import contextlib
+import http.server
 import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +30,9 @@ CRD = ROOT / "crds" / "mqttcluster.yaml"
 BUILT = Path(os.environ.get("K8S_TESTBED", "/var/cache/k8s-testbed"))
 VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
 
-SERVICE_MONITOR_CRD = ROOT / "tests" / "k8s" / "servicemonitor-crd.yaml"
+# Third-party kinds the operator creates where they exist.
+FOREIGN_CRDS = [ROOT / "tests" / "k8s" / "servicemonitor-crd.yaml",
+                ROOT / "tests" / "k8s" / "sparkapplication-crd.yaml"]
 
 
 def _free_port(pair_offset: int = 0) -> int:
@@ -101,7 +105,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     root = tmp_path_factory.mktemp("k8s")
     (root / "bin").symlink_to(BUILT / "bin")
     crds = root / "crds.yaml"
-    crds.write_text(CRD.read_text() + "\n---\n" + SERVICE_MONITOR_CRD.read_text())
+    crds.write_text("\n---\n".join(path.read_text() for path in [CRD, *FOREIGN_CRDS]))
     env = {
         **os.environ,
         "K8S_TESTBED": str(root),
@@ -129,7 +133,7 @@ def operator_env(testbed: Testbed) -> Iterator[dict[str, str]]:
     """Environment for an in-process operator: session-wide, since kopf and the handlers
     read it at import and login."""
     settings = {"KUBECONFIG": str(testbed.kubeconfig), "MQTT_OPERATOR_RESYNC_SECONDS": "1",
-                "MQTT_OPERATOR_BROKER_TIMEOUT": "1",
+                "MQTT_OPERATOR_BROKER_TIMEOUT": "1", "MQTT_OPERATOR_SPARK_POLL_SECONDS": "1",
                 "MQTT_OPERATOR_METRICS_PORT": str(_free_port()),
                 "MQTT_OPERATOR_METRICS_ADDR": "127.0.0.1"}
     saved = {key: os.environ.get(key) for key in settings}
@@ -216,3 +220,56 @@ def service_account_kubeconfig(testbed: Testbed, namespace: str, account: str,
         "contexts": [{"name": "sa", "context": {"cluster": "sa", "user": "sa",
                                                 "namespace": namespace}}]}))
     return path
+
+
+class FakeBrokers:
+    """The brokers' `GET /api/v5/ds/sites/{site}` and `GET /api/v5/ds/storages` (contract
+    v1), answering what the test says each site holds and which generations are sealed;
+    every pod in a test points its IP at it."""
+
+    def __init__(self) -> None:
+        self.holding: dict[str, list[int]] = {}
+        self.asked: set[str] = set()
+        self.sealed: dict[int, list[int]] = {}  # shard -> sealed generations
+        brokers = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/api/v5/ds/storages":
+                    body = json.dumps(brokers.storages()).encode()
+                else:
+                    site = self.path.rsplit("/", 1)[-1]
+                    brokers.asked.add(site)
+                    body = json.dumps({"up": True, "shards": [
+                        {"storage": "messages", "id": str(shard), "status": "up"}
+                        for shard in brokers.holding.get(site, [])]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+
+    def storages(self) -> dict[str, Any]:
+        """The broker's shape (broker/ds: Storage.info): each shard's sealed generations
+        and, after them, its current one."""
+        return {"site_id": "FAKE", "databases": [{"name": "messages", "shards": [
+            {"shard": shard, "generations": [
+                *({"generation": g, "state": "sealed"} for g in generations),
+                {"generation": max(generations, default=0) + 1, "state": "current"}]}
+            for shard, generations in sorted(self.sealed.items())]}]}
+
+
+@pytest.fixture
+def brokers() -> Iterator[FakeBrokers]:
+    fake = FakeBrokers()
+    thread = threading.Thread(target=fake.server.serve_forever, daemon=True)
+    thread.start()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+    thread.join()

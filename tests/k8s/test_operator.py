@@ -1,18 +1,15 @@
 """The operator against a real API server and controller-manager (kopf in-process)."""
 
-import http.server
 import json
 import re
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from mqtt_operator import placement
 from tests.k8s.conftest import (
+    FakeBrokers,
     Testbed,
     cluster_manifest,
     event_reasons,
@@ -104,45 +101,6 @@ def test_replication_factor_above_replicas_is_reported_naming_the_field(
     assert "it stays 4" in message and "n_shards = 4" in config
     assert len(status_of(testbed, namespace, "small")["placement"]["shards"]) == 4
     assert "InvalidSpec" in event_reasons(testbed, namespace, "small")
-
-
-class FakeBrokers:
-    """The brokers' `GET /api/v5/ds/sites/{site}` (contract v1), answering what the test says
-    each site holds; every pod in this test points its IP at it."""
-
-    def __init__(self) -> None:
-        self.holding: dict[str, list[int]] = {}
-        self.asked: set[str] = set()
-        brokers = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                site = self.path.rsplit("/", 1)[-1]
-                brokers.asked.add(site)
-                body = json.dumps({"up": True, "shards": [
-                    {"storage": "messages", "id": str(shard), "status": "up"}
-                    for shard in brokers.holding.get(site, [])]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-
-
-@pytest.fixture
-def brokers() -> Iterator[FakeBrokers]:
-    fake = FakeBrokers()
-    thread = threading.Thread(target=fake.server.serve_forever, daemon=True)
-    thread.start()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
-    thread.join()
 
 
 def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(

@@ -9,21 +9,31 @@ from collections.abc import Iterator
 
 import pytest
 
-from mqtt_operator.brokers import SiteReport, ask_site, drain_verdict, settled
+from mqtt_operator.brokers import SiteReport, ask_sealed, ask_site, drain_verdict, settled
 from mqtt_operator.placement import Transition
 
+SITE_A = {"up": True, "shards": [
+    {"storage": "messages", "id": "1"}, {"storage": "messages", "id": "3"},
+    {"storage": "sessions", "id": "0"}]}
+# The broker's own shape (broker/ds: Storage.info), trimmed to what the operator reads.
+STORAGES = {"site_id": "A", "databases": [
+    {"name": "messages", "shards": [
+        {"shard": 0, "generations": [{"generation": 1, "state": "sealed"},
+                                     {"generation": 2, "state": "current"}]},
+        {"shard": 2, "generations": [{"generation": 4, "state": "sealed"}]}]},
+    {"name": "sessions", "shards": [
+        {"shard": 0, "generations": [{"generation": 9, "state": "sealed"}]}]}]}
 
-@pytest.fixture
-def broker() -> Iterator[int]:
-    """A local HTTP server answering like contract v1: site A holds shards 1 and 3."""
+
+@contextlib.contextmanager
+def serving(path: str, answer: object) -> Iterator[int]:
+    """A local HTTP server answering `answer` at `path`, 404 elsewhere."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path != "/api/v5/ds/sites/A":
+            if self.path != path:
                 self.send_error(404)
                 return
-            body = json.dumps({"up": True, "shards": [
-                {"storage": "messages", "id": "1"}, {"storage": "messages", "id": "3"},
-                {"storage": "sessions", "id": "0"}]}).encode()
+            body = json.dumps(answer).encode()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -34,10 +44,25 @@ def broker() -> Iterator[int]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def broker() -> Iterator[int]:
+    """Answering like contract v1: site A holds shards 1 and 3."""
+    with serving("/api/v5/ds/sites/A", SITE_A) as port:
+        yield port
+
+
+@pytest.fixture
+def storages() -> Iterator[int]:
+    with serving("/api/v5/ds/storages", STORAGES) as port:
+        yield port
 
 
 def test_reachable_site_reports_its_message_shards(broker: int) -> None:
@@ -85,3 +110,10 @@ def test_transition_settles_when_added_sites_hold_and_removed_members_do_not() -
     assert settled(move, {"A": HOLDING}, {"A"})  # B has left the cluster
     assert not settled(move, {"A": HOLDING, "B": SILENT}, {"A", "B"})
     assert not settled(move, {"A": EMPTY, "B": EMPTY}, {"A", "B"})
+
+
+def test_sealed_generations_of_the_messages_database(storages: int) -> None:
+    assert ask_sealed("127.0.0.1", storages, 2) == frozenset({(0, 1), (2, 4)})
+    with closed_port() as port:
+        assert ask_sealed("127.0.0.1", port, 2) is None
+    assert ask_sealed(None, storages, 2) is None

@@ -1,20 +1,26 @@
 """SparkApplication manifests: names are deterministic DNS labels, the data volume is read
-only, the cluster owns the application."""
+only and on the broker pod's node, the cluster owns the application."""
+
+from typing import Any
 
 import pytest
 
-import sparkapp
+from mqtt_operator import sparkapp
+from mqtt_operator.sparkapp import Job, Run
 
 OWNER = {"apiVersion": "mqtt.durablemqtt.io/v1alpha1", "kind": "MQTTCluster", "name": "prod",
          "uid": "0a1b", "controller": True, "blockOwnerDeletion": True}
 SPEC = sparkapp.SparkSpec(image="registry.local/mqtt-spark:1", output_claim="lake",
                           executor=sparkapp.Resources(2, "3g"), executors=3)
+TICK = 1763769600  # 2025-11-22T00:00:00Z
+EXPORT = Job("export", "lake/raw")
+GENERATION = Run(3, generation=12)
 
 
-def build(job: str = "export", cluster: str = "prod", shard: int = 3, generation: int = 12):
+def build(job: Job = EXPORT, run: Run = GENERATION) -> dict[str, Any]:
     return sparkapp.spark_application(
-        cluster=cluster, namespace="iot", owner=OWNER, job=job, shard=shard,
-        generation=generation, data_claim="data-prod-1", spec=SPEC)
+        cluster="prod", namespace="iot", owner=OWNER, job=job, run=run,
+        broker_pod="prod-1", data_claim="data-prod-1", spec=SPEC)
 
 
 def test_export_application() -> None:
@@ -29,7 +35,7 @@ def test_export_application() -> None:
         "Python", "cluster", "registry.local/mqtt-spark:1")
     assert spec["mainApplicationFile"] == "local:///opt/spark-apps/export.py"
     assert spec["arguments"] == ["/data", "--shard", "3", "--generation", "12",
-                                 "--output", "/output/export"]
+                                 "--output", "/output/lake/raw"]
     assert spec["volumes"] == [
         {"name": "data", "persistentVolumeClaim": {"claimName": "data-prod-1",
                                                    "readOnly": True}},
@@ -38,31 +44,45 @@ def test_export_application() -> None:
         assert {"name": "data", "mountPath": "/data", "readOnly": True} in (
             spec[role]["volumeMounts"])
         assert spec[role]["labels"]["mqtt.durablemqtt.io/generation"] == "12"
+        term = spec[role]["affinity"]["podAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["labelSelector"]["matchLabels"] == {
+            "statefulset.kubernetes.io/pod-name": "prod-1"}
     assert (spec["driver"]["cores"], spec["driver"]["memory"]) == (1, "1g")
     assert (spec["executor"]["cores"], spec["executor"]["memory"],
             spec["executor"]["instances"]) == (2, "3g", 3)
 
 
-def test_stats_output_is_per_generation() -> None:
-    args = build("stats", shard=0, generation=7)["spec"]["arguments"]
-    assert args[-2:] == ["--output", "/output/stats/shard-000/gen-000007"]
+def test_stats_output_is_per_run_and_filters_pass_through() -> None:
+    args = build(Job("stats", "stats", "fleet/+/gps"), Run(0, generation=7))["spec"][
+        "arguments"]
+    assert args == ["/data", "--shard", "0", "--generation", "7", "--topic-filter",
+                    "fleet/+/gps", "--output", "/output/stats/shard-000/gen-000007"]
+    scheduled = build(Job("stats", "hourly"), Run(2, tick=TICK))
+    assert scheduled["metadata"]["name"] == "prod-stats-s2-t202511220000"
+    assert scheduled["metadata"]["labels"]["mqtt.durablemqtt.io/tick"] == "202511220000"
+    assert scheduled["spec"]["arguments"] == [  # every sealed generation of the shard
+        "/data", "--shard", "2", "--output", "/output/hourly/shard-002/tick-202511220000"]
 
 
 def test_names_are_deterministic_unique_dns_labels() -> None:
     assert build()["metadata"]["name"] == build()["metadata"]["name"]
-    names = {build(job, shard=s, generation=g)["metadata"]["name"]
-             for job in sparkapp.JOBS for s in range(3) for g in range(3)}
-    assert len(names) == 2 * 3 * 3
+    names = {sparkapp.application_name("prod", job, run) for job in sparkapp.JOBS
+             for run in (*(Run(s, generation=g) for s in range(3) for g in range(3)),
+                         Run(0, tick=TICK), Run(0, tick=TICK + 3600))}
+    assert len(names) == 2 * (3 * 3 + 2)
     long_a, long_b = "a" * 70 + "-x", "a" * 70 + "-y"
-    name_a = sparkapp.application_name(long_a, "export", 15, 123456)
-    name_b = sparkapp.application_name(long_b, "export", 15, 123456)
+    name_a = sparkapp.application_name(long_a, "export", Run(15, generation=123456))
+    name_b = sparkapp.application_name(long_b, "export", Run(15, generation=123456))
     assert name_a != name_b
-    for name in (name_a, name_b, sparkapp.application_name("My_Cluster", "stats", 1, 2)):
+    odd = sparkapp.application_name("My_Cluster", "stats", Run(1, generation=2))
+    for name in (name_a, name_b, odd):
         assert len(name) <= 63 and name[0].isalnum() and name[-1].isalnum()
         assert set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")
-    assert sparkapp.application_name("My_Cluster", "stats", 1, 2) == "my-cluster-stats-s1-g2"
+    assert odd == "my-cluster-stats-s1-g2"
+    assert sparkapp.parse_tick(sparkapp.tick_label(TICK)) == TICK
 
 
 def test_unknown_job() -> None:
     with pytest.raises(ValueError, match="unknown Spark job 'count'"):
-        build("count")
+        build(Job("count", "x"))

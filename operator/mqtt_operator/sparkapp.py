@@ -1,0 +1,169 @@
+"""SparkApplication manifests (`sparkoperator.k8s.io/v1beta2`) for the jobs in spark-apps/:
+one per (cluster, job, shard, run), a run being one sealed generation or one schedule tick.
+
+Here rather than in spark-apps/ because the operator's image, not the Spark image, builds
+them. The name is a function of (cluster, job, shard, run) only: applying the same
+application twice writes the same object, never a second run.
+"""
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from mqtt_operator import constants as c
+
+API_VERSION = "sparkoperator.k8s.io/v1beta2"
+KIND = "SparkApplication"
+JOBS = {"stats": "stats.py", "export": "export.py"}
+APP_DIR = "/opt/spark-apps"  # where spark-apps/Dockerfile puts the jobs
+DATA_MOUNT = "/data"
+OUTPUT_MOUNT = "/output"
+COMPONENT = "spark"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_JOB = f"{c.GROUP}/job"
+LABEL_SHARD = f"{c.GROUP}/shard"
+LABEL_GENERATION = f"{c.GROUP}/generation"
+LABEL_TICK = f"{c.GROUP}/tick"
+_TICK_FORMAT = "%Y%m%d%H%M"
+_MAX_NAME = 63  # a DNS label: the driver pod and its labels carry the name
+_NOT_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    cores: int = 1
+    memory: str = "1g"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    kind: str  # a key of JOBS
+    output: str  # directory under the output volume
+    topic_filter: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSpec:
+    """The MQTTCluster's `spark` section, as far as one application needs it."""
+
+    image: str
+    output_claim: str
+    spark_version: str = "4.0.0"
+    service_account: str = "spark"
+    driver: Resources = field(default_factory=Resources)
+    executor: Resources = field(default_factory=Resources)
+    executors: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What one application reads of its shard: one sealed generation (on seal), or every
+    sealed generation as of a schedule tick (`tick`: epoch seconds of the tick's start)."""
+
+    shard: int
+    generation: int | None = None
+    tick: int | None = None
+
+    @property
+    def suffix(self) -> str:
+        if self.generation is not None:
+            return f"s{self.shard}-g{self.generation}"
+        return f"s{self.shard}-t{tick_label(self.tick or 0)}"
+
+
+def tick_label(tick: int) -> str:
+    """UTC minutes, `YYYYMMDDHHMM`: readable in names and labels, orderable as text."""
+    return datetime.fromtimestamp(tick, UTC).strftime(_TICK_FORMAT)
+
+
+def parse_tick(label: str) -> int:
+    return int(datetime.strptime(label, _TICK_FORMAT).replace(tzinfo=UTC).timestamp())
+
+
+def application_name(cluster: str, job: str, run: Run) -> str:
+    """`<cluster>-<job>-s<shard>-g<generation>` (or `-t<tick>`); a long cluster name is cut
+    and given a hash of the whole, so two clusters never share a name."""
+    name = _NOT_DNS.sub("-", f"{cluster}-{job}-{run.suffix}".lower()).strip("-")
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    tail = f"-{job}-{run.suffix}-{digest}"
+    return _NOT_DNS.sub("-", cluster.lower())[:_MAX_NAME - len(tail)].strip("-") + tail
+
+
+def run_labels(cluster: str, job: str, run: Run) -> dict[str, str]:
+    """What the operator reads back from a listed application (see spark.AppView)."""
+    labels = {c.LABEL_INSTANCE: cluster, LABEL_COMPONENT: COMPONENT,
+              c.LABEL_MANAGED_BY: c.FIELD_MANAGER, LABEL_JOB: job,
+              LABEL_SHARD: str(run.shard)}
+    if run.generation is not None:
+        labels[LABEL_GENERATION] = str(run.generation)
+    else:
+        labels[LABEL_TICK] = tick_label(run.tick or 0)
+    return labels
+
+
+def _role(resources: Resources, spec: SparkSpec, mounts: list[dict[str, Any]],
+          labels: Mapping[str, str], broker_pod: str) -> dict[str, Any]:
+    # The broker's claim is ReadWriteOnce (the StatefulSet's): Spark pods can mount it only
+    # on the node where the broker pod runs.
+    affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"statefulset.kubernetes.io/pod-name": broker_pod}},
+        "topologyKey": "kubernetes.io/hostname"}]}}
+    return {"cores": resources.cores, "memory": resources.memory, "volumeMounts": mounts,
+            "serviceAccount": spec.service_account, "labels": dict(labels),
+            "affinity": affinity}
+
+
+def spark_application(
+    *, cluster: str, namespace: str, owner: Mapping[str, Any], job: Job, run: Run,
+    broker_pod: str, data_claim: str, spec: SparkSpec,
+) -> dict[str, Any]:
+    """The application that runs `job` over `run`, reading the data volume of `broker_pod`
+    read-only (the job copies a slab before opening it, see spark-apps/slabs.py) and writing
+    under the output volume. `owner` is the MQTTCluster's owner reference, so deleting the
+    cluster deletes its applications."""
+    if job.kind not in JOBS:
+        raise ValueError(f"unknown Spark job {job.kind!r} (one of {', '.join(sorted(JOBS))})")
+    name = application_name(cluster, job.kind, run)
+    mounts = [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
+              {"name": "output", "mountPath": OUTPUT_MOUNT}]
+    labels = run_labels(cluster, job.kind, run)
+    output = f"{OUTPUT_MOUNT}/{job.output}"
+    if job.kind == "stats":  # export overwrites its own partitions; stats files would clash
+        output += f"/shard-{run.shard:03d}/" + (
+            f"gen-{run.generation:06d}" if run.generation is not None
+            else f"tick-{tick_label(run.tick or 0)}")
+    selection = ["--shard", str(run.shard)]
+    if run.generation is not None:
+        selection += ["--generation", str(run.generation)]
+    if job.topic_filter:
+        selection += ["--topic-filter", job.topic_filter]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                     "ownerReferences": [dict(owner)]},
+        "spec": {
+            "type": "Python",
+            "pythonVersion": "3",
+            "mode": "cluster",
+            "image": spec.image,
+            "sparkVersion": spec.spark_version,
+            "mainApplicationFile": f"local://{APP_DIR}/{JOBS[job.kind]}",
+            "arguments": [DATA_MOUNT, *selection, "--output", output],
+            "restartPolicy": {"type": "OnFailure", "onFailureRetries": 2,
+                              "onFailureRetryInterval": 30},
+            "volumes": [
+                {"name": "data",
+                 "persistentVolumeClaim": {"claimName": data_claim, "readOnly": True}},
+                {"name": "output", "persistentVolumeClaim": {"claimName": spec.output_claim}},
+            ],
+            "driver": _role(spec.driver, spec, mounts, labels, broker_pod),
+            "executor": {**_role(spec.executor, spec, mounts, labels, broker_pod),
+                         "instances": spec.executors},
+        },
+    }
