@@ -16,6 +16,7 @@ from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
 from broker.routing.router import Router
 from broker.routing.trie import TopicTrie
+from broker.session.durable.persist import MessagePersister
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
 from broker.session.manager import SessionManager
@@ -66,7 +67,9 @@ class Node:
         if config["durable_sessions.enable"]:
             self.ds = DurableStorage(Path(config["node.data_dir"]), Settings.from_config(config))
         self.durable: DurableContext | None = None
+        self.persister: MessagePersister | None = None
         if self.ds is not None:
+            self.persister = MessagePersister(self.ds)
             self.durable = DurableContext(self.ds, SessionStore(self.ds), self.stats,
                                           config["durable_sessions.batch_size"],
                                           config["durable_sessions.session_ttl"])
@@ -115,11 +118,11 @@ class Node:
         stored = None
         durable = self._durable_matches(message.topic) if self.ds is not None else 0
         if durable:
-            assert self.ds is not None
-            stored = self.ds.store_batch("messages", [TTV(
+            assert self.persister is not None
+            stored = self.persister.add(TTV(
                 message.topic, message.payload, message.qos, message.retain,
                 message.publisher, message.properties,
-            )])
+            ))
             self.stats.durable_persisted += 1
         deliveries = self.router.route(message, self._is_online)
         sessions = self.sessions.sessions

@@ -138,8 +138,11 @@ class Connection:
             self.send(data)
             return
         future = asyncio.ensure_future(durable) if durable is not None else None
-        self._deferred.append((future, data))
-        if future is not None:
+        deferred = self._deferred
+        # PUBLISHes of one read share their storage future: one callback sends them all.
+        shared = bool(deferred) and deferred[-1][0] is future
+        deferred.append((future, data))
+        if future is not None and not shared:
             future.add_done_callback(self._send_deferred)
 
     def _send_deferred(self, _: object = None) -> None:
