@@ -82,11 +82,18 @@ class Connection:
             packets = self.decoder.feed(data)
         except MQTTError as exc:
             packets, error = getattr(exc, "packets", []), exc
+        handlers = HANDLERS
         try:
             for packet in packets:
                 if self.closed:
                     return
-                self._dispatch(packet)
+                # Connected: straight to the handler (a call less per packet on the hot
+                # path); otherwise, or for a type with no handler, `_dispatch` decides.
+                handler = handlers.get(packet.type) if self.connected else None
+                if handler is None:
+                    self._dispatch(packet)
+                else:
+                    handler(self, packet)
         except MQTTError as exc:
             error = exc
         except Exception:
