@@ -16,7 +16,6 @@ the order they were stored.
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -74,12 +73,13 @@ class DurableSession(Session):
         self._flush_scheduled = False
         self._readers: dict[tuple[str, Stream], asyncio.Task[None]] = {}
         # Batches whose record is being written, oldest first: (write, batch, deliveries).
-        self._recording: deque[tuple[asyncio.Future[None], _Pending | None, list[Delivery]]] = (
-            deque()
-        )
+        # A list, not a deque: it holds a batch or two, and an empty deque costs ~600 bytes
+        # in every one of possibly many thousands of offline sessions.
+        self._recording: list[tuple[asyncio.Future[None], _Pending | None, list[Delivery]]] = []
         self._unsent = 0
-        self._room = asyncio.Event()
-        self._room.set()
+        # Set while readers wait for the backlog to shrink (created only then, for the same
+        # reason as above).
+        self._room: asyncio.Future[None] | None = None
         self._next_seqno = 1
         # False for a session restored from disk at start-up until its client is back: then
         # what was in flight is rebuilt from the store, once.
@@ -159,7 +159,7 @@ class DurableSession(Session):
         for task in self._readers.values():
             task.cancel()
         self._readers.clear()
-        self._room.set()
+        self._open_room()
 
     # ---- subscriptions -----------------------------------------------------------------
     def subscribe(self, topic_filter: str, options: SubscriptionOptions, since: int) -> Write:
@@ -217,8 +217,10 @@ class DurableSession(Session):
         try:
             while True:
                 after, ttvs = await subscription.next()
-                while not self._room.is_set():
-                    await self._room.wait()
+                while self._backlogged():
+                    if self._room is None:
+                        self._room = asyncio.get_running_loop().create_future()
+                    await self._room
                 if self.connection is None or topic_filter not in self.subscriptions:
                     return
                 self._record_batch(topic_filter, stream, iterator, after, ttvs)
@@ -289,7 +291,7 @@ class DurableSession(Session):
         recording = self._recording
         connection = self.connection
         while recording and recording[0][0].done():
-            written, pending, deliveries = recording.popleft()
+            written, pending, deliveries = recording.pop(0)
             self._unsent -= len(deliveries)
             if written.cancelled() or written.exception() is not None:
                 # Not recorded: nothing of it may be sent; it is read again after a restart.
@@ -311,11 +313,17 @@ class DurableSession(Session):
             connection.flush()
         self._update_room()
 
+    def _backlogged(self) -> bool:
+        return len(self.queue) + self._unsent > 2 * self._ctx.batch_size
+
     def _update_room(self) -> None:
-        if len(self.queue) + self._unsent > 2 * self._ctx.batch_size:
-            self._room.clear()
-        else:
-            self._room.set()
+        if self._room is not None and not self._backlogged():
+            self._open_room()
+
+    def _open_room(self) -> None:
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            room.set_result(None)
 
     # ---- acknowledgements --------------------------------------------------------------
     def next_packet_id(self) -> int:
@@ -335,7 +343,7 @@ class DurableSession(Session):
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush_acks)
-        if not self._room.is_set():
+        if self._room is not None:
             self._update_room()
 
     def released(self, packet_id: int) -> Awaitable[None] | None:
