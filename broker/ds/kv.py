@@ -8,6 +8,7 @@ Commits are group-committed through the same write buffer as messages.
 """
 
 import asyncio
+import weakref
 from collections import deque
 from concurrent.futures import Executor
 from pathlib import Path
@@ -35,6 +36,13 @@ class KVStore:
         self._executor = executor
         self._serial = 0
         self._log: deque[tuple[int, frozenset[bytes]]] = deque(maxlen=_LOG_LIMIT)
+        # Transactions begun and not committed, weakly: an abandoned one is simply forgotten.
+        # Log entries no open transaction can conflict with are dropped, so the log costs
+        # nothing when, as with durable sessions, every transaction commits right away.
+        self._open: weakref.WeakValueDictionary[int, Transaction] = (
+            weakref.WeakValueDictionary()
+        )
+        self._begun = 0
         self._pending: dict[bytes, tuple[int, bytes | None]] = {}
         self.buffer: WriteBuffer[Write] = WriteBuffer(self._flush, *buffer_settings)
         self.commits = 0
@@ -50,7 +58,16 @@ class KVStore:
         return overlay(self._db.iterator(prefix=prefix), pending, prefix)
 
     def begin(self) -> Transaction:
-        return Transaction(self._serial, self.get, self.scan)
+        tx = Transaction(self._serial, self.get, self.scan)
+        self._begun += 1
+        self._open[self._begun] = tx
+        return tx
+
+    def _prune_log(self) -> None:
+        oldest = min((tx.serial for tx in self._open.values()), default=self._serial)
+        log = self._log
+        while log and log[0][0] <= oldest:
+            log.popleft()
 
     def _validate(self, tx: Transaction) -> None:
         log = self._log
@@ -69,9 +86,14 @@ class KVStore:
         self._validate(tx)
         if not tx.writes:
             return
+        for number, open_tx in list(self._open.items()):
+            if open_tx is tx:
+                del self._open[number]
+                break
         self._serial += 1
         serial = self._serial
         self._log.append((serial, frozenset(tx.writes)))
+        self._prune_log()
         for key, value in tx.writes.items():
             self._pending[key] = (serial, value)
         try:
