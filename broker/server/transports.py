@@ -31,6 +31,8 @@ _HIGH_WATER = 4 * 1024 * 1024
 
 
 class MQTTStreamProtocol(asyncio.Protocol):
+    __slots__ = ("_connection", "_node", "_output")
+
     def __init__(self, node: Node, output: OutputBatch) -> None:
         self._node = node
         self._output = output
