@@ -365,7 +365,9 @@ class DurableSession(Session):
             if pending is None:
                 continue
             if pending.remaining:
-                writes.append((r.batch_key(self.client_id, first), pending.record.to_bytes()))
+                record = pending.record
+                writes.append((r.acked_key(self.client_id, first),
+                               r.acked_to_bytes(record.done, len(record.entries))))
             else:
                 del self._pending[first]
                 writes.extend(self._completion_writes(pending.record))
@@ -374,7 +376,8 @@ class DurableSession(Session):
             self._ctx.store.write_soon(writes)
 
     def _completion_writes(self, record: r.BatchRecord) -> list[Write]:
-        writes: list[Write] = [(r.batch_key(self.client_id, record.first_seqno), None)]
+        writes: list[Write] = [(r.batch_key(self.client_id, record.first_seqno), None),
+                               (r.acked_key(self.client_id, record.first_seqno), None)]
         writes.extend((r.released_key(self.client_id, record.first_seqno + offset), None)
                       for offset, (_, qos) in enumerate(record.entries) if qos == 2)
         return writes

@@ -29,6 +29,13 @@ class StoredSession:
     batches: list[r.BatchRecord] = field(default_factory=list)
     released: set[int] = field(default_factory=set)
     awaiting_rel: set[int] = field(default_factory=set)
+    acked: dict[int, list[int]] = field(default_factory=dict)  # batch first seqno -> offsets
+
+
+def _attach_acks(stored: StoredSession) -> None:
+    stored.batches.sort(key=lambda batch: batch.first_seqno)
+    for batch in stored.batches:
+        batch.done = stored.acked.get(batch.first_seqno, [])
 
 
 Write = tuple[bytes, bytes | None]  # None deletes
@@ -58,7 +65,7 @@ class SessionStore:
                 continue  # left over from a session whose delete was interrupted
             self._add(stored, kind, key, value)
         for stored in found.values():
-            stored.batches.sort(key=lambda batch: batch.first_seqno)
+            _attach_acks(stored)
         return list(found.values())
 
     def load(self, client_id: str) -> StoredSession | None:
@@ -66,10 +73,10 @@ class SessionStore:
         if raw is None:
             return None
         stored = StoredSession(client_id, r.Meta.from_bytes(raw))
-        for kind in (b"s", b"p", b"b", b"r", b"a"):
+        for kind in (b"s", b"p", b"b", b"k", b"r", b"a"):
             for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
                 self._add(stored, kind, key, value)
-        stored.batches.sort(key=lambda batch: batch.first_seqno)
+        _attach_acks(stored)
         return stored
 
     @staticmethod
@@ -86,6 +93,8 @@ class SessionStore:
             )
         elif kind == b"b":
             stored.batches.append(r.BatchRecord.from_bytes(value))
+        elif kind == b"k":
+            stored.acked[r.seqno_of_key(key)] = r.acked_from_bytes(value)
         elif kind == b"r":
             stored.released.add(r.seqno_of_key(key))
         elif kind == b"a":
@@ -134,7 +143,7 @@ class SessionStore:
     def delete_writes(self, client_id: str) -> list[Write]:
         """Writes that remove every key of the session."""
         deletes: list[Write] = [(r.meta_key(client_id), None)]
-        for kind in (b"s", b"p", b"b", b"r", b"a"):
+        for kind in (b"s", b"p", b"b", b"k", b"r", b"a"):
             deletes.extend((key, None)
                            for key, _ in self._ds.sessions.scan(r.prefix(kind, client_id)))
         return deletes
