@@ -42,7 +42,6 @@ class KVStore:
         self._open: weakref.WeakValueDictionary[int, Transaction] = (
             weakref.WeakValueDictionary()
         )
-        self._begun = 0
         self._pending: dict[bytes, tuple[int, bytes | None]] = {}
         self.buffer: WriteBuffer[Write] = WriteBuffer(self._flush, *buffer_settings)
         self.commits = 0
@@ -59,8 +58,7 @@ class KVStore:
 
     def begin(self) -> Transaction:
         tx = Transaction(self._serial, self.get, self.scan)
-        self._begun += 1
-        self._open[self._begun] = tx
+        self._open[id(tx)] = tx  # an id is unique while its object lives, which is enough here
         return tx
 
     def _prune_log(self) -> None:
@@ -86,10 +84,7 @@ class KVStore:
         self._validate(tx)
         if not tx.writes:
             return
-        for number, open_tx in list(self._open.items()):
-            if open_tx is tx:
-                del self._open[number]
-                break
+        self._open.pop(id(tx), None)
         self._serial += 1
         serial = self._serial
         self._log.append((serial, frozenset(tx.writes)))
