@@ -46,7 +46,9 @@ class CookedBatch:
 
     puts: list[tuple[bytes, bytes]] = field(default_factory=list)
     deletes: list[bytes] = field(default_factory=list)
-    streams: set[int] = field(default_factory=set)
+    # stream -> its messages in this batch, timestamps set: real-time readers of a stream
+    # are handed these instead of reading back what was just written.
+    streams: dict[int, list[TTV]] = field(default_factory=dict)
     messages: int = 0
     size: int = 0
     last_timestamp: int = 0
@@ -100,7 +102,11 @@ class Cooker:
             topic = message.topic
             route = routes.get(topic) or self._learn(topic, edges)
             stream, master, indexes, topic_bytes = route
-            streams.add(stream)
+            message.timestamp = ts
+            fresh = streams.get(stream)
+            if fresh is None:
+                fresh = streams[stream] = []
+            fresh.append(message)
             ts_bytes = pack_ts(ts)
             key = master + ts_bytes
             publisher = message.publisher

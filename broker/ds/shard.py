@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 _GEN_PREFIX = "gen-"
 _TMP_SUFFIX = ".tmp"
 
-# (shard, generation, streams written or None for "all of them": sealed or dropped)
-ChangeListener = Callable[[int, int, set[int] | None], None]
+# (shard, generation, the messages written per stream, or None for "all of them": sealed
+# or dropped)
+ChangeListener = Callable[[int, int, dict[int, list[TTV]] | None], None]
 
 
 def now_us() -> int:

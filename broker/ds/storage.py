@@ -48,7 +48,9 @@ class DurableStorage:
         self.change_listeners: list[ChangeListener] = []
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _on_change(self, shard: int, generation: int, streams: set[int] | None) -> None:
+    def _on_change(
+        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
+    ) -> None:
         self.subscriptions.on_change(shard, generation, streams)
         for listener in self.change_listeners:
             listener(shard, generation, streams)
@@ -150,6 +152,11 @@ class DurableStorage:
             ("ds_streams", "gauge", "Streams in live generations, all shards",
              sum(len(slab.lts.streams()) for slab in slabs)),
             ("ds_subscriptions", "gauge", "Push subscriptions", len(self.subscriptions)),
+            ("ds_subscription_reads", "counter", "Reads made for push subscriptions",
+             self.subscriptions.reads),
+            ("ds_subscription_handovers", "counter",
+             "Writes handed to caught-up push subscriptions without reading them back",
+             self.subscriptions.handed_over),
         ]
 
     def info(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from broker.ds.iterator import Iterator, Stream
 from broker.ds.ttv import TTV
+from broker.mqtt.topic import topic_matches
 
 Reader = Callable[[Iterator, int], tuple[Iterator | None, list[TTV]]]
 Batch = tuple[Iterator | None, list[TTV]]
@@ -62,7 +63,11 @@ class SubscriptionPool:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._live: set[Subscription] = set()
+        # Last timestamp written to each stream since start: a real-time subscriber at that
+        # position has read everything before the next write.
+        self._last: dict[Stream, int] = {}
         self.reads = 0
+        self.handed_over = 0
 
     def __len__(self) -> int:
         """Live subscriptions: in the catch-up pool, in the real-time pool or waiting for
@@ -78,19 +83,66 @@ class SubscriptionPool:
         self._wakeup.set()
         return subscription
 
-    def on_change(self, shard: int, generation: int, streams: set[int] | None) -> None:
-        """A write (streams), a seal or a drop (None): wakes the real-time subscribers."""
-        if not self._real_time:
-            return
+    def on_change(
+        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
+    ) -> None:
+        """A write (the messages per stream), a seal or a drop (None): real-time subscribers
+        that had read everything up to this write get its messages as they are; the others
+        are woken to read."""
         if streams is None:
             touched = [s for s in self._real_time if (s.shard, s.generation) == (shard, generation)]
-        else:
-            touched = [Stream(self._db, shard, generation, stream) for stream in streams]
-        for stream in touched:
-            for subscription in self._real_time.pop(stream, ()):
+            for stream in [s for s in self._last if (s.shard, s.generation) == (shard, generation)]:
+                del self._last[stream]
+            for stream in touched:
+                for subscription in self._real_time.pop(stream, ()):
+                    self._wake(subscription)
+            return
+        for stream_id, fresh in streams.items():
+            stream = Stream(self._db, shard, generation, stream_id)
+            previous = self._last.get(stream)
+            self._last[stream] = fresh[-1].timestamp
+            waiting = self._real_time.pop(stream, None)
+            if not waiting:
+                continue
+            groups: dict[tuple[Iterator, int], list[Subscription]] = {}
+            for subscription in waiting:
                 subscription.idle_on = None
-                self._catch_up.add(subscription)
-                self._wakeup.set()
+                iterator = subscription.iterator
+                if (previous is not None and iterator is not None and subscription.has_room
+                        and iterator.position == previous):
+                    key = (iterator, subscription.batch_size)
+                    groups.setdefault(key, []).append(subscription)
+                else:
+                    self._wake(subscription)
+            for (iterator, batch_size), subscribers in groups.items():
+                self._hand_over(stream, iterator, batch_size, fresh, subscribers)
+
+    def _wake(self, subscription: Subscription) -> None:
+        subscription.idle_on = None
+        self._catch_up.add(subscription)
+        self._wakeup.set()
+
+    def _hand_over(self, stream: Stream, iterator: Iterator, batch_size: int,
+                   fresh: list[TTV], subscribers: list[Subscription]) -> None:
+        """What `next(iterator, batch_size)` would read, taken from the write itself."""
+        topic_filter = iterator.topic_filter
+        matching = [ttv for ttv in fresh if topic_matches(topic_filter, ttv.topic)]
+        complete = len(matching) <= batch_size
+        if complete:
+            after = Iterator(stream, topic_filter, fresh[-1].timestamp)
+        else:
+            matching = matching[:batch_size]
+            after = Iterator(stream, topic_filter, matching[-1].timestamp)
+        self.handed_over += 1
+        for subscription in subscribers:
+            subscription.iterator = after
+            if matching:
+                subscription.push((after, matching))
+            if complete:
+                subscription.idle_on = stream  # read up to the last write: real-time again
+                self._real_time.setdefault(stream, set()).add(subscription)
+            elif subscription.has_room:
+                self._wake(subscription)
 
     def consumed(self, subscription: Subscription) -> None:
         if subscription.has_room and subscription.idle_on is None:

@@ -49,7 +49,9 @@ class SessionManager:
         if durable is not None:
             durable.ds.change_listeners.append(self._streams_changed)
 
-    def _streams_changed(self, shard: int, generation: int, streams: set[int] | None) -> None:
+    def _streams_changed(
+        self, shard: int, generation: int, streams: dict[int, list[Any]] | None
+    ) -> None:
         """A write to DS: if it created a stream (or a generation was sealed or dropped),
         connected durable sessions look for streams they should now read."""
         if streams is not None:

@@ -72,3 +72,51 @@ async def test_closed_subscription_gets_nothing(open_storage) -> None:
     await storage.store_batch(MESSAGES, [message("c")])
     await keep.next()
     assert gone.iterator is None
+
+
+async def until_idle(*subscriptions) -> None:
+    """Lets the pump run until every subscription has found nothing more to read."""
+    for _ in range(1000):
+        if all(s.idle_on is not None for s in subscriptions):
+            return
+        await asyncio.sleep(0)  # one event-loop turn: the pump's, not a timed wait
+    raise AssertionError("subscriptions never went idle")
+
+
+async def caught_up(storage, topic: str, batch_size: int):
+    """A subscription idle at the end of its stream, with the pool knowing the stream's last
+    write (it learns that from a write, so one write is made and read first)."""
+    stream = await stream_of(storage, topic)
+    subscription = storage.subscribe(storage.make_iterator(stream, topic), batch_size)
+    await subscription.next()
+    await until_idle(subscription)
+    await storage.store_batch(MESSAGES, [message(topic, payload=b"learnt")])
+    await subscription.next()
+    await until_idle(subscription)
+    return stream, subscription
+
+
+async def test_caught_up_subscribers_get_writes_without_reading_them_back(open_storage) -> None:
+    storage = open_storage(n_shards=1)
+    stream, subscription = await caught_up(storage, "rt/a", 100)
+    reads, handed = storage.subscriptions.reads, storage.subscriptions.handed_over
+    await storage.store_batch(MESSAGES, [message("rt/a", payload=b"%d" % i) for i in range(5)])
+    iterator, batch = await subscription.next()
+    assert [m.payload for m in batch] == [b"0", b"1", b"2", b"3", b"4"]
+    assert iterator is not None and iterator.position == batch[-1].timestamp
+    assert storage.subscriptions.handed_over == handed + 1
+    assert storage.subscriptions.reads == reads  # not read back from LevelDB
+    _, stored = storage.next(storage.make_iterator(stream, "rt/a"), 100)
+    assert stored[-5:] == batch  # exactly what a reader gets from the disk
+
+
+async def test_a_handed_over_write_larger_than_a_batch_is_finished_by_reading(
+    open_storage,
+) -> None:
+    storage = open_storage(n_shards=1)
+    _, subscription = await caught_up(storage, "rt/b", 2)
+    await storage.store_batch(MESSAGES, [message("rt/b", payload=b"%d" % i) for i in range(5)])
+    got = []
+    while len(got) < 5:
+        got.extend(m.payload for m in (await subscription.next())[1])
+    assert got == [b"0", b"1", b"2", b"3", b"4"]  # nothing lost or doubled
