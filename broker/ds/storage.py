@@ -8,7 +8,7 @@ thread pool; everything else runs on the event loop, which also orders it.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from broker.ds.site import ensure_site_id
 from broker.ds.subscribe import Subscription, SubscriptionPool
 from broker.ds.ttv import TTV
 from broker.ds.tx import Transaction
+from broker.periodic import every
 
 log = logging.getLogger(__name__)
 
@@ -106,20 +107,11 @@ class DurableStorage:
         """Starts the generation and retention timers (call on the running loop)."""
         settings = self.settings
         self._tasks.append(asyncio.create_task(
-            self._every(settings.generation_interval, self.seal)
+            every(settings.generation_interval, self.seal)
         ))
-        self._tasks.append(asyncio.create_task(self._every(
+        self._tasks.append(asyncio.create_task(every(
             min(settings.retention_period, settings.generation_interval), self.apply_retention
         )))
-
-    @staticmethod
-    async def _every(interval: float, job: Callable[[], Awaitable[object]]) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await job()
-            except Exception:  # a failed round must not stop the timer
-                log.exception("durable storage maintenance failed")
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -10,6 +10,7 @@ import logging
 import signal
 import ssl
 import time
+from collections.abc import Callable
 from functools import partial
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from broker.config.loader import Config
 from broker.http.api import make_app
 from broker.metrics import make_registry
 from broker.node import Node
+from broker.periodic import every
 from broker.server.output import OutputBatch
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol
 from broker.session.durable.session import DurableSession
@@ -72,15 +74,18 @@ class BrokerApp:
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
         if node.ds is not None:
             node.ds.start()
-        beat_every = config["durable_sessions.heartbeat_interval"]
-        if node.durable is not None and beat_every > 0:
-            self._tasks.append(asyncio.create_task(self._heartbeat(beat_every)))
-        gc_every = config["durable_sessions.session_gc_interval"]
-        if node.durable is not None and gc_every > 0:
-            self._tasks.append(asyncio.create_task(self._collect_sessions(gc_every)))
-        clear_every = config["retainer.msg_clear_interval"]
-        if node.retainer is not None and clear_every > 0:
-            self._tasks.append(asyncio.create_task(self._clear_retained(clear_every)))
+        if node.durable is not None:
+            store = node.durable.store
+            self._every(config["durable_sessions.heartbeat_interval"],
+                        lambda: store.heartbeat(time.time()), at_once=True)
+            self._every(config["durable_sessions.session_gc_interval"], self._collect_sessions)
+        if node.retainer is not None:
+            self._every(config["retainer.msg_clear_interval"], self._clear_retained)
+
+    def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:
+        """A node timer, cancelled at stop; an interval of 0 turns it off."""
+        if interval > 0:
+            self._tasks.append(asyncio.create_task(every(interval, job, at_once=at_once)))
 
     def _tls_context(self) -> ssl.SSLContext | None:
         prefix = "listeners.ssl.default.ssl_options."
@@ -94,27 +99,16 @@ class BrokerApp:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
-    async def _clear_retained(self, interval: float) -> None:
+    def _clear_retained(self) -> None:
         assert self.node.retainer is not None
-        while True:
-            await asyncio.sleep(interval)
-            removed = self.node.retainer.clear_expired()
-            if removed:
-                log.info("removed %d expired retained messages", removed)
+        removed = self.node.retainer.clear_expired()
+        if removed:
+            log.info("removed %d expired retained messages", removed)
 
-    async def _heartbeat(self, interval: float) -> None:
-        assert self.node.durable is not None
-        store = self.node.durable.store
-        while True:
-            store.heartbeat(time.time())
-            await asyncio.sleep(interval)
-
-    async def _collect_sessions(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            ended = self.node.sessions.collect_garbage()
-            if ended:
-                log.info("garbage collected %d expired durable sessions", ended)
+    def _collect_sessions(self) -> None:
+        ended = self.node.sessions.collect_garbage()
+        if ended:
+            log.info("garbage collected %d expired durable sessions", ended)
 
     async def stop(self) -> None:
         for server in self._servers:
