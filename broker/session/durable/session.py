@@ -272,11 +272,9 @@ class DurableSession(Session):
         writes = [SessionStore.position_write(self.client_id, topic_filter, stream, position)]
         pending = None
         if entries:
-            record = r.BatchRecord(topic_filter, stream, before.position,
-                                   position if position is not None else before.position,
+            # The window ends at the last entry: all a replay needs to find them again.
+            record = r.BatchRecord(topic_filter, stream, before.position, entries[-1][0],
                                    first, entries)
-            if position is None:
-                record.end = max(ts for ts, _ in entries)
             writes.append((r.batch_key(self.client_id, first), record.to_bytes()))
             pending = self._pending[first] = _Pending(record, len(entries))
         self._positions[(topic_filter, stream)] = position

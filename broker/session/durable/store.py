@@ -39,6 +39,8 @@ def _attach_acks(stored: StoredSession) -> None:
 
 
 Write = tuple[bytes, bytes | None]  # None deletes
+# Every kind of key a session has besides its meta (see records.py).
+_STATE_KINDS = (b"s", b"p", b"b", b"k", b"r", b"a")
 
 
 class SessionStore:
@@ -73,7 +75,7 @@ class SessionStore:
         if raw is None:
             return None
         stored = StoredSession(client_id, r.Meta.from_bytes(raw))
-        for kind in (b"s", b"p", b"b", b"k", b"r", b"a"):
+        for kind in _STATE_KINDS:
             for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
                 self._add(stored, kind, key, value)
         _attach_acks(stored)
@@ -143,7 +145,7 @@ class SessionStore:
     def delete_writes(self, client_id: str) -> list[Write]:
         """Writes that remove every key of the session."""
         deletes: list[Write] = [(r.meta_key(client_id), None)]
-        for kind in (b"s", b"p", b"b", b"k", b"r", b"a"):
+        for kind in _STATE_KINDS:
             deletes.extend((key, None)
                            for key, _ in self._ds.sessions.scan(r.prefix(kind, client_id)))
         return deletes
