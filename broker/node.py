@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config.loader import Config
-from broker.ds import TTV, DurableStorage, Settings
+from broker.ds import DurableStorage, Settings
 from broker.metrics import Stats
 from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
@@ -119,10 +119,7 @@ class Node:
         durable = self._durable_matches(message.topic) if self.ds is not None else 0
         if durable:
             assert self.persister is not None
-            stored = self.persister.add(TTV(
-                message.topic, message.payload, message.qos, message.retain,
-                message.publisher, message.properties,
-            ))
+            stored = self.persister.add(message)
             self.stats.durable_persisted += 1
         deliveries = self.router.route(message, self._is_online)
         sessions = self.sessions.sessions

@@ -81,23 +81,36 @@ class KVStore:
     async def commit(self, tx: Transaction, sync: bool = True) -> None:
         """Raises Conflict or PreconditionFailed (retry from `begin`); returns once the
         writes are on disk."""
+        await self.commit_soon(tx, sync)
+
+    def commit_soon(self, tx: Transaction, sync: bool = True) -> asyncio.Future[None]:
+        """`commit` without a coroutine: validated, and visible to readers, when this
+        returns (raising Conflict or PreconditionFailed); the future resolves once the
+        writes are on disk. For writers that commit on every event-loop turn."""
         self._validate(tx)
-        if not tx.writes:
-            return
         self._open.pop(id(tx), None)
+        if not tx.writes:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         self._serial += 1
         serial = self._serial
         self._log.append((serial, frozenset(tx.writes)))
         self._prune_log()
         for key, value in tx.writes.items():
             self._pending[key] = (serial, value)
-        try:
-            await self.buffer.add(list(tx.writes.items()), sync)
-        finally:
-            for key in tx.writes:
-                if self._pending.get(key, (None,))[0] == serial:
-                    del self._pending[key]
-        self.commits += 1
+        written = self.buffer.add(list(tx.writes.items()), sync)
+        written.add_done_callback(lambda result: self._written(tx, serial, result))
+        return written
+
+    def _written(self, tx: Transaction, serial: int, result: asyncio.Future[None]) -> None:
+        """On disk, or failed: either way the overlay entry goes (the disk is the truth)."""
+        pending = self._pending
+        for key in tx.writes:
+            if pending.get(key, (None,))[0] == serial:
+                del pending[key]
+        if not result.cancelled() and result.exception() is None:
+            self.commits += 1
 
     async def _flush(self, writes: list[Write], sync: bool) -> None:
         final = dict(writes)  # the last write of a key in the batch wins

@@ -8,7 +8,7 @@ thread pool; everything else runs on the event loop, which also orders it.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from broker.ds.settings import Settings
 from broker.ds.shard import ChangeListener, now_us
 from broker.ds.site import ensure_site_id
 from broker.ds.subscribe import Subscription, SubscriptionPool
-from broker.ds.ttv import TTV
+from broker.ds.ttv import TTV, Storable
 from broker.ds.tx import Transaction
 from broker.periodic import every
 
@@ -50,7 +50,7 @@ class DurableStorage:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _on_change(
-        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
+        self, shard: int, generation: int, streams: dict[int, list[Storable]] | None
     ) -> None:
         self.subscriptions.on_change(shard, generation, streams)
         for listener in self.change_listeners:
@@ -79,7 +79,9 @@ class DurableStorage:
 
     # Write path ------------------------------------------------------------------------
 
-    def store_batch(self, db: str, messages: list[TTV], sync: bool = True) -> Awaitable[None]:
+    def store_batch(
+        self, db: str, messages: Sequence[Storable], sync: bool = True
+    ) -> Awaitable[None]:
         return self._messages(db).store_batch(messages, sync)
 
     def begin(self) -> Transaction:
@@ -88,6 +90,9 @@ class DurableStorage:
 
     async def commit(self, tx: Transaction, sync: bool = True) -> None:
         await self.sessions.commit(tx, sync)
+
+    def commit_soon(self, tx: Transaction, sync: bool = True) -> asyncio.Future[None]:
+        return self.sessions.commit_soon(tx, sync)
 
     # Generations -----------------------------------------------------------------------
 

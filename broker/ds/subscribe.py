@@ -4,20 +4,29 @@ A subscription starts in the catch-up pool and is read for as long as it finds d
 consumer keeps up (at most `max_unacked` batches wait in it). When a read finds nothing it
 moves to the real-time pool: it costs nothing until a write to its stream wakes it.
 Subscriptions whose iterators are equal (same stream, filter and position) are served by one
-read, which is what happens to every real-time subscriber of a stream after a write.
+read. A subscription that has read everything before a write is handed that write's
+messages (the very objects the writer stored) instead of reading them back: the steady
+state of a consumer that keeps up never reads LevelDB.
 """
 
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from broker.ds.iterator import Iterator, Stream
-from broker.ds.ttv import TTV
+from broker.ds.ttv import Storable
 from broker.mqtt.topic import topic_matches
 
-Reader = Callable[[Iterator, int], tuple[Iterator | None, list[TTV]]]
-Batch = tuple[Iterator | None, list[TTV]]
+Reader = Callable[[Iterator, int], tuple[Iterator | None, Sequence[Storable]]]
+Batch = tuple[Iterator | None, Sequence[Storable]]
+
+
+HANDOVER_BATCHES = 8
+"""Batches a subscription may have waiting when they are handed to it from writes. More than
+a read may queue (`max_unacked`): a handed-over batch costs references to messages that are
+in memory anyway, while a read costs LevelDB work, so a consumer that is briefly busy still
+stays on the cheap path; one that falls further behind reads from disk later."""
 
 
 class Subscription:
@@ -25,6 +34,7 @@ class Subscription:
         self, pool: "SubscriptionPool", iterator: Iterator, batch_size: int, max_unacked: int
     ) -> None:
         self.iterator: Iterator | None = iterator
+        self.stream = iterator.stream
         self.batch_size = batch_size
         self._pool = pool
         self._max_unacked = max_unacked
@@ -35,6 +45,10 @@ class Subscription:
     @property
     def has_room(self) -> bool:
         return self.iterator is not None and len(self._batches) < self._max_unacked
+
+    @property
+    def handover_room(self) -> int:
+        return HANDOVER_BATCHES - len(self._batches) if self.iterator is not None else 0
 
     def push(self, batch: Batch) -> None:
         self._batches.append(batch)
@@ -59,12 +73,14 @@ class SubscriptionPool:
         self._db = db
         self._read = read
         self._catch_up: set[Subscription] = set()
-        self._real_time: dict[Stream, set[Subscription]] = {}
+        # Every live subscription by stream; those with `idle_on` set form the real-time
+        # pool (read to the end, costing nothing until a write).
+        self._on_stream: dict[Stream, set[Subscription]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._live: set[Subscription] = set()
-        # Last timestamp written to each stream since start: a real-time subscriber at that
-        # position has read everything before the next write.
+        # Last timestamp written to each stream since start: a subscriber at that position
+        # has read everything before the next write.
         self._last: dict[Stream, int] = {}
         self.reads = 0
         self.handed_over = 0
@@ -77,6 +93,7 @@ class SubscriptionPool:
     def subscribe(self, iterator: Iterator, batch_size: int, max_unacked: int = 2) -> Subscription:
         subscription = Subscription(self, iterator, batch_size, max_unacked)
         self._live.add(subscription)
+        self._on_stream.setdefault(subscription.stream, set()).add(subscription)
         self._catch_up.add(subscription)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._pump())
@@ -84,35 +101,36 @@ class SubscriptionPool:
         return subscription
 
     def on_change(
-        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
+        self, shard: int, generation: int, streams: dict[int, list[Storable]] | None
     ) -> None:
-        """A write (the messages per stream), a seal or a drop (None): real-time subscribers
-        that had read everything up to this write get its messages as they are; the others
-        are woken to read."""
+        """A write (the messages per stream), a seal or a drop (None). Subscribers that had
+        read everything up to this write get its messages as they are, whether idle or
+        waiting for their consumer (up to HANDOVER_BATCHES); idle ones behind are woken to
+        read; the rest read when their consumer catches up."""
         if streams is None:
-            touched = [s for s in self._real_time if (s.shard, s.generation) == (shard, generation)]
             for stream in [s for s in self._last if (s.shard, s.generation) == (shard, generation)]:
                 del self._last[stream]
-            for stream in touched:
-                for subscription in self._real_time.pop(stream, ()):
-                    self._wake(subscription)
+            for stream, subscriptions in self._on_stream.items():
+                if (stream.shard, stream.generation) == (shard, generation):
+                    for subscription in subscriptions:
+                        if subscription.idle_on is not None:
+                            self._wake(subscription)
             return
         for stream_id, fresh in streams.items():
             stream = Stream(self._db, shard, generation, stream_id)
             previous = self._last.get(stream)
             self._last[stream] = fresh[-1].timestamp
-            waiting = self._real_time.pop(stream, None)
-            if not waiting:
+            subscriptions = self._on_stream.get(stream)
+            if not subscriptions:
                 continue
             groups: dict[tuple[Iterator, int], list[Subscription]] = {}
-            for subscription in waiting:
-                subscription.idle_on = None
+            for subscription in subscriptions:
                 iterator = subscription.iterator
-                if (previous is not None and iterator is not None and subscription.has_room
-                        and iterator.position == previous):
+                if (previous is not None and iterator is not None
+                        and iterator.position == previous and subscription.handover_room):
                     key = (iterator, subscription.batch_size)
                     groups.setdefault(key, []).append(subscription)
-                else:
+                elif subscription.idle_on is not None:
                     self._wake(subscription)
             for (iterator, batch_size), subscribers in groups.items():
                 self._hand_over(stream, iterator, batch_size, fresh, subscribers)
@@ -123,26 +141,31 @@ class SubscriptionPool:
         self._wakeup.set()
 
     def _hand_over(self, stream: Stream, iterator: Iterator, batch_size: int,
-                   fresh: list[TTV], subscribers: list[Subscription]) -> None:
-        """What `next(iterator, batch_size)` would read, taken from the write itself."""
+                   fresh: list[Storable], subscribers: list[Subscription]) -> None:
+        """What reading `iterator` on in `batch_size` batches would give, taken from the
+        write itself; each subscriber takes as many batches as it has room for and reads
+        the rest later."""
         topic_filter = iterator.topic_filter
-        matching = [ttv for ttv in fresh if topic_matches(topic_filter, ttv.topic)]
-        complete = len(matching) <= batch_size
-        if complete:
-            after = Iterator(stream, topic_filter, fresh[-1].timestamp)
-        else:
-            matching = matching[:batch_size]
-            after = Iterator(stream, topic_filter, matching[-1].timestamp)
+        matching = [m for m in fresh if topic_matches(topic_filter, m.topic)]
+        batches = [
+            (Iterator(stream, topic_filter, chunk[-1].timestamp), chunk)
+            for chunk in (matching[i:i + batch_size] for i in range(0, len(matching), batch_size))
+        ]
+        end = Iterator(stream, topic_filter, fresh[-1].timestamp)
+        if batches:  # the last batch's position skips what did not match, as a read would
+            batches[-1] = (end, batches[-1][1])
         self.handed_over += 1
         for subscription in subscribers:
-            subscription.iterator = after
-            if matching:
-                subscription.push((after, matching))
-            if complete:
-                subscription.idle_on = stream  # read up to the last write: real-time again
-                self._real_time.setdefault(stream, set()).add(subscription)
-            elif subscription.has_room:
-                self._wake(subscription)
+            taken = batches[:subscription.handover_room]
+            for batch in taken:
+                subscription.push(batch)
+            if len(taken) == len(batches):  # everything up to the last write: idle again
+                subscription.iterator = end
+                self._catch_up.discard(subscription)
+                subscription.idle_on = stream
+            else:
+                subscription.iterator = taken[-1][0]
+                subscription.idle_on = None  # reads the rest once its consumer has room
 
     def consumed(self, subscription: Subscription) -> None:
         if subscription.has_room and subscription.idle_on is None:
@@ -152,8 +175,12 @@ class SubscriptionPool:
     def remove(self, subscription: Subscription) -> None:
         self._live.discard(subscription)
         self._catch_up.discard(subscription)
-        if subscription.idle_on is not None:
-            self._real_time.get(subscription.idle_on, set()).discard(subscription)
+        on_stream = self._on_stream.get(subscription.stream)
+        if on_stream is not None:
+            on_stream.discard(subscription)
+            if not on_stream:
+                del self._on_stream[subscription.stream]
+        subscription.idle_on = None
         subscription.iterator = None
 
     async def _pump(self) -> None:
@@ -184,7 +211,6 @@ class SubscriptionPool:
                     self._catch_up.add(subscription)
             else:
                 subscription.idle_on = iterator.stream
-                self._real_time.setdefault(iterator.stream, set()).add(subscription)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -156,11 +156,14 @@ class Connection:
             return
         if deferred is None:
             deferred = self._deferred = deque()
-        future = asyncio.ensure_future(durable) if durable is not None else None
-        # PUBLISHes of one read share their storage future: one callback sends them all.
-        shared = bool(deferred) and deferred[-1][0] is future
+        if durable is not None and deferred and deferred[-1][0] is durable:
+            # PUBLISHes of one read share their storage future: one callback sends them all.
+            deferred.append((deferred[-1][0], data))
+            return
+        future = (durable if durable is None or isinstance(durable, asyncio.Future)
+                  else asyncio.ensure_future(durable))
         deferred.append((future, data))
-        if future is not None and not shared:
+        if future is not None:
             future.add_done_callback(self._send_deferred)
 
     def _send_deferred(self, _: object = None) -> None:

@@ -32,6 +32,10 @@ class Message:
     # Encoded PUBLISH per (version, qos, retain), shared by every subscriber that needs no
     # per-connection properties; see broker.server.wire.
     wire: dict[tuple[int, int, bool], tuple[bytes, int]] | None = None
+    # Set by Durable Storage when it stores the message (microseconds): a message is its
+    # own TTV on the way in (broker.ds.Storable), so caught-up durable sessions get this
+    # very object back.
+    timestamp: int = 0
 
     def is_expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at

@@ -7,41 +7,16 @@ message (which showed up as the largest single cost of the durable publish path)
 
 import asyncio
 
-from broker.ds import TTV, DurableStorage
+from broker.ds import DurableStorage, Storable
+from broker.session.durable.turn import PerTurn
 
 
 class MessagePersister:
-    __slots__ = ("_batch", "_done", "_ds")
+    __slots__ = ("_turn",)
 
     def __init__(self, ds: DurableStorage) -> None:
-        self._ds = ds
-        self._batch: list[TTV] = []
-        self._done: asyncio.Future[None] | None = None
+        self._turn: PerTurn[Storable] = PerTurn(lambda batch: ds.store_batch("messages", batch))
 
-    def add(self, message: TTV) -> asyncio.Future[None]:
+    def add(self, message: Storable) -> asyncio.Future[None]:
         """Resolves once the message is on disk (with the rest of its turn's batch)."""
-        done = self._done
-        if done is None:
-            loop = asyncio.get_running_loop()
-            done = self._done = loop.create_future()
-            loop.call_soon(self._flush)
-        self._batch.append(message)
-        return done
-
-    def _flush(self) -> None:
-        batch, done = self._batch, self._done
-        self._batch, self._done = [], None
-        assert done is not None
-        stored = asyncio.ensure_future(self._ds.store_batch("messages", batch))
-        stored.add_done_callback(lambda result: _settle(done, result))
-
-
-def _settle(done: asyncio.Future[None], result: asyncio.Future[None]) -> None:
-    if done.done():
-        return
-    if result.cancelled():
-        done.cancel()
-    elif result.exception() is not None:
-        done.set_exception(result.exception())  # type: ignore[arg-type]
-    else:
-        done.set_result(None)
+        return self._turn.add(message)

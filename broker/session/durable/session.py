@@ -16,10 +16,10 @@ the order they were stored.
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
-from broker.ds import TTV, DurableStorage, Iterator, Stream
+from broker.ds import TTV, DurableStorage, Iterator, Storable, Stream
 from broker.metrics import Stats
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError
@@ -50,7 +50,10 @@ class _Pending:
     remaining: int
 
 
-def message_from_ttv(ttv: TTV) -> Message:
+def message_from_ttv(ttv: Storable) -> Message:
+    """A stored message as the broker's own; one handed over from its write is that already."""
+    if isinstance(ttv, Message):
+        return ttv
     interval = ttv.properties.get(_EXPIRY)
     expires_at = ttv.timestamp / 1e6 + interval if interval is not None else None
     return Message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher, ttv.properties,
@@ -242,7 +245,7 @@ class DurableSession(Session):
 
     def _record_batch(
         self, topic_filter: str, stream: Stream, before: Iterator, after: Iterator | None,
-        ttvs: list[TTV],
+        ttvs: Sequence[Storable],
     ) -> None:
         """Assigns sequence numbers and starts writing the batch record; its messages are
         sent once the record is on disk (`_send_recorded`), in the order batches were
@@ -278,8 +281,8 @@ class DurableSession(Session):
             writes.append((r.batch_key(self.client_id, first), record.to_bytes()))
             pending = self._pending[first] = _Pending(record, len(entries))
         self._positions[(topic_filter, stream)] = position
-        # A task, not awaited here: it completes even if this reader is cancelled.
-        written = asyncio.ensure_future(self._ctx.store.write(writes))
+        # Not awaited here: it completes even if this reader is cancelled.
+        written = self._ctx.store.write(writes)
         self._recording.append((written, pending, deliveries))
         self._unsent += len(deliveries)
         self._update_room()

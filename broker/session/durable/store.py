@@ -1,10 +1,12 @@
 """Durable session state in the `sessions` database: load it, change it, delete it.
 
-Every change is a blind write (no reads recorded), so changes of one session never
-conflict; each is committed with fsync through the storage's group commit. The key-value
-store shows a committed change to readers at once, before it is on disk, so a session that
-is detached and immediately resumed reads its latest state. Changes whose completion no one
-awaits are tracked, so shutdown can wait for them and a failure is logged, not lost.
+Every change is a blind write (no reads recorded), so changes never conflict. The changes
+of one event-loop turn, of every session, are committed as one transaction with fsync
+through the storage's group commit (the last change of a key wins). The key-value store
+shows a committed change to readers at once, before it is on disk, and every read here
+commits the turn's changes first, so a session that is detached and immediately resumed
+reads its latest state. Changes whose completion no one awaits are tracked, so shutdown can
+wait for them and a failure is logged, not lost.
 """
 
 import asyncio
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 
 from broker.ds import DurableStorage, Stream
 from broker.session.durable import records as r
+from broker.session.durable.turn import PerTurn
 from broker.session.session import SubscriptionOptions
 
 log = logging.getLogger(__name__)
@@ -46,11 +49,13 @@ _STATE_KINDS = (b"s", b"p", b"b", b"k", b"r", b"a")
 class SessionStore:
     def __init__(self, ds: DurableStorage) -> None:
         self._ds = ds
-        self._background: set[asyncio.Task[None]] = set()
+        self._turn: PerTurn[Write] = PerTurn(self._commit)
+        self._background: set[asyncio.Future[None]] = set()
 
     # ---- reading -----------------------------------------------------------------------
     def load_all(self) -> list[StoredSession]:
         """Every stored session, from one ordered scan of the database."""
+        self._turn.flush_now()
         found: dict[str, StoredSession] = {}
         rest: list[tuple[bytes, str, bytes, bytes]] = []
         for key, value in self._ds.sessions.scan(b""):
@@ -71,6 +76,7 @@ class SessionStore:
         return list(found.values())
 
     def load(self, client_id: str) -> StoredSession | None:
+        self._turn.flush_now()
         raw = self._ds.sessions.get(r.meta_key(client_id))
         if raw is None:
             return None
@@ -103,6 +109,7 @@ class SessionStore:
             stored.awaiting_rel.add(r.packet_id_of_key(key))
 
     def last_heartbeat(self) -> float | None:
+        self._turn.flush_now()
         raw = self._ds.sessions.get(r.HEARTBEAT_KEY)
         return float(raw) if raw is not None else None
 
@@ -110,27 +117,32 @@ class SessionStore:
         self.write_soon([(r.HEARTBEAT_KEY, repr(now).encode())])
 
     # ---- writing -----------------------------------------------------------------------
-    async def write(self, writes: Iterable[Write]) -> None:
-        """Commits the writes atomically; returns once they are on disk."""
+    def write(self, writes: Iterable[Write]) -> asyncio.Future[None]:
+        """Commits the writes atomically (with the rest of this turn's); resolves once
+        they are on disk."""
+        return self._turn.extend(writes)
+
+    def write_soon(self, writes: Iterable[Write]) -> None:
+        """`write` for callers that need not wait: visible to readers at once, on disk
+        within a flush interval."""
+        done = self._turn.extend(writes)
+        if done not in self._background:
+            self._background.add(done)
+            done.add_done_callback(self._done)
+
+    def _commit(self, writes: list[Write]) -> asyncio.Future[None]:
         tx = self._ds.begin()
         for key, value in writes:
             if value is None:
                 tx.delete(key)
             else:
                 tx.put(key, value)
-        await self._ds.commit(tx, sync=True)
+        return self._ds.commit_soon(tx, sync=True)
 
-    def write_soon(self, writes: Iterable[Write]) -> None:
-        """`write` for callers that need not wait: visible to readers at once, on disk
-        within a flush interval."""
-        task = asyncio.get_running_loop().create_task(self.write(list(writes)))
-        self._background.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("durable session state not written", exc_info=task.exception())
+    def _done(self, done: asyncio.Future[None]) -> None:
+        self._background.discard(done)
+        if not done.cancelled() and done.exception() is not None:
+            log.error("durable session state not written", exc_info=done.exception())
 
     @property
     def unsettled(self) -> int:
@@ -139,11 +151,13 @@ class SessionStore:
 
     async def settle(self) -> None:
         """Waits for every change started with `write_soon` (shutdown)."""
+        self._turn.flush_now()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
     def delete_writes(self, client_id: str) -> list[Write]:
         """Writes that remove every key of the session."""
+        self._turn.flush_now()
         deletes: list[Write] = [(r.meta_key(client_id), None)]
         for kind in _STATE_KINDS:
             deletes.extend((key, None)
@@ -156,6 +170,7 @@ class SessionStore:
         return r.position_key(client_id, topic_filter, stream), r.dumps({"pos": position})
 
     def unsubscribe_writes(self, client_id: str, topic_filter: str) -> list[Write]:
+        self._turn.flush_now()
         writes: list[Write] = [(r.subscription_key(client_id, topic_filter), None)]
         start = r.prefix(b"p", client_id) + topic_filter.encode() + r.SEP
         writes.extend((key, None) for key, _ in self._ds.sessions.scan(start))

@@ -1,0 +1,64 @@
+"""Work collected during one event-loop turn and handed on in one call.
+
+The durable hot path produces many small writes per turn (a message per PUBLISH read, an
+acknowledgement per PUBACK, a batch record per read batch). A call, a transaction and a
+future per write was the largest fixed cost of that path; collected, they cost one each per
+turn, and everyone who added something waits on the same future.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class PerTurn(Generic[T]):
+    __slots__ = ("_done", "_flush", "_items")
+
+    def __init__(self, flush: Callable[[list[T]], Awaitable[None]]) -> None:
+        self._flush = flush
+        self._items: list[T] = []
+        self._done: asyncio.Future[None] | None = None
+
+    def add(self, item: T) -> asyncio.Future[None]:
+        """Resolves once this turn's flush completed (fails if it failed)."""
+        done = self._done or self._open()
+        self._items.append(item)
+        return done
+
+    def extend(self, items: Iterable[T]) -> asyncio.Future[None]:
+        done = self._done or self._open()
+        self._items.extend(items)
+        return done
+
+    def _open(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        done = self._done = loop.create_future()
+        loop.call_soon(self.flush_now)
+        return done
+
+    def flush_now(self) -> None:
+        """Hands on what was collected (at the end of the turn, or before a reader that must
+        see it)."""
+        items, done = self._items, self._done
+        if done is None:
+            return
+        self._items, self._done = [], None
+        try:
+            flushed = asyncio.ensure_future(self._flush(items))
+        except Exception as exc:  # refused at once (e.g. a failed validation)
+            done.set_exception(exc)
+            return
+        flushed.add_done_callback(lambda result: _settle(done, result))
+
+
+def _settle(done: asyncio.Future[None], result: asyncio.Future[None]) -> None:
+    if done.done():
+        return
+    if result.cancelled():
+        done.cancel()
+    elif result.exception() is not None:
+        done.set_exception(result.exception())  # type: ignore[arg-type]
+    else:
+        done.set_result(None)
