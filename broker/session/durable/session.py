@@ -252,25 +252,31 @@ class DurableSession(Session):
         recorded. Reading goes on meanwhile, so one fsync does not stall the stream."""
         options = self.subscriptions[topic_filter]
         ids = (options.identifier,) if options.identifier is not None else ()
+        max_qos, as_published = options.qos, options.retain_as_published
+        skip_from = self.client_id if options.no_local else None
         now = time.time()
         deliveries: list[Delivery] = []
+        deliver = deliveries.append
         entries: list[tuple[int, int]] = []
+        entry = entries.append
         first = self._next_seqno
-        for ttv in ttvs:
-            if options.no_local and ttv.publisher == self.client_id:
+        seqno = first
+        for ttv in ttvs:  # per message: kept to lookups, this runs for every delivery
+            if ttv.publisher == skip_from:
                 continue
-            message = message_from_ttv(ttv)
+            message = ttv if type(ttv) is Message else message_from_ttv(ttv)
             if message.expires_at is not None and message.expires_at <= now:
                 self._ctx.stats.drop("expired")
                 continue
-            qos = min(ttv.qos, options.qos)
-            packet_id = 0
+            qos = ttv.qos if ttv.qos < max_qos else max_qos
             if qos:
-                packet_id = r.packet_id_of(first + len(entries))
-                entries.append((ttv.timestamp, qos))
-            retain = ttv.retain and options.retain_as_published
-            deliveries.append(Delivery(message, qos, retain, ids, packet_id))
-        self._next_seqno = first + len(entries)
+                deliver(Delivery(message, qos, ttv.retain and as_published, ids,
+                                 r.packet_id_of(seqno)))
+                entry((ttv.timestamp, qos))
+                seqno += 1
+            else:
+                deliver(Delivery(message, 0, ttv.retain and as_published, ids))
+        self._next_seqno = seqno
         position = after.position if after is not None else None
         writes = [SessionStore.position_write(self.client_id, topic_filter, stream, position)]
         pending = None
