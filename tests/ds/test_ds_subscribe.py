@@ -3,6 +3,7 @@
 import asyncio
 
 from broker.ds.storage import MESSAGES
+from broker.ds.subscribe import HANDOVER_BATCHES
 from tests.ds.conftest import message
 
 
@@ -120,3 +121,44 @@ async def test_a_handed_over_write_larger_than_a_batch_is_finished_by_reading(
     while len(got) < 5:
         got.extend(m.payload for m in (await subscription.next())[1])
     assert got == [b"0", b"1", b"2", b"3", b"4"]  # nothing lost or doubled
+
+
+async def test_a_busy_consumer_at_the_head_is_handed_writes_not_read(open_storage) -> None:
+    """A consumer that has not taken its last batch yet (not idle, not reading) but is at the
+    stream's end gets the next writes handed over: nothing is read back from LevelDB."""
+    storage = open_storage(n_shards=1)
+    _, subscription = await caught_up(storage, "busy", 10)
+    reads = storage.subscriptions.reads
+    for i in range(3):  # three writes while the consumer takes nothing
+        await storage.store_batch(MESSAGES, [message("busy", payload=b"%d" % i)])
+    got = [(await subscription.next())[1][0].payload for _ in range(3)]
+    assert got == [b"0", b"1", b"2"]
+    assert storage.subscriptions.reads == reads
+
+
+async def test_handed_over_messages_are_the_objects_written(open_storage) -> None:
+    storage = open_storage(n_shards=1)
+    _, subscription = await caught_up(storage, "same", 10)
+    written = [message("same", payload=b"a"), message("same", payload=b"b")]
+    await storage.store_batch(MESSAGES, written)
+    _, batch = await subscription.next()
+    assert [id(m) for m in batch] == [id(m) for m in written]
+    assert all(m.timestamp > 0 for m in batch)  # stamped by the shard when stored
+
+
+async def test_a_consumer_beyond_the_handover_limit_reads_the_rest_later(open_storage) -> None:
+    """Handovers stop at HANDOVER_BATCHES waiting batches (a bound on what a stalled
+    consumer holds); what was not handed over is read once the consumer catches up,
+    nothing lost, nothing twice."""
+    storage = open_storage(n_shards=1)
+    _, subscription = await caught_up(storage, "cap", 1)
+    writes = HANDOVER_BATCHES + 5
+    for i in range(writes):
+        await storage.store_batch(MESSAGES, [message("cap", payload=b"%d" % i)])
+    assert storage.subscriptions.handed_over >= HANDOVER_BATCHES
+    reads = storage.subscriptions.reads
+    got = []
+    while len(got) < writes:
+        got.extend(m.payload for m in (await subscription.next())[1])
+    assert got == [b"%d" % i for i in range(writes)]
+    assert storage.subscriptions.reads > reads  # the part beyond the limit came from disk

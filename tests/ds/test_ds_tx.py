@@ -117,3 +117,22 @@ async def test_concurrent_increments_lose_nothing(open_storage) -> None:
     attempts = await asyncio.gather(*(increment() for _ in range(20)))
     assert storage.sessions.get(b"n") == b"20"
     assert max(attempts) > 1  # contention really happened
+
+
+async def test_commit_soon_is_validated_and_visible_at_once(open_storage) -> None:
+    """Staged without a coroutine: a conflict is raised by the call itself, and readers see
+    the writes before the returned future says they are on disk."""
+    storage = open_storage()
+    seed = storage.begin()
+    seed.put(b"k", b"0")
+    await storage.commit(seed)
+    first, second = storage.begin(), storage.begin()
+    for tx in (first, second):
+        tx.put(b"k", tx.get(b"k") + b"+")
+    written = storage.commit_soon(first)
+    assert storage.sessions.get(b"k") == b"0+"  # visible before it is durable
+    with pytest.raises(Conflict):
+        storage.commit_soon(second)
+    await written
+    await storage.close()
+    assert open_storage().sessions.get(b"k") == b"0+"
