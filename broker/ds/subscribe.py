@@ -78,7 +78,6 @@ class SubscriptionPool:
         self._on_stream: dict[Stream, set[Subscription]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._live: set[Subscription] = set()
         # Last timestamp written to each stream since start: a subscriber at that position
         # has read everything before the next write.
         self._last: dict[Stream, int] = {}
@@ -88,11 +87,10 @@ class SubscriptionPool:
     def __len__(self) -> int:
         """Live subscriptions: in the catch-up pool, in the real-time pool or waiting for
         their consumer."""
-        return len(self._live)
+        return sum(len(subscriptions) for subscriptions in self._on_stream.values())
 
     def subscribe(self, iterator: Iterator, batch_size: int, max_unacked: int = 2) -> Subscription:
         subscription = Subscription(self, iterator, batch_size, max_unacked)
-        self._live.add(subscription)
         self._on_stream.setdefault(subscription.stream, set()).add(subscription)
         self._catch_up.add(subscription)
         if self._task is None:
@@ -173,15 +171,18 @@ class SubscriptionPool:
             self._wakeup.set()
 
     def remove(self, subscription: Subscription) -> None:
-        self._live.discard(subscription)
         self._catch_up.discard(subscription)
+        self._forget(subscription)
+        subscription.idle_on = None
+        subscription.iterator = None
+
+    def _forget(self, subscription: Subscription) -> None:
+        """No longer live: closed, or read to the end of its stream."""
         on_stream = self._on_stream.get(subscription.stream)
         if on_stream is not None:
             on_stream.discard(subscription)
             if not on_stream:
                 del self._on_stream[subscription.stream]
-        subscription.idle_on = None
-        subscription.iterator = None
 
     async def _pump(self) -> None:
         while True:
@@ -206,7 +207,7 @@ class SubscriptionPool:
             if messages or after is None:
                 subscription.push((after, messages))
                 if after is None:
-                    self._live.discard(subscription)
+                    self._forget(subscription)
                 if subscription.has_room:
                     self._catch_up.add(subscription)
             else:
