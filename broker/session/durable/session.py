@@ -264,7 +264,7 @@ class DurableSession(Session):
         for ttv in ttvs:  # per message: kept to lookups, this runs for every delivery
             if ttv.publisher == skip_from:
                 continue
-            message = ttv if type(ttv) is Message else message_from_ttv(ttv)
+            message = message_from_ttv(ttv)
             if message.expires_at is not None and message.expires_at <= now:
                 self._ctx.stats.drop("expired")
                 continue
