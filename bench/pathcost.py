@@ -52,6 +52,19 @@ class _NotifyingTransport(RecordingTransport):
         self.wrote.set()
 
 
+def _pair(node: Node, sub_t: RecordingTransport, qos: int,
+          clean: bool = True) -> tuple[Connection, Connection, RecordingTransport]:
+    """A subscriber to bench/t on `sub_t` and a publisher, both connected through real
+    `Connection`s sharing one output batch; what the handshakes wrote is cleared."""
+    output = OutputBatch(asyncio.get_running_loop())
+    pub_t = RecordingTransport()
+    sub, pub = Connection(node, sub_t, output), Connection(node, pub_t, output)
+    sub.data_received(wire.connect("sub", clean=clean) + wire.subscribe("bench/t", qos))
+    pub.data_received(wire.connect("pub"))
+    sub_t.writes.clear()
+    return sub, pub, pub_t
+
+
 async def measure_durable(messages: int, batch: int) -> float:
     """Microseconds of CPU per message into a persistent session: publisher read, storage,
     read-back, batch record, delivery, subscriber acknowledgement and its record."""
@@ -60,13 +73,8 @@ async def measure_durable(messages: int, batch: int) -> float:
         node = Node(config)
         assert node.ds is not None
         node.ds.start()
-        output = OutputBatch(asyncio.get_running_loop())
-        sub_t, pub_t = _NotifyingTransport(), RecordingTransport()
-        sub, pub = Connection(node, sub_t, output), Connection(node, pub_t, output)
-        sub.data_received(wire.connect("sub", clean=False) + wire.subscribe("bench/t", 1))
-        pub.data_received(wire.connect("pub"))
-        await asyncio.sleep(0.1)  # the subscription's streams are set up on the loop
-        sub_t.writes.clear()
+        sub_t = _NotifyingTransport()
+        sub, pub, pub_t = _pair(node, sub_t, 1, clean=False)
         payload = bytes(100)
         layout = wire.publish_layout("bench/t", payload, 1)
         chunk = b"".join(wire.publish("bench/t", payload, 1, i + 1) for i in range(batch))
@@ -99,12 +107,8 @@ async def measure(qos: int, messages: int, batch: int) -> float:
     with tempfile.TemporaryDirectory() as data_dir:
         config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false"])
         node = Node(config)
-        output = OutputBatch(asyncio.get_running_loop())
-        sub_t, pub_t = RecordingTransport(), RecordingTransport()
-        sub, pub = Connection(node, sub_t, output), Connection(node, pub_t, output)
-        sub.data_received(wire.connect("sub") + wire.subscribe("bench/t", qos))
-        pub.data_received(wire.connect("pub"))
-        sub_t.writes.clear()
+        sub_t = RecordingTransport()
+        sub, pub, pub_t = _pair(node, sub_t, qos)
         payload = bytes(100)
         chunk = b"".join(
             wire.publish("bench/t", payload, qos, (i % 65535) + 1) for i in range(batch)
