@@ -31,6 +31,7 @@ from typing import Any
 
 import gmqtt
 import paho.mqtt.client as paho_mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -39,6 +40,8 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 HOST = "127.0.0.1"
 TIMEOUT = 5.0
+BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+"""Runs a test with MQTT 3.1.1 and 5.0 clients."""
 
 
 # MQTT 5.0 reason codes (section 2.4) the tests look for.

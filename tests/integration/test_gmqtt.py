@@ -5,11 +5,9 @@ import asyncio
 
 import pytest
 
-from tests.integration.clients import unique, wait_offline
+from tests.integration.clients import BOTH, unique, wait_offline
 
 pytestmark = pytest.mark.integration
-
-BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
 
 
 @BOTH

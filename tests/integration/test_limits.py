@@ -5,6 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.clients import (
+    BOTH,
     CLIENT_ID_NOT_VALID,
     PACKET_TOO_LARGE,
     PROTOCOL_ERROR,
@@ -22,8 +23,6 @@ from tests.integration.clients import (
 from tests.support.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.integration
-
-BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
 
 # One broker for every test of a non-default limit (startup is the slow part); none of these
 # settings gets in the way of another's test.

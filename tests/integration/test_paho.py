@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from tests.integration.clients import (
+    BOTH,
     NO_MATCHING_SUBSCRIBERS,
     NO_SUBSCRIPTION_EXISTED,
     PAYLOAD_FORMAT_INVALID,
@@ -31,8 +32,6 @@ from tests.integration.clients import (
 from tests.support.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.integration
-
-BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
 
 
 # ---- connecting ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 
 from tests.integration.clients import (
+    BOTH,
     DISCONNECT_WITH_WILL,
     NO_MATCHING_SUBSCRIBERS,
     SESSION_TAKEN_OVER,
@@ -23,8 +24,6 @@ from tests.integration.clients import (
 )
 
 pytestmark = pytest.mark.integration
-
-BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
 
 
 # ---- sessions ----------------------------------------------------------------------------------

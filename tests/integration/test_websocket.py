@@ -3,11 +3,9 @@
 import pytest
 from paho.mqtt.client import WebsocketConnectionError
 
-from tests.integration.clients import PahoClient, unique
+from tests.integration.clients import BOTH, PahoClient, unique
 
 pytestmark = pytest.mark.integration
-
-BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
 
 
 @BOTH
