@@ -5,27 +5,34 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_STAMP := $(VENV)/.apt-installed
-APT_PACKAGES := mosquitto mosquitto-clients openssl
+APT_PACKAGES := mosquitto mosquitto-clients openssl gcc libc6-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
-.PHONY: install run test lint bench image clean k8s-testbed
+.PHONY: install native run test lint bench image clean k8s-testbed
 
-install: $(STAMP) $(APT_STAMP)
+install: $(STAMP) $(APT_STAMP) native
+
+# The hot path compiled with mypyc (tools/build_native.py: a no-op when up to date).
+native: $(STAMP) $(APT_STAMP)
+	$(PY) tools/build_native.py
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,spark]'
+	$(PY) -m pip install --quiet -e '.[test,spark,native]'
 	touch $@
 
 # Debian packages the tests and benchmarks drive: mosquitto_pub/sub, the mosquitto peer,
-# openssl for the TLS test's throwaway certificate, and a Java runtime for PySpark.
+# openssl for the TLS test's throwaway certificate, and a Java runtime for PySpark; a C
+# compiler and the interpreter's headers for the native build.
+PY_HEADERS_OK = $(PY) -c "import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
 $(APT_STAMP): $(STAMP)
-	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ] || ! command -v openssl >/dev/null || ! command -v java >/dev/null; then \
+	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ] || ! command -v openssl >/dev/null || ! command -v java >/dev/null || ! command -v gcc >/dev/null || ! $(PY_HEADERS_OK); then \
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(APT_PACKAGES) \
-			$$(command -v java >/dev/null || echo openjdk-17-jre-headless); \
+			$$(command -v java >/dev/null || echo openjdk-17-jre-headless) \
+			$$($(PY_HEADERS_OK) || echo python3-dev); \
 	fi
 	touch $@
 
@@ -33,7 +40,7 @@ run: install
 	$(VENV)/bin/broker run $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check broker tests bench operator spark-apps
+	$(VENV)/bin/ruff check broker tests bench operator spark-apps tools
 
 # A real kube-apiserver + controller-manager (built once from Debian's sources, ~7 min, then
 # cached in $(K8S_TESTBED)), plus helm and kubectl, for tests/k8s.
@@ -61,4 +68,5 @@ image:
 	docker build -t durable-mqtt-broker:dev -t durable-mqtt-broker:0.1.0 .
 
 clean:
+	[ ! -x $(PY) ] || $(PY) tools/build_native.py clean
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

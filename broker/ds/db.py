@@ -74,12 +74,12 @@ class MessagesDB:
         futures = [self.shards[i].buffer.add(batch, sync) for i, batch in by_shard.items()]
         if len(futures) == 1:
             return futures[0]
-        return asyncio.gather(*futures)
+        return asyncio.gather(*futures)  # type: ignore[return-value]  # only its completion counts
 
     def get_streams(self, topic_filter: str, start_time: int = 0) -> list[Stream]:
         """Streams of every live generation that may hold messages matching the filter at or
         after `start_time` (microseconds), oldest generation first."""
-        streams = []
+        streams: list[Stream] = []
         for shard in self.shards:
             for slab in shard.slabs.values():
                 if slab.sealed and slab.stats.max_timestamp < start_time:

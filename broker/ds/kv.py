@@ -14,7 +14,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-import plyvel
+import plyvel  # type: ignore[import-untyped]
 
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch

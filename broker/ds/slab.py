@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import plyvel
+import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import keys
 from broker.ds.cook import STATS_KEY, CookedBatch, SlabStats

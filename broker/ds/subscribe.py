@@ -118,11 +118,11 @@ class SubscriptionPool:
             stream = Stream(self._db, shard, generation, stream_id)
             previous = self._last.get(stream)
             self._last[stream] = fresh[-1].timestamp
-            subscriptions = self._on_stream.get(stream)
-            if not subscriptions:
+            waiting = self._on_stream.get(stream)
+            if not waiting:
                 continue
             groups: dict[tuple[Iterator, int], list[Subscription]] = {}
-            for subscription in subscriptions:
+            for subscription in waiting:
                 iterator = subscription.iterator
                 if (previous is not None and iterator is not None
                         and iterator.position == previous and subscription.handover_room):

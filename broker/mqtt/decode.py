@@ -410,7 +410,7 @@ class Decoder:
         self._need = 0  # bytes the partial packet needs in total; 0 = header not complete
         self._error: MQTTError | None = None
 
-    def feed(self, data: bytes) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Append `data`; return every complete packet now available, in order.
 
         On a violation raises an MQTTError subclass whose `.packets` holds the packets

@@ -11,7 +11,7 @@ kept) and `list[int]` for SUBSCRIPTION_IDENTIFIER (PUBLISH may carry several).
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from broker.mqtt.constants import PacketType
 
@@ -37,7 +37,7 @@ class Connect:
     password: bytes | None = None
     will: Will | None = None
     properties: Properties = field(default_factory=dict)
-    type = PacketType.CONNECT
+    type: ClassVar[PacketType] = PacketType.CONNECT
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ class Connack:
     session_present: bool = False
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.CONNACK
+    type: ClassVar[PacketType] = PacketType.CONNACK
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBLISH
+    type: ClassVar[PacketType] = PacketType.PUBLISH
 
 
 @dataclass(slots=True)
@@ -65,7 +65,7 @@ class Puback:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBACK
+    type: ClassVar[PacketType] = PacketType.PUBACK
 
 
 @dataclass(slots=True)
@@ -73,7 +73,7 @@ class Pubrec:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBREC
+    type: ClassVar[PacketType] = PacketType.PUBREC
 
 
 @dataclass(slots=True)
@@ -81,7 +81,7 @@ class Pubrel:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBREL
+    type: ClassVar[PacketType] = PacketType.PUBREL
 
 
 @dataclass(slots=True)
@@ -89,7 +89,7 @@ class Pubcomp:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBCOMP
+    type: ClassVar[PacketType] = PacketType.PUBCOMP
 
 
 @dataclass(slots=True)
@@ -108,7 +108,7 @@ class Subscribe:
     packet_id: int
     subscriptions: list[Subscription]
     properties: Properties = field(default_factory=dict)
-    type = PacketType.SUBSCRIBE
+    type: ClassVar[PacketType] = PacketType.SUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -116,7 +116,7 @@ class Suback:
     packet_id: int
     reason_codes: list[int]
     properties: Properties = field(default_factory=dict)
-    type = PacketType.SUBACK
+    type: ClassVar[PacketType] = PacketType.SUBACK
 
 
 @dataclass(slots=True)
@@ -124,7 +124,7 @@ class Unsubscribe:
     packet_id: int
     topic_filters: list[str]
     properties: Properties = field(default_factory=dict)
-    type = PacketType.UNSUBSCRIBE
+    type: ClassVar[PacketType] = PacketType.UNSUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -134,31 +134,31 @@ class Unsuback:
     packet_id: int
     reason_codes: list[int] = field(default_factory=list)
     properties: Properties = field(default_factory=dict)
-    type = PacketType.UNSUBACK
+    type: ClassVar[PacketType] = PacketType.UNSUBACK
 
 
 @dataclass(slots=True)
 class Pingreq:
-    type = PacketType.PINGREQ
+    type: ClassVar[PacketType] = PacketType.PINGREQ
 
 
 @dataclass(slots=True)
 class Pingresp:
-    type = PacketType.PINGRESP
+    type: ClassVar[PacketType] = PacketType.PINGRESP
 
 
 @dataclass(slots=True)
 class Disconnect:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.DISCONNECT
+    type: ClassVar[PacketType] = PacketType.DISCONNECT
 
 
 @dataclass(slots=True)
 class Auth:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.AUTH
+    type: ClassVar[PacketType] = PacketType.AUTH
 
 
 Packet = (

@@ -123,9 +123,9 @@ class TopicTrie(Generic[V]):
                     if not (skip_dollar and name.startswith("$")):
                         stack.append((child, depth + 1))
             else:
-                child = node.children.get(level)
-                if child is not None:
-                    stack.append((child, depth + 1))
+                named = node.children.get(level)
+                if named is not None:
+                    stack.append((named, depth + 1))
 
     def items(self) -> Iterator[tuple[str, Hashable, V]]:
         yield from self._subtree(self._root, False)

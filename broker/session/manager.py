@@ -32,7 +32,7 @@ def granted_expiry(requested: int, cap: float) -> int:
 class SessionManager:
     def __init__(
         self,
-        publish: Callable[[Message], None],
+        publish: Callable[[Message], object],
         forget_subscriptions: Callable[[Session], None],
         max_queue: int,
         queue_qos0: bool,

@@ -37,6 +37,7 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
     limits = conn.node.limits
     qos = packet.qos
     topic = packet.topic
+    packet_id = packet.packet_id or 0  # QoS 1 and 2 always carry one (the decoder checks)
     props = packet.properties
     if props:
         if _ALIAS in props:
@@ -59,15 +60,15 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         if qos == 0:
             raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)
         stats.drop("payload_format_invalid")
-        conn.send_when(None, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet.packet_id,
+        conn.send_when(None, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id,
                                         ReasonCode.PAYLOAD_FORMAT_INVALID, conn.version))
         return
 
     session = conn.session
     assert session is not None
-    if qos == 2 and packet.packet_id in session.awaiting_rel:
+    if qos == 2 and packet_id in session.awaiting_rel:
         # A DUP of a QoS 2 message we already own: acknowledge again, never route twice.
-        conn.send_when(None, encode_ack(_PUBREC, packet.packet_id, 0, conn.version))
+        conn.send_when(None, encode_ack(_PUBREC, packet_id, 0, conn.version))
         return
     if qos == 2:
         limit = limits.max_inflight if conn.version == MQTT_5 else limits.max_awaiting_rel
@@ -85,13 +86,15 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         else ReasonCode.NO_MATCHING_SUBSCRIBERS
     )
     if qos == 1:
-        conn.send_when(stored, encode_ack(_PUBACK, packet.packet_id, reason, conn.version))
+        conn.send_when(stored, encode_ack(_PUBACK, packet_id, reason, conn.version))
         return
-    session.awaiting_rel.add(packet.packet_id)
+    session.awaiting_rel.add(packet_id)
     durable = conn.node.durable
     if isinstance(session, DurableSession) and durable is not None:
         # The PUBREC must not leave before we remember owning the message: a restart would
         # otherwise route the client's resent PUBLISH a second time.
-        remembered = durable.store.write([session.awaiting_rel_write(packet.packet_id, True)])
-        stored = remembered if stored is None else asyncio.gather(stored, remembered)
-    conn.send_when(stored, encode_ack(_PUBREC, packet.packet_id, reason, conn.version))
+        remembered = durable.store.write([session.awaiting_rel_write(packet_id, True)])
+        # (gather's list of results is never looked at: only its completion)
+        stored = remembered if stored is None else asyncio.gather(  # type: ignore[assignment]
+            stored, remembered)
+    conn.send_when(stored, encode_ack(_PUBREC, packet_id, reason, conn.version))
