@@ -4,7 +4,16 @@ import asyncio
 
 import pytest
 
-from broker.ds import Conflict, PreconditionFailed
+from broker.ds import Conflict, DurableStorage, PreconditionFailed, Transaction
+
+
+async def _rivals(storage: DurableStorage, key: bytes, value: bytes) -> tuple[Transaction, ...]:
+    """Two transactions begun after `key` was committed as `value`: each will read it and
+    write it, so whichever commits second conflicts."""
+    seed = storage.begin()
+    seed.put(key, value)
+    await storage.commit(seed)
+    return storage.begin(), storage.begin()
 
 
 async def test_commit_is_durable_and_atomic(open_storage) -> None:
@@ -21,11 +30,7 @@ async def test_commit_is_durable_and_atomic(open_storage) -> None:
 
 async def test_read_then_concurrent_write_conflicts(open_storage) -> None:
     storage = open_storage()
-    seed = storage.begin()
-    seed.put(b"counter", b"0")
-    await storage.commit(seed)
-
-    first, second = storage.begin(), storage.begin()
+    first, second = await _rivals(storage, b"counter", b"0")
     for tx in (first, second):
         tx.put(b"counter", b"%d" % (int(tx.get(b"counter")) + 1))
     await storage.commit(first)
@@ -123,10 +128,7 @@ async def test_commit_soon_is_validated_and_visible_at_once(open_storage) -> Non
     """Staged without a coroutine: a conflict is raised by the call itself, and readers see
     the writes before the returned future says they are on disk."""
     storage = open_storage()
-    seed = storage.begin()
-    seed.put(b"k", b"0")
-    await storage.commit(seed)
-    first, second = storage.begin(), storage.begin()
+    first, second = await _rivals(storage, b"k", b"0")
     for tx in (first, second):
         tx.put(b"k", tx.get(b"k") + b"+")
     written = storage.commit_soon(first)
