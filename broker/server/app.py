@@ -15,6 +15,7 @@ from functools import partial
 
 from aiohttp import web
 
+from broker import COMPILED_MODULES
 from broker.config.loader import Config
 from broker.http.api import make_app
 from broker.metrics import make_registry
@@ -141,7 +142,8 @@ async def serve(config: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.start()
-    log.info("broker %s started", config["node.name"])
+    log.info("broker %s started (%s)", config["node.name"],
+             f"{COMPILED_MODULES} modules compiled" if COMPILED_MODULES else "pure Python")
     try:
         await stop.wait()
     finally:
