@@ -24,15 +24,13 @@ MANIFEST = PACKAGE / "native.json"
 GROUP = "broker.native_lib"
 
 # Hot-path modules only. Not compiled, as mypyc would change what they mean:
-# - broker/mqtt/packets.py: its dataclasses carry a class attribute `type`, which mypyc
-#   turns into a read-only slot;
 # - broker/mqtt/errors.py: subclasses set their own default `reason_code`, which compiled
 #   exception classes lose;
 # - broker/ds/tx.py: KVStore keeps weak references to transactions, and native classes
 #   have no __weakref__.
 MODULES = (
     "broker/mqtt/codec.py", "broker/mqtt/constants.py", "broker/mqtt/decode.py",
-    "broker/mqtt/encode.py", "broker/mqtt/properties.py",
+    "broker/mqtt/encode.py", "broker/mqtt/packets.py", "broker/mqtt/properties.py",
     "broker/mqtt/topic.py",
     "broker/ds/buffer.py", "broker/ds/cook.py", "broker/ds/db.py", "broker/ds/iterator.py",
     "broker/ds/keys.py", "broker/ds/kv.py", "broker/ds/lts.py", "broker/ds/shard.py",

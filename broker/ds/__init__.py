@@ -11,7 +11,7 @@ from broker.ds.shard import now_us
 from broker.ds.site import SiteIdMismatch
 from broker.ds.storage import DurableStorage
 from broker.ds.subscribe import Subscription
-from broker.ds.ttv import TTV, Storable
+from broker.ds.ttv import TTV
 from broker.ds.tx import Conflict, PreconditionFailed, Transaction, TxAborted
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "PreconditionFailed",
     "Settings",
     "SiteIdMismatch",
-    "Storable",
     "Stream",
     "Subscription",
     "Transaction",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from broker.ds import keys
 from broker.ds.lts import LTS, Edge
-from broker.ds.ttv import Storable, pack_value
+from broker.ds.ttv import TTV, pack_value
 
 _STATS = struct.Struct(">QQQQ")
 STATS_KEY = keys.meta_key("stats")
@@ -49,7 +49,7 @@ class CookedBatch:
     deletes: list[bytes] = field(default_factory=list)
     # stream -> its messages in this batch, timestamps set: real-time readers of a stream
     # are handed these instead of reading back what was just written.
-    streams: dict[int, list[Storable]] = field(default_factory=dict)
+    streams: dict[int, list[TTV]] = field(default_factory=dict)
     messages: int = 0
     size: int = 0
     last_timestamp: int = 0
@@ -84,7 +84,7 @@ class Cooker:
         encoded = self._publishers[publisher] = publisher.encode()
         return encoded
 
-    def cook(self, messages: Sequence[Storable], now_us: int) -> CookedBatch:
+    def cook(self, messages: Sequence[TTV], now_us: int) -> CookedBatch:
         """Timestamps are max(clock, previous + 1): strictly increasing per shard even if
         the clock steps back, so a reader's position (stream, last timestamp) never skips a
         later write."""

@@ -19,7 +19,7 @@ from broker.ds.iterator import Iterator, Stream, read_plan
 from broker.ds.settings import Settings
 from broker.ds.shard import ChangeListener, Shard
 from broker.ds.slab import Slab
-from broker.ds.ttv import TTV, Storable
+from broker.ds.ttv import TTV
 from broker.mqtt.topic import topic_matches
 
 DB_FILE = "db.json"
@@ -59,11 +59,11 @@ class MessagesDB:
             for i in range(self.n_shards)
         ]
 
-    def store_batch(self, messages: Sequence[Storable], sync: bool = True) -> Awaitable[None]:
+    def store_batch(self, messages: Sequence[TTV], sync: bool = True) -> Awaitable[None]:
         """Buffers the messages on their publishers' shards; the result resolves once all
         of them are written (and fsynced, with `sync`)."""
-        by_shard: dict[int, list[Storable]] = {}
-        by_publisher: dict[str, list[Storable]] = {}  # a batch usually has one publisher
+        by_shard: dict[int, list[TTV]] = {}
+        by_publisher: dict[str, list[TTV]] = {}  # a batch usually has one publisher
         n = self.n_shards
         for message in messages:
             publisher = message.publisher

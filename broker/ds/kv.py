@@ -118,9 +118,11 @@ class KVStore:
             puts=[(key, value) for key, value in final.items() if value is not None],
             deletes=[key for key, value in final.items() if value is None],
         )
-        await asyncio.get_running_loop().run_in_executor(
-            self._executor, prepare(self._db, batch, sync).write
-        )
+        write = prepare(self._db, batch, sync).write
+        if sync:
+            await asyncio.get_running_loop().run_in_executor(self._executor, write)
+        else:
+            write()  # only a log append and a memtable insert: cheaper than a thread hop
 
     async def close(self) -> None:
         await self.buffer.drain()

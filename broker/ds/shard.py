@@ -19,7 +19,7 @@ from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import Cooker
 from broker.ds.files import fsync_dir
 from broker.ds.slab import Slab
-from broker.ds.ttv import Storable
+from broker.ds.ttv import TTV
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _TMP_SUFFIX = ".tmp"
 
 # (shard, generation, the messages written per stream, or None for "all of them": sealed
 # or dropped)
-ChangeListener = Callable[[int, int, dict[int, list[Storable]] | None], None]
+ChangeListener = Callable[[int, int, dict[int, list[TTV]] | None], None]
 
 
 def now_us() -> int:
@@ -55,7 +55,7 @@ class Shard:
         self._max_bytes = max_generation_bytes
         last = max(slab.stats.max_timestamp for slab in slabs)
         self.cooker = Cooker(self.current.lts, self.current.stats, last)
-        self.buffer: WriteBuffer[Storable] = WriteBuffer(self._flush, *buffer_settings)
+        self.buffer: WriteBuffer[TTV] = WriteBuffer(self._flush, *buffer_settings)
         self._lock = asyncio.Lock()
         self._sealing: dict[int, asyncio.Future[None]] = {}
         # Counters for /metrics: batches, messages, bytes, seconds spent applying.
@@ -88,7 +88,7 @@ class Shard:
         return cls(index, path, slabs, thresholds, executor, on_change, buffer_settings,
                    max_generation_bytes)
 
-    async def _flush(self, messages: list[Storable], sync: bool) -> None:
+    async def _flush(self, messages: list[TTV], sync: bool) -> None:
         loop = asyncio.get_running_loop()
         async with self._lock:
             slab = self.current

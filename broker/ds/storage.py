@@ -20,7 +20,7 @@ from broker.ds.settings import Settings
 from broker.ds.shard import ChangeListener, now_us
 from broker.ds.site import ensure_site_id
 from broker.ds.subscribe import Subscription, SubscriptionPool
-from broker.ds.ttv import TTV, Storable
+from broker.ds.ttv import TTV
 from broker.ds.tx import Transaction
 from broker.periodic import every
 
@@ -50,7 +50,7 @@ class DurableStorage:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _on_change(
-        self, shard: int, generation: int, streams: dict[int, list[Storable]] | None
+        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
     ) -> None:
         self.subscriptions.on_change(shard, generation, streams)
         for listener in self.change_listeners:
@@ -80,7 +80,7 @@ class DurableStorage:
     # Write path ------------------------------------------------------------------------
 
     def store_batch(
-        self, db: str, messages: Sequence[Storable], sync: bool = True
+        self, db: str, messages: Sequence[TTV], sync: bool = True
     ) -> Awaitable[None]:
         return self._messages(db).store_batch(messages, sync)
 

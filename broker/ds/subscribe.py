@@ -15,11 +15,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from broker.ds.iterator import Iterator, Stream
-from broker.ds.ttv import Storable
+from broker.ds.ttv import TTV
 from broker.mqtt.topic import topic_matches
 
-Reader = Callable[[Iterator, int], tuple[Iterator | None, Sequence[Storable]]]
-Batch = tuple[Iterator | None, Sequence[Storable]]
+Reader = Callable[[Iterator, int], tuple[Iterator | None, Sequence[TTV]]]
+Batch = tuple[Iterator | None, Sequence[TTV]]
 
 
 HANDOVER_BATCHES = 8
@@ -99,7 +99,7 @@ class SubscriptionPool:
         return subscription
 
     def on_change(
-        self, shard: int, generation: int, streams: dict[int, list[Storable]] | None
+        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
     ) -> None:
         """A write (the messages per stream), a seal or a drop (None). Subscribers that had
         read everything up to this write get its messages as they are, whether idle or
@@ -139,7 +139,7 @@ class SubscriptionPool:
         self._wakeup.set()
 
     def _hand_over(self, stream: Stream, iterator: Iterator, batch_size: int,
-                   fresh: list[Storable], subscribers: list[Subscription]) -> None:
+                   fresh: list[TTV], subscribers: list[Subscription]) -> None:
         """What reading `iterator` on in `batch_size` batches would give, taken from the
         write itself; each subscriber takes as many batches as it has room for and reads
         the rest later."""

@@ -22,7 +22,7 @@ lengths sit in the fixed header so a reader unpacks once per message (the read p
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from broker.mqtt.constants import PacketType
 from broker.mqtt.properties import ALLOWED_PROPERTIES, decode_properties, encode_properties
@@ -35,24 +35,14 @@ _PUBLISH_PROPERTIES = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 _NO_PROPERTIES = b"\x00"
 
 
-class Storable(Protocol):
-    """What Durable Storage stores and hands to caught-up subscribers: a TTV, or any object
-    with its fields, such as the broker's own message, which then reaches a durable
-    session's subscription as the same object (no copy, no decoding)."""
-
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    publisher: str
-    properties: dict[int, Any]
-    timestamp: int
-
-
 @dataclass(slots=True)
 class TTV:
     """One message as Durable Storage keeps it. `timestamp` (microseconds) is assigned by
-    the shard when the message is stored; whatever a writer puts there is ignored."""
+    the shard when the message is stored; whatever a writer puts there is ignored.
+
+    The broker's own message is a subclass, so a message stored by a publisher reaches a
+    caught-up durable session as the very same object (no copy, no decoding), and the
+    compiled storage path reads its fields directly, not by attribute lookup."""
 
     topic: str
     payload: bytes
@@ -63,11 +53,11 @@ class TTV:
     timestamp: int = 0
 
 
-def encode_value(ttv: Storable, timestamp: int) -> bytes:
+def encode_value(ttv: TTV, timestamp: int) -> bytes:
     return pack_value(ttv.topic.encode(), ttv.publisher.encode(), ttv, timestamp)
 
 
-def pack_value(topic: bytes, publisher: bytes, ttv: Storable, timestamp: int) -> bytes:
+def pack_value(topic: bytes, publisher: bytes, ttv: TTV, timestamp: int) -> bytes:
     """`encode_value` for a writer that has the topic and publisher encoded already (the
     cooker caches them: they repeat from message to message)."""
     props = encode_properties(ttv.properties) if ttv.properties else _NO_PROPERTIES

@@ -8,10 +8,13 @@ Properties are a `dict[int, Any]` keyed by `PropertyId` value. Value types:
 integers for the integer properties, `str` for UTF-8 strings, `bytes` for Correlation Data
 and Authentication Data, `list[tuple[str, str]]` for USER_PROPERTY (wire order, duplicates
 kept) and `list[int]` for SUBSCRIPTION_IDENTIFIER (PUBLISH may carry several).
+
+Each packet's `type` is a property rather than a class attribute: the module is compiled
+(tools/build_native.py), and a compiled dataclass cannot carry class attributes.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from broker.mqtt.constants import PacketType
 
@@ -37,7 +40,10 @@ class Connect:
     password: bytes | None = None
     will: Will | None = None
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.CONNECT
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.CONNECT
 
 
 @dataclass(slots=True)
@@ -45,7 +51,10 @@ class Connack:
     session_present: bool = False
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.CONNACK
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.CONNACK
 
 
 @dataclass(slots=True)
@@ -57,7 +66,10 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.PUBLISH
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.PUBLISH
 
 
 @dataclass(slots=True)
@@ -65,7 +77,10 @@ class Puback:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.PUBACK
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.PUBACK
 
 
 @dataclass(slots=True)
@@ -73,7 +88,10 @@ class Pubrec:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.PUBREC
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.PUBREC
 
 
 @dataclass(slots=True)
@@ -81,7 +99,10 @@ class Pubrel:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.PUBREL
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.PUBREL
 
 
 @dataclass(slots=True)
@@ -89,7 +110,10 @@ class Pubcomp:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.PUBCOMP
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.PUBCOMP
 
 
 @dataclass(slots=True)
@@ -108,7 +132,10 @@ class Subscribe:
     packet_id: int
     subscriptions: list[Subscription]
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.SUBSCRIBE
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.SUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -116,7 +143,10 @@ class Suback:
     packet_id: int
     reason_codes: list[int]
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.SUBACK
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.SUBACK
 
 
 @dataclass(slots=True)
@@ -124,7 +154,10 @@ class Unsubscribe:
     packet_id: int
     topic_filters: list[str]
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.UNSUBSCRIBE
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.UNSUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -134,31 +167,44 @@ class Unsuback:
     packet_id: int
     reason_codes: list[int] = field(default_factory=list)
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.UNSUBACK
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.UNSUBACK
 
 
 @dataclass(slots=True)
 class Pingreq:
-    type: ClassVar[PacketType] = PacketType.PINGREQ
+    @property
+    def type(self) -> PacketType:
+        return PacketType.PINGREQ
 
 
 @dataclass(slots=True)
 class Pingresp:
-    type: ClassVar[PacketType] = PacketType.PINGRESP
+    @property
+    def type(self) -> PacketType:
+        return PacketType.PINGRESP
 
 
 @dataclass(slots=True)
 class Disconnect:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.DISCONNECT
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.DISCONNECT
 
 
 @dataclass(slots=True)
 class Auth:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type: ClassVar[PacketType] = PacketType.AUTH
+
+    @property
+    def type(self) -> PacketType:
+        return PacketType.AUTH
 
 
 Packet = (

@@ -40,7 +40,7 @@ def decode_record(record: bytes) -> Message:
     assert isinstance(packet, Publish)
     return Message(
         packet.topic, packet.payload, packet.qos, True, publisher, packet.properties,
-        expires_at or None,
+        expires_at=expires_at or None,
     )
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.ds import Storable
+from broker.ds import TTV
 from broker.mqtt.constants import MAX_UINT32, PropertyId, ReasonCode
 from broker.mqtt.packets import Will
 from broker.session.durable import records
@@ -51,7 +51,7 @@ class SessionManager:
             durable.ds.change_listeners.append(self._streams_changed)
 
     def _streams_changed(
-        self, shard: int, generation: int, streams: dict[int, list[Storable]] | None
+        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
     ) -> None:
         """A write to DS: if it created a stream (or a generation was sealed or dropped),
         connected durable sessions look for streams they should now read."""

@@ -2,8 +2,9 @@
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from broker.ds.ttv import TTV
 from broker.mqtt.constants import PropertyId
 from broker.mqtt.packets import Properties
 
@@ -20,22 +21,15 @@ FORWARDED_PROPERTIES = frozenset({
 
 
 @dataclass(slots=True)
-class Message:
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    publisher: str = ""
-    properties: Properties = field(default_factory=dict)
+class Message(TTV):
+    """An application message: what Durable Storage stores (its TTV fields, `timestamp` set
+    when stored), plus what the broker needs to deliver it."""
+
     # Wall-clock deadline (time.time()) after which the message must not be delivered.
     expires_at: float | None = None
     # Encoded PUBLISH per (version, qos, retain), shared by every subscriber that needs no
     # per-connection properties; see broker.server.wire.
     wire: dict[tuple[int, int, bool], tuple[bytes, int]] | None = None
-    # Set by Durable Storage when it stores the message (microseconds): a message is its
-    # own TTV on the way in (broker.ds.Storable), so caught-up durable sessions get this
-    # very object back.
-    timestamp: int = 0
 
     def is_expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at
@@ -54,7 +48,7 @@ def message_from_publish(
 ) -> Message:
     interval = properties.get(_EXPIRY)
     expires_at = time.time() + interval if interval is not None else None
-    return Message(topic, payload, qos, retain, publisher, properties, expires_at)
+    return Message(topic, payload, qos, retain, publisher, properties, expires_at=expires_at)
 
 
 def payload_format_ok(payload: bytes, properties: Properties) -> bool:

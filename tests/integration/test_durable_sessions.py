@@ -335,3 +335,46 @@ def test_kills_at_random_moments_lose_no_acknowledged_message(paho_client, start
     first_seen = list(dict.fromkeys(received))
     assert first_seen == sorted(first_seen), "messages arrived out of publish order"
     assert len(acknowledged) > 100  # the kills did not all come before any publishing
+
+
+def test_a_replayed_batch_keeps_its_packet_identifiers(paho_client, start_broker) -> None:
+    """A batch record holds only its read window: after a kill -9 the session derives from
+    the stored messages which delivery had which packet identifier. Its own messages (No
+    Local), QoS 0 messages and one that expired before it was sent are in that window and
+    must not shift the identifiers of the others."""
+    # One shard, so every publisher's messages share one stream (shards go by publisher).
+    one_shard = {"durable_storage.messages.n_shards": "1"}
+    broker = start_broker(**one_shard)
+    # Its own will: published by the session's client ID while the client is away, so it is
+    # stored inside the window of the batch that is read when the client is back.
+    sub = paho_client("derive", port=broker.tcp, clean_start=False, session_expiry=EXPIRY,
+                      will={"topic": "derive/t", "payload": b"own", "qos": 1})
+    assert sub.subscribe("derive/t", 1, no_local=True) == [1]
+    sub.kill()
+    wait_offline(broker.ports["http"], "derive")
+    pub = paho_client(port=broker.tcp)
+    pub.publish("derive/t", b"a", 1)
+    pub.publish("derive/t", b"expires", 1, properties=publish_props(MessageExpiryInterval=1))
+    pub.publish("derive/t", b"b", 0)
+    pub.publish("derive/t", b"c", 1)
+    pub.publish("derive/t", b"d", 1)
+    time.sleep(1.5)  # the second message's lifetime passes while the client is away
+
+    sub = paho_client("derive", port=broker.tcp, clean_start=False, session_expiry=EXPIRY,
+                      manual_ack=True)
+    first = sub.wait_messages(4)
+    assert [m.payload for m in first] == [b"a", b"b", b"c", b"d"]
+    sub.ack(first[0].mid, 1)
+    sub.barrier()  # the acknowledgement of "a" was read ...
+    wait_state_on_disk(broker)  # ... and written
+    broker.kill()
+    broker = start_broker(broker.data_dir, **one_shard)
+    sub.close()
+
+    back = paho_client("derive", port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+    assert back.connack.session_present is True
+    again = back.wait_messages(2)
+    assert back.barrier() == again  # nothing else: not "a", not QoS 0 "b", not the expired one
+    assert [(m.payload, m.mid, m.dup) for m in again] == [
+        (m.payload, m.mid, True) for m in first if m.payload in (b"c", b"d")
+    ]

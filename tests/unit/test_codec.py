@@ -189,7 +189,7 @@ def acks(cls: type, codes: tuple[int, ...], version: int) -> st.SearchStrategy[P
         cls,
         packet_id,
         reason(version, codes),
-        properties(cls.type, version),  # type: ignore[attr-defined]
+        properties(cls(0).type, version),
     )
 
 

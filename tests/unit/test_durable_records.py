@@ -18,8 +18,7 @@ def test_acknowledgement_bitmap_round_trips(entries: int, data: st.DataObject) -
 
 
 def test_batch_record_and_meta_round_trip() -> None:
-    record = r.BatchRecord("a/+/c", Stream("messages", 3, 7, 42), 100, 250, 65_530,
-                           [(101, 1), (180, 2), (250, 1)])
+    record = r.BatchRecord("a/+/c", Stream("messages", 3, 7, 42), 100, 250, 65_530, 3, 2, True)
     assert r.BatchRecord.from_bytes(record.to_bytes()) == record
     will = Will("w/t", b"\x00bye", 1, True, {0x18: 30, 0x26: [("k", "v"), ("k", "w")]})
     meta = r.Meta(3600, 5, False, 1234.5, will)

@@ -7,7 +7,7 @@ message (which showed up as the largest single cost of the durable publish path)
 
 import asyncio
 
-from broker.ds import DurableStorage, Storable
+from broker.ds import TTV, DurableStorage
 from broker.session.durable.turn import PerTurn
 
 
@@ -15,8 +15,8 @@ class MessagePersister:
     __slots__ = ("_turn",)
 
     def __init__(self, ds: DurableStorage) -> None:
-        self._turn: PerTurn[Storable] = PerTurn(lambda batch: ds.store_batch("messages", batch))
+        self._turn: PerTurn[TTV] = PerTurn(lambda batch: ds.store_batch("messages", batch))
 
-    def add(self, message: Storable) -> asyncio.Future[None]:
+    def add(self, message: TTV) -> asyncio.Future[None]:
         """Resolves once the message is on disk (with the rest of its turn's batch)."""
         return self._turn.add(message)

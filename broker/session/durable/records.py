@@ -62,6 +62,12 @@ def position_key(client_id: str, topic_filter: str, stream: Stream) -> bytes:
                 _STREAM.pack(stream.shard, stream.generation, stream.id))
 
 
+def offset_of(packet_id: int, first_packet_id: int) -> int:
+    """Which delivery of a batch a packet identifier names (a batch is far shorter than the
+    identifier space, so the wrap-around is unambiguous)."""
+    return (packet_id - first_packet_id) % MAX_PACKET_ID
+
+
 def batch_key(client_id: str, first_seqno: int) -> bytes:
     return _key(b"b", client_id, _SEQNO.pack(first_seqno))
 
@@ -156,31 +162,38 @@ def will_from_json(value: dict[str, Any]) -> Will:
 @dataclass(slots=True)
 class BatchRecord:
     """Deliveries of one fetched batch that need acknowledging: which stream, the read
-    window (positions `begin` < timestamp <= `end`), and the (timestamp, QoS) of each QoS 1/2
-    delivery in order; the k-th has seqno `first_seqno + k`."""
+    window (positions `begin` < timestamp <= `end`), and how the batch was read: `count`
+    QoS 1/2 deliveries, the k-th with seqno `first_seqno + k`. Which messages those are
+    follows from the window alone: every message of it the subscription's filter accepts,
+    except the session's own when `no_local` was set and those whose QoS capped at `max_qos`
+    is 0, in stored order. So the record stays a few dozen bytes however long the batch."""
 
     topic_filter: str
     stream: Stream
     begin: int
     end: int
     first_seqno: int
-    entries: list[tuple[int, int]]
-    # Offsets of acknowledged entries: kept under their own key (`acked_key`), since they
-    # change at every acknowledgement flush and the record does not.
+    count: int
+    max_qos: int
+    no_local: bool
+    # Offsets of acknowledged deliveries: kept under their own key (`acked_key`), since
+    # they change at every acknowledgement flush and the record does not.
     done: list[int] = field(default_factory=list)
+    # Seqnos of QoS 2 deliveries whose PUBREC arrived (a `released_key` each).
+    released: list[int] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         s = self.stream
         return dumps({"filter": self.topic_filter, "stream": [s.db, s.shard, s.generation, s.id],
                       "begin": self.begin, "end": self.end, "first": self.first_seqno,
-                      "entries": self.entries})
+                      "count": self.count, "qos": self.max_qos, "nl": self.no_local})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "BatchRecord":
         value = loads(raw)
         db, shard, generation, stream = value["stream"]
         return cls(value["filter"], Stream(db, shard, generation, stream), value["begin"],
-                   value["end"], value["first"], [(ts, qos) for ts, qos in value["entries"]])
+                   value["end"], value["first"], value["count"], value["qos"], value["nl"])
 
 
 def subscription_to_bytes(options: SubscriptionOptions, since: int) -> bytes:

@@ -1,9 +1,10 @@
 """A durable session: state in the `sessions` database, messages read from Durable Storage.
 
 While connected, the session reads each (subscription, stream) pair through a DS push
-subscription, in batches of `durable_sessions.batch_size`. A batch is recorded (which
-messages got which sequence numbers, and the new read position) and that record is on disk
-before any of its messages is sent; acknowledgements are recorded as they arrive and a
+subscription, in batches of `durable_sessions.batch_size`. A batch is recorded (its read
+window, its first sequence number and how it chose deliveries, from which a replay derives
+which message got which sequence number; and the new read position) and that record is on
+disk before any of its messages is sent; acknowledgements are recorded as they arrive and a
 fully acknowledged batch record is deleted. So after any restart the session knows exactly
 what was sent and not acknowledged: it resends those with DUP and their original packet
 identifiers, sends PUBREL for QoS 2 deliveries whose PUBREC it had, and reads on from the
@@ -19,7 +20,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
-from broker.ds import TTV, DurableStorage, Iterator, Storable, Stream
+from broker.ds import TTV, DurableStorage, Iterator, Stream
 from broker.metrics import Stats
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError
@@ -50,14 +51,14 @@ class _Pending:
     remaining: int
 
 
-def message_from_ttv(ttv: Storable) -> Message:
+def message_from_ttv(ttv: TTV) -> Message:
     """A stored message as the broker's own; one handed over from its write is that already."""
     if isinstance(ttv, Message):
         return ttv
     interval = ttv.properties.get(_EXPIRY)
     expires_at = ttv.timestamp / 1e6 + interval if interval is not None else None
     return Message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher, ttv.properties,
-                   expires_at)
+                   ttv.timestamp, expires_at)
 
 
 class DurableSession(Session):
@@ -112,16 +113,16 @@ class DurableSession(Session):
         self.refresh_streams()
 
     def _replay(self, record: r.BatchRecord, released: set[int]) -> None:
-        found = self._read_window(record)
         options = self.subscriptions.get(record.topic_filter)
         pending = _Pending(record, 0)
         done = set(record.done)
-        for offset, (timestamp, qos) in enumerate(record.entries):
-            seqno = record.first_seqno + offset
-            self._next_seqno = max(self._next_seqno, seqno + 1)
-            ttv = found.get(timestamp)
-            if offset in done or ttv is None:  # acknowledged, or dropped by retention
+        first, count = record.first_seqno, record.count
+        self._next_seqno = max(self._next_seqno, first + count)
+        record.released = [seqno for seqno in released if first <= seqno < first + count]
+        for offset, (ttv, qos) in enumerate(self._read_window(record)):
+            if offset in done:
                 continue
+            seqno = first + offset
             retain = ttv.retain and (options.retain_as_published if options else False)
             ids = (options.identifier,) if options and options.identifier is not None else ()
             packet_id = r.packet_id_of(seqno)
@@ -135,22 +136,29 @@ class DurableSession(Session):
             pending.remaining += 1
             self._ctx.stats.durable_replayed += 1
         if pending.remaining:
-            self._pending[record.first_seqno] = pending
-        else:
-            self._ctx.store.write_soon(self._completion_writes(record))
+            self._pending[first] = pending
+        else:  # all acknowledged, or the window's generation was dropped by retention
+            self._ctx.store.write_soon(self._completion_writes(record), sync=False)
 
-    def _read_window(self, record: r.BatchRecord) -> dict[int, TTV]:
-        """The stored messages of a recorded batch, by timestamp."""
-        found: dict[int, TTV] = {}
+    def _read_window(self, record: r.BatchRecord) -> list[tuple[TTV, int]]:
+        """The recorded batch's QoS 1/2 deliveries and their QoS, chosen from its window as
+        `_record_batch` chose them; none once retention dropped the window's generation."""
+        skip_from = self.client_id if record.no_local else None
+        max_qos = record.max_qos
+        found: list[tuple[TTV, int]] = []
         iterator: Iterator | None = Iterator(record.stream, record.topic_filter, record.begin)
         while iterator is not None and iterator.position < record.end:
-            iterator, ttvs = self._ctx.ds.next(iterator, max(len(record.entries), 1) * 2)
+            iterator, ttvs = self._ctx.ds.next(iterator, self._ctx.batch_size)
             if not ttvs:
                 break
             for ttv in ttvs:
-                if ttv.timestamp <= record.end:
-                    found[ttv.timestamp] = ttv
-        return found
+                qos = ttv.qos if ttv.qos < max_qos else max_qos
+                if ttv.timestamp <= record.end and qos and ttv.publisher != skip_from:
+                    found.append((ttv, qos))
+        if found and len(found) != record.count:
+            log.error("durable session %s: batch %d read back as %d deliveries, recorded %d",
+                      self.client_id, record.first_seqno, len(found), record.count)
+        return found[:record.count]
 
     def detach(self) -> None:
         """The client left: stop reading. What was fetched stays in memory for a resume
@@ -245,7 +253,7 @@ class DurableSession(Session):
 
     def _record_batch(
         self, topic_filter: str, stream: Stream, before: Iterator, after: Iterator | None,
-        ttvs: Sequence[Storable],
+        ttvs: Sequence[TTV],
     ) -> None:
         """Assigns sequence numbers and starts writing the batch record; its messages are
         sent once the record is on disk (`_send_recorded`), in the order batches were
@@ -257,35 +265,42 @@ class DurableSession(Session):
         now = time.time()
         deliveries: list[Delivery] = []
         deliver = deliveries.append
-        entries: list[tuple[int, int]] = []
-        entry = entries.append
+        expired: list[int] = []  # offsets of deliveries that expired before they were sent
         first = self._next_seqno
         seqno = first
+        end = 0
         for ttv in ttvs:  # per message: kept to lookups, this runs for every delivery
             if ttv.publisher == skip_from:
                 continue
             message = message_from_ttv(ttv)
+            qos = ttv.qos if ttv.qos < max_qos else max_qos
             if message.expires_at is not None and message.expires_at <= now:
                 self._ctx.stats.drop("expired")
-                continue
-            qos = ttv.qos if ttv.qos < max_qos else max_qos
-            if qos:
+                if qos:  # keeps its seqno, as a replay derives it, and counts as acknowledged
+                    expired.append(seqno - first)
+                    seqno += 1
+                    end = ttv.timestamp
+            elif qos:
                 deliver(Delivery(message, qos, ttv.retain and as_published, ids,
                                  r.packet_id_of(seqno)))
-                entry((ttv.timestamp, qos))
                 seqno += 1
+                end = ttv.timestamp
             else:
                 deliver(Delivery(message, 0, ttv.retain and as_published, ids))
         self._next_seqno = seqno
         position = after.position if after is not None else None
         writes = [SessionStore.position_write(self.client_id, topic_filter, stream, position)]
         pending = None
-        if entries:
-            # The window ends at the last entry: all a replay needs to find them again.
-            record = r.BatchRecord(topic_filter, stream, before.position, entries[-1][0],
-                                   first, entries)
+        count = seqno - first
+        if count > len(expired):
+            # The window ends at the last delivery: all a replay needs to find them again.
+            record = r.BatchRecord(topic_filter, stream, before.position, end, first, count,
+                                   max_qos, options.no_local, expired)
             writes.append((r.batch_key(self.client_id, first), record.to_bytes()))
-            pending = self._pending[first] = _Pending(record, len(entries))
+            if expired:
+                writes.append((r.acked_key(self.client_id, first),
+                               r.acked_to_bytes(expired, count)))
+            pending = self._pending[first] = _Pending(record, count - len(expired))
         self._positions[(topic_filter, stream)] = position
         # Not awaited here: it completes even if this reader is cancelled.
         written = self._ctx.store.write(writes)
@@ -307,11 +322,11 @@ class DurableSession(Session):
                 if pending is not None:
                     self._pending.pop(pending.record.first_seqno, None)
                 continue
-            offset = 0
+            first = r.packet_id_of(pending.record.first_seqno) if pending is not None else 0
             for delivery in deliveries:
                 if delivery.qos and pending is not None:
-                    self._by_packet[delivery.packet_id] = (pending, offset)
-                    offset += 1
+                    self._by_packet[delivery.packet_id] = (
+                        pending, r.offset_of(delivery.packet_id, first))
                 if connection is not None:
                     connection.deliver(delivery)
                 elif delivery.qos:
@@ -360,8 +375,9 @@ class DurableSession(Session):
         if entry is None:
             return None
         pending, offset = entry
-        key = r.released_key(self.client_id, pending.record.first_seqno + offset)
-        return self._ctx.store.write([(key, b"1")])
+        seqno = pending.record.first_seqno + offset
+        pending.record.released.append(seqno)
+        return self._ctx.store.write([(r.released_key(self.client_id, seqno), b"1")])
 
     def _flush_acks(self) -> None:
         """Acknowledgements of one event-loop turn, written together."""
@@ -374,19 +390,18 @@ class DurableSession(Session):
             if pending.remaining:
                 record = pending.record
                 writes.append((r.acked_key(self.client_id, first),
-                               r.acked_to_bytes(record.done, len(record.entries))))
+                               r.acked_to_bytes(record.done, record.count)))
             else:
                 del self._pending[first]
                 writes.extend(self._completion_writes(pending.record))
         self._dirty.clear()
         if writes:
-            self._ctx.store.write_soon(writes)
+            self._ctx.store.write_soon(writes, sync=False)
 
     def _completion_writes(self, record: r.BatchRecord) -> list[Write]:
         writes: list[Write] = [(r.batch_key(self.client_id, record.first_seqno), None),
                                (r.acked_key(self.client_id, record.first_seqno), None)]
-        writes.extend((r.released_key(self.client_id, record.first_seqno + offset), None)
-                      for offset, (_, qos) in enumerate(record.entries) if qos == 2)
+        writes.extend((r.released_key(self.client_id, seqno), None) for seqno in record.released)
         return writes
 
     # ---- incoming QoS 2 ----------------------------------------------------------------

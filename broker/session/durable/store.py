@@ -1,8 +1,10 @@
 """Durable session state in the `sessions` database: load it, change it, delete it.
 
 Every change is a blind write (no reads recorded), so changes never conflict. The changes
-of one event-loop turn, of every session, are committed as one transaction with fsync
-through the storage's group commit (the last change of a key wins). The key-value store
+of one event-loop turn, of every session, are committed as one transaction through the
+storage's group commit (the last change of a key wins), with fsync unless every change of
+the turn is one whose loss costs only a redelivery (acknowledgements): such a turn is
+written without fsync, which survives the process being killed, not a power cut. The key-value store
 shows a committed change to readers at once, before it is on disk, and every read here
 commits the turn's changes first, so a session that is detached and immediately resumed
 reads its latest state. Changes whose completion no one awaits are tracked, so shutdown can
@@ -50,6 +52,7 @@ class SessionStore:
     def __init__(self, ds: DurableStorage) -> None:
         self._ds = ds
         self._turn: PerTurn[Write] = PerTurn(self._commit)
+        self._sync = False  # whether this turn's commit needs fsync
         self._background: set[asyncio.Future[None]] = set()
 
     # ---- reading -----------------------------------------------------------------------
@@ -120,24 +123,29 @@ class SessionStore:
     def write(self, writes: Iterable[Write]) -> asyncio.Future[None]:
         """Commits the writes atomically (with the rest of this turn's); resolves once
         they are on disk."""
+        self._sync = True
         return self._turn.extend(writes)
 
-    def write_soon(self, writes: Iterable[Write]) -> None:
+    def write_soon(self, writes: Iterable[Write], sync: bool = True) -> None:
         """`write` for callers that need not wait: visible to readers at once, on disk
-        within a flush interval."""
+        within a flush interval. `sync=False` for acknowledgements, whose loss in a power
+        cut costs a redelivery with DUP, which QoS 1 allows and QoS 2 resolves (a delivery
+        whose PUBREC was recorded is resumed with PUBREL)."""
+        self._sync = self._sync or sync
         done = self._turn.extend(writes)
         if done not in self._background:
             self._background.add(done)
             done.add_done_callback(self._done)
 
     def _commit(self, writes: list[Write]) -> asyncio.Future[None]:
+        sync, self._sync = self._sync, False
         tx = self._ds.begin()
         for key, value in writes:
             if value is None:
                 tx.delete(key)
             else:
                 tx.put(key, value)
-        return self._ds.commit_soon(tx, sync=True)
+        return self._ds.commit_soon(tx, sync=sync)
 
     def _done(self, done: asyncio.Future[None]) -> None:
         self._background.discard(done)
