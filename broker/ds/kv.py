@@ -89,24 +89,34 @@ class KVStore:
         writes are on disk. For writers that commit on every event-loop turn."""
         self._validate(tx)
         self._open.pop(id(tx), None)
-        if not tx.writes:
+        return self.write_soon(tx.writes, sync)
+
+    def write_soon(self, writes: dict[bytes, bytes | None],
+                   sync: bool = True) -> asyncio.Future[None]:
+        """Blind writes: what a commit does once validated, for a writer that read nothing
+        (durable session state, every event-loop turn), without a transaction to make."""
+        if not writes:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             done.set_result(None)
             return done
         self._serial += 1
         serial = self._serial
-        self._log.append((serial, frozenset(tx.writes)))
-        self._prune_log()
-        for key, value in tx.writes.items():
+        if self._open:  # only a transaction open now can conflict with these keys
+            self._log.append((serial, frozenset(writes)))
+            self._prune_log()
+        else:
+            self._log.clear()
+        for key, value in writes.items():
             self._pending[key] = (serial, value)
-        written = self.buffer.add(list(tx.writes.items()), sync)
-        written.add_done_callback(lambda result: self._written(tx, serial, result))
+        written = self.buffer.add(list(writes.items()), sync)
+        written.add_done_callback(lambda result: self._written(writes, serial, result))
         return written
 
-    def _written(self, tx: Transaction, serial: int, result: asyncio.Future[None]) -> None:
+    def _written(self, writes: dict[bytes, bytes | None], serial: int,
+                 result: asyncio.Future[None]) -> None:
         """On disk, or failed: either way the overlay entry goes (the disk is the truth)."""
         pending = self._pending
-        for key in tx.writes:
+        for key in writes:
             if pending.get(key, (None,))[0] == serial:
                 del pending[key]
         if not result.cancelled() and result.exception() is None:

@@ -53,6 +53,7 @@ _VERSIONS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 # ---------------------------------------------------------------------------------------------
 
 _pack_BBH = Struct(">BBH").pack  # fixed header with 1-byte remaining length + topic length
+_pack_BBBH = Struct(">BBBH").pack  # the same with a 2-byte remaining length (< 16,384)
 _pack_H = Struct(">H").pack
 _EMPTY_PROPS = b"\x00"
 
@@ -84,6 +85,9 @@ def encode_publish(
         rl = tl + 4 + len(props) + len(payload)
         if rl < 128:  # the common small message: one struct.pack for header + topic length
             return b"".join((_pack_BBH(first, rl, tl), t, _pack_H(packet_id), props, payload))
+        if rl < 16384:  # a typical sensor payload of 100-16,000 bytes
+            return b"".join((_pack_BBBH(first, rl & 0x7F | 0x80, rl >> 7, tl), t,
+                             _pack_H(packet_id), props, payload))
         pid = _pack_H(packet_id)
     else:
         if qos < 0:

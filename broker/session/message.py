@@ -31,6 +31,15 @@ class Message(TTV):
     # per-connection properties; see broker.server.wire.
     wire: dict[tuple[int, int, bool], tuple[bytes, int]] | None = None
 
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                 publisher: str = "", properties: Properties | None = None,
+                 timestamp: int = 0, expires_at: float | None = None) -> None:
+        # Written out, as TTV's; TTV.__init__ by name: zero-argument super() fails in a
+        # slots dataclass (the decorator returns a new class).
+        TTV.__init__(self, topic, payload, qos, retain, publisher, properties, timestamp)
+        self.expires_at = expires_at
+        self.wire = None
+
     def is_expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at
 

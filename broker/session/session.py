@@ -39,12 +39,26 @@ class Delivery:
     # 0 = the connection assigns one when it sends.
     packet_id: int = 0
 
+    def __init__(self, message: Message, qos: int, retain: bool,
+                 subscription_ids: tuple[int, ...] = (), packet_id: int = 0) -> None:
+        # Written out: the dataclass-generated __init__ is interpreted even when the module
+        # is compiled, and one Delivery is made per message and subscriber.
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.subscription_ids = subscription_ids
+        self.packet_id = packet_id
+
 
 @dataclass(slots=True)
 class InFlight:
     delivery: Delivery
     # True once PUBREC arrived for a QoS 2 delivery: we now owe/await PUBREL/PUBCOMP.
     released: bool = False
+
+    def __init__(self, delivery: Delivery, released: bool = False) -> None:
+        self.delivery = delivery
+        self.released = released
 
 
 class Session:

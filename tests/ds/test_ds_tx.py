@@ -42,6 +42,20 @@ async def test_read_then_concurrent_write_conflicts(open_storage) -> None:
     assert storage.sessions.get(b"counter") == b"2"
 
 
+async def test_a_blind_write_conflicts_with_a_transaction_that_read_its_key(
+    open_storage,
+) -> None:
+    """`write_soon` skips the transaction, not the conflict log: a transaction open meanwhile
+    that read the key must not commit over it."""
+    storage = open_storage()
+    reader, _ = await _rivals(storage, b"k", b"0")
+    reader.put(b"k", reader.get(b"k") + b"+")
+    await storage.sessions.write_soon({b"k": b"blind"})
+    with pytest.raises(Conflict):
+        await storage.commit(reader)
+    assert storage.sessions.get(b"k") == b"blind"
+
+
 async def test_blind_writes_and_disjoint_reads_do_not_conflict(open_storage) -> None:
     storage = open_storage()
     one, two = storage.begin(), storage.begin()

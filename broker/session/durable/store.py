@@ -1,14 +1,14 @@
 """Durable session state in the `sessions` database: load it, change it, delete it.
 
 Every change is a blind write (no reads recorded), so changes never conflict. The changes
-of one event-loop turn, of every session, are committed as one transaction through the
-storage's group commit (the last change of a key wins), with fsync unless every change of
-the turn is one whose loss costs only a redelivery (acknowledgements): such a turn is
-written without fsync, which survives the process being killed, not a power cut. The key-value store
-shows a committed change to readers at once, before it is on disk, and every read here
-commits the turn's changes first, so a session that is detached and immediately resumed
-reads its latest state. Changes whose completion no one awaits are tracked, so shutdown can
-wait for them and a failure is logged, not lost.
+of one event-loop turn, of every session, are written as one atomic batch (no transaction:
+there is nothing to validate) through the storage's group commit (the last change of a key
+wins), with fsync unless every change of the turn is one whose loss costs only a redelivery
+(acknowledgements): such a turn is written without fsync, which survives the process being
+killed, not a power cut. The key-value store shows a committed change to readers at once,
+before it is on disk, and every read here commits the turn's changes first, so a session
+that is detached and immediately resumed reads its latest state. Changes whose completion
+no one awaits are tracked, so shutdown can wait for them and a failure is logged, not lost.
 """
 
 import asyncio
@@ -139,13 +139,7 @@ class SessionStore:
 
     def _commit(self, writes: list[Write]) -> asyncio.Future[None]:
         sync, self._sync = self._sync, False
-        tx = self._ds.begin()
-        for key, value in writes:
-            if value is None:
-                tx.delete(key)
-            else:
-                tx.put(key, value)
-        return self._ds.commit_soon(tx, sync=sync)
+        return self._ds.sessions.write_soon(dict(writes), sync)
 
     def _done(self, done: asyncio.Future[None]) -> None:
         self._background.discard(done)
