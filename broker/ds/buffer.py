@@ -1,12 +1,12 @@
 """Write buffer: collects writes for one shard and flushes them as one batch.
 
-A flush happens when `max_items` are waiting, when the oldest has waited `flush_interval`, or
+A flush happens when `max_items` are waiting, when the oldest has waited `flush_interval`,
 when nothing new arrived for `idle_flush_interval` (a lone writer should not wait the full
-interval). Only one flush runs at a time, so batches reach the disk in the order they were
-buffered; writes that arrive meanwhile form the next batch, which starts as soon as the
-running one ends. Each `add` returns a future that
-resolves once the flush containing it completed (is durable when any write in it asked for
-sync), which is what a PUBACK waits on.
+interval), or at once when none of the waiting writes asked for fsync. Only one flush runs
+at a time, so batches reach the disk in the order they were buffered; writes that arrive
+meanwhile form the next batch, which starts as soon as the running one ends. Each `add`
+returns a future that resolves once the flush containing it completed (is durable when any
+write in it asked for sync), which is what a PUBACK waits on.
 """
 
 import asyncio
@@ -46,7 +46,9 @@ class WriteBuffer(Generic[T]):
         self._sync = self._sync or sync
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
-        if len(self._items) >= self._max_items:
+        if len(self._items) >= self._max_items or not self._sync:
+            # Without fsync a write costs no disk round trip, so there is nothing to batch
+            # it for: it goes now (after the running flush, if any).
             self._start()
         elif self._timer is None and self._running is None:
             self._timer = loop.call_at(self._due(), self._on_timer)

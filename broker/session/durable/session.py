@@ -3,12 +3,13 @@
 While connected, the session reads each (subscription, stream) pair through a DS push
 subscription, in batches of `durable_sessions.batch_size`. A batch is recorded (its read
 window, its first sequence number and how it chose deliveries, from which a replay derives
-which message got which sequence number; and the new read position) and that record is on
-disk before any of its messages is sent; acknowledgements are recorded as they arrive and a
-fully acknowledged batch record is deleted. So after any restart the session knows exactly
-what was sent and not acknowledged: it resends those with DUP and their original packet
-identifiers, sends PUBREL for QoS 2 deliveries whose PUBREC it had, and reads on from the
-recorded position. Nothing is held in memory while the client is offline.
+which message got which sequence number; and the new read position) and that record is
+written before any of its messages is sent (and fsynced when the subscription can receive
+QoS 2); acknowledgements are recorded as they arrive and a fully acknowledged batch record
+is deleted. So after any restart the session knows exactly what was sent and not
+acknowledged: it resends those with DUP and their original packet identifiers, sends PUBREL
+for QoS 2 deliveries whose PUBREC it had, and reads on from the recorded position. Nothing
+is held in memory while the client is offline.
 
 Streams of one shard are read generation by generation, so messages of a topic arrive in
 the order they were stored.
@@ -302,8 +303,11 @@ class DurableSession(Session):
                                r.acked_to_bytes(expired, count)))
             pending = self._pending[first] = _Pending(record, count - len(expired))
         self._positions[(topic_filter, stream)] = position
-        # Not awaited here: it completes even if this reader is cancelled.
-        written = self._ctx.store.write(writes)
+        # Not awaited here: it completes even if this reader is cancelled. Exactly once
+        # needs the identifier of every QoS 2 delivery to survive a power cut, so such a
+        # record is fsynced first; a QoS 1 record a power cut took is only a batch read
+        # and delivered again, which QoS 1 allows (a killed process loses neither).
+        written = self._ctx.store.write(writes, sync=max_qos == 2)
         self._recording.append((written, pending, deliveries))
         self._unsent += len(deliveries)
         self._update_room()

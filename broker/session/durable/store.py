@@ -120,10 +120,11 @@ class SessionStore:
         self.write_soon([(r.HEARTBEAT_KEY, repr(now).encode())])
 
     # ---- writing -----------------------------------------------------------------------
-    def write(self, writes: Iterable[Write]) -> asyncio.Future[None]:
+    def write(self, writes: Iterable[Write], sync: bool = True) -> asyncio.Future[None]:
         """Commits the writes atomically (with the rest of this turn's); resolves once
-        they are on disk."""
-        self._sync = True
+        they are on disk (`sync`), or written to the operating system, which a killed
+        process cannot lose."""
+        self._sync = self._sync or sync
         return self._turn.extend(writes)
 
     def write_soon(self, writes: Iterable[Write], sync: bool = True) -> None:

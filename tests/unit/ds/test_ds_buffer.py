@@ -24,8 +24,8 @@ class Recorder:
 async def test_max_items_flushes_at_once() -> None:
     recorder = Recorder()
     buffer = WriteBuffer(recorder.flush, 3600, 3, 3600)  # timers would never fire
-    first = buffer.add([1, 2], sync=False)
-    second = buffer.add([3], sync=True)
+    first = buffer.add([1, 2], sync=True)
+    second = buffer.add([3], sync=False)
     await asyncio.gather(first, second)
     assert recorder.batches == [([1, 2, 3], True)]
 
@@ -33,8 +33,8 @@ async def test_max_items_flushes_at_once() -> None:
 async def test_idle_interval_flushes_a_lone_writer() -> None:
     recorder = Recorder()
     buffer = WriteBuffer(recorder.flush, 3600, 1000, 0.001)
-    await buffer.add([1], sync=False)
-    assert recorder.batches == [([1], False)]
+    await buffer.add([1], sync=True)
+    assert recorder.batches == [([1], True)]
 
 
 async def test_flush_interval_bounds_the_wait() -> None:
@@ -42,9 +42,17 @@ async def test_flush_interval_bounds_the_wait() -> None:
     buffer = WriteBuffer(recorder.flush, 0.005, 1000, 3600)
     loop = asyncio.get_running_loop()
     started = loop.time()
+    await buffer.add([1], sync=True)
+    assert recorder.batches == [([1], True)]
+    assert loop.time() - started < 1.0
+
+
+async def test_writes_without_fsync_flush_at_once() -> None:
+    """Nothing to batch them for: no timer, whatever the intervals say."""
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 3600, 1000, 3600)  # timers would never fire
     await buffer.add([1], sync=False)
     assert recorder.batches == [([1], False)]
-    assert loop.time() - started < 1.0
 
 
 async def test_one_flush_at_a_time_in_order() -> None:
