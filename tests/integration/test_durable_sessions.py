@@ -136,7 +136,9 @@ def test_wildcard_subscription_gets_every_matching_topic_in_order(
 
 def test_kill_while_the_subscriber_is_mid_stream(paho_client, start_broker) -> None:
     """Unacknowledged deliveries come again with DUP after a kill; acknowledged ones not."""
-    broker = start_broker()
+    # An in-flight window of 20: then the 30th delivery proves the first 10 acknowledgements
+    # were processed (with the default of 32 it could arrive before any of them).
+    broker = start_broker(**{"mqtt.max_inflight": "20"})
     sub = paho_client("mid", port=broker.tcp, clean_start=False, session_expiry=EXPIRY,
                       manual_ack=True)
     sub.subscribe("mid/t", 1)
