@@ -257,7 +257,7 @@ class DurableSession(Session):
         ttvs: Sequence[TTV],
     ) -> None:
         """Assigns sequence numbers and starts writing the batch record; its messages are
-        sent once the record is on disk (`_send_recorded`), in the order batches were
+        sent once the record is written (`_send_recorded`), in the order batches were
         recorded. Reading goes on meanwhile, so one fsync does not stall the stream."""
         options = self.subscriptions[topic_filter]
         ids = (options.identifier,) if options.identifier is not None else ()
