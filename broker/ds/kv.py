@@ -18,7 +18,7 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
-from broker.ds.slab import prepare
+from broker.ds.slab import write_batch
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
 _LOG_LIMIT = 100_000
@@ -128,11 +128,7 @@ class KVStore:
             puts=[(key, value) for key, value in final.items() if value is not None],
             deletes=[key for key, value in final.items() if value is None],
         )
-        write = prepare(self._db, batch, sync).write
-        if sync:
-            await asyncio.get_running_loop().run_in_executor(self._executor, write)
-        else:
-            write()  # only a log append and a memtable insert: cheaper than a thread hop
+        await write_batch(self._db, batch, sync, self._executor)
 
     async def close(self) -> None:
         await self.buffer.drain()

@@ -89,18 +89,11 @@ class Shard:
                    max_generation_bytes)
 
     async def _flush(self, messages: list[TTV], sync: bool) -> None:
-        loop = asyncio.get_running_loop()
         async with self._lock:
             slab = self.current
             batch = self.cooker.cook(messages, now_us())
             started = time.perf_counter()
-            write = slab.prepare(batch, sync).write
-            if sync:
-                await loop.run_in_executor(self._executor, write)
-            else:
-                # Without fsync LevelDB only appends to its log and memtable: cheaper than
-                # the round trip to a worker thread and back.
-                write()
+            await slab.write(batch, sync, self._executor)
             self.flush_seconds += time.perf_counter() - started
             self.batches += 1
             self.messages += batch.messages

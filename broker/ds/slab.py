@@ -5,10 +5,11 @@ creation time and wildcard thresholds. So a slab can be moved, dropped as a dire
 read by another program, and a restart rebuilds its state from the slab alone.
 """
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
 
 import plyvel  # type: ignore[import-untyped]
 
@@ -32,17 +33,22 @@ def _open_leveldb(path: Path, create: bool) -> plyvel.DB:
     )
 
 
-def prepare(db: plyvel.DB, batch: CookedBatch, sync: bool) -> Any:
-    """The LevelDB write batch, built on the caller's (event loop) thread. Only its atomic
-    `write()` goes to a worker thread: plyvel releases the GIL there, while a loop of puts in
-    the worker would hold it and make the event loop wait up to a switch interval (5 ms)."""
-    write = db.write_batch(sync=sync)
-    put = write.put
+async def write_batch(db: plyvel.DB, batch: CookedBatch, sync: bool, executor: Executor) -> None:
+    """Writes the batch atomically. The LevelDB write batch is built on the caller's (event
+    loop) thread; with fsync only its `write()` goes to a worker thread: plyvel releases the
+    GIL there, while a loop of puts in the worker would hold it and make the event loop wait
+    up to a switch interval (5 ms). Without fsync LevelDB only appends to its log and
+    memtable, which costs less than the round trip to a thread and back: written inline."""
+    prepared = db.write_batch(sync=sync)
+    put = prepared.put
     for key, value in batch.puts:
         put(key, value)
     for key in batch.deletes:
-        write.delete(key)
-    return write
+        prepared.delete(key)
+    if sync:
+        await asyncio.get_running_loop().run_in_executor(executor, prepared.write)
+    else:
+        prepared.write()
 
 
 class Slab:
@@ -79,8 +85,8 @@ class Slab:
     def sealed(self) -> bool:
         return self.sealed_at is not None
 
-    def prepare(self, batch: CookedBatch, sync: bool) -> Any:
-        return prepare(self.db, batch, sync)
+    async def write(self, batch: CookedBatch, sync: bool, executor: Executor) -> None:
+        await write_batch(self.db, batch, sync, executor)
 
     def seal(self, until: int, shard: int) -> None:
         """Blocking: compacts, then writes the manifest that marks the slab sealed."""
