@@ -132,8 +132,7 @@ class SessionStore:
         within a flush interval. `sync=False` for acknowledgements, whose loss in a power
         cut costs a redelivery with DUP, which QoS 1 allows and QoS 2 resolves (a delivery
         whose PUBREC was recorded is resumed with PUBREL)."""
-        self._sync = self._sync or sync
-        done = self._turn.extend(writes)
+        done = self.write(writes, sync)
         if done not in self._background:
             self._background.add(done)
             done.add_done_callback(self._done)
