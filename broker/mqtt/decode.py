@@ -242,10 +242,9 @@ def _dec_connack(r: _Reader, version: int) -> Connack:
 _AckClass = type[Puback] | type[Pubrec] | type[Pubrel] | type[Pubcomp]
 
 
-def _ack_decoder(
-    cls: _AckClass, packet_type: PacketType, codes: frozenset[int]
-) -> Callable[[_Reader, int], Packet]:
+def _ack_decoder(cls: _AckClass, codes: frozenset[int]) -> Callable[[_Reader, int], Packet]:
     """PUBACK/PUBREC/PUBREL/PUBCOMP: packet id, then (v5) optional code and properties."""
+    packet_type = cls(0).type  # a property of the instance (packets.py)
     allowed = ALLOWED_PROPERTIES[packet_type]
     name = packet_type.name
 
@@ -367,10 +366,10 @@ def _dec_auth(r: _Reader, version: int) -> Auth:
 
 _DECODERS: dict[int, Callable[[_Reader, int], Packet]] = {
     PacketType.CONNACK: _dec_connack,
-    PacketType.PUBACK: _ack_decoder(Puback, PacketType.PUBACK, _PUBACK_CODES),
-    PacketType.PUBREC: _ack_decoder(Pubrec, PacketType.PUBREC, _PUBACK_CODES),
-    PacketType.PUBREL: _ack_decoder(Pubrel, PacketType.PUBREL, _PUBREL_CODES),
-    PacketType.PUBCOMP: _ack_decoder(Pubcomp, PacketType.PUBCOMP, _PUBREL_CODES),
+    PacketType.PUBACK: _ack_decoder(Puback, _PUBACK_CODES),
+    PacketType.PUBREC: _ack_decoder(Pubrec, _PUBACK_CODES),
+    PacketType.PUBREL: _ack_decoder(Pubrel, _PUBREL_CODES),
+    PacketType.PUBCOMP: _ack_decoder(Pubcomp, _PUBREL_CODES),
     PacketType.SUBSCRIBE: _dec_subscribe,
     PacketType.SUBACK: _dec_suback,
     PacketType.UNSUBSCRIBE: _dec_unsubscribe,
