@@ -275,18 +275,18 @@ class DurableSession(Session):
                 continue
             message = message_from_ttv(ttv)
             qos = ttv.qos if ttv.qos < max_qos else max_qos
-            if message.expires_at is not None and message.expires_at <= now:
+            live = message.expires_at is None or message.expires_at > now
+            if not live:
                 self._ctx.stats.drop("expired")
-                if qos:  # keeps its seqno, as a replay derives it, and counts as acknowledged
-                    expired.append(seqno - first)
-                    seqno += 1
-                    end = ttv.timestamp
-            elif qos:
-                deliver(Delivery(message, qos, ttv.retain and as_published, ids,
-                                 r.packet_id_of(seqno)))
+            if qos:  # takes a seqno even when expired, as a replay derives it
+                if live:
+                    deliver(Delivery(message, qos, ttv.retain and as_published, ids,
+                                     r.packet_id_of(seqno)))
+                else:
+                    expired.append(seqno - first)  # counts as acknowledged
                 seqno += 1
                 end = ttv.timestamp
-            else:
+            elif live:
                 deliver(Delivery(message, 0, ttv.retain and as_published, ids))
         self._next_seqno = seqno
         position = after.position if after is not None else None
