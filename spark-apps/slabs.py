@@ -46,7 +46,7 @@ RAW_SCHEMA = (
     "user_properties array<struct<key:string,value:string>>, "
     "shard int, generation int, stream int, structure string"
 )
-SUPPORTED_FORMATS = {"format": 1, "key_format": 1, "value_format": 1}
+SUPPORTED_FORMATS = {"format": 1, "key_format": 2, "value_format": 1}
 _BATCH = 1000
 _COPY_ATTEMPTS = 3
 _CURRENT = "CURRENT"

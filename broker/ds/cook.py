@@ -17,6 +17,10 @@ from broker.ds.ttv import TTV, pack_value
 
 _STATS = struct.Struct(">QQQQ")
 STATS_KEY = keys.meta_key("stats")
+# The counters are written with the batch that takes them this far past the last written
+# ones, not with every batch: a key outside the data's range in every batch costs LevelDB
+# most of its compactions (keys.py). Opening a slab counts what came after (slab.py).
+CHECKPOINT_BYTES = 32 << 20
 _CACHE_LIMIT = 100_000
 # (stream, master key prefix, index key prefixes, topic as UTF-8)
 Route = tuple[int, bytes, tuple[bytes, ...], bytes]
@@ -24,8 +28,8 @@ Route = tuple[int, bytes, tuple[bytes, ...], bytes]
 
 @dataclass(slots=True)
 class SlabStats:
-    """Counters kept inside the slab and written in the same batch as the data they count,
-    so they are exact after a crash."""
+    """Counters kept inside the slab: a checkpoint written in the same batch as the data it
+    counts, plus what opening the slab counts after it, so they are exact after a crash."""
 
     messages: int = 0
     size: int = 0
@@ -58,10 +62,13 @@ class CookedBatch:
 class Cooker:
     """The write side of a shard's current generation."""
 
-    def __init__(self, lts: LTS, stats: SlabStats, last_timestamp: int) -> None:
+    def __init__(self, lts: LTS, stats: SlabStats, last_timestamp: int,
+                 checkpoint_bytes: int = CHECKPOINT_BYTES) -> None:
         self.lts = lts
         self.stats = stats
         self.last_timestamp = last_timestamp
+        self._checkpoint_bytes = checkpoint_bytes
+        self._checkpointed = stats.size
         # topic -> Route: most batches repeat topics, and a topic's route never changes once
         # learned. Per-message work is most of a write's CPU cost, so it is kept to lookups.
         self._routes: dict[str, Route] = {}
@@ -127,7 +134,9 @@ class Cooker:
             stats.messages += len(messages)
             stats.size += size
             stats.max_timestamp = ts
-        puts.append((STATS_KEY, stats.encode()))
+        if stats.size - self._checkpointed >= self._checkpoint_bytes:
+            puts.append((STATS_KEY, stats.encode()))
+            self._checkpointed = stats.size
         batch.messages = len(messages)
         batch.size = size
         batch.last_timestamp = self.last_timestamp = ts

@@ -155,6 +155,7 @@ class Shard:
     async def close(self) -> None:
         await self.buffer.drain()
         await self.wait_sealed()
+        self.current.checkpoint()
         for slab in self.slabs.values():
             slab.close()
 

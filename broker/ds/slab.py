@@ -15,7 +15,7 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import keys
 from broker.ds.cook import STATS_KEY, CookedBatch, SlabStats
-from broker.ds.lts import LTS
+from broker.ds.lts import LTS, PLUS
 from broker.ds.manifest import read_manifest, write_manifest
 from broker.ds.ttv import TTV, decode_value
 
@@ -65,6 +65,7 @@ class Slab:
             keys.parse_edge(key, value) for key, value in db.iterator(prefix=keys.EDGE)
         ))
         self.stats = SlabStats.decode(db.get(STATS_KEY))
+        self._count_after_checkpoint()
         manifest = read_manifest(path)
         self.sealed_at: int | None = manifest["until"] if manifest else None
         self.keys_visited = 0
@@ -88,8 +89,39 @@ class Slab:
     async def write(self, batch: CookedBatch, sync: bool, executor: Executor) -> None:
         await write_batch(self.db, batch, sync, executor)
 
+    def _count_after_checkpoint(self) -> None:
+        """Adds the messages stored after the last counters checkpoint (cook.py) to it.
+        Timestamps grow across the shard's streams, so they are exactly those past the
+        checkpoint's last timestamp; sizes are counted as the cooker counts them."""
+        stats = self.stats
+        checkpointed = stats.messages
+        start = keys.pack_u64(stats.max_timestamp + 1)
+        found: list[int] = []  # the first and last timestamp found in each stream
+        for stream in self.lts.streams():
+            prefix = keys.master_prefix(stream)
+            index_size = keys.INDEX_KEY_SIZE * self.lts.structure(stream).count(PLUS)
+            first: bytes | None = None
+            last = b""
+            for last, value in self.db.iterator(start=prefix + start,
+                                                stop=prefix + _PAST_TIMESTAMPS):
+                if first is None:
+                    first = last
+                stats.messages += 1
+                stats.size += len(last) + len(value) + index_size
+            if first is not None:
+                found += (keys.timestamp_of(first), keys.timestamp_of(last))
+        if found:
+            if not checkpointed:
+                stats.min_timestamp = min(found)
+            stats.max_timestamp = max(found)
+
+    def checkpoint(self) -> None:
+        """Blocking: writes the counters, so the next open has nothing to count."""
+        self.db.put(STATS_KEY, self.stats.encode(), sync=True)
+
     def seal(self, until: int, shard: int) -> None:
         """Blocking: compacts, then writes the manifest that marks the slab sealed."""
+        self.checkpoint()
         self.db.compact_range()
         lts = self.lts
         write_manifest(self.path, {
@@ -101,7 +133,7 @@ class Slab:
             "streams": [
                 {"id": s, "structure": "/".join(lts.structure(s))} for s in lts.streams()
             ],
-            "lts": lts.to_json(), "key_format": 1, "value_format": 1,
+            "lts": lts.to_json(), "key_format": 2, "value_format": 1,
         })
         self.sealed_at = until
 

@@ -45,12 +45,14 @@ def test_varying_levels_get_index_keys_and_new_edges_are_written() -> None:
     assert set(cooked.streams) == {c.lts.learn(t, [])[0] for t in ("a/1", "a/2", "a/3")}
 
 
-def test_counters_travel_with_the_batch() -> None:
-    c = cooker()
-    first = c.cook(batch("a", "b"), 100)
+def test_counters_are_checkpointed_with_the_batch_that_takes_them_far_enough() -> None:
+    c = Cooker(LTS((2,)), SlabStats(), 0, checkpoint_bytes=100)
+    first = c.cook(batch("a", "b"), 100)  # 68 bytes: short of the checkpoint distance
+    assert STATS_KEY not in dict(first.puts)
     second = c.cook(batch("c"), 200)
     stats = SlabStats.decode(dict(second.puts)[STATS_KEY])
     assert stats.messages == 3
     assert stats.size == first.size + second.size
     assert (stats.min_timestamp, stats.max_timestamp) == (100, 200)
-    assert c.cook([], 300).messages == 0
+    assert STATS_KEY not in dict(c.cook(batch("d"), 300).puts)  # counted from the last one
+    assert c.cook([], 400).messages == 0
