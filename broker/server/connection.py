@@ -25,7 +25,7 @@ from broker.node import Node
 from broker.server.handlers import HANDLERS
 from broker.server.output import OutputBatch
 from broker.server.wire import shared_publish
-from broker.session.session import Delivery, InFlight, Session
+from broker.session.session import Delivery, Session
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class Connection:
     def _send_inflight(self, session: Session, delivery: Delivery) -> None:
         """QoS 1/2: take a packet ID, remember the delivery until acknowledged, send it."""
         packet_id = delivery.packet_id or session.next_packet_id()
-        session.inflight[packet_id] = InFlight(delivery)
+        session.inflight[packet_id] = delivery
         self.send_publish(delivery, packet_id, False)
 
     def drain(self) -> None:
@@ -241,12 +241,13 @@ class Connection:
 
     def resend_inflight(self) -> None:
         """On session resume: unacknowledged PUBLISH again with DUP, released QoS 2 as PUBREL."""
-        assert self.session is not None
-        for packet_id, entry in list(self.session.inflight.items()):
-            if entry.released:
+        session = self.session
+        assert session is not None
+        for packet_id, delivery in list(session.inflight.items()):
+            if packet_id in session.awaiting_comp:
                 self.send_packet(Pubrel(packet_id))
             else:
-                self.send_publish(entry.delivery, packet_id, True)
+                self.send_publish(delivery, packet_id, True)
 
     def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> None:
         message = delivery.message
@@ -279,7 +280,9 @@ class Connection:
             # MQTT-3.1.2-25: a packet larger than the client allows is discarded, not sent.
             self.stats.drop("too_large_for_client")
             if packet_id is not None and self.session is not None:
+                # Done with, as if acknowledged: a durable session must not resend it.
                 self.session.inflight.pop(packet_id, None)
+                self.session.completed(packet_id)
             return
         if alias is not None and topic:
             self.out_aliases[topic] = alias

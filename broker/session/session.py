@@ -50,17 +50,6 @@ class Delivery:
         self.packet_id = packet_id
 
 
-@dataclass(slots=True)
-class InFlight:
-    delivery: Delivery
-    # True once PUBREC arrived for a QoS 2 delivery: we now owe/await PUBREL/PUBCOMP.
-    released: bool = False
-
-    def __init__(self, delivery: Delivery, released: bool = False) -> None:
-        self.delivery = delivery
-        self.released = released
-
-
 class Session:
     durable = False
 
@@ -68,7 +57,10 @@ class Session:
         self.client_id = client_id
         self.expiry_interval = expiry_interval
         self.subscriptions: dict[str, SubscriptionOptions] = {}
-        self.inflight: dict[int, InFlight] = {}
+        self.inflight: dict[int, Delivery] = {}
+        # Packet IDs of QoS 2 deliveries whose PUBREC arrived: PUBREL sent, PUBCOMP awaited.
+        # A set beside `inflight` rather than a flag in a wrapper object per delivery.
+        self.awaiting_comp: set[int] = set()
         self.queue: deque[Delivery] = deque()
         self.awaiting_rel: set[int] = set()
         self.connection: Any = None

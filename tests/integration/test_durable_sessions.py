@@ -380,3 +380,21 @@ def test_a_replayed_batch_keeps_its_packet_identifiers(paho_client, start_broker
     assert [(m.payload, m.mid, m.dup) for m in again] == [
         (m.payload, m.mid, True) for m in first if m.payload in (b"c", b"d")
     ]
+
+
+def test_a_message_too_large_for_the_client_is_done_with_not_left_pending(
+    paho_client, start_broker
+) -> None:
+    """MQTT-3.1.2-25: a packet larger than the client's Maximum Packet Size is discarded. For
+    a durable session that counts as done, so its batch completes and the checkpoint moves on
+    instead of holding the message as unacknowledged forever."""
+    broker = start_broker()
+    http = broker.ports["http"]
+    sub = paho_client(unique("small"), port=broker.tcp, clean_start=False, session_expiry=EXPIRY,
+                      properties=props(PacketTypes.CONNECT, MaximumPacketSize=128))
+    sub.subscribe("dl/t", 1)
+    pub = paho_client(port=broker.tcp)
+    publish_all(pub, "dl/t", [b"fits", b"x" * 200, b"fits too"], 1)
+    assert [m.payload for m in sub.wait_messages(2)] == [b"fits", b"fits too"]
+    wait_until(lambda: scrape_metrics(http)["mqtt_durable_checkpoint_lag"] == 0,
+               what="every delivery done with")

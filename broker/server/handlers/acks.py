@@ -17,8 +17,8 @@ _NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 def handle_puback(conn: "Connection", packet: Puback) -> None:
     session = conn.session
     assert session is not None
-    entry = session.inflight.get(packet.packet_id)
-    if entry is not None and entry.delivery.qos == 1:
+    delivery = session.inflight.get(packet.packet_id)
+    if delivery is not None and delivery.qos == 1:
         del session.inflight[packet.packet_id]
         session.completed(packet.packet_id)
         conn.drain()
@@ -27,16 +27,17 @@ def handle_puback(conn: "Connection", packet: Puback) -> None:
 def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
     session = conn.session
     assert session is not None
-    entry = session.inflight.get(packet.packet_id)
-    if entry is None or entry.delivery.qos != 2:
+    delivery = session.inflight.get(packet.packet_id)
+    if delivery is None or delivery.qos != 2:
         conn.send(encode_ack(_PUBREL, packet.packet_id, _NOT_FOUND, conn.version))
         return
     if packet.reason_code >= 0x80:
         # The receiver refused the message: the flow ends here (MQTT 5.0 section 4.3.3).
         del session.inflight[packet.packet_id]
+        session.awaiting_comp.discard(packet.packet_id)
         conn.drain()
         return
-    entry.released = True
+    session.awaiting_comp.add(packet.packet_id)
     conn.send_when(session.released(packet.packet_id),
                    encode_ack(_PUBREL, packet.packet_id, 0, conn.version))
 
@@ -57,8 +58,8 @@ def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
 def handle_pubcomp(conn: "Connection", packet: Pubcomp) -> None:
     session = conn.session
     assert session is not None
-    entry = session.inflight.get(packet.packet_id)
-    if entry is not None and entry.released:
+    if packet.packet_id in session.awaiting_comp:
+        session.awaiting_comp.discard(packet.packet_id)
         del session.inflight[packet.packet_id]
         session.completed(packet.packet_id)
         conn.drain()

@@ -28,7 +28,7 @@ from broker.mqtt.errors import MQTTError
 from broker.session.durable import records as r
 from broker.session.durable.store import SessionStore, StoredSession, Write
 from broker.session.message import Message
-from broker.session.session import Delivery, InFlight, Session, SubscriptionOptions
+from broker.session.session import Delivery, Session, SubscriptionOptions
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,9 @@ class DurableSession(Session):
             delivery = Delivery(message_from_ttv(ttv), qos, retain, ids, packet_id)
             window = self.connection.send_window if self.connection is not None else 0
             if seqno in released or len(self.inflight) < window:
-                self.inflight[packet_id] = InFlight(delivery, seqno in released)
+                self.inflight[packet_id] = delivery
+                if seqno in released:
+                    self.awaiting_comp.add(packet_id)
             else:  # beyond the client's Receive Maximum: sent as the window opens
                 self.queue.append(delivery)
             self._by_packet[packet_id] = (pending, offset)
