@@ -280,9 +280,7 @@ class Connection:
             # MQTT-3.1.2-25: a packet larger than the client allows is discarded, not sent.
             self.stats.drop("too_large_for_client")
             if packet_id is not None and self.session is not None:
-                # Done with, as if acknowledged: a durable session must not resend it.
-                self.session.inflight.pop(packet_id, None)
-                self.session.completed(packet_id)
+                self.session.finish(packet_id)
             return
         if alias is not None and topic:
             self.out_aliases[topic] = alias

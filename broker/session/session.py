@@ -80,9 +80,17 @@ class Session:
         self._next_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
         return packet_id
 
+    def finish(self, packet_id: int) -> None:
+        """An outgoing QoS 1/2 flow ended: acknowledged (PUBACK / PUBCOMP), refused by the
+        receiver (PUBREC >= 0x80) or discarded as too large for it. Either way it is never
+        sent again, which a durable session records (`completed`)."""
+        self.inflight.pop(packet_id, None)
+        self.awaiting_comp.discard(packet_id)
+        self.completed(packet_id)
+
     def completed(self, packet_id: int) -> None:
-        """A QoS 1/2 delivery was acknowledged (PUBACK / PUBCOMP). Durable sessions record
-        it; a memory session has nothing more to do."""
+        """A QoS 1/2 delivery is done with (`finish`). Durable sessions record it; a memory
+        session has nothing more to do."""
 
     def released(self, packet_id: int) -> Awaitable[None] | None:
         """PUBREC arrived; the PUBREL waits for what this returns, if anything."""

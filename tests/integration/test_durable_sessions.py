@@ -14,6 +14,8 @@ from collections.abc import Callable
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from broker.mqtt.constants import PropertyId
+from broker.mqtt.packets import Publish, Pubrec, Suback, Subscribe, Subscription
 from tests.integration.clients import (
     PahoClient,
     api_client,
@@ -26,6 +28,7 @@ from tests.integration.clients import (
     wait_offline,
     wait_until,
 )
+from tests.protocol.rawclient import RawClient
 from tests.support.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -398,3 +401,27 @@ def test_a_message_too_large_for_the_client_is_done_with_not_left_pending(
     assert [m.payload for m in sub.wait_messages(2)] == [b"fits", b"fits too"]
     wait_until(lambda: scrape_metrics(http)["mqtt_durable_checkpoint_lag"] == 0,
                what="every delivery done with")
+
+
+def test_a_qos2_delivery_the_client_refuses_is_done_with_not_left_pending(
+    paho_client, start_broker
+) -> None:
+    """A PUBREC with a failure code ends the flow (MQTT 5.0 section 4.3.3): the durable
+    session's batch completes, as for an acknowledged delivery, and it is never resent."""
+    broker = start_broker()
+    http = broker.ports["http"]
+    sub = RawClient(broker.tcp)
+    try:
+        sub.connect(unique("refuser"), clean_start=False,
+                    properties={PropertyId.SESSION_EXPIRY_INTERVAL: EXPIRY})
+        sub.send(Subscribe(1, [Subscription("dr/t", 2)]))
+        assert isinstance(sub.recv(), Suback)
+        publish_all(paho_client(port=broker.tcp), "dr/t", [b"refused"], 2)
+        got = sub.recv()
+        assert isinstance(got, Publish) and got.payload == b"refused"
+        assert got.packet_id is not None
+        sub.send(Pubrec(got.packet_id, 0x80))
+        wait_until(lambda: scrape_metrics(http)["mqtt_durable_checkpoint_lag"] == 0,
+                   what="the refused delivery done with")
+    finally:
+        sub.close()

@@ -19,8 +19,7 @@ def handle_puback(conn: "Connection", packet: Puback) -> None:
     assert session is not None
     delivery = session.inflight.get(packet.packet_id)
     if delivery is not None and delivery.qos == 1:
-        del session.inflight[packet.packet_id]
-        session.completed(packet.packet_id)
+        session.finish(packet.packet_id)
         conn.drain()
 
 
@@ -33,8 +32,7 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
         return
     if packet.reason_code >= 0x80:
         # The receiver refused the message: the flow ends here (MQTT 5.0 section 4.3.3).
-        del session.inflight[packet.packet_id]
-        session.awaiting_comp.discard(packet.packet_id)
+        session.finish(packet.packet_id)
         conn.drain()
         return
     session.awaiting_comp.add(packet.packet_id)
@@ -59,7 +57,5 @@ def handle_pubcomp(conn: "Connection", packet: Pubcomp) -> None:
     session = conn.session
     assert session is not None
     if packet.packet_id in session.awaiting_comp:
-        session.awaiting_comp.discard(packet.packet_id)
-        del session.inflight[packet.packet_id]
-        session.completed(packet.packet_id)
+        session.finish(packet.packet_id)
         conn.drain()
