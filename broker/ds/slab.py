@@ -65,9 +65,10 @@ class Slab:
             keys.parse_edge(key, value) for key, value in db.iterator(prefix=keys.EDGE)
         ))
         self.stats = SlabStats.decode(db.get(STATS_KEY))
-        self._count_after_checkpoint()
         manifest = read_manifest(path)
         self.sealed_at: int | None = manifest["until"] if manifest else None
+        if manifest is None:  # a seal writes the checkpoint first: nothing follows it
+            self._count_after_checkpoint()
         self.keys_visited = 0
 
     @classmethod
