@@ -27,9 +27,12 @@ class Message(TTV):
 
     # Wall-clock deadline (time.time()) after which the message must not be delivered.
     expires_at: float | None = None
-    # Encoded PUBLISH per (version, qos, retain), shared by every subscriber that needs no
-    # per-connection properties; see broker.server.wire.
-    wire: dict[tuple[int, int, bool], tuple[bytes, int]] | None = None
+    # The encoded PUBLISH, shared by every subscriber that needs no per-connection
+    # properties (broker.server.wire): the first variant (version, qos, retain) asked for in
+    # two slots, as most messages only ever need one, and any others in a dict.
+    wire_variant: int = -1
+    wire: bytes = b""
+    wire_more: dict[int, bytes] | None = None
 
     def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                  publisher: str = "", properties: Properties | None = None,
@@ -38,7 +41,9 @@ class Message(TTV):
         # slots dataclass (the decorator returns a new class).
         TTV.__init__(self, topic, payload, qos, retain, publisher, properties, timestamp)
         self.expires_at = expires_at
-        self.wire = None
+        self.wire_variant = -1
+        self.wire = b""
+        self.wire_more = None
 
     def is_expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at

@@ -38,9 +38,13 @@ class Delivery:
     # Set by durable sessions, whose identifiers follow their recorded sequence numbers;
     # 0 = the connection assigns one when it sends.
     packet_id: int = 0
+    # A durable session's record of the batch this delivery belongs to, where its
+    # acknowledgement is counted: carried here rather than looked up by packet identifier.
+    batch: Any = None
 
     def __init__(self, message: Message, qos: int, retain: bool,
-                 subscription_ids: tuple[int, ...] = (), packet_id: int = 0) -> None:
+                 subscription_ids: tuple[int, ...] = (), packet_id: int = 0,
+                 batch: Any = None) -> None:
         # Written out: the dataclass-generated __init__ is interpreted even when the module
         # is compiled, and one Delivery is made per message and subscriber.
         self.message = message
@@ -48,6 +52,7 @@ class Delivery:
         self.retain = retain
         self.subscription_ids = subscription_ids
         self.packet_id = packet_id
+        self.batch = batch
 
 
 class Session:
@@ -84,11 +89,12 @@ class Session:
         """An outgoing QoS 1/2 flow ended: acknowledged (PUBACK / PUBCOMP), refused by the
         receiver (PUBREC >= 0x80) or discarded as too large for it. Either way it is never
         sent again, which a durable session records (`completed`)."""
-        self.inflight.pop(packet_id, None)
+        delivery = self.inflight.pop(packet_id, None)
         self.awaiting_comp.discard(packet_id)
-        self.completed(packet_id)
+        if delivery is not None:
+            self.completed(delivery)
 
-    def completed(self, packet_id: int) -> None:
+    def completed(self, delivery: Delivery) -> None:
         """A QoS 1/2 delivery is done with (`finish`). Durable sessions record it; a memory
         session has nothing more to do."""
 

@@ -52,6 +52,10 @@ class _Pending:
     remaining: int
 
 
+def _offset(record: r.BatchRecord, packet_id: int) -> int:
+    return r.offset_of(packet_id, r.packet_id_of(record.first_seqno))
+
+
 def message_from_ttv(ttv: TTV) -> Message:
     """A stored message as the broker's own; one handed over from its write is that already."""
     if isinstance(ttv, Message):
@@ -73,7 +77,6 @@ class DurableSession(Session):
         self.since: dict[str, int] = {}
         self._positions: dict[tuple[str, Stream], int | None] = {}
         self._pending: dict[int, _Pending] = {}
-        self._by_packet: dict[int, tuple[_Pending, int]] = {}
         self._dirty: set[int] = set()
         self._flush_scheduled = False
         self._readers: dict[tuple[str, Stream], asyncio.Task[None]] = {}
@@ -127,7 +130,7 @@ class DurableSession(Session):
             retain = ttv.retain and (options.retain_as_published if options else False)
             ids = (options.identifier,) if options and options.identifier is not None else ()
             packet_id = r.packet_id_of(seqno)
-            delivery = Delivery(message_from_ttv(ttv), qos, retain, ids, packet_id)
+            delivery = Delivery(message_from_ttv(ttv), qos, retain, ids, packet_id, pending)
             window = self.connection.send_window if self.connection is not None else 0
             if seqno in released or len(self.inflight) < window:
                 self.inflight[packet_id] = delivery
@@ -135,7 +138,6 @@ class DurableSession(Session):
                     self.awaiting_comp.add(packet_id)
             else:  # beyond the client's Receive Maximum: sent as the window opens
                 self.queue.append(delivery)
-            self._by_packet[packet_id] = (pending, offset)
             pending.remaining += 1
             self._ctx.stats.durable_replayed += 1
         if pending.remaining:
@@ -272,6 +274,9 @@ class DurableSession(Session):
         first = self._next_seqno
         seqno = first
         end = 0
+        # Filled in below, once the batch's extent is known; its deliveries carry it.
+        pending = _Pending(r.BatchRecord(topic_filter, stream, before.position, 0, first, 0,
+                                         max_qos, options.no_local, expired), 0)
         for ttv in ttvs:  # per message: kept to lookups, this runs for every delivery
             if ttv.publisher == skip_from:
                 continue
@@ -283,7 +288,7 @@ class DurableSession(Session):
             if qos:  # takes a seqno even when expired, as a replay derives it
                 if live:
                     deliver(Delivery(message, qos, ttv.retain and as_published, ids,
-                                     r.packet_id_of(seqno)))
+                                     r.packet_id_of(seqno), pending))
                 else:
                     expired.append(seqno - first)  # counts as acknowledged
                 seqno += 1
@@ -293,24 +298,25 @@ class DurableSession(Session):
         self._next_seqno = seqno
         position = after.position if after is not None else None
         writes = [SessionStore.position_write(self.client_id, topic_filter, stream, position)]
-        pending = None
         count = seqno - first
+        recorded: _Pending | None = None
         if count > len(expired):
             # The window ends at the last delivery: all a replay needs to find them again.
-            record = r.BatchRecord(topic_filter, stream, before.position, end, first, count,
-                                   max_qos, options.no_local, expired)
+            record = pending.record
+            record.end, record.count = end, count
             writes.append((r.batch_key(self.client_id, first), record.to_bytes()))
             if expired:
                 writes.append((r.acked_key(self.client_id, first),
                                r.acked_to_bytes(expired, count)))
-            pending = self._pending[first] = _Pending(record, count - len(expired))
+            pending.remaining = count - len(expired)
+            recorded = self._pending[first] = pending
         self._positions[(topic_filter, stream)] = position
         # Not awaited here: it completes even if this reader is cancelled. Exactly once
         # needs the identifier of every QoS 2 delivery to survive a power cut, so such a
         # record is fsynced first; a QoS 1 record a power cut took is only a batch read
         # and delivered again, which QoS 1 allows (a killed process loses neither).
         written = self._ctx.store.write(writes, sync=max_qos == 2)
-        self._recording.append((written, pending, deliveries))
+        self._recording.append((written, recorded, deliveries))
         self._unsent += len(deliveries)
         self._update_room()
         written.add_done_callback(self._send_recorded)
@@ -328,11 +334,7 @@ class DurableSession(Session):
                 if pending is not None:
                     self._pending.pop(pending.record.first_seqno, None)
                 continue
-            first = r.packet_id_of(pending.record.first_seqno) if pending is not None else 0
             for delivery in deliveries:
-                if delivery.qos and pending is not None:
-                    self._by_packet[delivery.packet_id] = (
-                        pending, r.offset_of(delivery.packet_id, first))
                 if connection is not None:
                     connection.deliver(delivery)
                 elif delivery.qos:
@@ -361,13 +363,13 @@ class DurableSession(Session):
         self._next_seqno += 1
         return r.packet_id_of(seqno)
 
-    def completed(self, packet_id: int) -> None:
-        entry = self._by_packet.pop(packet_id, None)
-        if entry is not None:
-            pending, offset = entry
-            pending.record.done.append(offset)
+    def completed(self, delivery: Delivery) -> None:
+        pending = delivery.batch
+        if isinstance(pending, _Pending):
+            record = pending.record
+            record.done.append(_offset(record, delivery.packet_id))
             pending.remaining -= 1
-            self._dirty.add(pending.record.first_seqno)
+            self._dirty.add(record.first_seqno)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush_acks)
@@ -377,12 +379,13 @@ class DurableSession(Session):
     def released(self, packet_id: int) -> Awaitable[None] | None:
         """PUBREC: the PUBREL goes out only once this is on disk, so a restart resends
         PUBREL rather than the PUBLISH (which the client would take as a new message)."""
-        entry = self._by_packet.get(packet_id)
-        if entry is None:
+        delivery = self.inflight.get(packet_id)
+        pending = delivery.batch if delivery is not None else None
+        if not isinstance(pending, _Pending):
             return None
-        pending, offset = entry
-        seqno = pending.record.first_seqno + offset
-        pending.record.released.append(seqno)
+        record = pending.record
+        seqno = record.first_seqno + _offset(record, packet_id)
+        record.released.append(seqno)
         return self._ctx.store.write([(r.released_key(self.client_id, seqno), b"1")])
 
     def _flush_acks(self) -> None:
