@@ -36,6 +36,11 @@ class WriteBuffer(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def busy(self) -> bool:
+        """Writes are waiting or being written: a new write must go after them."""
+        return bool(self._items) or self._running is not None
+
     def add(self, items: list[T], sync: bool) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
         now = loop.time()

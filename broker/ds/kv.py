@@ -18,7 +18,7 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
-from broker.ds.slab import write_batch
+from broker.ds.slab import prepare_batch, write_batch
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
 _LOG_LIMIT = 100_000
@@ -96,9 +96,7 @@ class KVStore:
         """Blind writes: what a commit does once validated, for a writer that read nothing
         (durable session state, every event-loop turn), without a transaction to make."""
         if not writes:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+            return _settled(None)
         self._serial += 1
         serial = self._serial
         if self._open:  # only a transaction open now can conflict with these keys
@@ -106,8 +104,21 @@ class KVStore:
             self._prune_log()
         else:
             self._log.clear()
+        pending = self._pending
+        if not sync and not self.buffer.busy:
+            # Nothing written before it is still on its way, and without fsync there is no
+            # disk round trip to share: written now, with no overlay entry, task or callback
+            # (the path of every acknowledgement a durable session records).
+            for key in writes:  # an entry of a write just completed would shadow this one
+                pending.pop(key, None)
+            try:
+                prepare_batch(self._db, _cooked(writes), False).write()
+            except Exception as exc:
+                return _settled(exc)
+            self.commits += 1
+            return _settled(None)
         for key, value in writes.items():
-            self._pending[key] = (serial, value)
+            pending[key] = (serial, value)
         written = self.buffer.add(list(writes.items()), sync)
         written.add_done_callback(lambda result: self._written(writes, serial, result))
         return written
@@ -123,12 +134,8 @@ class KVStore:
             self.commits += 1
 
     async def _flush(self, writes: list[Write], sync: bool) -> None:
-        final = dict(writes)  # the last write of a key in the batch wins
-        batch = CookedBatch(
-            puts=[(key, value) for key, value in final.items() if value is not None],
-            deletes=[key for key, value in final.items() if value is None],
-        )
-        await write_batch(self._db, batch, sync, self._executor)
+        # The last write of a key in the batch wins.
+        await write_batch(self._db, _cooked(dict(writes)), sync, self._executor)
 
     async def close(self) -> None:
         await self.buffer.drain()
@@ -137,3 +144,19 @@ class KVStore:
     def info(self) -> dict[str, Any]:
         count = sum(1 for _ in self._db.iterator(include_value=False))
         return {"name": self.name, "n_shards": 1, "keys": count, "commits": self.commits}
+
+
+def _cooked(writes: dict[bytes, bytes | None]) -> CookedBatch:
+    return CookedBatch(
+        puts=[(key, value) for key, value in writes.items() if value is not None],
+        deletes=[key for key, value in writes.items() if value is None],
+    )
+
+
+def _settled(error: Exception | None) -> asyncio.Future[None]:
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
+    return done

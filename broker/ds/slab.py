@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import Any
 
 import plyvel  # type: ignore[import-untyped]
 
@@ -33,18 +34,24 @@ def _open_leveldb(path: Path, create: bool) -> plyvel.DB:
     )
 
 
-async def write_batch(db: plyvel.DB, batch: CookedBatch, sync: bool, executor: Executor) -> None:
-    """Writes the batch atomically. The LevelDB write batch is built on the caller's (event
-    loop) thread; with fsync only its `write()` goes to a worker thread: plyvel releases the
-    GIL there, while a loop of puts in the worker would hold it and make the event loop wait
-    up to a switch interval (5 ms). Without fsync LevelDB only appends to its log and
-    memtable, which costs less than the round trip to a thread and back: written inline."""
+def prepare_batch(db: plyvel.DB, batch: CookedBatch, sync: bool) -> Any:
+    """The LevelDB write batch of a cooked batch, ready for its `write()`."""
     prepared = db.write_batch(sync=sync)
     put = prepared.put
     for key, value in batch.puts:
         put(key, value)
     for key in batch.deletes:
         prepared.delete(key)
+    return prepared
+
+
+async def write_batch(db: plyvel.DB, batch: CookedBatch, sync: bool, executor: Executor) -> None:
+    """Writes the batch atomically. The LevelDB write batch is built on the caller's (event
+    loop) thread; with fsync only its `write()` goes to a worker thread: plyvel releases the
+    GIL there, while a loop of puts in the worker would hold it and make the event loop wait
+    up to a switch interval (5 ms). Without fsync LevelDB only appends to its log and
+    memtable, which costs less than the round trip to a thread and back: written inline."""
+    prepared = prepare_batch(db, batch, sync)
     if sync:
         await asyncio.get_running_loop().run_in_executor(executor, prepared.write)
     else:

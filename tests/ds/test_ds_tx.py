@@ -152,3 +152,55 @@ async def test_commit_soon_is_validated_and_visible_at_once(open_storage) -> Non
     await written
     await storage.close()
     assert open_storage().sessions.get(b"k") == b"0+"
+
+
+async def test_a_write_without_fsync_is_in_leveldb_when_the_call_returns(open_storage) -> None:
+    """Nothing ahead of it: it is written by the call itself (its future already done), so
+    a kill -9 right after cannot lose it, and reopening finds it."""
+    storage = open_storage()
+    written = storage.sessions.write_soon({b"a": b"1", b"gone": None}, sync=False)
+    assert written.done() and written.exception() is None
+    assert storage.sessions._db.get(b"a") == b"1"  # in LevelDB, not only in the overlay
+    await storage.close()
+    assert open_storage().sessions.get(b"a") == b"1"
+
+
+async def test_a_write_without_fsync_goes_after_a_synced_write_still_on_its_way(
+    open_storage,
+) -> None:
+    """A write issued later must land later, or the older value would overwrite it."""
+    storage = open_storage(flush_interval=0.05, idle_flush_interval=0.05)
+    synced = storage.sessions.write_soon({b"k": b"old"}, sync=True)
+    later = storage.sessions.write_soon({b"k": b"new"}, sync=False)
+    assert not synced.done() and not later.done()  # queued behind the synced write
+    assert storage.sessions.get(b"k") == b"new"  # readers see the latest already
+    await asyncio.gather(synced, later)
+    assert storage.sessions.get(b"k") == b"new"
+    await storage.close()
+    assert open_storage().sessions.get(b"k") == b"new"
+
+
+async def test_a_write_without_fsync_right_after_a_flush_shadows_nothing(open_storage) -> None:
+    """A flush's overlay entries go in a callback on a later event-loop turn; a write made
+    in between (here by a callback queued ahead of that one) is read back, not the older
+    value still in the overlay."""
+    storage = open_storage(max_items=1)  # a synced write starts flushing at once
+    kv = storage.sessions
+    loop = asyncio.get_running_loop()
+    seen: list[bytes | None] = []
+    checked = asyncio.Event()
+
+    def write_new() -> None:
+        kv.write_soon({b"k": b"new"}, sync=False)
+        seen.append(kv.get(b"k"))
+        checked.set()
+
+    synced = kv.write_soon({b"x": b"0"}, sync=True)
+    old = kv.write_soon({b"k": b"old"}, sync=False)  # queued behind the synced flush
+    assert not old.done()
+    # Runs after the flush of `old` ends and before its overlay entry is dropped.
+    synced.add_done_callback(lambda _: loop.call_soon(write_new))
+    await checked.wait()
+    await old
+    assert seen == [b"new"]
+    assert kv.get(b"k") == b"new"

@@ -50,7 +50,10 @@ class PerTurn(Generic[T]):
         except Exception as exc:  # refused at once (e.g. a failed validation)
             done.set_exception(exc)
             return
-        flushed.add_done_callback(lambda result: _settle(done, result))
+        if flushed.done():  # written at once (no fsync): no callback round to wait for
+            _settle(done, flushed)
+        else:
+            flushed.add_done_callback(lambda result: _settle(done, result))
 
 
 def _settle(done: asyncio.Future[None], result: asyncio.Future[None]) -> None:
