@@ -7,7 +7,7 @@ reaches more than one client goes through `publish`.
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from broker.config.loader import Config
 from broker.ds import DurableStorage, Settings
@@ -23,7 +23,7 @@ from broker.session.manager import SessionManager
 from broker.session.message import Message
 from broker.session.session import Session, SubscriptionOptions
 
-_CACHE_LIMIT = 10_000
+_CACHE_LIMIT: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)

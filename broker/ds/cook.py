@@ -10,18 +10,19 @@ as it is; `builtin_local` hands it to a LevelDB WriteBatch.
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from broker.ds import keys
 from broker.ds.lts import LTS, Edge
 from broker.ds.ttv import TTV, pack_value
 
-_STATS = struct.Struct(">QQQQ")
-STATS_KEY = keys.meta_key("stats")
+_STATS: Final = struct.Struct(">QQQQ")
+STATS_KEY: Final = keys.meta_key("stats")
 # The counters are written with the batch that takes them this far past the last written
 # ones, not with every batch: a key outside the data's range in every batch costs LevelDB
 # most of its compactions (keys.py). Opening a slab counts what came after (slab.py).
-CHECKPOINT_BYTES = 32 << 20
-_CACHE_LIMIT = 100_000
+CHECKPOINT_BYTES: Final = 32 << 20
+_CACHE_LIMIT: Final = 100_000
 # (stream, master key prefix, index key prefixes, topic as UTF-8)
 Route = tuple[int, bytes, tuple[bytes, ...], bytes]
 

@@ -7,9 +7,10 @@ restarts: `to_bytes` is what a session checkpoints (a few dozen bytes).
 
 import struct
 from dataclasses import dataclass
+from typing import Final
 
-_HEAD = struct.Struct(">BHIIQH")
-_VERSION = 1
+_HEAD: Final = struct.Struct(">BHIIQH")
+_VERSION: Final = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,23 +23,24 @@ new table overlap the last one, so each compaction decompressed and rewrote them
 
 import hashlib
 import struct
+from typing import Final
 
-META = b"A"
-EDGE = b"B"
-DATA = b"D"
+META: Final = b"A"
+EDGE: Final = b"B"
+DATA: Final = b"D"
 
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_INDEX_HEAD = struct.Struct(">cIBQ")
-_MASTER_HEAD = struct.Struct(">cIB")
-TIMESTAMP_SIZE = _U64.size
-INDEX_KEY_SIZE = _INDEX_HEAD.size + TIMESTAMP_SIZE
-MAX_TIMESTAMP = 2**64 - 1
+_U32: Final = struct.Struct(">I")
+_U64: Final = struct.Struct(">Q")
+_INDEX_HEAD: Final = struct.Struct(">cIBQ")
+_MASTER_HEAD: Final = struct.Struct(">cIB")
+TIMESTAMP_SIZE: Final = _U64.size
+INDEX_KEY_SIZE: Final = _INDEX_HEAD.size + TIMESTAMP_SIZE
+MAX_TIMESTAMP: Final = 2**64 - 1
 
-pack_u32 = _U32.pack
-pack_u64 = _U64.pack
-unpack_u32 = _U32.unpack
-unpack_u64_from = _U64.unpack_from
+pack_u32: Final = _U32.pack
+pack_u64: Final = _U64.pack
+unpack_u32: Final = _U32.unpack
+unpack_u64_from: Final = _U64.unpack_from
 
 
 def level_hash(value: str) -> int:

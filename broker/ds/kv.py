@@ -12,7 +12,7 @@ import weakref
 from collections import deque
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
@@ -21,7 +21,7 @@ from broker.ds.cook import CookedBatch
 from broker.ds.slab import prepare_batch, write_batch
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
-_LOG_LIMIT = 100_000
+_LOG_LIMIT: Final = 100_000
 Write = tuple[bytes, bytes | None]
 
 

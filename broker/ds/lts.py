@@ -14,11 +14,11 @@ their stream because their static edges stay.
 """
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
-PLUS = "+"
-END = "\x00"  # MQTT forbids U+0000 in topics, so no level can be mistaken for it
-ROOT = 0
+PLUS: Final = "+"
+END: Final = "\x00"  # MQTT forbids U+0000 in topics, so no level can be mistaken for it
+ROOT: Final = 0
 
 Edge = tuple[int, str, int]
 

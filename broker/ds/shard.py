@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import Cooker
@@ -23,8 +23,8 @@ from broker.ds.ttv import TTV
 
 log = logging.getLogger(__name__)
 
-_GEN_PREFIX = "gen-"
-_TMP_SUFFIX = ".tmp"
+_GEN_PREFIX: Final = "gen-"
+_TMP_SUFFIX: Final = ".tmp"
 
 # (shard, generation, the messages written per stream, or None for "all of them": sealed
 # or dropped)

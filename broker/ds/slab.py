@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
@@ -20,11 +20,11 @@ from broker.ds.lts import LTS, PLUS
 from broker.ds.manifest import read_manifest, write_manifest
 from broker.ds.ttv import TTV, decode_value
 
-_CREATED = keys.meta_key("created")
-_THRESHOLDS = keys.meta_key("thresholds")
-_PAST_TIMESTAMPS = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
+_CREATED: Final = keys.meta_key("created")
+_THRESHOLDS: Final = keys.meta_key("thresholds")
+_PAST_TIMESTAMPS: Final = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
 # Each slab is its own LevelDB with its own table cache; many generations x shards stay open.
-_MAX_OPEN_FILES = 64
+_MAX_OPEN_FILES: Final = 64
 
 
 def _open_leveldb(path: Path, create: bool) -> plyvel.DB:

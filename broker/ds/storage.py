@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from broker.ds.db import MessagesDB
 from broker.ds.iterator import Iterator, Stream
@@ -26,9 +26,9 @@ from broker.periodic import every
 
 log = logging.getLogger(__name__)
 
-MESSAGES = "messages"
-SESSIONS = "sessions"
-_MAX_THREADS = 4
+MESSAGES: Final = "messages"
+SESSIONS: Final = "sessions"
+_MAX_THREADS: Final = 4
 
 
 class DurableStorage:

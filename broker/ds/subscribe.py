@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from broker.ds.iterator import Iterator, Stream
 from broker.ds.ttv import TTV
@@ -22,7 +23,7 @@ Reader = Callable[[Iterator, int], tuple[Iterator | None, Sequence[TTV]]]
 Batch = tuple[Iterator | None, Sequence[TTV]]
 
 
-HANDOVER_BATCHES = 8
+HANDOVER_BATCHES: Final = 8
 """Batches a subscription may have waiting when they are handed to it from writes. More than
 a read may queue (`max_unacked`): a handed-over batch costs references to messages that are
 in memory anyway, while a read costs LevelDB work, so a consumer that is briefly busy still

@@ -22,17 +22,17 @@ lengths sit in the fixed header so a reader unpacks once per message (the read p
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from broker.mqtt.constants import PacketType
 from broker.mqtt.properties import ALLOWED_PROPERTIES, decode_properties, encode_properties
 
-FORMAT_VERSION = 1
-_HEAD = struct.Struct(">BBQHH")
-_HEAD_SIZE = _HEAD.size
-_pack_head = _HEAD.pack
-_PUBLISH_PROPERTIES = ALLOWED_PROPERTIES[PacketType.PUBLISH]
-_NO_PROPERTIES = b"\x00"
+FORMAT_VERSION: Final = 1
+_HEAD: Final = struct.Struct(">BBQHH")
+_HEAD_SIZE: Final = _HEAD.size
+_pack_head: Final = _HEAD.pack
+_PUBLISH_PROPERTIES: Final = ALLOWED_PROPERTIES[PacketType.PUBLISH]
+_NO_PROPERTIES: Final = b"\x00"
 
 
 @dataclass(slots=True)

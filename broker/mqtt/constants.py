@@ -5,15 +5,16 @@ names, the hot path compares plain ints.
 """
 
 from enum import IntEnum
+from typing import Final
 
-MQTT_3_1 = 3
-MQTT_3_1_1 = 4
-MQTT_5 = 5
-PROTOCOL_NAMES = {MQTT_3_1: "MQIsdp", MQTT_3_1_1: "MQTT", MQTT_5: "MQTT"}
+MQTT_3_1: Final = 3
+MQTT_3_1_1: Final = 4
+MQTT_5: Final = 5
+PROTOCOL_NAMES: Final = {MQTT_3_1: "MQIsdp", MQTT_3_1_1: "MQTT", MQTT_5: "MQTT"}
 
-MAX_PACKET_ID = 0xFFFF
-MAX_VARINT = 268_435_455
-MAX_UINT32 = 0xFFFF_FFFF
+MAX_PACKET_ID: Final = 0xFFFF
+MAX_VARINT: Final = 268_435_455
+MAX_UINT32: Final = 0xFFFF_FFFF
 
 
 class PacketType(IntEnum):
@@ -96,7 +97,7 @@ class ConnackCodeV3(IntEnum):
 
 
 # v3.1.1 SUBACK failure return code.
-SUBACK_FAILURE_V3 = 0x80
+SUBACK_FAILURE_V3: Final = 0x80
 
 
 class PropertyId(IntEnum):

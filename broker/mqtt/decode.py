@@ -12,7 +12,7 @@ in the wrong direction, filter syntax) are left to the connection.
 """
 
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Final, NoReturn
 
 from broker.mqtt.constants import MQTT_3_1, MQTT_3_1_1, MQTT_5, PacketType, PropertyId, ReasonCode
 from broker.mqtt.errors import (
@@ -54,12 +54,12 @@ from broker.mqtt.properties import (
 __all__ = ["DEFAULT_MAX_PACKET_SIZE", "Decoder"]
 
 # 1 type byte + 4 length bytes + the largest remaining length.
-DEFAULT_MAX_PACKET_SIZE = 268_435_460
+DEFAULT_MAX_PACKET_SIZE: Final = 268_435_460
 
-_TOPIC_ALIAS = int(PropertyId.TOPIC_ALIAS)
-_AUTH_METHOD = int(PropertyId.AUTHENTICATION_METHOD)
-_AUTH_DATA = int(PropertyId.AUTHENTICATION_DATA)
-_PUBLISH_PROPS = ALLOWED_PROPERTIES[PacketType.PUBLISH]
+_TOPIC_ALIAS: Final = int(PropertyId.TOPIC_ALIAS)
+_AUTH_METHOD: Final = int(PropertyId.AUTHENTICATION_METHOD)
+_AUTH_DATA: Final = int(PropertyId.AUTHENTICATION_DATA)
+_PUBLISH_PROPS: Final = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 
 
 def _first_byte_error(b0: int, version: int | None) -> MQTTError | None:
@@ -91,12 +91,12 @@ def _first_byte_error(b0: int, version: int | None) -> MQTTError | None:
 
 # Precomputed per version and possible first byte, so that the whole fixed-header check
 # costs one tuple index per packet. Holds exception templates; the raised error is a copy.
-_FIRST_BYTE: dict[int | None, tuple[MQTTError | None, ...]] = {
+_FIRST_BYTE: Final[dict[int | None, tuple[MQTTError | None, ...]]] = {
     v: tuple(_first_byte_error(b, v) for b in range(256))
     for v in (None, MQTT_3_1, MQTT_3_1_1, MQTT_5)
 }
 # PUBLISH first byte -> (qos, retain, dup).
-_PUBLISH_BITS: tuple[tuple[int, bool, bool], ...] = tuple(
+_PUBLISH_BITS: Final[tuple[tuple[int, bool, bool], ...]] = tuple(
     ((b >> 1) & 3, bool(b & 1), bool(b & 8)) for b in range(256)
 )
 
@@ -106,23 +106,25 @@ def _raise_first_byte(template: MQTTError) -> NoReturn:
 
 
 # Reason codes each v5 packet may carry (the "Reason Code values" table of each packet).
-_R = ReasonCode
-_CONNACK_CODES = frozenset(
+_R: Final = ReasonCode
+_CONNACK_CODES: Final = frozenset(
     (0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90, 0x95,
      0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F)
 )  # fmt: skip
-_PUBACK_CODES = frozenset((0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99))  # PUBREC too
-_PUBREL_CODES = frozenset((0x00, 0x92))  # PUBCOMP too
-_SUBACK_CODES = frozenset((0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2))
-_SUBACK_CODES_V3 = frozenset((0x00, 0x01, 0x02, 0x80))
-_UNSUBACK_CODES = frozenset((0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91))
-_DISCONNECT_CODES = frozenset(
+# PUBACK's, and PUBREC's too
+_PUBACK_CODES: Final = frozenset((0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99))
+_PUBREL_CODES: Final = frozenset((0x00, 0x92))  # PUBCOMP too
+_SUBACK_CODES: Final = frozenset(
+    (0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2))
+_SUBACK_CODES_V3: Final = frozenset((0x00, 0x01, 0x02, 0x80))
+_UNSUBACK_CODES: Final = frozenset((0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91))
+_DISCONNECT_CODES: Final = frozenset(
     (0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94,
      0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2)
 )  # fmt: skip
-_AUTH_CODES = frozenset((0x00, 0x18, 0x19))
+_AUTH_CODES: Final = frozenset((0x00, 0x18, 0x19))
 # v3 CONNACK return code -> the v5 reason code it means (inverse of encode.connack_code_v3).
-_CONNACK_FROM_V3 = (
+_CONNACK_FROM_V3: Final = (
     _R.SUCCESS,
     _R.UNSUPPORTED_PROTOCOL_VERSION,
     _R.CLIENT_IDENTIFIER_NOT_VALID,
@@ -364,7 +366,7 @@ def _dec_auth(r: _Reader, version: int) -> Auth:
     return Auth(code, props)
 
 
-_DECODERS: dict[int, Callable[[_Reader, int], Packet]] = {
+_DECODERS: Final[dict[int, Callable[[_Reader, int], Packet]]] = {
     PacketType.CONNACK: _dec_connack,
     PacketType.PUBACK: _ack_decoder(Puback, _PUBACK_CODES),
     PacketType.PUBREC: _ack_decoder(Pubrec, _PUBACK_CODES),
@@ -380,7 +382,7 @@ _DECODERS: dict[int, Callable[[_Reader, int], Packet]] = {
     PacketType.AUTH: _dec_auth,
 }
 # Plain list indexed by packet type: cheaper than a dict lookup with an int key.
-_DECODER_TABLE: list[Callable[[_Reader, int], Packet] | None] = [
+_DECODER_TABLE: Final[list[Callable[[_Reader, int], Packet] | None]] = [
     _DECODERS.get(t) for t in range(16)
 ]
 

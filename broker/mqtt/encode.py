@@ -12,7 +12,7 @@ decoded); it raises ValueError for values that cannot be represented on the wire
 from collections.abc import Callable
 from struct import Struct
 from struct import error as StructError
-from typing import Any
+from typing import Any, Final
 
 from broker.mqtt.constants import (
     MQTT_3_1,
@@ -46,16 +46,16 @@ from broker.mqtt.properties import encode_binary, encode_properties, encode_stri
 
 __all__ = ["connack_code_v3", "encode", "encode_publish"]
 
-_VERSIONS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
+_VERSIONS: Final = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 
 # ---------------------------------------------------------------------------------------------
 # PUBLISH: the hot path
 # ---------------------------------------------------------------------------------------------
 
-_pack_BBH = Struct(">BBH").pack  # fixed header with 1-byte remaining length + topic length
-_pack_BBBH = Struct(">BBBH").pack  # the same with a 2-byte remaining length (< 16,384)
-_pack_H = Struct(">H").pack
-_EMPTY_PROPS = b"\x00"
+_pack_BBH: Final = Struct(">BBH").pack  # fixed header with 1-byte remaining length + topic length
+_pack_BBBH: Final = Struct(">BBBH").pack  # the same with a 2-byte remaining length (< 16,384)
+_pack_H: Final = Struct(">H").pack
+_EMPTY_PROPS: Final = b"\x00"
 
 
 def encode_publish(
@@ -116,7 +116,7 @@ def _props(properties: Properties, version: int) -> bytes:
     return encode_properties(properties) if version == MQTT_5 else b""
 
 
-_CONNACK_V3: dict[int, int] = {
+_CONNACK_V3: Final[dict[int, int]] = {
     ReasonCode.SUCCESS: ConnackCodeV3.ACCEPTED,
     ReasonCode.UNSUPPORTED_PROTOCOL_VERSION: ConnackCodeV3.UNACCEPTABLE_PROTOCOL_VERSION,
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: ConnackCodeV3.IDENTIFIER_REJECTED,
@@ -184,7 +184,7 @@ def _enc_connack(p: Connack, version: int) -> bytes:
     return _packet(0x20, bytes((flags, p.reason_code)), encode_properties(p.properties))
 
 
-_ACK_HEAD = {first: bytes((first, 2)) for first in (0x40, 0x50, 0x62, 0x70)}
+_ACK_HEAD: Final = {first: bytes((first, 2)) for first in (0x40, 0x50, 0x62, 0x70)}
 
 
 def encode_ack(first: int, packet_id: int, reason_code: int, version: int) -> bytes:
@@ -297,7 +297,7 @@ def _enc_auth(p: Auth, version: int) -> bytes:
     return _packet(0xF0, bytes((p.reason_code,)), encode_properties(p.properties))
 
 
-_ENCODERS: dict[type, Callable[[Any, int], bytes]] = {
+_ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
     Connect: _enc_connect,
     Connack: _enc_connack,
     Publish: _enc_publish,

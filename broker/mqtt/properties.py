@@ -11,7 +11,7 @@ used, because Python slicing past the end silently returns short data instead of
 
 from struct import Struct
 from struct import error as StructError
-from typing import Any
+from typing import Any, Final
 
 from broker.mqtt.constants import MAX_VARINT, PacketType, PropertyId
 from broker.mqtt.errors import MalformedPacket, ProtocolError
@@ -36,7 +36,7 @@ __all__ = [
 
 # One-byte varints are by far the most common (every remaining length < 128); a table lookup
 # is cheaper than building them.
-_VARINT_1 = tuple(bytes((i,)) for i in range(128))
+_VARINT_1: Final = tuple(bytes((i,)) for i in range(128))
 
 
 def encode_varint(value: int) -> bytes:
@@ -131,8 +131,8 @@ def decode_binary(buf: bytes, pos: int, end: int) -> tuple[bytes, int]:
 
 _BYTE, _U16, _U32, _VARINT, _STR, _BIN, _PAIR = range(7)
 
-P = PropertyId
-_KIND: dict[int, int] = {
+P: Final = PropertyId
+_KIND: Final[dict[int, int]] = {
     P.PAYLOAD_FORMAT_INDICATOR: _BYTE,
     P.MESSAGE_EXPIRY_INTERVAL: _U32,
     P.CONTENT_TYPE: _STR,
@@ -162,11 +162,11 @@ _KIND: dict[int, int] = {
     P.SHARED_SUBSCRIPTION_AVAILABLE: _BYTE,
 }
 # Plain-int keyed copy, and a tuple indexed by identifier byte for the decoder.
-_KIND_INT: dict[int, int] = {int(k): v for k, v in _KIND.items()}
-_KIND_TABLE: tuple[int | None, ...] = tuple(_KIND_INT.get(i) for i in range(256))
+_KIND_INT: Final[dict[int, int]] = {int(k): v for k, v in _KIND.items()}
+_KIND_TABLE: Final[tuple[int | None, ...]] = tuple(_KIND_INT.get(i) for i in range(256))
 
 # Byte properties whose only legal values are 0 and 1 (Protocol Error otherwise).
-_BOOLEAN = frozenset(
+_BOOLEAN: Final = frozenset(
     int(p)
     for p in (
         P.PAYLOAD_FORMAT_INDICATOR,
@@ -180,7 +180,7 @@ _BOOLEAN = frozenset(
     )
 )
 # Integer properties for which 0 is a Protocol Error.
-_NONZERO = frozenset(
+_NONZERO: Final = frozenset(
     int(p)
     for p in (
         P.RECEIVE_MAXIMUM,
@@ -190,11 +190,11 @@ _NONZERO = frozenset(
     )
 )
 
-_UP = int(P.USER_PROPERTY)
-_SUB_ID = int(P.SUBSCRIPTION_IDENTIFIER)
-_REASON = (int(P.REASON_STRING), _UP)
+_UP: Final = int(P.USER_PROPERTY)
+_SUB_ID: Final = int(P.SUBSCRIPTION_IDENTIFIER)
+_REASON: Final = (int(P.REASON_STRING), _UP)
 
-ALLOWED_PROPERTIES: dict[int, frozenset[int]] = {
+ALLOWED_PROPERTIES: Final[dict[int, frozenset[int]]] = {
     PacketType.CONNECT: frozenset(
         int(p)
         for p in (
@@ -261,7 +261,7 @@ ALLOWED_PROPERTIES: dict[int, frozenset[int]] = {
         for p in (P.AUTHENTICATION_METHOD, P.AUTHENTICATION_DATA, P.REASON_STRING, P.USER_PROPERTY)
     ),
 }
-WILL_PROPERTIES: frozenset[int] = frozenset(
+WILL_PROPERTIES: Final[frozenset[int]] = frozenset(
     int(p)
     for p in (
         P.PAYLOAD_FORMAT_INDICATOR,
@@ -273,17 +273,17 @@ WILL_PROPERTIES: frozenset[int] = frozenset(
         P.USER_PROPERTY,
     )
 )
-_PUBLISH_ALLOWED = ALLOWED_PROPERTIES[PacketType.PUBLISH]
+_PUBLISH_ALLOWED: Final = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 
 # ---------------------------------------------------------------------------------------------
 # Property block
 # ---------------------------------------------------------------------------------------------
 
 
-_pack_BB = Struct(">BB").pack
-_pack_BH = Struct(">BH").pack
-_pack_BI = Struct(">BI").pack
-_pack_H = Struct(">H").pack
+_pack_BB: Final = Struct(">BB").pack
+_pack_BH: Final = Struct(">BH").pack
+_pack_BI: Final = Struct(">BI").pack
+_pack_H: Final = Struct(">H").pack
 
 
 def encode_properties(properties: Properties) -> bytes:

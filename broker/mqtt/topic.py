@@ -5,6 +5,8 @@ filter syntax is checked here by the connection so that a bad filter costs one S
 instead of the whole connection.
 """
 
+from typing import Final
+
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.errors import ProtocolError
 
@@ -16,7 +18,7 @@ __all__ = [
     "validate_topic_name",
 ]
 
-_SHARE_PREFIX = "$share/"
+_SHARE_PREFIX: Final = "$share/"
 
 
 def split_levels(topic: str) -> list[str]:

@@ -6,12 +6,13 @@ QoS and every matching Subscription Identifier (MQTT 5.0 section 3.3.4). Each sh
 """
 
 from collections.abc import Callable, Hashable
+from typing import Final
 
 from broker.routing.trie import TopicTrie
 from broker.session.message import Message
 from broker.session.session import Delivery, SubscriptionOptions
 
-_CACHE_LIMIT = 10_000
+_CACHE_LIMIT: Final = 10_000
 Match = tuple[str, Hashable, SubscriptionOptions]
 
 

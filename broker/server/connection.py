@@ -10,7 +10,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, Final
 
 from broker.mqtt.codec import Decoder, encode, encode_publish
 from broker.mqtt.constants import MQTT_5, PacketType, PropertyId, ReasonCode
@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 
 # A client that reads slower than it is sent to: past this much unsent data, QoS 0 messages
 # for it are dropped (and counted) rather than held in broker memory without bound.
-QOS0_DROP_BUFFER = 8 * 1024 * 1024
-_SUB_IDS = PropertyId.SUBSCRIPTION_IDENTIFIER
-_TOPIC_ALIAS = PropertyId.TOPIC_ALIAS
+QOS0_DROP_BUFFER: Final = 8 * 1024 * 1024
+_SUB_IDS: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
+_TOPIC_ALIAS: Final = PropertyId.TOPIC_ALIAS
 
 
 class Connection:

@@ -7,7 +7,7 @@ packets may span WebSocket frames and a frame may hold several packets; the deco
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Final
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
@@ -27,7 +27,7 @@ from broker.server.output import OutputBatch
 
 log = logging.getLogger(__name__)
 
-_HIGH_WATER = 4 * 1024 * 1024
+_HIGH_WATER: Final = 4 * 1024 * 1024
 
 
 class MQTTStreamProtocol(asyncio.Protocol):

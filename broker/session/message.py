@@ -3,15 +3,16 @@
 import math
 import time
 from dataclasses import dataclass
+from typing import Final
 
 from broker.ds.ttv import TTV
 from broker.mqtt.constants import PropertyId
 from broker.mqtt.packets import Properties
 
-_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
+_EXPIRY: Final = PropertyId.MESSAGE_EXPIRY_INTERVAL
 # Properties the broker forwards unchanged to subscribers (MQTT 5.0 section 3.3.2.3); topic alias
 # and subscription identifiers are per-connection and are set on delivery.
-FORWARDED_PROPERTIES = frozenset({
+FORWARDED_PROPERTIES: Final = frozenset({
     PropertyId.PAYLOAD_FORMAT_INDICATOR,
     PropertyId.CONTENT_TYPE,
     PropertyId.RESPONSE_TOPIC,

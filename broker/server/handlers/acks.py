@@ -1,6 +1,6 @@
 """PUBACK / PUBREC / PUBREL / PUBCOMP: completing QoS 1 and 2 flows in both directions."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import ReasonCode
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from broker.server.connection import Connection
 
 _PUBREL, _PUBCOMP = 0x62, 0x70
-_NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+_NOT_FOUND: Final = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 
 
 def handle_puback(conn: "Connection", packet: Puback) -> None:

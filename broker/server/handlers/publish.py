@@ -1,7 +1,7 @@
 """PUBLISH from a client: topic aliases, limits, payload format, QoS 0/1/2 acknowledgement."""
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
@@ -14,9 +14,9 @@ from broker.session.message import message_from_publish, payload_format_ok
 if TYPE_CHECKING:
     from broker.server.connection import Connection
 
-_ALIAS = PropertyId.TOPIC_ALIAS
-_SUB_IDS = PropertyId.SUBSCRIPTION_IDENTIFIER
-_RESPONSE_TOPIC = PropertyId.RESPONSE_TOPIC
+_ALIAS: Final = PropertyId.TOPIC_ALIAS
+_SUB_IDS: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
+_RESPONSE_TOPIC: Final = PropertyId.RESPONSE_TOPIC
 _PUBACK, _PUBREC = 0x40, 0x50
 
 

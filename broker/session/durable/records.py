@@ -21,7 +21,7 @@ import base64
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from broker.ds import Stream
 from broker.mqtt.constants import MAX_PACKET_ID
@@ -29,11 +29,11 @@ from broker.mqtt.packets import Will
 from broker.mqtt.properties import WILL_PROPERTIES, decode_properties, encode_properties
 from broker.session.session import SubscriptionOptions
 
-SEP = b"\x00"
-HEARTBEAT_KEY = b"h"  # the node's last sign of life (wall clock), for sessions it had open
-_STREAM = struct.Struct(">HII")
-_SEQNO = struct.Struct(">Q")
-_PACKET_ID = struct.Struct(">H")
+SEP: Final = b"\x00"
+HEARTBEAT_KEY: Final = b"h"  # the node's last sign of life (wall clock), for sessions it had open
+_STREAM: Final = struct.Struct(">HII")
+_SEQNO: Final = struct.Struct(">Q")
+_PACKET_ID: Final = struct.Struct(">H")
 
 
 def packet_id_of(seqno: int) -> int:
@@ -115,7 +115,7 @@ def position_parts(key: bytes, client_id: str) -> tuple[str, int, int, int]:
 
 # One encoder for every record: `json.dumps` with options builds a new one per call, which
 # cost more than the encoding (several records are written per batch).
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"))
 
 
 def dumps(value: dict[str, Any]) -> bytes:

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from broker.ds import TTV, DurableStorage, Iterator, Stream
 from broker.metrics import Stats
@@ -32,7 +33,7 @@ from broker.session.session import Delivery, Session, SubscriptionOptions
 
 log = logging.getLogger(__name__)
 
-_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
+_EXPIRY: Final = PropertyId.MESSAGE_EXPIRY_INTERVAL
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from broker.ds import DurableStorage, Stream
 from broker.session.durable import records as r
@@ -45,7 +46,7 @@ def _attach_acks(stored: StoredSession) -> None:
 
 Write = tuple[bytes, bytes | None]  # None deletes
 # Every kind of key a session has besides its meta (see records.py).
-_STATE_KINDS = (b"s", b"p", b"b", b"k", b"r", b"a")
+_STATE_KINDS: Final = (b"s", b"p", b"b", b"k", b"r", b"a")
 
 
 class SessionStore:
