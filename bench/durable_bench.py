@@ -15,7 +15,11 @@ Per broker, each on a fresh process (see bench/README.md, "Durable sessions benc
               sessions come back without subscribing and drain N x M deliveries.
   restart:    the same queue, then SIGTERM (and for ours, then kill -9) and a start on the
               same data: time to the first CONNACK; then the drain counts what was kept.
-  throughput: QoS 1, 1 -> 1 into a persistent session, as scenario b of run.py.
+  throughput: QoS 1, 1 -> 1 into a persistent session, as scenario b of run.py, in
+              THROUGHPUT_PAIRS rounds per broker, alternating brokers round by round; the
+              figure is each broker's median round, and the ratio the median of the pairs'
+              ratios (this host's speed drifts by 2x within minutes: one round each compared
+              two different machines as often as two brokers).
 Writes bench/durable_results.json.
 """
 
@@ -25,6 +29,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +66,7 @@ THROUGHPUT = Scenario("f", "qos1_durable_1to1",
                       "QoS 1, 1 publisher -> 1 persistent-session subscriber",
                       qos=1, window=WINDOW, max_lag=800, clean=False)
 LAYOUT = wire.publish_layout(TOPIC, PAYLOAD, 1)
+THROUGHPUT_PAIRS = 5
 
 Snapshot = tuple[float, float, float, float]  # monotonic, broker CPU, generator CPU, machine
 
@@ -209,30 +215,66 @@ def throughput_round(name: str, timing: Timing) -> dict[str, Any]:
                for k in ("broker_cpu", "generator_cpu", "other_cpu")}}
 
 
-ROUNDS = ("queue", "restart", "throughput")
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median rate (the lower middle one of an even count), kept whole
+    so its CPU figures describe the rate shown; verified only if every round was."""
+    ranked = sorted(rounds, key=lambda cell: cell["throughput_msgs_per_s"])
+    middle = dict(ranked[(len(ranked) - 1) // 2])
+    middle["throughput_verified"] = all(cell["throughput_verified"] for cell in rounds)
+    middle["throughput_rounds"] = [cell["throughput_msgs_per_s"] for cell in rounds]
+    return middle
 
 
-def run(names: list[str], sessions: int, messages: int, timing: Timing) -> dict[str, Any]:
+def summarize_throughput(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Each broker's median round (or its first failure), and ours/mosquitto per
+    interleaved pair with their median."""
+    summary: dict[str, dict[str, Any]] = {}
+    for name, cells in rounds.items():
+        failed = [cell for cell in cells if "throughput_error" in cell]
+        summary[name] = failed[0] if failed else median_round(cells)
+    if "ours" in rounds and "mosquitto" in rounds:
+        ratios = [round(a["throughput_msgs_per_s"] / b["throughput_msgs_per_s"], 3)
+                  for a, b in zip(rounds["ours"], rounds["mosquitto"], strict=True)
+                  if a.get("throughput_msgs_per_s") and b.get("throughput_msgs_per_s")]
+        summary["ours"]["throughput_pair_ratios"] = ratios
+        if ratios:
+            median = sorted(ratios)[(len(ratios) - 1) // 2]
+            summary["ours"]["throughput_median_pair_ratio"] = median
+    return summary
+
+
+def _measured(label: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One round; a failure is recorded as its result, and the run goes on."""
+    print(label, end=" ", flush=True)
+    round_name = label.split()[0]
+    started, load = time.monotonic(), procstat.machine_busy_seconds()
+    try:
+        cell = body()
+    except Exception as exc:
+        cell = {f"{round_name}_error": f"{type(exc).__name__}: {exc}"}
+    seconds = time.monotonic() - started
+    cell[f"{round_name}_machine_cpu"] = round(
+        (procstat.machine_busy_seconds() - load) / seconds, 2)
+    print(cell, flush=True)
+    return cell
+
+
+def run(names: list[str], sessions: int, messages: int, timing: Timing,
+        pairs: int = THROUGHPUT_PAIRS) -> dict[str, Any]:
     """Every round for every broker, round by round (so a drift of the machine's load hits
-    all brokers alike); a failed round is recorded, and the run goes on."""
+    all brokers alike); throughput rounds alternate brokers `pairs` times."""
     results: dict[str, dict[str, Any]] = {name: {} for name in names}
-    for round_name in ROUNDS:
+    for round_name, body in (("queue", queue_round), ("restart", restart_round)):
         for name in names:
-            print(f"{round_name:>10} {name:<10}", end=" ", flush=True)
-            started, load = time.monotonic(), procstat.machine_busy_seconds()
-            try:
-                if round_name == "throughput":
-                    cell = throughput_round(name, timing)
-                else:
-                    body = queue_round if round_name == "queue" else restart_round
-                    cell = body(name, sessions, messages)
-            except Exception as exc:
-                cell = {f"{round_name}_error": f"{type(exc).__name__}: {exc}"}
-            seconds = time.monotonic() - started
-            cell[f"{round_name}_machine_cpu"] = round(
-                (procstat.machine_busy_seconds() - load) / seconds, 2)
-            print(cell, flush=True)
-            results[name].update(cell)
+            results[name].update(_measured(f"{round_name:>10} {name:<10}",
+                                           partial(body, name, sessions, messages)))
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for pair in range(pairs):
+        for name in names:
+            rounds[name].append(_measured(f"throughput {name:<10} {pair + 1}/{pairs}",
+                                          partial(throughput_round, name, timing)))
+    for name, cell in summarize_throughput(rounds).items():
+        results[name].update(cell)
     return results
 
 
@@ -269,7 +311,10 @@ def table(names: list[str], results: dict[str, dict[str, Any]]) -> str:
             row.append(text)
         if len(names) > 1:
             ours, peer = results["ours"].get(key), results["mosquitto"].get(key)
-            row.append(f"{ours / peer:.3f}x" if ours is not None and peer else "-")
+            ratio = ours / peer if ours is not None and peer else None
+            if key == "throughput_msgs_per_s":  # the pairs' median, see the module docstring
+                ratio = results["ours"].get("throughput_median_pair_ratio", ratio)
+            row.append("-" if ratio is None else f"{ratio:.3f}x")
             row.append(target)
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -278,6 +323,10 @@ def table(names: list[str], results: dict[str, dict[str, Any]]) -> str:
     lines.insert(1, "-" * len(lines[0]))
     errors = [f"  {name}: {v}" for name in names for k, v in results[name].items()
               if k.endswith("_error")]
+    ratios = results.get("ours", {}).get("throughput_pair_ratios")
+    if ratios:
+        lines += ["", f"throughput ours/mosquitto per interleaved pair: {ratios} "
+                      f"(the table shows their median)"]
     if errors:
         lines += ["", "FAILED:", *errors]
     if starred:
@@ -290,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, help="offline sessions (default 1000)")
     parser.add_argument("--messages", type=int, help="messages queued per session (1000)")
     parser.add_argument("--quick", action="store_true",
-                        help="100 x 100 and 1 s throughput window: a smoke run")
+                        help="100 x 100, one throughput pair with a 1 s window: a smoke run")
+    parser.add_argument("--pairs", type=int,
+                        help=f"interleaved throughput rounds per broker ({THROUGHPUT_PAIRS})")
     brokers.add_arguments(parser, ALL_BROKERS, RESULTS)
     args = parser.parse_args(argv)
     names = brokers.chosen(args, ALL_BROKERS)
@@ -306,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     env.update({"sessions": sessions, "messages_per_session": messages, "topic": TOPIC,
                 "publisher_window": WINDOW})
     started = time.monotonic()
-    results = run(names, sessions, messages, timing)
+    pairs = args.pairs or (1 if args.quick else THROUGHPUT_PAIRS)
+    env["throughput_pairs"] = pairs
+    results = run(names, sessions, messages, timing, pairs)
     env["loadavg_at_end"] = os.getloadavg()[0]
     env["total_runtime_s"] = round(time.monotonic() - started, 1)
     report.write_json({"environment": env, "results": results}, args.output)

@@ -25,3 +25,37 @@ def test_queue_drain_and_restart_counts_add_up(name: str) -> None:
     assert restarted["after_restart_sessions_not_exact"] == 0
     assert ("kill9_restart_s" in restarted) == (name == "ours")
     assert "*" not in durable_bench.table([name], {name: {**queued, **restarted}})
+
+
+def _round(rate: int, verified: bool = True) -> dict[str, object]:
+    return {"throughput_msgs_per_s": rate, "throughput_verified": verified,
+            "throughput_broker_cpu": rate / 100_000}
+
+
+def test_throughput_pairs_report_the_median_round_and_the_median_pair_ratio() -> None:
+    """Rounds alternate brokers; each broker's figure is its median round, whole (its CPU
+    figures belong to that rate), and the ratio is the median of the pairs' ratios, not the
+    ratio of the medians (which would compare rounds run at different moments)."""
+    summary = durable_bench.summarize_throughput({
+        "ours": [_round(40_000), _round(20_000), _round(45_000)],
+        "mosquitto": [_round(80_000), _round(50_000), _round(60_000, verified=False)],
+    })
+    ours, peer = summary["ours"], summary["mosquitto"]
+    assert ours["throughput_msgs_per_s"] == 40_000
+    assert ours["throughput_broker_cpu"] == 0.4
+    assert ours["throughput_rounds"] == [40_000, 20_000, 45_000]
+    assert ours["throughput_verified"] is True
+    assert peer["throughput_msgs_per_s"] == 60_000
+    assert peer["throughput_verified"] is False  # one round did not add up
+    assert ours["throughput_pair_ratios"] == [0.5, 0.4, 0.75]
+    assert ours["throughput_median_pair_ratio"] == 0.5
+    row = next(line for line in durable_bench.table(["ours", "mosquitto"], summary).splitlines()
+               if line.startswith("durable QoS 1"))
+    assert "0.500x" in row and "0.667x" not in row
+
+
+def test_a_failed_throughput_round_is_reported_not_averaged_away() -> None:
+    summary = durable_bench.summarize_throughput({
+        "ours": [_round(40_000), {"throughput_error": "BrokerUnavailable: gone"}],
+    })
+    assert summary["ours"] == {"throughput_error": "BrokerUnavailable: gone"}
