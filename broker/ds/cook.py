@@ -59,6 +59,17 @@ class CookedBatch:
     size: int = 0
     last_timestamp: int = 0
 
+    def __init__(self, puts: list[tuple[bytes, bytes]] | None = None,
+                 deletes: list[bytes] | None = None) -> None:
+        # Written out: the dataclass-generated __init__ is interpreted even when the module
+        # is compiled, and one batch is made per write.
+        self.puts = [] if puts is None else puts
+        self.deletes = [] if deletes is None else deletes
+        self.streams = {}
+        self.messages = 0
+        self.size = 0
+        self.last_timestamp = 0
+
 
 class Cooker:
     """The write side of a shard's current generation."""

@@ -187,6 +187,22 @@ class BatchRecord:
     # Seqnos of QoS 2 deliveries whose PUBREC arrived (a `released_key` each).
     released: list[int] = field(default_factory=list)
 
+    def __init__(self, topic_filter: str, stream: Stream, begin: int, end: int,
+                 first_seqno: int, count: int, max_qos: int, no_local: bool,
+                 done: list[int] | None = None) -> None:
+        # Written out: the dataclass-generated __init__ is interpreted even when the module
+        # is compiled, and one record is made per batch read.
+        self.topic_filter = topic_filter
+        self.stream = stream
+        self.begin = begin
+        self.end = end
+        self.first_seqno = first_seqno
+        self.count = count
+        self.max_qos = max_qos
+        self.no_local = no_local
+        self.done = [] if done is None else done
+        self.released = []
+
     def to_bytes(self) -> bytes:
         s = self.stream
         return dumps({"filter": self.topic_filter, "stream": [s.db, s.shard, s.generation, s.id],

@@ -47,10 +47,14 @@ class DurableContext:
     ttl: float = 0.0  # durable_sessions.session_ttl
 
 
-@dataclass(slots=True)
 class _Pending:
-    record: r.BatchRecord
-    remaining: int
+    """A recorded batch and how many of its deliveries are still unacknowledged."""
+
+    __slots__ = ("record", "remaining")
+
+    def __init__(self, record: r.BatchRecord, remaining: int) -> None:
+        self.record = record
+        self.remaining = remaining
 
 
 def _offset(record: r.BatchRecord, packet_id: int) -> int:
