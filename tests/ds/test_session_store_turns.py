@@ -70,3 +70,21 @@ async def test_a_flush_refused_at_once_fails_the_waiters() -> None:
     waiter = turn.add(1)
     with pytest.raises(ValueError, match="refused"):
         await waiter
+
+
+async def test_work_hooked_before_the_flush_joins_the_same_commit(open_storage) -> None:
+    """A once-per-turn writer (a session's acknowledgement flush) hooks itself to the
+    turn's commit instead of taking a loop iteration of its own first: its writes are in
+    that commit, and the turn counts as unsettled until it is made."""
+    storage = open_storage()
+    store = SessionStore(storage)
+    commits = storage.sessions.commits
+    store.before_flush(lambda: store.write_soon([(r.meta_key("hooked"), meta(3))], sync=False))
+    assert store.unsettled == 1
+    waiter = store.write([(r.meta_key("plain"), meta())], sync=False)
+    await waiter
+    assert storage.sessions.commits == commits + 1
+    assert store.unsettled == 0
+    loaded = store.load("hooked")
+    assert loaded is not None and loaded.meta.expiry_interval == 3
+

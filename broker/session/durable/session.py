@@ -377,7 +377,7 @@ class DurableSession(Session):
             self._dirty.add(record.first_seqno)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush_acks)
+                self._ctx.store.before_flush(self._flush_acks)
         if self._room is not None:
             self._update_room()
 

@@ -13,7 +13,7 @@ no one awaits are tracked, so shutdown can wait for them and a failure is logged
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -133,14 +133,21 @@ class SessionStore:
         within a flush interval. `sync=False` for acknowledgements, whose loss in a power
         cut costs a redelivery with DUP, which QoS 1 allows and QoS 2 resolves (a delivery
         whose PUBREC was recorded is resumed with PUBREL)."""
-        done = self.write(writes, sync)
-        if done not in self._background:
-            self._background.add(done)
-            done.add_done_callback(self._done)
+        self.write(writes, sync)
+
+    def before_flush(self, hook: Callable[[], None]) -> None:
+        """`hook` runs at this turn's commit, first (it may write)."""
+        self._turn.before_flush(hook)
 
     def _commit(self, writes: list[Write]) -> asyncio.Future[None]:
         sync, self._sync = self._sync, False
-        return self._ds.sessions.write_soon(dict(writes), sync)
+        written = self._ds.sessions.write_soon(dict(writes), sync)
+        if written.done():  # written at once (no fsync): nothing left to track
+            self._done(written)
+        else:
+            self._background.add(written)
+            written.add_done_callback(self._done)
+        return written
 
     def _done(self, done: asyncio.Future[None]) -> None:
         self._background.discard(done)
@@ -149,8 +156,8 @@ class SessionStore:
 
     @property
     def unsettled(self) -> int:
-        """Changes started with `write_soon` and not yet on disk."""
-        return len(self._background)
+        """Commits started and not yet on disk, counting this turn's if it has one."""
+        return len(self._background) + self._turn.pending
 
     async def settle(self) -> None:
         """Waits for every change started with `write_soon` (shutdown)."""

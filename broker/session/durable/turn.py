@@ -14,12 +14,26 @@ T = TypeVar("T")
 
 
 class PerTurn(Generic[T]):
-    __slots__ = ("_done", "_flush", "_items")
+    __slots__ = ("_done", "_flush", "_hooks", "_items")
 
     def __init__(self, flush: Callable[[list[T]], Awaitable[None]]) -> None:
         self._flush = flush
         self._items: list[T] = []
+        self._hooks: list[Callable[[], None]] = []
         self._done: asyncio.Future[None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Something waits for this turn's flush."""
+        return self._done is not None
+
+    def before_flush(self, hook: Callable[[], None]) -> None:
+        """Runs `hook` at this turn's flush, before what was collected is handed on (it may
+        add more): work that is itself once per turn joins the same flush instead of taking
+        an event-loop iteration of its own first."""
+        if self._done is None:
+            self._open()
+        self._hooks.append(hook)
 
     def add(self, item: T) -> asyncio.Future[None]:
         """Resolves once this turn's flush completed (fails if it failed)."""
@@ -41,9 +55,14 @@ class PerTurn(Generic[T]):
     def flush_now(self) -> None:
         """Hands on what was collected (at the end of the turn, or before a reader that must
         see it)."""
-        items, done = self._items, self._done
-        if done is None:
+        if self._done is None:
             return
+        hooks = self._hooks
+        if hooks:
+            self._hooks = []
+            for hook in hooks:
+                hook()
+        items, done = self._items, self._done
         self._items, self._done = [], None
         try:
             flushed = asyncio.ensure_future(self._flush(items))
@@ -63,5 +82,7 @@ def _settle(done: asyncio.Future[None], result: asyncio.Future[None]) -> None:
         done.cancel()
     elif result.exception() is not None:
         done.set_exception(result.exception())  # type: ignore[arg-type]
+        # Marked as seen: the flush's owner reports failures, and a turn may have no waiter.
+        done.exception()
     else:
         done.set_result(None)
