@@ -52,7 +52,7 @@ _VERSIONS: Final = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 # PUBLISH: the hot path
 # ---------------------------------------------------------------------------------------------
 
-_pack_BBH: Final = Struct(">BBH").pack  # fixed header with 1-byte remaining length + topic length
+_pack_BBH: Final = Struct(">BBH").pack  # first byte, 1-byte remaining length, a 16-bit field
 _pack_BBBH: Final = Struct(">BBBH").pack  # the same with a 2-byte remaining length (< 16,384)
 _pack_H: Final = Struct(">H").pack
 _EMPTY_PROPS: Final = b"\x00"
@@ -184,14 +184,13 @@ def _enc_connack(p: Connack, version: int) -> bytes:
     return _packet(0x20, bytes((flags, p.reason_code)), encode_properties(p.properties))
 
 
-_ACK_HEAD: Final = {first: bytes((first, 2)) for first in (0x40, 0x50, 0x62, 0x70)}
 
 
 def encode_ack(first: int, packet_id: int, reason_code: int, version: int) -> bytes:
     """PUBACK (0x40) / PUBREC (0x50) / PUBREL (0x62) / PUBCOMP (0x70) without properties,
     without building a packet object: one of these answers every QoS 1/2 message."""
     if version != MQTT_5 or reason_code == 0:
-        return _ACK_HEAD[first] + _pack_H(packet_id)
+        return _pack_BBH(first, 2, packet_id)
     return _pack_BBH(first, 3, packet_id) + bytes((reason_code,))
 
 

@@ -69,7 +69,8 @@ class Connection:
         self._out: list[bytes] = []
         # Acknowledgements waiting for storage, in the order they must leave; created on
         # first use (an empty deque is ~600 bytes, times every idle connection).
-        self._deferred: deque[tuple[asyncio.Future[Any] | None, bytes]] | None = None
+        # Packets waiting for a future (or behind ones that wait), grouped by that future.
+        self._deferred: deque[tuple[asyncio.Future[Any] | None, list[bytes]]] | None = None
         self._output = output
         self._flush_pending = False
         self._loop = asyncio.get_running_loop()
@@ -156,20 +157,20 @@ class Connection:
             return
         if deferred is None:
             deferred = self._deferred = deque()
-        if durable is not None and deferred and deferred[-1][0] is durable:
-            # PUBLISHes of one read share their storage future: one callback sends them all.
-            deferred.append((deferred[-1][0], data))
+        if deferred and deferred[-1][0] is durable:
+            # PUBLISHes of one read share their storage future: one group, one callback.
+            deferred[-1][1].append(data)
             return
         future = (durable if durable is None or isinstance(durable, asyncio.Future)
                   else asyncio.ensure_future(durable))
-        deferred.append((future, data))
+        deferred.append((future, [data]))
         if future is not None:
             future.add_done_callback(self._send_deferred)
 
     def _send_deferred(self, _: object = None) -> None:
         deferred = self._deferred
         while deferred:
-            future, data = deferred[0]
+            future, packets = deferred[0]
             if future is not None and not future.done():
                 return
             deferred.popleft()
@@ -182,7 +183,10 @@ class Connection:
                     self.fail(MQTTError("storage failed", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
                 return
             if not self.closed:
-                self.send(data)
+                self._out.extend(packets)
+                if not self._flush_pending:
+                    self._flush_pending = True
+                    self._output.add(self)
 
     def send_packet(self, packet: Packet) -> None:
         self.send(encode(packet, self.version))

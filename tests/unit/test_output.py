@@ -63,3 +63,34 @@ async def test_a_full_window_reopens_within_the_read_of_the_acks(tmp_path: Path)
     assert len(sub_t.writes) == 1
     assert [p.packet_id for p in Decoder(version=V4).feed(sub_t.writes[0])] == [3, 4]
     node.close()
+
+
+async def test_acknowledgements_waiting_on_storage_leave_in_publish_order(
+    tmp_path: Path,
+) -> None:
+    """MQTT-4.6.0-2: a PUBACK whose message is durable sooner still waits for the earlier
+    ones, and one needing no storage waits behind them too; each group leaves as soon as
+    everything before it may."""
+    node = Node(load_config(None, [f"node.data_dir={tmp_path}"]))
+    loop = asyncio.get_running_loop()
+    output = OutputBatch(loop)
+    pub, pub_t = _client(node, output, "pub")
+    pub_t.writes.clear()
+    first, second = loop.create_future(), loop.create_future()
+    pub.send_when(first, encode(Puback(1), V4))
+    pub.send_when(first, encode(Puback(2), V4))  # the same read: the same group
+    pub.send_when(None, encode(Puback(3), V4))  # needs nothing, but comes after 1 and 2
+    pub.send_when(second, encode(Puback(4), V4))
+    pub.send_when(None, encode(Puback(5), V4))
+    pub.send_when(None, encode(Puback(6), V4))
+
+    second.set_result(None)
+    await asyncio.sleep(0)  # its callback runs: nothing may leave before 1 and 2
+    pub.flush()
+    assert pub_t.writes == []
+    first.set_result(None)
+    await asyncio.sleep(0)
+    pub.flush()
+    acks = Decoder(version=V4).feed(b"".join(pub_t.writes))
+    assert [ack.packet_id for ack in acks] == [1, 2, 3, 4, 5, 6]
+    node.close()
