@@ -240,6 +240,14 @@ def summarize_throughput(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, d
         if ratios:
             median = sorted(ratios)[(len(ratios) - 1) // 2]
             summary["ours"]["throughput_median_pair_ratio"] = median
+        # Pairs the machine disturbed (report.BUSY_MACHINE, as run.py warns): on this shared
+        # host the load shows up as steal, in one broker's round and not the other's.
+        summary["ours"]["throughput_noisy_pairs"] = [
+            pair + 1 for pair, cells in enumerate(zip(rounds["ours"], rounds["mosquitto"],
+                                                      strict=True))
+            if max(cell.get("throughput_other_cpu", 0.0) for cell in cells)
+            > report.BUSY_MACHINE
+        ]
     return summary
 
 
@@ -327,6 +335,11 @@ def table(names: list[str], results: dict[str, dict[str, Any]]) -> str:
     if ratios:
         lines += ["", f"throughput ours/mosquitto per interleaved pair: {ratios} "
                       f"(the table shows their median)"]
+    noisy = results.get("ours", {}).get("throughput_noisy_pairs")
+    if noisy:
+        lines += [f"warning: in throughput pairs {noisy} other processes (or the host: steal) "
+                  f"kept more than {report.BUSY_MACHINE} CPUs busy; those ratios are noisy, "
+                  f"rerun on a quiet machine"]
     if errors:
         lines += ["", "FAILED:", *errors]
     if starred:

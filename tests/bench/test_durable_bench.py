@@ -27,9 +27,9 @@ def test_queue_drain_and_restart_counts_add_up(name: str) -> None:
     assert "*" not in durable_bench.table([name], {name: {**queued, **restarted}})
 
 
-def _round(rate: int, verified: bool = True) -> dict[str, object]:
+def _round(rate: int, verified: bool = True, other: float = 0.0) -> dict[str, object]:
     return {"throughput_msgs_per_s": rate, "throughput_verified": verified,
-            "throughput_broker_cpu": rate / 100_000}
+            "throughput_broker_cpu": rate / 100_000, "throughput_other_cpu": other}
 
 
 def test_throughput_pairs_report_the_median_round_and_the_median_pair_ratio() -> None:
@@ -52,6 +52,17 @@ def test_throughput_pairs_report_the_median_round_and_the_median_pair_ratio() ->
     row = next(line for line in durable_bench.table(["ours", "mosquitto"], summary).splitlines()
                if line.startswith("durable QoS 1"))
     assert "0.500x" in row and "0.667x" not in row
+    assert ours["throughput_noisy_pairs"] == []
+    assert "warning" not in durable_bench.table(["ours", "mosquitto"], summary)
+
+
+def test_pairs_the_machine_disturbed_are_named() -> None:
+    summary = durable_bench.summarize_throughput({
+        "ours": [_round(40_000), _round(20_000, other=0.7)],
+        "mosquitto": [_round(80_000, other=0.3), _round(50_000)],
+    })
+    assert summary["ours"]["throughput_noisy_pairs"] == [1, 2]
+    assert "pairs [1, 2]" in durable_bench.table(["ours", "mosquitto"], summary)
 
 
 def test_a_failed_throughput_round_is_reported_not_averaged_away() -> None:
