@@ -143,6 +143,10 @@ class Connection:
     # ---- output ------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
         self._out.append(data)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """What was queued in `_out` leaves with this loop turn's output batch."""
         if not self._flush_pending:
             self._flush_pending = True
             self._output.add(self)
@@ -184,9 +188,7 @@ class Connection:
                 return
             if not self.closed:
                 self._out.extend(packets)
-                if not self._flush_pending:
-                    self._flush_pending = True
-                    self._output.add(self)
+                self._flush_soon()
 
     def send_packet(self, packet: Packet) -> None:
         self.send(encode(packet, self.version))
