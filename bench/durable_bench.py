@@ -251,10 +251,10 @@ def summarize_throughput(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, d
     return summary
 
 
-def _measured(label: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _measured(round_name: str, label: str,
+              body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """One round; a failure is recorded as its result, and the run goes on."""
-    print(label, end=" ", flush=True)
-    round_name = label.split()[0]
+    print(f"{round_name:>10} {label}", end=" ", flush=True)
     started, load = time.monotonic(), procstat.machine_busy_seconds()
     try:
         cell = body()
@@ -274,12 +274,12 @@ def run(names: list[str], sessions: int, messages: int, timing: Timing,
     results: dict[str, dict[str, Any]] = {name: {} for name in names}
     for round_name, body in (("queue", queue_round), ("restart", restart_round)):
         for name in names:
-            results[name].update(_measured(f"{round_name:>10} {name:<10}",
+            results[name].update(_measured(round_name, f"{name:<10}",
                                            partial(body, name, sessions, messages)))
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for pair in range(pairs):
         for name in names:
-            rounds[name].append(_measured(f"throughput {name:<10} {pair + 1}/{pairs}",
+            rounds[name].append(_measured("throughput", f"{name:<10} {pair + 1}/{pairs}",
                                           partial(throughput_round, name, timing)))
     for name, cell in summarize_throughput(rounds).items():
         results[name].update(cell)
