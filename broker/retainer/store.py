@@ -2,13 +2,26 @@
 
 Disk is the source of truth across restarts; the in-memory trie makes a subscribe with a
 wildcard find its retained messages without scanning every stored topic. Records reuse the
-MQTT 5 PUBLISH encoding, so every property survives byte for byte.
+MQTT 5 PUBLISH encoding, so every property survives byte for byte:
+
+    offset  size  field
+    0       1     format, 0x82
+    1       8     expires_at, wall-clock seconds as a big-endian double (0 = never)
+    9       4     P = publisher client ID length, unsigned big-endian
+    13      P     publisher client ID, UTF-8
+    13+P    rest  the message as an MQTT 5 PUBLISH packet
+
+The first format had no format byte and a 1-byte publisher length, which lost every
+retained message from a client ID over 255 bytes. Its records start with the double, whose
+first byte is below 0x80 for any expires_at >= 0, so both formats read from one store and
+the old records stay readable as they are.
 """
 
 import dataclasses
 import struct
 import time
 from pathlib import Path
+from typing import Final
 
 import plyvel
 
@@ -18,8 +31,10 @@ from broker.mqtt.packets import Publish
 from broker.routing.trie import TopicTrie
 from broker.session.message import Message
 
-_HEADER = struct.Struct(">dB")  # expires_at (0 = never), publisher length follows
-_NEVER = 0.0
+FORMAT: Final = 0x82
+_HEADER: Final = struct.Struct(">BdI")
+_LEGACY_HEADER: Final = struct.Struct(">dB")  # the first format: no format byte
+_NEVER: Final = 0.0
 
 
 def encode_record(message: Message) -> bytes:
@@ -28,13 +43,17 @@ def encode_record(message: Message) -> bytes:
         message.topic, message.payload, message.qos, True, False,
         1 if message.qos else None, message.properties, MQTT_5,
     )
-    header = _HEADER.pack(message.expires_at or _NEVER, len(publisher))
+    header = _HEADER.pack(FORMAT, message.expires_at or _NEVER, len(publisher))
     return header + publisher + packet
 
 
 def decode_record(record: bytes) -> Message:
-    expires_at, publisher_len = _HEADER.unpack_from(record)
-    start = _HEADER.size
+    if record[0] == FORMAT:
+        _, expires_at, publisher_len = _HEADER.unpack_from(record)
+        start = _HEADER.size
+    else:
+        expires_at, publisher_len = _LEGACY_HEADER.unpack_from(record)
+        start = _LEGACY_HEADER.size
     publisher = record[start:start + publisher_len].decode()
     (packet,) = Decoder(version=MQTT_5).feed(record[start + publisher_len:])
     assert isinstance(packet, Publish)
