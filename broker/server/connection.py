@@ -39,7 +39,7 @@ _TOPIC_ALIAS: Final = PropertyId.TOPIC_ALIAS
 class Connection:
     # Slots: ten thousand idle connections should cost little more than their sockets.
     __slots__ = (
-        "_deferred", "_flush_pending", "_last_rx", "_loop", "_out", "_output", "_timer",
+        "_deferred", "_flush_pending", "_held", "_last_rx", "_loop", "_out", "_output", "_timer",
         "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
         "connected", "decoder", "in_aliases", "keepalive", "node", "out_aliases", "peer",
         "send_window", "session", "stats", "transport", "version", "will",
@@ -73,6 +73,8 @@ class Connection:
         self._deferred: deque[tuple[asyncio.Future[Any] | None, list[bytes]]] | None = None
         self._output = output
         self._flush_pending = False
+        # Packets waiting for one that is handled over several loop turns (`hold_input`).
+        self._held: list[Packet] | None = None
         self._loop = asyncio.get_running_loop()
         self._last_rx = self._loop.time()
         self._timer: asyncio.TimerHandle | None = self._loop.call_later(
@@ -92,11 +94,17 @@ class Connection:
             packets = self.decoder.feed(data)
         except MQTTError as exc:
             packets, error = getattr(exc, "packets", []), exc
+        self._handle(packets, error)
+
+    def _handle(self, packets: list[Packet], error: MQTTError | None) -> None:
         handlers = HANDLERS
         try:
             for packet in packets:
                 if self.closed:
                     return
+                if self._held is not None:
+                    self._held.append(packet)
+                    continue
                 # Connected: straight to the handler (a call less per packet on the hot
                 # path); otherwise, or for a type with no handler, `_dispatch` decides.
                 handler = handlers.get(packet.type) if self.connected else None
@@ -111,6 +119,31 @@ class Connection:
             error = MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
         if error is not None and not self.closed:
             self.fail(error)
+        self._output.flush()
+
+    def hold_input(self, until: "asyncio.Task[None]") -> None:
+        """The packet being handled finishes in later loop turns (a large SUBSCRIBE is
+        applied in slices): the client's next packets wait for it, in order, and reading
+        pauses meanwhile; a failure of `until` ends the connection as a handler's would."""
+        self._held = []
+        self.transport.pause_reading()
+        until.add_done_callback(self._release_held)
+
+    def _release_held(self, until: "asyncio.Task[None]") -> None:
+        held, self._held = self._held or [], None
+        if self.closed:
+            return
+        self.transport.resume_reading()
+        self._last_rx = self._loop.time()  # what it sent meanwhile was not read yet
+        error = None if until.cancelled() else until.exception()
+        if error is None:
+            self._handle(held, None)
+            return
+        if not isinstance(error, MQTTError):
+            log.error("internal error handling a packet from %s", self.client_id,
+                      exc_info=error)
+            error = MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+        self.fail(error)
         self._output.flush()
 
     def _dispatch(self, packet: Packet) -> None:

@@ -75,6 +75,12 @@ class _WebSocketWriter:
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size()
 
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
 
 class MQTTWebSocketProtocol(asyncio.Protocol):
     def __init__(self, node: Node, output: OutputBatch, path: str) -> None:

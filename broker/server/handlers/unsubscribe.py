@@ -27,10 +27,8 @@ def handle_unsubscribe(conn: "Connection", packet: Unsubscribe) -> None:
             continue
         node = conn.node
         if isinstance(session, DurableSession) and group is None and node.durable is not None:
-            session.unsubscribe(topic_filter)
             node.remove_durable_filter(session.client_id, topic_filter)
-            store = node.durable.store
-            store.write_soon(store.unsubscribe_writes(session.client_id, topic_filter))
+            node.durable.store.write_soon(session.unsubscribe(topic_filter))
         else:
             del session.subscriptions[key]
             node.router.unsubscribe(session.client_id, topic_filter, group)

@@ -28,6 +28,7 @@ from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.session.durable import records as r
 from broker.session.durable.store import SessionStore, StoredSession, Write
+from broker.session.durable.turn import TimeSlice
 from broker.session.message import Message
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
@@ -80,11 +81,15 @@ class DurableSession(Session):
         super().__init__(client_id, expiry_interval, 0, True)
         self._ctx = context
         self.since: dict[str, int] = {}
-        self._positions: dict[tuple[str, Stream], int | None] = {}
+        # Per filter, so that unsubscribing one of many thousands touches only its own.
+        self._positions: dict[str, dict[Stream, int | None]] = {}
         self._pending: dict[int, _Pending] = {}
         self._dirty: set[int] = set()
         self._flush_scheduled = False
-        self._readers: dict[tuple[str, Stream], asyncio.Task[None]] = {}
+        self._readers: dict[str, dict[Stream, asyncio.Task[None]]] = {}
+        # Looking for streams to read, every filter, in time slices (`refresh_streams`).
+        self._refresh: asyncio.Task[None] | None = None
+        self._refresh_again = False
         # Batches whose record is being written, oldest first: (write, batch, deliveries).
         # A list, not a deque: it holds a batch or two, and an empty deque costs ~600 bytes
         # in every one of possibly many thousands of offline sessions.
@@ -114,7 +119,7 @@ class DurableSession(Session):
             self.subscriptions.clear()
             self.since.clear()
             self.restore_subscriptions(stored)
-            self._positions = dict(stored.positions)
+            self._positions = stored.positions
             self.awaiting_rel = set(stored.awaiting_rel)
             for record in stored.batches:
                 self._replay(record, stored.released)
@@ -177,60 +182,102 @@ class DurableSession(Session):
         self.stop_reading()
 
     def stop_reading(self) -> None:
-        for task in self._readers.values():
-            task.cancel()
+        for readers in self._readers.values():
+            for task in readers.values():
+                task.cancel()
         self._readers.clear()
+        if self._refresh is not None:
+            self._refresh.cancel()
+            self._refresh = None
         self._open_room()
 
     # ---- subscriptions -----------------------------------------------------------------
     def subscribe(self, topic_filter: str, options: SubscriptionOptions, since: int) -> Write:
+        """Only this filter's streams are looked up: a SUBSCRIBE of n filters costs n
+        lookups, not one per filter the session has for each of them."""
         self.subscriptions[topic_filter] = options
         since = self.since.setdefault(topic_filter, since)
         if self.connection is not None:
-            self.refresh_streams()
+            self._start_readers(topic_filter)
         return r.subscription_key(self.client_id, topic_filter), r.subscription_to_bytes(
             options, since
         )
 
-    def unsubscribe(self, topic_filter: str) -> None:
+    def unsubscribe(self, topic_filter: str) -> list[Write]:
+        """Forgets the filter and what was read of it; returns the writes that remove it
+        from the store. Positions in memory are all there are while the client is connected
+        (a session restored at start-up loads them when its client comes back), so the store
+        need not be scanned for them."""
         self.subscriptions.pop(topic_filter, None)
         self.since.pop(topic_filter, None)
-        for key in [key for key in self._readers if key[0] == topic_filter]:
-            self._readers.pop(key).cancel()
-        for key in [key for key in self._positions if key[0] == topic_filter]:
-            del self._positions[key]
+        for task in self._readers.pop(topic_filter, {}).values():
+            task.cancel()
+        writes: list[Write] = [(r.subscription_key(self.client_id, topic_filter), None)]
+        writes.extend((r.position_key(self.client_id, topic_filter, stream), None)
+                      for stream in self._positions.pop(topic_filter, {}))
+        return writes
 
     # ---- reading -----------------------------------------------------------------------
     def refresh_streams(self) -> None:
-        """Starts readers for streams not yet read: per shard only the oldest generation
-        not read to its end, so a topic's messages stay in order across generations."""
+        """Looks for streams to read for every filter (on resume, and when storage has new
+        streams or generations), in time slices: a session with many thousands of filters
+        must not stall the node while it does. A request while a pass runs starts another
+        pass after it, since the pass may have looked at a filter before the change."""
         if self.connection is None:
             return
+        if self._refresh is not None:
+            self._refresh_again = True
+            return
+        self._refresh = asyncio.get_running_loop().create_task(self._refresh_all())
+
+    async def _refresh_all(self) -> None:
+        try:
+            again = True
+            while again:
+                self._refresh_again = False
+                budget = TimeSlice()
+                for topic_filter in list(self.subscriptions):
+                    if budget.spent():
+                        await budget.next()
+                    if topic_filter in self.subscriptions:
+                        self._start_readers(topic_filter)
+                again = self._refresh_again
+        finally:
+            self._refresh = None
+
+    def _start_readers(self, topic_filter: str) -> None:
+        """Starts readers for the filter's streams not yet read: per shard only the oldest
+        generation not read to its end, so a topic's messages stay in order across
+        generations."""
+        since = self.since.get(topic_filter)
+        if since is None:
+            return  # a shared subscription: routed live, not read from storage
         ds = self._ctx.ds
-        for topic_filter in list(self.subscriptions):
-            if topic_filter not in self.since:
-                continue  # a shared subscription: routed live, not read from storage
-            since = self.since[topic_filter]
-            oldest: dict[int, int] = {}
-            streams = [
-                stream for stream in ds.get_streams("messages", topic_filter, since)
-                if self._positions.get((topic_filter, stream), 0) is not None
-            ]
-            for stream in streams:
-                oldest[stream.shard] = min(oldest.get(stream.shard, stream.generation),
-                                           stream.generation)
-            for stream in streams:
-                key = (topic_filter, stream)
-                if stream.generation != oldest[stream.shard] or key in self._readers:
-                    continue
-                position = self._positions.get(key)
-                iterator = (
-                    Iterator(stream, topic_filter, position) if position is not None
-                    else ds.make_iterator(stream, topic_filter, since)
-                )
-                self._readers[key] = asyncio.get_running_loop().create_task(
-                    self._read(topic_filter, stream, iterator)
-                )
+        positions = self._positions.get(topic_filter, {})
+        oldest: dict[int, int] = {}
+        streams = [
+            stream for stream in ds.get_streams("messages", topic_filter, since)
+            if positions.get(stream, 0) is not None
+        ]
+        if not streams:
+            return
+        for stream in streams:
+            oldest[stream.shard] = min(oldest.get(stream.shard, stream.generation),
+                                       stream.generation)
+        readers = self._readers.get(topic_filter)
+        for stream in streams:
+            if stream.generation != oldest[stream.shard] or (readers and stream in readers):
+                continue
+            if readers is None:
+                readers = self._readers[topic_filter] = {}
+            position = positions.get(stream)
+            iterator = (
+                Iterator(stream, topic_filter, position) if position is not None
+                else ds.make_iterator(stream, topic_filter, since)
+            )
+            readers[stream] = asyncio.get_running_loop().create_task(
+                self._read(topic_filter, stream, iterator)
+            )
 
     async def _read(self, topic_filter: str, stream: Stream, iterator: Iterator) -> None:
         ctx = self._ctx
@@ -258,8 +305,13 @@ class DurableSession(Session):
             return
         finally:
             subscription.close()
-        self._readers.pop((topic_filter, stream), None)
-        self.refresh_streams()  # the next generation of this shard, if any
+        readers = self._readers.get(topic_filter)
+        if readers is not None:
+            readers.pop(stream, None)
+            if not readers:
+                del self._readers[topic_filter]
+        if self.connection is not None:
+            self._start_readers(topic_filter)  # the next generation of this shard, if any
 
     def _record_batch(
         self, topic_filter: str, stream: Stream, before: Iterator, after: Iterator | None,
@@ -315,7 +367,7 @@ class DurableSession(Session):
                                r.acked_to_bytes(expired, count)))
             pending.remaining = count - len(expired)
             recorded = self._pending[first] = pending
-        self._positions[(topic_filter, stream)] = position
+        self._positions.setdefault(topic_filter, {})[stream] = position
         # Not awaited here: it completes even if this reader is cancelled. Exactly once
         # needs the identifier of every QoS 2 delivery to survive a power cut, so such a
         # record is fsynced first; a QoS 1 record a power cut took is only a batch read

@@ -30,8 +30,8 @@ class StoredSession:
     client_id: str
     meta: r.Meta
     subscriptions: dict[str, tuple[SubscriptionOptions, int]] = field(default_factory=dict)
-    # (filter, stream) -> position (microseconds) or None once the stream was read to its end
-    positions: dict[tuple[str, Stream], int | None] = field(default_factory=dict)
+    # filter -> stream -> position (microseconds), or None once the stream was read to its end
+    positions: dict[str, dict[Stream, int | None]] = field(default_factory=dict)
     batches: list[r.BatchRecord] = field(default_factory=list)
     released: set[int] = field(default_factory=set)
     awaiting_rel: set[int] = field(default_factory=set)
@@ -100,9 +100,9 @@ class SessionStore:
         elif kind == b"p":
             topic_filter, shard, generation, stream = r.position_parts(key, client_id)
             position = r.loads(value)["pos"]
-            stored.positions[(topic_filter, Stream("messages", shard, generation, stream))] = (
-                position
-            )
+            stored.positions.setdefault(topic_filter, {})[
+                Stream("messages", shard, generation, stream)
+            ] = position
         elif kind == b"b":
             stored.batches.append(r.BatchRecord.from_bytes(value))
         elif kind == b"k":
@@ -178,10 +178,3 @@ class SessionStore:
     def position_write(client_id: str, topic_filter: str, stream: Stream,
                        position: int | None) -> Write:
         return r.position_key(client_id, topic_filter, stream), r.dumps({"pos": position})
-
-    def unsubscribe_writes(self, client_id: str, topic_filter: str) -> list[Write]:
-        self._turn.flush_now()
-        writes: list[Write] = [(r.subscription_key(client_id, topic_filter), None)]
-        start = r.prefix(b"p", client_id) + topic_filter.encode() + r.SEP
-        writes.extend((key, None) for key, _ in self._ds.sessions.scan(start))
-        return writes

@@ -1,16 +1,42 @@
-"""Work collected during one event-loop turn and handed on in one call.
+"""Event-loop turns: work collected during one and handed on in one call, and work too
+long for one, spread over several.
 
 The durable hot path produces many small writes per turn (a message per PUBLISH read, an
 acknowledgement per PUBACK, a batch record per read batch). A call, a transaction and a
 future per write was the largest fixed cost of that path; collected, they cost one each per
 turn, and everyone who added something waits on the same future.
+
+One client's request may carry a lot of work (a SUBSCRIBE of 50,000 filters, a durable
+session resuming that many): done in one go it would stall every other connection for
+seconds, so such work runs in `TimeSlice`s and lets the loop run in between.
 """
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 T = TypeVar("T")
+
+SLICE_SECONDS: Final = 0.002
+"""How long one client's request may hold the event loop before others get a turn."""
+
+
+class TimeSlice:
+    """A budget of event-loop time: work checks `spent` between steps and, once it is,
+    awaits `next`, which lets everything else run before the next slice starts."""
+
+    __slots__ = ("_end",)
+
+    def __init__(self) -> None:
+        self._end = time.monotonic() + SLICE_SECONDS
+
+    def spent(self) -> bool:
+        return time.monotonic() >= self._end
+
+    async def next(self) -> None:
+        await asyncio.sleep(0)
+        self._end = time.monotonic() + SLICE_SECONDS
 
 
 class PerTurn(Generic[T]):
