@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.config.values import (
+    parse_address_list,
     parse_bind,
     parse_bool,
     parse_choice,
@@ -17,6 +18,7 @@ from broker.config.values import (
     parse_float,
     parse_int,
     parse_int_list,
+    parse_node_list,
     parse_size,
     parse_str,
 )
@@ -37,6 +39,40 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node.site_id", "", parse_str,
             "This node's Durable Storage site ID. Empty = random at first start, then kept in"
             " the data dir; a value that contradicts the data dir's is refused at start-up."),
+    Setting("node.cookie", "", parse_str,
+            "Shared secret of the cluster's nodes: an inter-node connection proves it knows"
+            " the cookie by an HMAC challenge, never sending it. Empty = a random one made at"
+            " first start and kept in the data dir (a node that can cluster with nobody until"
+            " every node is given the same value)."),
+    Setting("node.dist_net_ticktime", "10s", parse_duration,
+            "A peer silent for this long (no frame, no heartbeat: frozen, partitioned) is"
+            " declared down, its link closed and its routes purged; heartbeats go out every"
+            " quarter of it."),
+    Setting("cluster.name", "mqttcl", parse_str,
+            "Cluster name: nodes with different names never join, whatever their cookies."),
+    Setting("cluster.discovery_strategy", "manual", parse_choice("manual", "static", "dns"),
+            "How a node finds its peers: `manual` (`broker ctl cluster join`, and the members"
+            " remembered in the data dir), `static` (`cluster.static.seeds`) or `dns`"
+            " (`cluster.dns.*`, e.g. a Kubernetes headless Service)."),
+    Setting("cluster.static.seeds", "[]", parse_node_list,
+            "Nodes to join, as `NAME@HOST` or `NAME@HOST:PORT` (without a port:"
+            " `rpc.tcp_server_port`). Listing every node, this one included, is fine."),
+    Setting("cluster.dns.name", "", parse_str,
+            "DNS name listing the cluster's nodes (with `discovery_strategy = dns`)."),
+    Setting("cluster.dns.record_type", "a", parse_choice("a", "srv"),
+            "`a`: the name's A/AAAA records are the nodes, each on `rpc.tcp_server_port`;"
+            " `srv`: SRV records give host and port."),
+    Setting("cluster.dns.nameservers", "[]", parse_address_list,
+            "DNS servers (`HOST` or `HOST:PORT`) to ask instead of the system's resolver."),
+    Setting("cluster.autoclean", "24h", parse_duration,
+            "A member down this long is dropped from the member list (it rejoins by itself"
+            " when it returns); 0 = never."),
+    Setting("rpc.tcp_server_port", 5369, parse_int(0, 65535),
+            "Port of the inter-node listener (one authenticated connection per peer carries"
+            " routes, forwarded messages, Raft and RPC); 0 = any free port, advertised to"
+            " peers as bound (for tests)."),
+    Setting("rpc.listen_address", "0.0.0.0", parse_str,
+            "Address the inter-node listener binds."),
     Setting("log.console.level", "info",
             parse_choice("debug", "info", "warning", "error", "critical"),
             "Log level on stderr."),

@@ -141,3 +141,39 @@ def parse_int_list(minimum: int) -> Callable[[Any], tuple[int, ...]]:
         return tuple(values)
 
     return parse
+
+
+_NODE_NAME_RE = re.compile(r"^[\w.-]+@(\[[0-9a-fA-F:]+\]|[\w.-]+)(?::(\d{1,5}))?$")
+
+
+def split_node_name(name: str) -> tuple[str, int | None]:
+    """(host, port or None) of `NAME@HOST` / `NAME@HOST:PORT` (EMQX's node names, with the
+    inter-node port added for nodes that share a host)."""
+    match = _NODE_NAME_RE.match(name.strip())
+    if not match:
+        raise ValueError(f"expected NAME@HOST or NAME@HOST:PORT, got {name!r}")
+    host, port = match.group(1).strip("[]"), match.group(2)
+    if port is not None and not 0 < int(port) < 65536:
+        raise ValueError(f"port must be between 1 and 65535 in {name!r}")
+    return host, int(port) if port is not None else None
+
+
+def _string_items(raw: Any) -> list[str]:
+    """A TOML array of strings, or `--set`'s `a,b` / `["a", "b"]`."""
+    if isinstance(raw, list | tuple):
+        return [str(item).strip() for item in raw]
+    text = str(raw).strip().strip("[]")
+    return [item.strip().strip("'\"") for item in text.split(",")] if text else []
+
+
+def parse_node_list(raw: Any) -> tuple[str, ...]:
+    """Node names, each `NAME@HOST` or `NAME@HOST:PORT`."""
+    items = _string_items(raw)
+    for item in items:
+        split_node_name(item)
+    return tuple(items)
+
+
+def parse_address_list(raw: Any) -> tuple[tuple[str, int | None], ...]:
+    """Addresses, each `HOST` or `HOST:PORT` (IPv6 in brackets)."""
+    return tuple(split_node_name(f"x@{item}") for item in _string_items(raw))

@@ -17,8 +17,11 @@ from functools import partial
 from aiohttp import web
 
 from broker import COMPILED_MODULES
+from broker.cluster.rpc import Rpc
+from broker.cluster.service import Cluster
 from broker.config.loader import Config
 from broker.http.api import make_app
+from broker.http.cluster_api import add_cluster_routes
 from broker.metrics import make_registry
 from broker.node import Node
 from broker.periodic import every
@@ -33,6 +36,8 @@ class BrokerApp:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.node = Node(config)
+        self.cluster = Cluster(config)
+        self.rpc = Rpc(self.cluster)
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -68,12 +73,15 @@ class BrokerApp:
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
             registry = make_registry(node.stats, node.gauges, node.ds)
-            self._http = web.AppRunner(make_app(node, registry), access_log=None)
+            web_app = make_app(node, registry)
+            add_cluster_routes(web_app, node, self.cluster, self.rpc)
+            self._http = web.AppRunner(web_app, access_log=None)
             await self._http.setup()
             site = web.TCPSite(self._http, http_bind[0], http_bind[1])
             await site.start()
             self.ports["http"] = self._http.addresses[0][1]
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
+        await self.cluster.start()
         if node.ds is not None:
             node.ds.start()
         if node.durable is not None:
@@ -115,6 +123,7 @@ class BrokerApp:
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
+        await self.cluster.stop()
         for task in self._tasks:
             task.cancel()
         for connection in list(self.node.connections):

@@ -31,6 +31,8 @@ class BrokerProcess:
             "listeners.tcp.default.bind": "127.0.0.1:0",
             "listeners.ws.default.bind": "127.0.0.1:0",
             "dashboard.listeners.http.bind": "127.0.0.1:0",
+            "rpc.listen_address": "127.0.0.1",
+            "rpc.tcp_server_port": "0",
             "node.data_dir": str(self.data_dir),
         }
         for key, value in {**base, **self.settings}.items():

@@ -1,0 +1,403 @@
+"""The cluster service of a node: its inter-node listener, its links, and its membership.
+
+A thin asyncio shell around the pure `Membership`: it turns links that come up and go
+down, heartbeats that stop, gossip and operator commands into membership facts, and dials
+whom membership says to dial. Other parts of the node (routing, Raft, RPC) use it through
+`send`, `broadcast`, `on(channel, handler)` and the peer up/down callbacks; they never see
+a socket.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from broker.cluster.discovery import Discovery
+from broker.cluster.frames import Channel
+from broker.cluster.handshake import Handshake, Identity, Refused, Role
+from broker.cluster.link import PeerLink
+from broker.cluster.membership import (
+    Address,
+    Membership,
+    Status,
+    identity_from_json,
+    identity_to_json,
+)
+from broker.config.loader import Config
+from broker.config.values import split_node_name
+from broker.ds.files import write_atomically
+from broker.ds.site import ensure_site_id
+
+log = logging.getLogger(__name__)
+
+_MEMBERS_FILE: Final = "members.json"
+_COOKIE_FILE: Final = "cookie"
+_DIAL_TIMEOUT: Final = 5.0
+
+Handler = Callable[[str, bytes], None]
+
+
+@dataclass(slots=True)
+class ClusterStats:
+    """Counters for /metrics; per-peer byte counts live on the links themselves."""
+
+    refused: dict[str, int] = field(default_factory=dict)
+    link_ups: dict[str, int] = field(default_factory=dict)
+    frames_dropped: int = 0
+    dial_failures: int = 0
+
+    def refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+
+def load_cookie(config: Config, cluster_dir: Path) -> str:
+    """The configured cookie, else one made at first start and kept: never a well-known
+    default that would let anyone who reaches the port join."""
+    configured: str = config["node.cookie"]
+    if configured:
+        return configured
+    path = cluster_dir / _COOKIE_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        cookie = secrets.token_hex(32)
+        cluster_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, cookie.encode() + b"\n")
+        path.chmod(0o600)
+        log.info("node.cookie not set: made a random one in %s (a node joins only peers"
+                 " given the same cookie)", path)
+        return cookie
+
+
+class Cluster:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        data_dir = Path(config["node.data_dir"])
+        self._dir = data_dir / "cluster"
+        self._clock = clock
+        self.name: str = config["cluster.name"]
+        self._cookie = load_cookie(config, self._dir)
+        self._listen: str = config["rpc.listen_address"]
+        port: int = config["rpc.tcp_server_port"]
+        node_name: str = config["node.name"]
+        host, _ = split_node_name(node_name)
+        self.me = Identity(ensure_site_id(data_dir / "ds", config["node.site_id"]), node_name,
+                           host, port)
+        self._port = port
+        self.ticktime: float = config["node.dist_net_ticktime"]
+        self.autoclean: float = config["cluster.autoclean"]
+        self.discovery = Discovery.from_config(config)
+        self.membership = Membership(self.me)
+        self.links: dict[str, PeerLink] = {}
+        self.stats = ClusterStats()
+        self.started_at = time.time()
+        self._pending: set[PeerLink] = set()
+        self._handlers: dict[int, Handler] = {}
+        self._peer_up: list[Callable[[str], None]] = []
+        self._peer_down: list[Callable[[str], None]] = []
+        self._server: asyncio.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._dialing: dict[Address, asyncio.Task[None]] = {}
+        self._left = False
+        self._restore()
+
+    # ---- what other parts of the node use ---------------------------------------------------
+    def on(self, channel: Channel, handler: Handler) -> None:
+        self._handlers[channel] = handler
+
+    def on_peer_up(self, callback: Callable[[str], None]) -> None:
+        self._peer_up.append(callback)
+
+    def on_peer_down(self, callback: Callable[[str], None]) -> None:
+        self._peer_down.append(callback)
+
+    def send(self, site: str, channel: Channel, payload: bytes) -> bool:
+        """False when there is no link to `site` right now (the caller decides what that
+        means: routes resync on the next link up, Raft retries, RPC fails)."""
+        link = self.links.get(site)
+        if link is None:
+            return False
+        link.send(channel, payload)
+        return True
+
+    def broadcast(self, channel: Channel, payload: bytes) -> None:
+        for link in self.links.values():
+            link.send(channel, payload)
+
+    def peers(self) -> list[str]:
+        """Sites with a link up now."""
+        return list(self.links)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: self._accept(), self._listen, self._port, reuse_address=True
+        )
+        if self._port == 0:  # any free port (tests): advertise the one we got
+            self._port = self._server.sockets[0].getsockname()[1]
+            self.me = self.membership.me = Identity(self.me.site, self.me.node, self.me.host,
+                                                    self._port)
+        log.info("cluster %s: node %s, site %s", self.name, self.me.node, self.me.site)
+        log.info("listener cluster on %s:%d", self._listen, self._port)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for dial in list(self._dialing.values()):
+            dial.cancel()
+        if self._server is not None:
+            self._server.close()
+        for link in [*self.links.values(), *self._pending]:
+            link.close()
+        self._save()
+
+    def _accept(self) -> PeerLink:
+        link = PeerLink(self, Role.LISTENER, self._clock)
+        self._pending.add(link)
+        return link
+
+    async def _run(self) -> None:
+        """One round per heartbeat: heartbeats out, silent peers down, discovery, dials."""
+        interval = max(self.ticktime / 4, 0.05)
+        rounds = 0
+        while True:
+            now = self._clock()
+            for link in list(self.links.values()):
+                if now - link.last_rx > self.ticktime:
+                    log.warning("peer %s silent for %.1f s: declared down", link.peer.node
+                                if link.peer else "?", now - link.last_rx)
+                    link.close()
+                    self.link_lost(link)
+                else:
+                    link.heartbeat()
+            if self.autoclean > 0:
+                for site in self.membership.autoclean(now, self.autoclean):
+                    log.info("member %s down for %.0f s: removed (cluster.autoclean)", site,
+                             self.autoclean)
+                    self._save()
+            if not self._left:
+                if rounds % max(1, int(5 / interval)) == 0:
+                    self.membership.seeds = await self.discovery.seeds(self._port)
+                for address in self.membership.dial_targets(now, set(self.links)):
+                    if address not in self._dialing:
+                        self._dialing[address] = asyncio.create_task(self._dial(address))
+            rounds += 1
+            await asyncio.sleep(interval)
+
+    async def _dial(self, address: Address, join: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.create_connection(
+                lambda: self._dialer(join), address[0], address[1]), _DIAL_TIMEOUT)
+        except (TimeoutError, OSError) as error:
+            self.stats.dial_failures += 1
+            log.debug("dialling %s:%d failed: %s", address[0], address[1], error)
+        finally:
+            self._dialing.pop(address, None)
+
+    def _dialer(self, join: bool) -> PeerLink:
+        link = PeerLink(self, Role.DIALER, self._clock)
+        if join:
+            link.handshake.join = True
+        self._pending.add(link)
+        return link
+
+    # ---- LinkOwner -------------------------------------------------------------------------
+    def handshake_for(self, role: Role) -> Handshake:
+        return Handshake(role, self.me, self.name, self._cookie,
+                         refused_sites=frozenset(self.membership.removed),
+                         refuse_all="this node left the cluster" if self._left else "")
+
+    def link_refused(self, link: PeerLink, error: Refused) -> None:
+        self._pending.discard(link)
+        self.stats.refuse(error.reason)
+        if error.reason == "self":
+            self.membership.is_self(self._address_of(link))
+        log.warning("inter-node connection %s %s refused: %s", "to" if link.role is Role.DIALER
+                    else "from", link.peername(), error)
+
+    def _address_of(self, link: PeerLink) -> Address:
+        host, _, port = link.peername().rpartition(":")
+        return host, int(port) if port.isdigit() else 0
+
+    def link_up(self, link: PeerLink) -> bool:
+        """A handshake finished; False closes the link (a better one to that peer exists)."""
+        self._pending.discard(link)
+        peer = link.peer
+        assert peer is not None
+        if link.handshake.readmitted:
+            self.membership.removed.discard(peer.site)
+            self.broadcast(Channel.MEMBERSHIP, _dump({"type": "readmit", "site": peer.site}))
+        existing = self.links.get(peer.site)
+        if existing is not None and not existing.closed and not self._replaces(link, existing):
+            return False
+        self.links[peer.site] = link
+        if existing is not None:
+            existing.close()
+        new = self.membership.up(peer, self._clock())
+        self.stats.link_ups[peer.site] = self.stats.link_ups.get(peer.site, 0) + 1
+        log.info("peer %s (site %s) up%s", peer.node, peer.site, " (new member)" if new else "")
+        link.send(Channel.MEMBERSHIP, self._members_message())
+        self._save()
+        for callback in self._peer_up:
+            callback(peer.site)
+        return True
+
+    def _replaces(self, new: PeerLink, old: PeerLink) -> bool:
+        """Two links to one peer (both dialled at once): keep the one the smaller site
+        dialled, so both ends keep the same one; a silent old link always loses."""
+        if self._clock() - old.last_rx > self.ticktime / 2:
+            return True
+        return self._dialer_site(new) < self._dialer_site(old)
+
+    def _dialer_site(self, link: PeerLink) -> str:
+        assert link.peer is not None
+        return self.me.site if link.role is Role.DIALER else link.peer.site
+
+    def link_lost(self, link: PeerLink) -> None:
+        self._pending.discard(link)
+        peer = link.peer
+        if peer is None or self.links.get(peer.site) is not link:
+            return
+        del self.links[peer.site]
+        if self.membership.down(peer.site, self._clock()):
+            log.warning("peer %s (site %s) down", peer.node, peer.site)
+            for callback in self._peer_down:
+                callback(peer.site)
+
+    def frame(self, link: PeerLink, channel: int, payload: bytes) -> None:
+        assert link.peer is not None
+        if channel == Channel.MEMBERSHIP:
+            self._membership_frame(link.peer, payload)
+            return
+        handler = self._handlers.get(channel)
+        if handler is None:
+            self.stats.frames_dropped += 1
+            return
+        try:
+            handler(link.peer.site, payload)
+        except Exception:
+            self.stats.frames_dropped += 1
+            log.exception("frame on channel %d from %s failed", channel, link.peer.node)
+
+    # ---- membership gossip --------------------------------------------------------------------
+    def _members_message(self) -> bytes:
+        return _dump({"type": "members",
+                      "members": [identity_to_json(i) for i in self.membership.identities()]})
+
+    def _membership_frame(self, peer: Identity, payload: bytes) -> None:
+        try:
+            message = json.loads(payload)
+            kind = message["type"]
+        except (ValueError, KeyError, TypeError):
+            self.stats.frames_dropped += 1
+            return
+        now = self._clock()
+        if kind == "members":
+            identities = [i for i in map(identity_from_json, message.get("members", []))
+                          if i is not None]
+            if self.membership.learn(identities, now):
+                self._save()
+        elif kind == "leave":
+            if self.membership.left(peer.site):
+                log.info("peer %s left the cluster", peer.node)
+                self._drop_link(peer.site)
+        elif kind == "forget":
+            site = str(message.get("site"))
+            if site == self.me.site:
+                log.warning("this node was removed from the cluster by %s", peer.node)
+                self._leave_locally()
+            elif self.membership.forget(site):
+                log.info("member %s removed from the cluster (by %s)", site, peer.node)
+                self._drop_link(site)
+                self._save()
+        elif kind == "readmit":
+            self.membership.removed.discard(str(message.get("site")))
+            self._save()
+        else:
+            self.stats.frames_dropped += 1
+
+    def _drop_link(self, site: str) -> None:
+        link = self.links.pop(site, None)
+        if link is not None:
+            link.close()
+            for callback in self._peer_down:
+                callback(site)
+
+    # ---- operations (broker ctl cluster ...) ---------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        rows = [{"node": self.me.node, "site": self.me.site, "node_status": "running",
+                 "self": True, "address": f"{self.me.host}:{self.me.port}"}]
+        for site, member in sorted(self.membership.members.items()):
+            identity = member.identity
+            link = self.links.get(site)
+            rows.append({
+                "node": identity.node, "site": site, "node_status": member.status.value,
+                "self": False, "address": f"{identity.host}:{identity.port}",
+                "since": member.since, "bytes_sent": link.bytes_sent if link else 0,
+                "bytes_received": link.bytes_received if link else 0,
+            })
+        return rows
+
+    async def join(self, node: str) -> None:
+        """Dial `node` (NAME@HOST[:PORT]) now, even if this node left or was removed."""
+        host, port = split_node_name(node)
+        self._left = False
+        await self._dial((host, port or self._port), join=True)
+
+    def leave(self) -> None:
+        """Tell every peer this node leaves, then stand alone until `join` or a restart."""
+        self.broadcast(Channel.MEMBERSHIP, _dump({"type": "leave"}))
+        self._leave_locally()
+
+    def _leave_locally(self) -> None:
+        self._left = True
+        for site in list(self.links):
+            self._drop_link(site)
+        self.membership.members.clear()
+        self._save()
+
+    def force_leave(self, site_or_node: str) -> bool:
+        """Remove a member (usually one that is down for good) on every node that hears."""
+        site = next((s for s, m in self.membership.members.items()
+                     if site_or_node in (s, m.identity.node)), None)
+        if site is None:
+            return False
+        self.broadcast(Channel.MEMBERSHIP, _dump({"type": "forget", "site": site}))
+        self.membership.forget(site)
+        self._drop_link(site)
+        self._save()
+        return True
+
+    def member_count(self, status: Status) -> int:
+        count = sum(1 for m in self.membership.members.values() if m.status is status)
+        return count + (1 if status is Status.UP else 0)
+
+    # ---- persistence ------------------------------------------------------------------------
+    def _save(self) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(self._dir / _MEMBERS_FILE,
+                         json.dumps(self.membership.to_json(), indent=1).encode())
+
+    def _restore(self) -> None:
+        try:
+            saved = json.loads((self._dir / _MEMBERS_FILE).read_text())
+        except FileNotFoundError:
+            return
+        except ValueError:
+            log.warning("ignoring unreadable %s", self._dir / _MEMBERS_FILE)
+            return
+        self.membership.restore(saved, self._clock())
+
+
+def _dump(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()

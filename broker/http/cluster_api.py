@@ -1,0 +1,110 @@
+"""The cluster's HTTP API: `/api/v5/nodes` (EMQX's shape) and `/api/v5/cluster` operations.
+
+Any node answers for the whole cluster: what another node knows (its connections, its
+uptime) is asked of it over RPC, and a node that does not answer is listed as `stopped`
+with what membership knows of it, never left out.
+"""
+
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from aiohttp import web
+
+from broker.cluster.rpc import Rpc
+from broker.cluster.service import Cluster
+from broker.node import Node
+
+CLUSTER_KEY = web.AppKey("cluster", Cluster)
+RPC_KEY = web.AppKey("rpc", Rpc)
+LOCAL_KEY = web.AppKey("local_node", Node)
+
+try:
+    VERSION = version("durable-mqtt-broker")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    VERSION = "0.0.0"
+
+
+def local_node_info(node: Node, cluster: Cluster) -> dict[str, Any]:
+    """This node's entry of `/api/v5/nodes`, also served to peers over RPC."""
+    connected = len(node.connections)
+    return {
+        "node": cluster.me.node,
+        "site": cluster.me.site,
+        "node_status": "running",
+        "version": VERSION,
+        "uptime": int((time.time() - cluster.started_at) * 1000),
+        "connections": len(node.sessions.sessions),
+        "live_connections": connected,
+        "role": "core",
+    }
+
+
+async def _nodes(request: web.Request) -> list[dict[str, Any]]:
+    cluster, rpc = request.app[CLUSTER_KEY], request.app[RPC_KEY]
+    answers = await rpc.multicall("node_info", timeout=3.0)
+    nodes = [local_node_info(request.app[LOCAL_KEY], cluster)]
+    for row in cluster.status()[1:]:
+        answer = answers.get(row["site"])
+        if isinstance(answer, dict):
+            nodes.append(answer)
+        else:
+            nodes.append({"node": row["node"], "site": row["site"], "node_status": "stopped",
+                          "version": None, "uptime": None, "connections": None,
+                          "live_connections": None, "role": "core"})
+    return nodes
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    return web.json_response(await _nodes(request))
+
+
+async def get_node(request: web.Request) -> web.Response:
+    wanted = request.match_info["node"]
+    for entry in await _nodes(request):
+        if wanted in (entry["node"], entry["site"]):
+            return web.json_response(entry)
+    return web.json_response({"code": "NOT_FOUND", "message": f"no node {wanted}"}, status=404)
+
+
+async def cluster_status(request: web.Request) -> web.Response:
+    cluster = request.app[CLUSTER_KEY]
+    return web.json_response({"name": cluster.name, "self": cluster.me.node,
+                              "nodes": cluster.status()})
+
+
+async def cluster_join(request: web.Request) -> web.Response:
+    cluster = request.app[CLUSTER_KEY]
+    try:
+        body = await request.json()
+        await cluster.join(str(body["node"]))
+    except (ValueError, KeyError, TypeError) as error:
+        return web.json_response({"code": "BAD_REQUEST", "message": str(error)}, status=400)
+    return web.json_response({"name": cluster.name, "nodes": cluster.status()})
+
+
+async def cluster_leave(request: web.Request) -> web.Response:
+    request.app[CLUSTER_KEY].leave()
+    return web.json_response({"left": True})
+
+
+async def cluster_force_leave(request: web.Request) -> web.Response:
+    if not request.app[CLUSTER_KEY].force_leave(request.match_info["node"]):
+        return web.json_response(
+            {"code": "NOT_FOUND", "message": f"no member {request.match_info['node']}"},
+            status=404)
+    return web.json_response({"removed": request.match_info["node"]})
+
+
+def add_cluster_routes(app: web.Application, node: Node, cluster: Cluster, rpc: Rpc) -> None:
+    app[LOCAL_KEY] = node
+    app[CLUSTER_KEY] = cluster
+    app[RPC_KEY] = rpc
+    rpc.register("node_info", lambda _params: local_node_info(node, cluster))
+    app.router.add_get("/api/v5/nodes", list_nodes)
+    app.router.add_get("/api/v5/nodes/{node}", get_node)
+    app.router.add_get("/api/v5/cluster", cluster_status)
+    app.router.add_post("/api/v5/cluster/join", cluster_join)
+    app.router.add_post("/api/v5/cluster/leave", cluster_leave)
+    app.router.add_delete("/api/v5/cluster/{node}/force_leave", cluster_force_leave)
+
