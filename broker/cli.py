@@ -5,7 +5,7 @@ import asyncio
 import logging
 import sys
 
-from broker import ctl
+from broker import ctl, logsafe
 from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
 from broker.ds import SiteIdMismatch
@@ -19,7 +19,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(
         level=config["log.console.level"].upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logsafe.handler("%(asctime)s %(levelname)s %(name)s: %(message)s")],
     )
     from broker.server.app import serve
 
