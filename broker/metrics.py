@@ -5,7 +5,7 @@ thousands of messages a second that is a visible share of the budget, so the bro
 attributes of `Stats` and a custom collector reads them only when /metrics is fetched.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -88,12 +88,37 @@ class _DSCollector(Collector):
             yield family(name, doc, value=value)
 
 
+# (name, "counter" | "gauge", help, labels, value): what a component reports without
+# importing prometheus_client.
+Sample = tuple[str, str, str, dict[str, str], float]
+
+
+class _SamplesCollector(Collector):
+    """Families built from a component's labelled samples (one family per name)."""
+
+    def __init__(self, samples: Callable[[], Iterable[Sample]]) -> None:
+        self._samples = samples
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for name, kind, doc, labels, value in self._samples():
+            family = families.get(name)
+            if family is None:
+                kind_class = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                family = families[name] = kind_class(name, doc, labels=list(labels))
+            family.add_metric(list(labels.values()), value)
+        yield from families.values()
+
+
 def make_registry(
     stats: Stats, gauges: Callable[[], dict[str, tuple[str, float]]],
     ds: DurableStorage | None = None,
+    *samples: Callable[[], Iterable[Sample]],
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(_StatsCollector(stats, gauges))
     if ds is not None:
         registry.register(_DSCollector(ds))
+    for source in samples:
+        registry.register(_SamplesCollector(source))
     return registry

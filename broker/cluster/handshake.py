@@ -27,6 +27,8 @@ from hashlib import sha256
 from typing import Any
 
 VERSION = 1
+REASONS = frozenset({"bad cookie", "cluster name mismatch", "version mismatch", "removed",
+                     "not clustering", "malformed", "self"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,10 @@ class Handshake:
             kind, message = None, {}
         try:
             if kind == "refused":
-                raise Refused("refused by peer", str(message.get("reason", ""))[:200])
+                # Counted under the peer's reason (a cookie mismatch shows on both nodes), if
+                # it is one we know: a metric label must not take any string a peer sends.
+                reason = message.get("reason")
+                raise Refused(reason if reason in REASONS else "refused", "said the peer")
             handler = {
                 _State.AWAIT_HELLO: ("hello", self._on_hello),
                 _State.AWAIT_CHALLENGE: ("challenge", self._on_challenge),

@@ -378,9 +378,37 @@ class Cluster:
         self._save()
         return True
 
-    def member_count(self, status: Status) -> int:
-        count = sum(1 for m in self.membership.members.values() if m.status is status)
-        return count + (1 if status is Status.UP else 0)
+    def metrics(self) -> list[tuple[str, str, str, dict[str, str], float]]:
+        stats = self.stats
+        samples: list[tuple[str, str, str, dict[str, str], float]] = []
+        for status in Status:
+            count = sum(1 for m in self.membership.members.values() if m.status is status)
+            samples.append(("mqtt_cluster_members", "gauge",
+                            "Cluster members by status, this node included",
+                            {"status": status.value},
+                            count + (1 if status is Status.UP else 0)))
+        for reason, count in sorted(stats.refused.items()):
+            samples.append(("mqtt_cluster_peers_refused", "counter",
+                            "Inter-node connections refused, by reason", {"reason": reason},
+                            count))
+        samples.append(("mqtt_cluster_frames_dropped", "counter",
+                        "Inter-node frames dropped (unknown channel, garbled, handler failed)",
+                        {}, stats.frames_dropped))
+        samples.append(("mqtt_cluster_dial_failures", "counter",
+                        "Connection attempts to peers that failed", {}, stats.dial_failures))
+        for site, member in sorted(self.membership.members.items()):
+            peer = {"peer": member.identity.node}
+            link = self.links.get(site)
+            samples.append(("mqtt_cluster_link_ups", "counter",
+                            "Links to a peer established (reconnects = this - 1)", peer,
+                            stats.link_ups.get(site, 0)))
+            samples.append(("mqtt_cluster_link_bytes_sent", "counter",
+                            "Bytes sent to a peer on its current link", peer,
+                            link.bytes_sent if link else 0))
+            samples.append(("mqtt_cluster_link_bytes_received", "counter",
+                            "Bytes received from a peer on its current link", peer,
+                            link.bytes_received if link else 0))
+        return samples
 
     # ---- persistence ------------------------------------------------------------------------
     def _save(self) -> None:

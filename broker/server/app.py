@@ -21,13 +21,14 @@ from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.config.loader import Config
 from broker.http.api import make_app
-from broker.http.cluster_api import add_cluster_routes
+from broker.http.cluster_api import VERSION, add_cluster_routes
 from broker.metrics import make_registry
 from broker.node import Node
 from broker.periodic import every
 from broker.server.output import OutputBatch
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol
 from broker.session.durable.session import DurableSession
+from broker.sys_topics import SysTopics, remove_client_written
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class BrokerApp:
             log.info("listener %s on %s:%d", name, bind[0], self.ports[name])
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
-            registry = make_registry(node.stats, node.gauges, node.ds)
+            registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             self._http = web.AppRunner(web_app, access_log=None)
@@ -91,6 +92,13 @@ class BrokerApp:
             self._every(config["durable_sessions.session_gc_interval"], self._collect_sessions)
         if node.retainer is not None:
             self._every(config["retainer.msg_clear_interval"], self._clear_retained)
+            if not config["sys_topics.allow_client_publish"]:
+                removed = remove_client_written(node.retainer)
+                if removed:
+                    log.info("removed %d retained $SYS messages published by clients", removed)
+        sys_topics = SysTopics(config["node.name"], VERSION, node.publish, node.gauges,
+                               node.stats)
+        self._every(config["sys_topics.sys_msg_interval"], sys_topics.publish, at_once=True)
 
     def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:
         """A node timer, cancelled at stop; an interval of 0 turns it off."""

@@ -1,0 +1,141 @@
+"""Real broker processes forming clusters on loopback, each with its own data dir and ports.
+
+Inter-node ports are chosen before the nodes start (a seed list names them); every process
+is killed at teardown, also on failure, and a frozen one is thawed first.
+"""
+
+import json
+import os
+import signal
+import socket
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.clients import wait_until
+from tests.support.broker_process import BrokerProcess
+
+COOKIE = "test-cookie-3f9a"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def http_json(port: int, path: str, method: str = "GET", body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                     method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@dataclass
+class Node:
+    name: str
+    rpc_port: int
+    process: BrokerProcess
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def seed(self) -> str:
+        return f"{self.name}@127.0.0.1:{self.rpc_port}"
+
+    @property
+    def node_name(self) -> str:
+        return f"{self.name}@127.0.0.1"
+
+    @property
+    def http(self) -> int:
+        return self.process.ports["http"]
+
+    @property
+    def pid(self) -> int:
+        assert self.process.proc is not None
+        return self.process.proc.pid
+
+    def statuses(self) -> dict[str, str]:
+        """node name -> node_status, as this node's membership sees it."""
+        nodes = http_json(self.http, "/api/v5/cluster")["nodes"]
+        return {entry["node"]: entry["node_status"] for entry in nodes}
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+                         if labels else "")
+        for line in text.splitlines():
+            if line.startswith(wanted + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def start(self) -> "Node":
+        self.process.start()
+        return self
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.nodes: list[Node] = []
+
+    def make(self, count: int, **settings: str) -> list[Node]:
+        """`count` nodes seeded with each other (not started)."""
+        new = [Node(f"n{len(self.nodes) + i + 1}", free_port(), None)  # type: ignore[arg-type]
+               for i in range(count)]
+        seeds = ",".join(node.seed for node in [*self.nodes, *new])
+        for node in new:
+            node.settings = {
+                "node.name": node.node_name, "node.cookie": COOKIE,
+                "rpc.tcp_server_port": str(node.rpc_port),
+                "cluster.discovery_strategy": "static", "cluster.static.seeds": seeds,
+                "node.dist_net_ticktime": "2s", **settings,
+            }
+            node.process = BrokerProcess(self.tmp_path / node.name, node.settings)
+        self.nodes += new
+        return new
+
+    def start(self, count: int, **settings: str) -> list[Node]:
+        nodes = self.make(count, **settings)
+        for node in nodes:
+            node.start()
+        return nodes
+
+    def wait_statuses(self, observers: list[Node], expected: dict[str, str],
+                      timeout: float = 20.0) -> None:
+        """Every observer sees exactly `expected` (node name -> status) for those nodes."""
+        def agreed() -> bool:
+            for observer in observers:
+                seen = observer.statuses()
+                if any(seen.get(name) != status for name, status in expected.items()):
+                    return False
+            return True
+
+        wait_until(agreed, timeout, f"cluster statuses {expected}")
+
+    def all_running(self, nodes: list[Node], timeout: float = 20.0) -> None:
+        self.wait_statuses(nodes, {node.node_name: "running" for node in nodes}, timeout)
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            proc = node.process.proc
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+            node.process.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    made = Cluster(tmp_path)
+    yield made
+    made.stop_all()
+
+
+StartCluster = Callable[..., list[Node]]
