@@ -175,6 +175,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retainer.msg_clear_interval", "60s", parse_duration,
             "How often expired retained messages are deleted from disk (they are never"
             " delivered once expired regardless); 0 = only on read."),
+    Setting("sys_topics.sys_msg_interval", "1m", parse_duration,
+            "How often the node publishes its `$SYS/brokers/<node>/...` topics (EMQX's"
+            " layout: `version`, `sysdescr` and `$SYS/brokers` retained; `uptime` in"
+            " milliseconds, `datetime`, `stats/...` and `metrics/...` counts); 0 = never."),
+    Setting("sys_topics.allow_client_publish", False, parse_bool,
+            "Let clients publish to `$SYS` topics, which MQTT reserves for the server"
+            " (section 4.7.2). Off: a v5 QoS 1/2 PUBLISH is answered Not authorized (0x87),"
+            " any other is dropped, and both count as dropped (`sys_topic_denied`)."),
 )
 
 BY_KEY: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}

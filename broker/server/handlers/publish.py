@@ -10,6 +10,7 @@ from broker.mqtt.packets import Publish
 from broker.mqtt.topic import validate_topic_name
 from broker.session.durable.session import DurableSession
 from broker.session.message import message_from_publish, payload_format_ok
+from broker.sys_topics import is_sys_topic
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 _ALIAS: Final = PropertyId.TOPIC_ALIAS
 _SUB_IDS: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
 _RESPONSE_TOPIC: Final = PropertyId.RESPONSE_TOPIC
+_SYS_PUBLISH: Final = "sys_topics.allow_client_publish"
 _PUBACK, _PUBREC = 0x40, 0x50
 
 
@@ -56,6 +58,14 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         raise MQTTError("too many topic levels", ReasonCode.TOPIC_NAME_INVALID)
     stats = conn.stats
     stats.messages_received[qos] += 1
+    if topic.startswith("$SYS") and is_sys_topic(topic) and not conn.node.config[_SYS_PUBLISH]:
+        # MQTT 4.7.2: `$` topics are the server's. v3.1.1 has no way to say no: its QoS 1/2
+        # acknowledgement carries no reason, and the message is dropped all the same.
+        stats.drop("sys_topic_denied")
+        if qos:
+            conn.send_when(None, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id,
+                                            ReasonCode.NOT_AUTHORIZED, conn.version))
+        return
     if props and not payload_format_ok(packet.payload, props):
         if qos == 0:
             raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)
