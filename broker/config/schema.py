@@ -163,6 +163,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durable_storage.messages.generation_max_size", "1GB", parse_size,
             "A shard's current generation is sealed early once its stored messages reach"
             " this size."),
+    Setting("durable_storage.messages.max_open_slabs", 64, parse_int(1, 100_000),
+            "Generations (LevelDB directories, one per shard x generation) kept open at once,"
+            " all shards: past it the least recently read sealed one is closed, and reopened"
+            " when read again. Each shard's current generation and any in use stay open. An"
+            " open one holds 4 file descriptors."),
     Setting("retainer.enable", True, parse_bool, "Store retained messages."),
     Setting("retainer.max_retained_messages", 0, parse_int(0, 2**31),
             "Most retained topics stored; when full, existing topics can be replaced but new"

@@ -4,6 +4,9 @@ iterator.
 n_shards is written to db.json when the database is created and read from there ever after:
 changing the setting later must not move a publisher's messages to another shard, or the
 per-shard ordering an iterator relies on would break.
+
+Every read pins its slab in `open_slabs` (a sealed one is opened if the LRU closed it), so
+at most `max_open_slabs` LevelDBs are open whatever the number of generations.
 """
 
 import asyncio
@@ -14,8 +17,11 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
+import plyvel  # type: ignore[import-untyped]
+
 from broker.ds.files import write_atomically
 from broker.ds.iterator import Iterator, Stream, read_plan
+from broker.ds.open_slabs import OpenSlabs
 from broker.ds.settings import Settings
 from broker.ds.shard import ChangeListener, Shard
 from broker.ds.slab import Slab
@@ -42,7 +48,7 @@ class MessagesDB:
         self, name: str, path: Path, settings: Settings, executor: Executor,
         on_change: ChangeListener,
     ) -> None:
-        """Blocking: opens every slab of every shard."""
+        """Blocking: reads the state of every slab of every shard; opens the current ones."""
         self.name = name
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
@@ -51,10 +57,11 @@ class MessagesDB:
             meta = {"n_shards": settings.n_shards, "format": 1}
             write_atomically(path / DB_FILE, json.dumps(meta).encode())
         self.n_shards: int = meta["n_shards"]
+        self.open_slabs = OpenSlabs(settings.max_open_slabs, executor)
         self.shards = [
             Shard.open(
                 i, path / f"shard-{i:03d}", settings.wildcard_thresholds, executor, on_change,
-                settings.buffer, settings.generation_max_size,
+                settings.buffer, settings.generation_max_size, self.open_slabs,
             )
             for i in range(self.n_shards)
         ]
@@ -101,10 +108,35 @@ class MessagesDB:
         """Up to `batch_size` messages after the iterator's position. The iterator returned
         is None at the end of the stream: its generation is sealed and fully read, or was
         dropped by retention; the caller moves on to newer generations' streams."""
-        stream = iterator.stream
-        slab = self._slab(stream)
+        slab = self._slab(iterator.stream)
         if slab is None:
             return None, []
+        self.open_slabs.acquire(slab)
+        try:
+            return self._scan(slab, iterator, batch_size)
+        finally:
+            self.open_slabs.release(slab)
+
+    async def read(self, iterator: Iterator, batch_size: int) -> tuple[Iterator | None, list[TTV]]:
+        """`next`, opening a closed slab on a worker thread rather than on the event loop."""
+        slab = self._slab(iterator.stream)
+        if slab is None:
+            return None, []
+        try:
+            await self.open_slabs.acquire_async(slab)
+        except plyvel.Error:
+            if slab.dropped:  # retention removed it while it was being opened
+                return None, []
+            raise
+        try:
+            return self.next(iterator, batch_size)
+        finally:
+            self.open_slabs.release(slab)
+
+    def _scan(
+        self, slab: Slab, iterator: Iterator, batch_size: int
+    ) -> tuple[Iterator | None, list[TTV]]:
+        stream = iterator.stream
         sealed = slab.sealed  # read before the data: a write cannot follow a seal
         topic_filter = iterator.topic_filter
         plan = read_plan(slab.lts.structure(stream.id), topic_filter)
@@ -144,6 +176,7 @@ class MessagesDB:
     async def close(self) -> None:
         for shard in self.shards:
             await shard.close()
+        await self.open_slabs.close()
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "n_shards": self.n_shards,

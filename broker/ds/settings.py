@@ -19,6 +19,7 @@ class Settings:
     idle_flush_interval: float = 0.001
     generation_interval: float = 3600.0
     generation_max_size: int = 1 << 30
+    max_open_slabs: int = 64
     retention_period: float = 86400.0
     site_id: str = ""
 
@@ -34,6 +35,7 @@ class Settings:
             idle_flush_interval=config[prefix + "idle_flush_interval"],
             generation_interval=config[prefix + "generation_interval"],
             generation_max_size=config[prefix + "generation_max_size"],
+            max_open_slabs=config[prefix + "max_open_slabs"],
             retention_period=config["durable_sessions.message_retention_period"],
             site_id=config["node.site_id"],
         )

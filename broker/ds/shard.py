@@ -3,7 +3,8 @@
 Only the newest generation is writable. A rotation makes a new slab current first and then
 seals the old one (compaction and manifest) outside the write lock, so writers wait only for
 the new directory. On disk a generation without a manifest that is not the newest is one
-whose sealing a crash interrupted; opening the shard finishes it.
+whose sealing a crash interrupted; opening the shard finishes it. Only the current
+generation's LevelDB stays open; sealed ones are opened by readers through `OpenSlabs`.
 """
 
 import asyncio
@@ -18,6 +19,7 @@ from typing import Any, Final
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import Cooker
 from broker.ds.files import fsync_dir
+from broker.ds.open_slabs import OpenSlabs
 from broker.ds.slab import Slab
 from broker.ds.ttv import TTV
 
@@ -43,12 +45,14 @@ class Shard:
     def __init__(
         self, index: int, path: Path, slabs: list[Slab], thresholds: tuple[int, ...],
         executor: Executor, on_change: ChangeListener, buffer_settings: tuple[float, int, float],
-        max_generation_bytes: int,
+        max_generation_bytes: int, open_slabs: OpenSlabs,
     ) -> None:
         self.index = index
         self.path = path
         self.slabs: dict[int, Slab] = {slab.generation: slab for slab in slabs}
         self.current = slabs[-1]
+        self._open_slabs = open_slabs
+        open_slabs.acquire(self.current)  # the writer's pin, for as long as it is current
         self.thresholds = thresholds
         self._executor = executor
         self._on_change = on_change
@@ -68,9 +72,10 @@ class Shard:
     def open(
         cls, index: int, path: Path, thresholds: tuple[int, ...], executor: Executor,
         on_change: ChangeListener, buffer_settings: tuple[float, int, float],
-        max_generation_bytes: int,
+        max_generation_bytes: int, open_slabs: OpenSlabs,
     ) -> "Shard":
-        """Blocking (call before serving): opens every slab, finishes interrupted seals."""
+        """Blocking (call before serving): reads every slab's state, finishes interrupted
+        seals; only the current generation is left open."""
         path.mkdir(parents=True, exist_ok=True)
         for leftover in path.glob(f"{_GEN_PREFIX}*{_TMP_SUFFIX}"):
             shutil.rmtree(leftover)  # a creation that did not finish holds no data
@@ -82,11 +87,12 @@ class Shard:
             if not slab.sealed:
                 log.info("finishing the seal of %s", slab.path)
                 slab.seal(max(slab.created, slab.stats.max_timestamp), index)
+                slab.close()
         if not slabs or slabs[-1].sealed:
             slabs.append(_create_slab(path, generations[-1] + 1 if generations else 1,
                                       thresholds, now_us()))
         return cls(index, path, slabs, thresholds, executor, on_change, buffer_settings,
-                   max_generation_bytes)
+                   max_generation_bytes, open_slabs)
 
     async def _flush(self, messages: list[TTV], sync: bool) -> None:
         async with self._lock:
@@ -115,14 +121,16 @@ class Shard:
         new = await loop.run_in_executor(
             self._executor, _create_slab, self.path, old.generation + 1, self.thresholds, now
         )
+        self._open_slabs.acquire(new)
         self.slabs[new.generation] = new
         self.current = new
         self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
         # Readers must see the end of the old generation now, not after compaction.
         old.sealed_at = now
-        self._sealing[old.generation] = loop.run_in_executor(
-            self._executor, old.seal, now, self.index
-        )
+        # The old generation keeps the writer's pin until its seal is done.
+        sealing = loop.run_in_executor(self._executor, old.seal, now, self.index)
+        sealing.add_done_callback(lambda _: self._open_slabs.release(old))
+        self._sealing[old.generation] = sealing
         self._on_change(self.index, old.generation, None)
         return new.generation
 
@@ -147,7 +155,7 @@ class Shard:
         loop = asyncio.get_running_loop()
         for generation in dropped:
             slab = self.slabs.pop(generation)
-            slab.close()
+            self._open_slabs.drop(slab)
             await loop.run_in_executor(self._executor, shutil.rmtree, slab.path)
             self._on_change(self.index, generation, None)
         return dropped
@@ -156,8 +164,6 @@ class Shard:
         await self.buffer.drain()
         await self.wait_sealed()
         self.current.checkpoint()
-        for slab in self.slabs.values():
-            slab.close()
 
     def info(self) -> dict[str, Any]:
         return {

@@ -3,10 +3,15 @@
 Everything about the slab lives inside it (keys.py): data, index keys, LTS edges, counters,
 creation time and wildcard thresholds. So a slab can be moved, dropped as a directory, or
 read by another program, and a restart rebuilds its state from the slab alone.
+
+A sealed slab's state (period, counters, LTS) is also in its manifest, which is all that
+opening it reads: its LevelDB stays closed until a reader needs it (open_slabs.py keeps a
+bounded number open), so thousands of generations cost no file descriptors.
 """
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -23,14 +28,21 @@ from broker.ds.ttv import TTV, decode_value
 _CREATED: Final = keys.meta_key("created")
 _THRESHOLDS: Final = keys.meta_key("thresholds")
 _PAST_TIMESTAMPS: Final = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
-# Each slab is its own LevelDB with its own table cache; many generations x shards stay open.
-_MAX_OPEN_FILES: Final = 64
+# LevelDB's floor (it raises anything lower to 64 table files + 10 others; measured: 16 and
+# 74 cache the same tables). An open slab holds 4 descriptors (LOCK, LOG, MANIFEST, log);
+# table files are mmapped and hold none until the process has 1,000 mappings (LevelDB's
+# limit), so this bounds a slab's share of those, and its descriptors past them.
+MAX_OPEN_FILES: Final = 74
+
+
+class SlabClosed(RuntimeError):
+    """A sealed slab was used without acquiring it (open_slabs.py)."""
 
 
 def _open_leveldb(path: Path, create: bool) -> plyvel.DB:
     return plyvel.DB(
         str(path), create_if_missing=create, error_if_exists=create,
-        max_open_files=_MAX_OPEN_FILES,
+        max_open_files=MAX_OPEN_FILES,
     )
 
 
@@ -59,23 +71,22 @@ async def write_batch(db: plyvel.DB, batch: CookedBatch, sync: bool, executor: E
 
 
 class Slab:
-    def __init__(self, path: Path, generation: int, db: plyvel.DB) -> None:
+    def __init__(
+        self, path: Path, generation: int, created: int, lts: LTS, stats: SlabStats,
+        sealed_at: int | None, db: plyvel.DB | None,
+    ) -> None:
         self.path = path
         self.generation = generation
-        self.db = db
-        created = db.get(_CREATED)
-        thresholds = db.get(_THRESHOLDS)
-        if created is None or thresholds is None:
-            raise ValueError(f"{path}: not a slab (no creation record)")
-        self.created = keys.unpack_u64_from(created, 0)[0]
-        self.lts = LTS(json.loads(thresholds), (
-            keys.parse_edge(key, value) for key, value in db.iterator(prefix=keys.EDGE)
-        ))
-        self.stats = SlabStats.decode(db.get(STATS_KEY))
-        manifest = read_manifest(path)
-        self.sealed_at: int | None = manifest["until"] if manifest else None
-        if manifest is None:  # a seal writes the checkpoint first: nothing follows it
-            self._count_after_checkpoint()
+        self.created = created
+        self.lts = lts
+        self.stats = stats
+        self.sealed_at = sealed_at
+        self._db = db
+        self._opening = threading.Lock()  # one LevelDB open at a time (it locks its directory)
+        # Reads, writes and seals using the LevelDB now (open_slabs.py never closes it then);
+        # `dropped` once retention removed it: the last user closes it.
+        self.pins = 0
+        self.dropped = False
         self.keys_visited = 0
 
     @classmethod
@@ -84,11 +95,61 @@ class Slab:
         with db.write_batch(sync=True) as batch:
             batch.put(_CREATED, keys.pack_u64(now_us))
             batch.put(_THRESHOLDS, json.dumps(list(thresholds)).encode())
-        return cls(path, generation, db)
+        return cls._from_leveldb(path, generation, db)
 
     @classmethod
     def open(cls, path: Path, generation: int) -> "Slab":
-        return cls(path, generation, _open_leveldb(path, create=False))
+        """Blocking. A sealed slab is read from its manifest and left closed; any other is
+        opened, and what was stored after its counters' checkpoint is counted."""
+        manifest = read_manifest(path)
+        if manifest is None:  # a seal writes the checkpoint first: nothing follows it
+            slab = cls._from_leveldb(path, generation, _open_leveldb(path, create=False))
+            slab._count_after_checkpoint()
+            return slab
+        stats = SlabStats(manifest["messages"], manifest["bytes"], manifest["min_timestamp"],
+                          manifest["max_timestamp"])
+        return cls(path, generation, manifest["since"], LTS.from_json(manifest["lts"]), stats,
+                   manifest["until"], None)
+
+    @classmethod
+    def _from_leveldb(cls, path: Path, generation: int, db: plyvel.DB) -> "Slab":
+        created = db.get(_CREATED)
+        thresholds = db.get(_THRESHOLDS)
+        if created is None or thresholds is None:
+            db.close()
+            raise ValueError(f"{path}: not a slab (no creation record)")
+        lts = LTS(json.loads(thresholds), (
+            keys.parse_edge(key, value) for key, value in db.iterator(prefix=keys.EDGE)
+        ))
+        return cls(path, generation, keys.unpack_u64_from(created, 0)[0], lts,
+                   SlabStats.decode(db.get(STATS_KEY)), None, db)
+
+    @property
+    def db(self) -> plyvel.DB:
+        db = self._db
+        if db is None:
+            raise SlabClosed(f"{self.path} is closed")
+        return db
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    def reopen(self) -> bool:
+        """Blocking (LevelDB writes and syncs a new log and manifest: ~10 ms) and safe on a
+        worker thread; False if the slab was open already."""
+        with self._opening:
+            if self._db is not None:
+                return False
+            self._db = _open_leveldb(self.path, create=False)
+            return True
+
+    def close(self) -> None:
+        with self._opening:
+            db = self._db
+            self._db = None
+            if db is not None and not db.closed:
+                db.close()
 
     @property
     def sealed(self) -> bool:
@@ -145,10 +206,6 @@ class Slab:
         })
         self.sealed_at = until
 
-    def close(self) -> None:
-        if not self.db.closed:
-            self.db.close()
-
     def scan(
         self, stream: int, after: int, limit: int, accept: Callable[[str], bool] | None
     ) -> tuple[list[TTV], int]:
@@ -184,8 +241,9 @@ class Slab:
         Keys visited ~ matches x levels, whatever the stream's size."""
         prefixes = [keys.index_prefix(stream, ordinal, keys.level_hash(value))
                     for ordinal, value in fixed]
+        db = self.db
         cursors = [
-            self.db.iterator(start=p, stop=p + _PAST_TIMESTAMPS, include_value=False)
+            db.iterator(start=p, stop=p + _PAST_TIMESTAMPS, include_value=False)
             for p in prefixes
         ]
         master = keys.master_prefix(stream)
@@ -212,7 +270,7 @@ class Slab:
             else:
                 target, agreed = found, 1
             if agreed == n:
-                value = self.db.get(master + pack(target))
+                value = db.get(master + pack(target))
                 visited += 1
                 position = target
                 if value is not None:

@@ -43,7 +43,7 @@ class DurableStorage:
         self.messages = MessagesDB(MESSAGES, self.root / MESSAGES, settings, self._executor,
                                    self._on_change)
         self.sessions = KVStore(SESSIONS, self.root / SESSIONS, self._executor, settings.buffer)
-        self.subscriptions = SubscriptionPool(MESSAGES, self.messages.next)
+        self.subscriptions = SubscriptionPool(MESSAGES, self.messages.read)
         # Told of every write (the streams written), seal and drop (None): durable sessions
         # learn of new streams this way instead of polling get_streams.
         self.change_listeners: list[ChangeListener] = []
@@ -146,6 +146,15 @@ class DurableStorage:
             ("ds_transactions", "counter", "Transactions committed to the sessions database",
              self.sessions.commits),
             ("ds_generations", "gauge", "Live generations, all shards", len(slabs)),
+            ("ds_open_slabs", "gauge",
+             "Generations whose LevelDB is open (or being opened), all shards",
+             len(self.messages.open_slabs)),
+            ("ds_max_open_slabs", "gauge",
+             "durable_storage.messages.max_open_slabs: open generations beyond it are closed,"
+             " least recently read first, once not in use", self.messages.open_slabs.limit),
+            ("ds_slab_reopens", "counter",
+             "Sealed generations opened again for a reader after the bound closed them",
+             self.messages.open_slabs.reopened),
             ("ds_streams", "gauge", "Streams in live generations, all shards",
              sum(len(slab.lts.streams()) for slab in slabs)),
             ("ds_subscriptions", "gauge", "Push subscriptions", len(self.subscriptions)),

@@ -12,14 +12,15 @@ state of a consumer that keeps up never reads LevelDB.
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from broker.ds.iterator import Iterator, Stream
 from broker.ds.ttv import TTV
 from broker.mqtt.topic import topic_matches
 
-Reader = Callable[[Iterator, int], tuple[Iterator | None, Sequence[TTV]]]
+# MessagesDB.read: suspends only to open a sealed slab the LRU closed (open_slabs.py)
+Reader = Callable[[Iterator, int], Awaitable[tuple[Iterator | None, Sequence[TTV]]]]
 Batch = tuple[Iterator | None, Sequence[TTV]]
 
 
@@ -197,13 +198,17 @@ class SubscriptionPool:
                         groups.setdefault(key, []).append(subscription)
                 self._catch_up = set()
                 for (iterator, batch_size), subscribers in groups.items():
-                    self._serve(iterator, batch_size, subscribers)
+                    await self._serve(iterator, batch_size, subscribers)
                 await asyncio.sleep(0)  # let consumers and writers run between rounds
 
-    def _serve(self, iterator: Iterator, batch_size: int, subscribers: list[Subscription]) -> None:
+    async def _serve(
+        self, iterator: Iterator, batch_size: int, subscribers: list[Subscription]
+    ) -> None:
         self.reads += 1
-        after, messages = self._read(iterator, batch_size)
+        after, messages = await self._read(iterator, batch_size)
         for subscription in subscribers:
+            if subscription.iterator != iterator:
+                continue  # closed, or handed a write, while the read waited for its slab
             subscription.iterator = after
             if messages or after is None:
                 subscription.push((after, messages))
