@@ -8,6 +8,7 @@ import pytest
 from broker.http.cluster_api import VERSION
 from broker.mqtt.packets import Publish, Pubrec
 from tests.integration.clients import (
+    BOTH,
     NO_MATCHING_SUBSCRIBERS,
     PahoClient,
     scrape_metrics,
@@ -68,6 +69,17 @@ def test_a_client_cannot_write_sys(paho_client: Clients, start_broker: Brokers) 
     assert dropped(broker) == 6
     # Topics merely starting with the letters are the clients' own.
     assert v5.publish("$SYSTEM/x", b"ok", 1) == NO_MATCHING_SUBSCRIBERS
+
+
+@BOTH
+def test_a_will_cannot_write_sys(paho_client: Clients, start_broker: Brokers,
+                                 version: int) -> None:
+    """The broker would publish the will for the client: refused at CONNECT."""
+    broker = start_broker()
+    client = paho_client(port=broker.tcp, version=version, connect=False)
+    will = {"topic": FORGED, "payload": b"evil", "qos": 1, "retain": True}
+    assert client.connect(will=will, expect_success=False).reason_code == NOT_AUTHORIZED
+    assert retained_under(paho_client, broker, "$SYS/#") == []
 
 
 def test_a_setting_lets_clients_write_sys(paho_client: Clients, start_broker: Brokers) -> None:

@@ -9,6 +9,7 @@ from broker.mqtt.packets import Connack, Connect
 from broker.mqtt.topic import validate_topic_name
 from broker.session.manager import granted_expiry
 from broker.session.message import payload_format_ok
+from broker.sys_topics import is_sys_topic
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
@@ -44,6 +45,8 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
             validate_topic_name(will.topic)
         except MQTTError:
             return _refuse(conn, ReasonCode.TOPIC_NAME_INVALID)
+        if is_sys_topic(will.topic) and not config["sys_topics.allow_client_publish"]:
+            return _refuse(conn, ReasonCode.NOT_AUTHORIZED)  # the broker would publish it
         if will.qos > config["mqtt.max_qos_allowed"]:
             return _refuse(conn, ReasonCode.QOS_NOT_SUPPORTED)
         if will.retain and not config["mqtt.retain_available"]:
