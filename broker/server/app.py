@@ -98,7 +98,9 @@ class BrokerApp:
                     log.info("removed %d retained $SYS messages published by clients", removed)
         sys_topics = SysTopics(config["node.name"], VERSION, node.publish, node.gauges,
                                node.stats)
-        self._every(config["sys_topics.sys_msg_interval"], sys_topics.publish, at_once=True)
+        # As in EMQX, the first round comes one interval after start, and rounds count in
+        # the node's metrics like any message (no_subscribers drops, 3 retained messages).
+        self._every(config["sys_topics.sys_msg_interval"], sys_topics.publish)
 
     def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:
         """A node timer, cancelled at stop; an interval of 0 turns it off."""
