@@ -7,21 +7,24 @@ reaches more than one client goes through `publish`.
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from broker.config.loader import Config
 from broker.ds import DurableStorage, Settings
 from broker.metrics import Stats
 from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
-from broker.routing.router import Router
+from broker.routing.router import Forwards, Router
 from broker.routing.trie import TopicTrie
 from broker.session.durable.persist import MessagePersister
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
 from broker.session.manager import SessionManager
 from broker.session.message import Message
-from broker.session.session import Session, SubscriptionOptions
+from broker.session.session import Delivery, Session, SubscriptionOptions
+
+if TYPE_CHECKING:
+    from broker.cluster.routing import ClusterRouting
 
 _CACHE_LIMIT: Final = 10_000
 
@@ -52,7 +55,9 @@ class Node:
         self.config = config
         self.limits = PublishLimits.from_config(config)
         self.stats = Stats()
-        self.router = Router()
+        self.router = Router(config["mqtt.shared_subscription_strategy"])
+        # Set by the app when the node runs in a cluster (routes and forwarding).
+        self.cluster_routing: ClusterRouting | None = None
         self.connections: set[Any] = set()
         self.retainer: RetainedStore | None = None
         if config["retainer.enable"]:
@@ -93,11 +98,16 @@ class Node:
 
     def add_durable_filter(self, client_id: str, topic_filter: str,
                            options: SubscriptionOptions) -> None:
-        self.durable_filters.add(topic_filter, client_id, options)
+        listener = self.router.listener  # a durable filter is a route of this node too
+        if self.durable_filters.add(topic_filter, client_id, options) and listener is not None:
+            listener(topic_filter, None, client_id, True)
         self._durable_topics.clear()
 
     def remove_durable_filter(self, client_id: str, topic_filter: str) -> None:
-        self.durable_filters.remove(topic_filter, client_id)
+        listener = self.router.listener
+        removed = self.durable_filters.remove(topic_filter, client_id) is not None
+        if removed and listener is not None:
+            listener(topic_filter, None, client_id, False)
         self._durable_topics.clear()
 
     def _durable_matches(self, topic: str) -> int:
@@ -113,15 +123,51 @@ class Node:
         """Stores if retained, stores once in DS if a durable session subscribed to the topic,
         then hands the message to every matching regular session. Returns how many sessions
         it reached and, when it was stored in DS, what resolves once that is durable."""
-        if message.retain and self.retainer is not None and not self.retainer.put(message):
-            self.stats.drop("retained_limit")
+        cluster = self.cluster_routing
+        if message.retain and self.retainer is not None:
+            self.store_retained(message)
+            if cluster is not None:
+                cluster.replicate_retained(message)
         stored = None
         durable = self._durable_matches(message.topic) if self.ds is not None else 0
         if durable:
             assert self.persister is not None
             stored = self.persister.add(message)
             self.stats.durable_persisted += 1
-        deliveries = self.router.route(message, self._is_online)
+        remote = 0
+        if cluster is None:
+            deliveries = self.router.route(message, self._is_online)
+        else:
+            sites, shared = cluster.match(message.topic)
+            picks: Forwards = {}
+            deliveries = self.router.route(message, self._is_online, True, shared or None,
+                                           picks)
+            remote = cluster.forward(message, sites, picks)
+        self._deliver(deliveries)
+        if not deliveries and not durable and not remote:
+            self.stats.drop("no_subscribers")
+        return len(deliveries) + durable + remote, stored
+
+    def store_retained(self, message: Message) -> None:
+        if self.retainer is not None and not self.retainer.put(message):
+            self.stats.drop("retained_limit")
+
+    def deliver_forwarded(self, message: Message, plain: bool,
+                          targets: list[tuple[str, str, str]]) -> None:
+        """A message published on another node: to this node's durable store and plain
+        subscribers (if it matched this node's plain routes there) and to the shared-group
+        members it picked here; never forwarded again."""
+        if plain and self.ds is not None and self._durable_matches(message.topic):
+            assert self.persister is not None
+            self.persister.add(message)
+            self.stats.durable_persisted += 1
+        deliveries = self.router.route(message, self._is_online, False) if plain else {}
+        for group, topic_filter, client_id in targets:
+            deliveries.update(self.router.route_shared(message, group, topic_filter, client_id,
+                                                       self._is_online))
+        self._deliver(deliveries)
+
+    def _deliver(self, deliveries: dict[str, Delivery]) -> None:
         sessions = self.sessions.sessions
         for client_id, delivery in deliveries.items():
             session = sessions[client_id]
@@ -132,9 +178,6 @@ class Node:
                 lost = session.enqueue(delivery)
                 if lost:
                     self.stats.drop(lost)
-        if not deliveries and not durable:
-            self.stats.drop("no_subscribers")
-        return len(deliveries) + durable, stored
 
     def _is_online(self, client_id: str) -> bool:
         session = self.sessions.sessions.get(client_id)

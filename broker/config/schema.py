@@ -117,6 +117,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mqtt.retain_available", True, parse_bool, "Accept retained messages."),
     Setting("mqtt.wildcard_subscription", True, parse_bool, "Allow `+`/`#` in filters."),
     Setting("mqtt.shared_subscription", True, parse_bool, "Allow `$share/group/filter`."),
+    Setting("mqtt.shared_subscription_strategy", "round_robin",
+            parse_choice("round_robin", "random", "hash_clientid", "sticky", "local"),
+            "Which member of a shared group gets a message, among its members on every node:"
+            " `round_robin`, `random`, `hash_clientid` (by publisher), `sticky` (the last one"
+            " while it stays), `local` (members on the publishing node first)."),
     Setting("mqtt.keepalive_multiplier", 1.5, parse_float(1.0),
             "A client is disconnected after keepalive x this without a packet."),
     Setting("mqtt.server_keepalive", "0s", parse_duration,

@@ -17,6 +17,7 @@ from functools import partial
 from aiohttp import web
 
 from broker import COMPILED_MODULES
+from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.config.loader import Config
@@ -39,6 +40,7 @@ class BrokerApp:
         self.node = Node(config)
         self.cluster = Cluster(config)
         self.rpc = Rpc(self.cluster)
+        self.node.cluster_routing = ClusterRouting(self.node, self.cluster)
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -73,7 +75,8 @@ class BrokerApp:
             log.info("listener %s on %s:%d", name, bind[0], self.ports[name])
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
-            registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics)
+            registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics,
+                                     self.node.cluster_routing.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             self._http = web.AppRunner(web_app, access_log=None)
