@@ -1,4 +1,4 @@
-"""`broker ctl ds ...` and `broker ctl sessions ...`: administration, like `emqx ctl`.
+"""`broker ctl cluster|ds|sessions ...`: administration, like `emqx ctl`.
 
 A running node is asked over its HTTP API (`--url`); for `ds info` a stopped one can be read
 from its data dir (`--data-dir`), which LevelDB's lock refuses while a node has it open.
@@ -22,10 +22,12 @@ from broker.ds import DurableStorage, Settings
 DEFAULT_URL = "http://127.0.0.1:18083"
 
 
-def _http(url: str, method: str = "GET") -> dict[str, Any]:
-    request = urllib.request.Request(url, method=method)
+def _http(url: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())  # type: ignore[no-any-return]
+        return json.loads(response.read())
 
 
 async def _offline_info(data_dir: Path) -> dict[str, Any]:
@@ -135,9 +137,47 @@ def sessions_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_cluster(status: dict[str, Any]) -> str:
+    lines = [f"Cluster {status['name']}", f"{'NODE':<40}{'SITE':<18}{'STATUS':<10}ADDRESS"]
+    lines += [f"{n['node'] + (' (this node)' if n['self'] else ''):<40}{n['site']:<18}"
+              f"{n['node_status']:<10}{n['address']}" for n in status["nodes"]]
+    return "\n".join(lines)
+
+
+def cluster_command(args: argparse.Namespace) -> int:
+    base = args.url.rstrip("/") + "/api/v5/cluster"
+    if args.action in ("join", "force-leave") and not args.node:
+        print(f"broker ctl: cluster {args.action} needs a node name", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "join":
+            _http(base + "/join", "POST", {"node": args.node})
+        elif args.action == "leave":
+            _http(base + "/leave", "POST", {})
+        elif args.action == "force-leave":
+            _http(f"{base}/{urllib.parse.quote(args.node, safe='')}/force_leave", "DELETE")
+        status = _http(base)
+    except urllib.error.HTTPError as error:
+        print(f"broker ctl: {args.action}: {error.read().decode(errors='replace')}",
+              file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as error:
+        print(f"broker ctl: cannot reach {args.url}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=1) if args.output == "json" else format_cluster(status))
+    return 0
+
+
 def add_parser(commands: Any) -> None:
     ctl = commands.add_parser("ctl", help="administer a node (like `emqx ctl`)")
     topics = ctl.add_subparsers(dest="topic", required=True)
+    cluster = topics.add_parser("cluster", help="members: status, join, leave, force-leave")
+    cluster.add_argument("action", choices=["status", "join", "leave", "force-leave"])
+    cluster.add_argument("node", nargs="?", help="NAME@HOST[:PORT] to join, or the node"
+                         " (name or site) to force out")
+    cluster.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    cluster.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    cluster.set_defaults(func=cluster_command)
     ds = topics.add_parser("ds", help="Durable Storage: info, seal")
     ds.add_argument("action", choices=["info", "seal"])
     ds.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")

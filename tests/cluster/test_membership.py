@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 
 from tests.cluster.conftest import Cluster, http_json
 from tests.integration.clients import wait_until
@@ -83,3 +85,21 @@ def test_force_leave_removes_a_node_until_it_joins_again(cluster: Cluster) -> No
     assert nodes[0].metric("mqtt_cluster_members", status="running") == 2
     http_json(removed.http, "/api/v5/cluster/join", "POST", {"node": nodes[0].seed})
     cluster.all_running(nodes)
+
+
+def test_broker_ctl_cluster_status_and_force_leave(cluster: Cluster) -> None:
+    nodes = cluster.start(2)
+    cluster.all_running(nodes)
+    url = f"--url=http://127.0.0.1:{nodes[0].http}"
+    shown = subprocess.run([sys.executable, "-m", "broker", "ctl", "cluster", "status", url],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"{nodes[0].node_name} (this node)" in shown
+    assert nodes[1].node_name in shown and "running" in shown
+    nodes[1].process.kill()
+    cluster.wait_statuses([nodes[0]], {nodes[1].node_name: "stopped"}, timeout=10)
+    out = subprocess.run([sys.executable, "-m", "broker", "ctl", "cluster", "force-leave",
+                          nodes[1].node_name, url], capture_output=True, text=True, check=True)
+    assert nodes[1].node_name not in out.stdout
+    missing = subprocess.run([sys.executable, "-m", "broker", "ctl", "cluster", "force-leave",
+                              "nobody@nowhere", url], capture_output=True, text=True)
+    assert missing.returncode == 1 and "no member" in missing.stderr
