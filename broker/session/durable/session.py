@@ -83,6 +83,8 @@ class DurableSession(Session):
         self.since: dict[str, int] = {}
         # Per filter, so that unsubscribing one of many thousands touches only its own.
         self._positions: dict[str, dict[Stream, int | None]] = {}
+        # Filters whose positions are still only in the store (`_positions_of`).
+        self._stored_positions: set[str] = set()
         self._pending: dict[int, _Pending] = {}
         self._dirty: set[int] = set()
         self._flush_scheduled = False
@@ -116,10 +118,7 @@ class DurableSession(Session):
         rebuilt from the store; within one run it is still in memory. Either way the
         connection resends the in-flight window with DUP, and reading resumes."""
         if stored is not None:
-            self.subscriptions.clear()
-            self.since.clear()
-            self.restore_subscriptions(stored)
-            self._positions = stored.positions
+            self._stored_positions = set(self.since)
             self.awaiting_rel = set(stored.awaiting_rel)
             for record in stored.batches:
                 self._replay(record, stored.released)
@@ -214,7 +213,8 @@ class DurableSession(Session):
             task.cancel()
         writes: list[Write] = [(r.subscription_key(self.client_id, topic_filter), None)]
         writes.extend((r.position_key(self.client_id, topic_filter, stream), None)
-                      for stream in self._positions.pop(topic_filter, {}))
+                      for stream in self._positions_of(topic_filter))
+        self._positions.pop(topic_filter, None)
         return writes
 
     # ---- reading -----------------------------------------------------------------------
@@ -253,14 +253,12 @@ class DurableSession(Session):
         if since is None:
             return  # a shared subscription: routed live, not read from storage
         ds = self._ctx.ds
-        positions = self._positions.get(topic_filter, {})
-        oldest: dict[int, int] = {}
-        streams = [
-            stream for stream in ds.get_streams("messages", topic_filter, since)
-            if positions.get(stream, 0) is not None
-        ]
+        streams = ds.get_streams("messages", topic_filter, since)
         if not streams:
             return
+        positions = self._positions_of(topic_filter)
+        streams = [stream for stream in streams if positions.get(stream, 0) is not None]
+        oldest: dict[int, int] = {}
         for stream in streams:
             oldest[stream.shard] = min(oldest.get(stream.shard, stream.generation),
                                        stream.generation)
@@ -278,6 +276,19 @@ class DurableSession(Session):
             readers[stream] = asyncio.get_running_loop().create_task(
                 self._read(topic_filter, stream, iterator)
             )
+
+    def _positions_of(self, topic_filter: str) -> dict[Stream, int | None]:
+        """The filter's read positions. Those of a session restored at start-up are read
+        from the store filter by filter, as its readers start, not all when it resumes."""
+        positions = self._positions.get(topic_filter)
+        if positions is None and topic_filter in self._stored_positions:
+            self._stored_positions.discard(topic_filter)
+            if not self._stored_positions:
+                self._stored_positions = set()  # a set keeps its table when emptied
+            positions = self._ctx.store.load_positions(self.client_id, topic_filter)
+            if positions:
+                self._positions[topic_filter] = positions
+        return positions if positions is not None else {}
 
     async def _read(self, topic_filter: str, stream: Stream, iterator: Iterator) -> None:
         ctx = self._ctx

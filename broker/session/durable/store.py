@@ -30,8 +30,6 @@ class StoredSession:
     client_id: str
     meta: r.Meta
     subscriptions: dict[str, tuple[SubscriptionOptions, int]] = field(default_factory=dict)
-    # filter -> stream -> position (microseconds), or None once the stream was read to its end
-    positions: dict[str, dict[Stream, int | None]] = field(default_factory=dict)
     batches: list[r.BatchRecord] = field(default_factory=list)
     released: set[int] = field(default_factory=set)
     awaiting_rel: set[int] = field(default_factory=set)
@@ -47,6 +45,8 @@ def _attach_acks(stored: StoredSession) -> None:
 Write = tuple[bytes, bytes | None]  # None deletes
 # Every kind of key a session has besides its meta (see records.py).
 _STATE_KINDS: Final = (b"s", b"p", b"b", b"k", b"r", b"a")
+# What was in flight: rebuilt when the client of a session restored at start-up is back.
+_IN_FLIGHT_KINDS: Final = (b"b", b"k", b"r", b"a")
 
 
 class SessionStore:
@@ -80,12 +80,16 @@ class SessionStore:
         return list(found.values())
 
     def load(self, client_id: str) -> StoredSession | None:
+        """The session's meta and what it had in flight; not its subscriptions (known
+        since start-up, `load_all`) nor its read positions (`load_positions`, per filter as
+        its readers start): with many thousands of filters, reading them all at once would
+        stall the node while the client reconnects."""
         self._turn.flush_now()
         raw = self._ds.sessions.get(r.meta_key(client_id))
         if raw is None:
             return None
         stored = StoredSession(client_id, r.Meta.from_bytes(raw))
-        for kind in _STATE_KINDS:
+        for kind in _IN_FLIGHT_KINDS:
             for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
                 self._add(stored, kind, key, value)
         _attach_acks(stored)
@@ -97,12 +101,6 @@ class SessionStore:
         if kind == b"s":
             topic_filter = key[len(r.prefix(b"s", client_id)):].decode()
             stored.subscriptions[topic_filter] = r.subscription_from_bytes(value)
-        elif kind == b"p":
-            topic_filter, shard, generation, stream = r.position_parts(key, client_id)
-            position = r.loads(value)["pos"]
-            stored.positions.setdefault(topic_filter, {})[
-                Stream("messages", shard, generation, stream)
-            ] = position
         elif kind == b"b":
             stored.batches.append(r.BatchRecord.from_bytes(value))
         elif kind == b"k":
@@ -173,6 +171,17 @@ class SessionStore:
             deletes.extend((key, None)
                            for key, _ in self._ds.sessions.scan(r.prefix(kind, client_id)))
         return deletes
+
+    def load_positions(self, client_id: str, topic_filter: str) -> dict[Stream, int | None]:
+        """Where the filter's streams were read to (microseconds), None for a stream read
+        to its end."""
+        self._turn.flush_now()
+        positions: dict[Stream, int | None] = {}
+        start = r.prefix(b"p", client_id) + topic_filter.encode() + r.SEP
+        for key, value in self._ds.sessions.scan(start):
+            _, shard, generation, stream = r.position_parts(key, client_id)
+            positions[Stream("messages", shard, generation, stream)] = r.loads(value)["pos"]
+        return positions
 
     @staticmethod
     def position_write(client_id: str, topic_filter: str, stream: Stream,
