@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-import plyvel
+import plyvel  # type: ignore[import-untyped]
 
 from broker.mqtt.codec import Decoder, encode_publish
 from broker.mqtt.constants import MQTT_5
