@@ -16,7 +16,7 @@ client]` (group and client null for a plain route).
 import json
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from broker.routing.trie import TopicTrie
 
@@ -171,8 +171,8 @@ class RemoteRoutes:
             if isinstance(key, str):
                 sites.add(key)
             else:
-                group, site, client_id = key  # type: ignore[misc]
-                shared.setdefault((group, topic_filter), []).append((site, client_id))
+                member = cast(tuple[str, str, str], key)
+                shared.setdefault((member[0], topic_filter), []).append((member[1], member[2]))
         result = (frozenset(sites), shared)
         if len(self._cache) >= 10_000:
             self._cache.clear()

@@ -81,8 +81,8 @@ class Router:
         if remote:
             if groups is None:
                 groups = {}
-            for group_key, members in remote.items():
-                groups.setdefault(group_key, []).extend((c, site) for site, c in members)
+            for group_key, remote_members in remote.items():
+                groups.setdefault(group_key, []).extend((c, s) for s, c in remote_members)
         if groups is not None:
             for group_key, members in groups.items():
                 client_id, site = self._dispatch.pick(group_key, members, publisher, is_online)
