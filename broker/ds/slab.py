@@ -39,10 +39,16 @@ class SlabClosed(RuntimeError):
     """A sealed slab was used without acquiring it (open_slabs.py)."""
 
 
+# LevelDB's block cache per database (its default is 8 MiB): with up to
+# `max_open_slabs` open at once, 2 MiB each bounds the caches at 128 MiB for the default 64.
+# Readers stream a slab forward once, so a larger cache would hold blocks never read again.
+BLOCK_CACHE_SIZE: Final = 2 * 1024 * 1024
+
+
 def _open_leveldb(path: Path, create: bool) -> plyvel.DB:
     return plyvel.DB(
         str(path), create_if_missing=create, error_if_exists=create,
-        max_open_files=MAX_OPEN_FILES,
+        max_open_files=MAX_OPEN_FILES, lru_cache_size=BLOCK_CACHE_SIZE,
     )
 
 
