@@ -1,0 +1,695 @@
+"""One Raft group's consensus state machine, sans I/O (modelled on h11's connection).
+
+Inputs: `tick()` (logical time), `step(sender, message)`, `propose(data)`,
+`persisted(seq)` (a Ready's writes are on disk), `applied(index)`, `compact(index)`,
+`read_index(context)`, membership changes and `send_snapshot_chunk`. Outputs accumulate
+until `ready()` hands them over as one `Ready` (see ready.py for what the shell does with
+it). No sockets, clocks, threads or files: randomness comes from the `random.Random` given
+at construction, so a simulation replays exactly from its seed.
+
+Raft as in the paper and Ongaro's thesis, plus:
+- durability: the leader counts itself toward a commit majority only for entries it has
+  persisted; vote grants and append acknowledgements wait for the state they promise to be on
+  disk (`Ready.after_persist`), while the leader's own AppendEntries leave at once;
+- pre-vote (a server asks "would you vote for me?" before raising its term) and check-quorum
+  (a leader that has not heard from a majority within an election timeout steps down, and a
+  server that heard from a live leader within one ignores vote requests), so neither a
+  partitioned nor a removed server disrupts a working group;
+- learners replicate without voting; a learner is promoted only when caught up;
+- membership changes one server at a time, taking effect when appended (thesis 4.1), only
+  after the leader committed an entry of its own term, one at a time;
+- read index: a leader confirms it still leads with a heartbeat round, then the read waits
+  for the state machine to reach the commit index of when it was asked;
+- snapshots: the state machine owns its data; compaction drops entries it has flushed, and
+  a follower behind the leader's first entry gets the state machine's snapshot in chunks.
+"""
+
+import random
+from collections import deque
+from typing import Final
+
+from broker.raft.log import RaftLog
+from broker.raft.messages import (
+    CONFIG,
+    NOOP,
+    NORMAL,
+    AppendEntries,
+    AppendResponse,
+    Config,
+    Entry,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    RequestVote,
+    SnapshotResponse,
+    VoteResponse,
+)
+from broker.raft.progress import PROBE, REPLICATE, SNAPSHOT, Progress
+from broker.raft.ready import (
+    HardState,
+    Ready,
+    SnapshotChunk,
+    SnapshotMeta,
+    SnapshotRequest,
+)
+
+FOLLOWER: Final = 0
+PRE_CANDIDATE: Final = 1
+CANDIDATE: Final = 2
+LEADER: Final = 3
+ROLE_NAMES: Final = ("follower", "pre-candidate", "candidate", "leader")
+
+
+class NotLeader(Exception):
+    """Only the leader proposes, reads by index and changes membership; `leader` is the
+    one this server knows of (None when there is an election)."""
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader})")
+        self.leader = leader
+
+
+class ConfigChangeRefused(Exception):
+    pass
+
+
+class RaftGroup:
+    def __init__(self, group: int, node_id: str, rng: random.Random, *, term: int = 0,
+                 vote: str | None = None, log: RaftLog | None = None, applied: int = 0,
+                 election_ticks: int = 10, heartbeat_ticks: int = 1,
+                 max_append_bytes: int = 1 << 20, catch_up_entries: int = 1000) -> None:
+        self.group = group
+        self.id = node_id
+        self._rng = rng
+        self.term = term
+        self.vote = vote
+        self.log = log if log is not None else RaftLog()
+        self.role = FOLLOWER
+        self.leader: str | None = None
+        self.election_ticks = election_ticks
+        self.heartbeat_ticks = heartbeat_ticks
+        self.max_append_bytes = max_append_bytes
+        self.catch_up_entries = catch_up_entries
+        self._elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._timeout = self._random_timeout()
+        # What is on disk: recovered state is.
+        self.persisted_index = self.log.last_index
+        self._durable = HardState(term, vote)
+        self._emitted = self._durable
+        # applied <= handed <= min(commit, persisted_index)
+        self.commit = max(applied, self.log.snapshot_index)
+        self.applied_index = self.commit
+        self._handed = self.commit
+        self._votes: dict[str, bool] = {}
+        self.progress: dict[str, Progress] = {}
+        self._heartbeat_seq = 0
+        self._reads_unconfirmed: list[object] = []  # read-index requests without a round
+        self._reads: deque[tuple[object, int, int]] = deque()  # (context, index, seq)
+        self._committed_in_term = False
+        self._receiving: tuple[int, int, int] = (0, 0, 0)  # snapshot index, term, offset
+        # The Ready being collected.
+        self._seq = 0
+        self._unstable = 0  # the first index to write (0: none)
+        self._snapshot: SnapshotMeta | None = None
+        self._messages: list[tuple[str, Message]] = []
+        self._after_persist: list[tuple[str, Message]] = []
+        self._chunks: list[SnapshotChunk] = []
+        self._snapshot_requests: list[SnapshotRequest] = []
+        self._reads_ready: list[tuple[object, int]] = []
+        self._reads_failed: list[object] = []
+        self._role_changed = False
+        self._to_replicate: dict[str, None] = {}  # (a dict: ordered, for replays)
+        self._batches: deque[list[int]] = deque()  # [seq, last index written] not yet synced
+        self._batch_states: dict[int, HardState] = {}
+        # Counters for metrics and tests.
+        self.stale_messages = 0
+        self.elections = 0
+
+    # ----------------------------------------------------------------- inputs
+
+    def bootstrap(self, config: Config) -> None:
+        """Starts a new group: every initial member writes the same configuration entry at
+        index 1 of term 1, so their logs agree from the start. A server joining later starts
+        empty and learns the configuration from the leader."""
+        if self.log.last_index or self.term:
+            return
+        self.term = 1
+        self._append(Entry(1, 1, CONFIG, config.encode()))
+
+    def tick(self) -> None:
+        self._elapsed += 1
+        if self.role == LEADER:
+            self._heartbeat_elapsed += 1
+            if self._heartbeat_elapsed >= self.heartbeat_ticks:
+                self._heartbeat_elapsed = 0
+                self._broadcast_heartbeat()
+            if self._elapsed >= self.election_ticks:
+                self._elapsed = 0
+                self._check_quorum()
+            self._tick_snapshots()
+        elif self._elapsed >= self._timeout and self.id in self.log.config.voters:
+            self._campaign(pre_vote=True)
+
+    def step(self, sender: str, m: Message) -> None:
+        if m.term > self.term:
+            if isinstance(m, RequestVote):
+                if self.leader is not None and self._elapsed < self.election_ticks:
+                    return  # a live leader: the requester is partitioned or removed
+                if not m.pre_vote:
+                    self._become_follower(m.term, None)
+            elif not (isinstance(m, VoteResponse) and m.pre_vote and m.granted):
+                # (A pre-vote grant carries the term the pre-candidate would take.)
+                leads = isinstance(m, (AppendEntries, Heartbeat, InstallSnapshot))
+                self._become_follower(m.term, sender if leads else None)
+        elif m.term < self.term:
+            self.stale_messages += 1
+            if isinstance(m, (AppendEntries, Heartbeat)):
+                # A deposed leader learns of the newer term and steps down.
+                self._reply(sender, AppendResponse(self.group, self.term, False, 0, 0))
+            elif isinstance(m, RequestVote) and m.pre_vote:
+                self._reply(sender, VoteResponse(self.group, self.term, False, True))
+            return
+        if isinstance(m, AppendEntries):
+            self._on_append(sender, m)
+        elif isinstance(m, Heartbeat):
+            self._on_heartbeat(sender, m)
+        elif isinstance(m, InstallSnapshot):
+            self._on_snapshot(sender, m)
+        elif isinstance(m, RequestVote):
+            self._on_vote_request(sender, m)
+        elif isinstance(m, VoteResponse):
+            self._on_vote_response(sender, m)
+        elif self.role == LEADER:
+            pr = self.progress.get(sender)
+            if pr is None:
+                return
+            pr.active = True
+            if isinstance(m, AppendResponse):
+                self._on_append_response(sender, pr, m)
+            elif isinstance(m, HeartbeatResponse):
+                self._on_heartbeat_response(sender, pr, m)
+            else:
+                self._on_snapshot_response(sender, pr, m)
+
+    def propose(self, data: bytes) -> tuple[int, int]:
+        """Appends a command; returns its (index, term). It is committed when the state
+        machine is handed an entry at that index with that term; a different term there
+        means it was lost to a change of leader."""
+        if self.role != LEADER:
+            raise NotLeader(self.leader)
+        index = self.log.last_index + 1
+        self._append(Entry(index, self.term, NORMAL, data))
+        return index, self.term
+
+    def persisted(self, seq: int) -> None:
+        """Every Ready up to `seq` is on disk."""
+        batches = self._batches
+        while batches and batches[0][0] <= seq:
+            done, last = batches.popleft()
+            self.persisted_index = max(self.persisted_index, last)
+            state = self._batch_states.pop(done, None)
+            if state is not None:
+                self._durable = state
+        if self.role == LEADER:
+            self._maybe_commit()
+        elif self.role == CANDIDATE:
+            self._tally()
+
+    def applied(self, index: int) -> None:
+        self.applied_index = max(self.applied_index, index)
+
+    def compact(self, index: int) -> None:
+        """The state machine's data is flushed up to `index`: entries up to there go."""
+        index = min(index, self.applied_index)
+        if index <= self.log.snapshot_index:
+            return
+        self.log.compact(index)
+        self._snapshot = SnapshotMeta(index, self.log.snapshot_term, self.log.snapshot_config)
+
+    def read_index(self, context: object) -> None:
+        """Asks for a linearizable read: `context` comes back in `Ready.reads` with the index
+        the state machine must have applied before the read is served."""
+        if self.role != LEADER:
+            raise NotLeader(self.leader)
+        self._reads_unconfirmed.append(context)
+
+    def add_learner(self, node: str) -> int:
+        config = self._config_change_allowed()
+        if node in config.members():
+            raise ConfigChangeRefused(f"{node} is already a member")
+        return self._change_config(Config(config.voters, config.learners | {node}))
+
+    def promote(self, node: str) -> int:
+        """Makes a caught-up learner a voter."""
+        config = self._config_change_allowed()
+        if node not in config.learners:
+            raise ConfigChangeRefused(f"{node} is not a learner")
+        pr = self.progress[node]
+        if pr.match + self.catch_up_entries < self.log.last_index:
+            raise ConfigChangeRefused(
+                f"{node} has not caught up ({pr.match} of {self.log.last_index})")
+        return self._change_config(Config(config.voters | {node}, config.learners - {node}))
+
+    def remove(self, node: str) -> int:
+        config = self._config_change_allowed()
+        if node not in config.members():
+            raise ConfigChangeRefused(f"{node} is not a member")
+        if config.voters == {node}:
+            raise ConfigChangeRefused("cannot remove the last voter")
+        return self._change_config(Config(config.voters - {node}, config.learners - {node}))
+
+    def send_snapshot_chunk(self, peer: str, index: int, offset: int, data: bytes,
+                            done: bool) -> None:
+        """The state machine's answer to a SnapshotRequest. Ignored when the peer no longer
+        waits for it (leadership or its state changed meanwhile)."""
+        pr = self.progress.get(peer)
+        if self.role != LEADER or pr is None or pr.state != SNAPSHOT:
+            return
+        term = self.log.term_at(index)
+        if term is None or index > self.applied_index or (pr.snapshot_index not in (0, index)):
+            pr.become_probe()  # the snapshot is gone: start again with a new one
+            self._to_replicate[peer] = None
+            return
+        pr.snapshot_index = index
+        pr.snapshot_ticks = 0
+        self._messages.append((peer, InstallSnapshot(
+            self.group, self.term, index, term, self.log.config_at(index), offset, data,
+            done)))
+
+    # ---------------------------------------------------------------- outputs
+
+    def has_ready(self) -> bool:
+        return bool(
+            self._unstable or self._snapshot is not None or self._messages
+            or self._after_persist or self._chunks or self._snapshot_requests
+            or self._reads_ready or self._reads_failed or self._role_changed
+            or self._to_replicate or self._emitted != HardState(self.term, self.vote)
+            or self._handed < min(self.commit, self.persisted_index)
+            or (bool(self._reads_unconfirmed) and self._committed_in_term
+                and self.role == LEADER))
+
+    def ready(self) -> Ready:
+        if self.role == LEADER:
+            for peer in self._to_replicate:
+                self._send_appends(peer)
+            if self._reads_unconfirmed and self._committed_in_term:
+                self._confirm_reads()
+        self._to_replicate.clear()
+        self._seq += 1
+        seq = self._seq
+        ready = Ready(seq)
+        state = HardState(self.term, self.vote)
+        if state != self._emitted:
+            ready.hard_state = self._emitted = state
+            self._batch_states[seq] = state
+        if self._snapshot is not None:
+            ready.snapshot = self._snapshot
+            self._snapshot = None
+        if self._unstable:
+            ready.entries = self.log.entries_between(self._unstable, self.log.last_index)
+            self._unstable = 0
+        if ready.has_writes():
+            self._batches.append([seq, self.log.last_index])
+        top = min(self.commit, self.persisted_index)
+        if self._handed < top:
+            ready.committed = self.log.entries_between(self._handed + 1, top)
+            self._handed = top
+        ready.messages, self._messages = self._messages, []
+        ready.after_persist, self._after_persist = self._after_persist, []
+        ready.snapshot_chunks, self._chunks = self._chunks, []
+        ready.snapshot_requests, self._snapshot_requests = self._snapshot_requests, []
+        ready.reads, self._reads_ready = self._reads_ready, []
+        ready.reads_failed, self._reads_failed = self._reads_failed, []
+        ready.role_changed, self._role_changed = self._role_changed, False
+        return ready
+
+    # ------------------------------------------------------------ elections
+
+    def _random_timeout(self) -> int:
+        return self.election_ticks + self._rng.randrange(self.election_ticks)
+
+    def _campaign(self, pre_vote: bool) -> None:
+        self._elapsed = 0
+        self._timeout = self._random_timeout()
+        self._votes = {self.id: True}
+        if pre_vote:
+            self._set_role(PRE_CANDIDATE)
+            term = self.term + 1
+        else:
+            self._set_role(CANDIDATE)
+            self.term += 1
+            self.vote = self.id
+            self.leader = None
+            self.elections += 1
+            term = self.term
+        request = RequestVote(self.group, term, self.log.last_index, self.log.last_term,
+                              pre_vote)
+        for peer in sorted(self.log.config.voters):
+            if peer != self.id:
+                self._messages.append((peer, request))
+        self._tally()
+
+    def _on_vote_request(self, sender: str, m: RequestVote) -> None:
+        up_to_date = (m.last_term > self.log.last_term
+                      or (m.last_term == self.log.last_term
+                          and m.last_index >= self.log.last_index))
+        if m.pre_vote:
+            can_vote = m.term > self.term or self.vote == sender or (
+                self.vote is None and self.leader is None)
+        else:
+            can_vote = self.vote == sender or (self.vote is None and self.leader is None)
+        granted = can_vote and up_to_date
+        if granted and not m.pre_vote:
+            self.vote = sender
+            self._elapsed = 0
+        term = m.term if granted and m.pre_vote else self.term
+        self._reply(sender, VoteResponse(self.group, term, granted, m.pre_vote))
+
+    def _on_vote_response(self, sender: str, m: VoteResponse) -> None:
+        if self.role == PRE_CANDIDATE:
+            if not m.pre_vote or (m.granted and m.term != self.term + 1):
+                return
+        elif self.role != CANDIDATE or m.pre_vote:
+            return
+        if sender in self.log.config.voters:
+            self._votes.setdefault(sender, m.granted)
+        self._tally()
+
+    def _tally(self) -> None:
+        voters = self.log.config.voters
+        quorum = len(voters) // 2 + 1
+        granted = sum(1 for peer, yes in self._votes.items() if yes and peer in voters)
+        refused = sum(1 for peer, yes in self._votes.items() if not yes and peer in voters)
+        if granted >= quorum:
+            if self.role == PRE_CANDIDATE:
+                self._campaign(pre_vote=False)
+            elif self._durable == HardState(self.term, self.id):
+                # Only once its own vote is on disk: a crash must not let it vote again.
+                self._become_leader()
+        elif refused >= quorum:
+            self._become_follower(self.term, None)
+
+    def _become_follower(self, term: int, leader: str | None) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = None
+        self.leader = leader
+        self._elapsed = 0
+        self._timeout = self._random_timeout()
+        if self.role == LEADER:
+            self._reads_failed.extend(self._reads_unconfirmed)
+            self._reads_failed.extend(context for context, _, _ in self._reads)
+            self._reads_unconfirmed.clear()
+            self._reads.clear()
+            self.progress = {}
+        if self.role != FOLLOWER:
+            self._set_role(FOLLOWER)
+
+    def _become_leader(self) -> None:
+        self._set_role(LEADER)
+        self.leader = self.id
+        self._elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._committed_in_term = False
+        self.progress = {}
+        for peer in sorted(self.log.config.members()):
+            if peer != self.id:
+                self.progress[peer] = Progress(self.log.last_index + 1)
+        self._append(Entry(self.log.last_index + 1, self.term, NOOP, b""))
+
+    def _set_role(self, role: int) -> None:
+        self.role = role
+        self._role_changed = True
+
+    def _check_quorum(self) -> None:
+        voters = self.log.config.voters
+        active = sum(1 for peer in voters
+                     if peer == self.id or (peer in self.progress and self.progress[peer].active))
+        for pr in self.progress.values():
+            pr.active = False
+        if active < len(voters) // 2 + 1:
+            self._become_follower(self.term, None)
+
+    # ---------------------------------------------------------- replication
+
+    def _append(self, entry: Entry) -> None:
+        self.log.append(entry)
+        if not self._unstable:
+            self._unstable = entry.index
+        if entry.kind == CONFIG:
+            self._config_appended()
+        if self.role == LEADER:
+            self._to_replicate.update(dict.fromkeys(self.progress))
+
+    def _send_appends(self, peer: str) -> None:
+        pr = self.progress.get(peer)
+        if pr is None:
+            return
+        log = self.log
+        while pr.can_send():
+            prev = pr.next - 1
+            prev_term = log.term_at(prev)
+            if prev_term is None:
+                pr.state = SNAPSHOT
+                pr.snapshot_index = 0
+                pr.snapshot_ticks = 0
+                self._snapshot_requests.append(SnapshotRequest(peer, 0, 0))
+                return
+            entries = log.slice(pr.next, self.max_append_bytes) if prev < log.last_index else []
+            if not entries and pr.state == REPLICATE:
+                return
+            self._messages.append((peer, AppendEntries(
+                self.group, self.term, prev, prev_term, self.commit, entries)))
+            if pr.state == PROBE:
+                pr.probe_sent = True
+            elif entries:
+                pr.next = entries[-1].index + 1
+                pr.inflight.append(entries[-1].index)
+
+    def _on_append(self, sender: str, m: AppendEntries) -> None:
+        if self.role != FOLLOWER:
+            self._become_follower(self.term, sender)
+        self.leader = sender
+        self._elapsed = 0
+        log = self.log
+        if m.prev_index > log.last_index:
+            self._reply(sender, AppendResponse(self.group, self.term, False, m.prev_index,
+                                               log.last_index))
+            return
+        entries = m.entries
+        prev = m.prev_index
+        if prev < log.snapshot_index:
+            # The compacted prefix is committed, so it matches the leader's.
+            entries = entries[log.snapshot_index - prev:]
+            prev = log.snapshot_index
+        elif log.term_at(prev) != m.prev_term:
+            hint = log.find_conflict_hint(prev, m.prev_term)
+            self._reply(sender, AppendResponse(self.group, self.term, False, m.prev_index,
+                                               hint))
+            return
+        for i, entry in enumerate(entries):
+            index = entry.index
+            if index <= log.last_index:
+                if log.term_at(index) == entry.term:
+                    continue
+                assert index > self.commit, "a leader truncates a committed entry"
+                log.truncate_after(index - 1)
+                self._truncated(index - 1)
+            for new in entries[i:]:
+                log.append(new)
+            if not self._unstable or self._unstable > index:
+                self._unstable = index
+            self._config_appended()
+            break
+        last = m.prev_index + len(m.entries)
+        if m.commit > self.commit:
+            self.commit = max(self.commit, min(m.commit, last))
+        self._reply(sender, AppendResponse(self.group, self.term, True, last, 0), last)
+
+    def _truncated(self, index: int) -> None:
+        """Entries after `index` are gone: what was on disk after it no longer counts."""
+        self.persisted_index = min(self.persisted_index, index)
+        for batch in self._batches:
+            batch[1] = min(batch[1], index)
+        if self._unstable > index + 1:
+            self._unstable = index + 1
+
+    def _on_append_response(self, sender: str, pr: Progress, m: AppendResponse) -> None:
+        if m.success:
+            if pr.acknowledge(m.index):
+                if pr.state == PROBE:
+                    pr.state = REPLICATE
+                    pr.probe_sent = False
+                self._maybe_commit()
+            elif pr.state == PROBE:
+                pr.probe_sent = False
+            if pr.match < self.log.last_index:
+                self._to_replicate[sender] = None
+            return
+        if m.index <= pr.match or (pr.state == PROBE and m.index != pr.next - 1):
+            return  # stale: a refusal of something since acknowledged or re-sent
+        pr.become_probe()
+        pr.next = max(pr.match + 1, min(m.index, m.hint + 1))
+        self._to_replicate[sender] = None
+
+    def _maybe_commit(self) -> None:
+        voters = self.log.config.voters
+        matches = sorted(
+            (self.persisted_index if peer == self.id
+             else self.progress[peer].match if peer in self.progress else 0)
+            for peer in voters)
+        if not matches:
+            return
+        index = matches[(len(matches) - 1) // 2]
+        if index <= self.commit or self.log.term_at(index) != self.term:
+            return
+        self.commit = index
+        if not self._committed_in_term:
+            self._committed_in_term = True
+        if self.id not in voters and self.log.pending_config_index() <= index:
+            # Removed: it led until its removal committed, now a new leader takes over.
+            self._become_follower(self.term, None)
+
+    # ---------------------------------------------------- heartbeats, reads
+
+    def _broadcast_heartbeat(self) -> None:
+        for peer, pr in self.progress.items():
+            self._messages.append((peer, Heartbeat(
+                self.group, self.term, min(pr.match, self.commit), self._heartbeat_seq)))
+
+    def _on_heartbeat(self, sender: str, m: Heartbeat) -> None:
+        if self.role != FOLLOWER:
+            self._become_follower(self.term, sender)
+        self.leader = sender
+        self._elapsed = 0
+        if m.commit > self.commit:
+            self.commit = min(m.commit, self.log.last_index)
+        self._reply(sender, HeartbeatResponse(self.group, self.term, m.seq))
+
+    def _on_heartbeat_response(self, sender: str, pr: Progress, m: HeartbeatResponse) -> None:
+        if m.seq > pr.heartbeat_seq:
+            pr.heartbeat_seq = m.seq
+            self._release_reads()
+        if pr.state == PROBE:
+            pr.probe_sent = False  # a lost probe or its lost answer: probe again
+        if pr.match < self.log.last_index:
+            self._to_replicate[sender] = None
+
+    def _confirm_reads(self) -> None:
+        self._heartbeat_seq += 1
+        seq = self._heartbeat_seq
+        self._reads.extend((context, self.commit, seq) for context in self._reads_unconfirmed)
+        self._reads_unconfirmed.clear()
+        self._broadcast_heartbeat()
+        self._release_reads()
+
+    def _release_reads(self) -> None:
+        voters = self.log.config.voters
+        quorum = len(voters) // 2 + 1
+        reads = self._reads
+        while reads:
+            context, index, seq = reads[0]
+            acks = sum(1 for peer in voters if peer == self.id or (
+                peer in self.progress and self.progress[peer].heartbeat_seq >= seq))
+            if acks < quorum:
+                return
+            reads.popleft()
+            self._reads_ready.append((context, index))
+
+    # ------------------------------------------------------------ snapshots
+
+    def _on_snapshot(self, sender: str, m: InstallSnapshot) -> None:
+        if self.role != FOLLOWER:
+            self._become_follower(self.term, sender)
+        self.leader = sender
+        self._elapsed = 0
+        if m.index <= self.commit:
+            # Already have it (committed entries match the leader's).
+            self._reply(sender, SnapshotResponse(self.group, self.term, m.index, 0, True),
+                        m.index)
+            return
+        index, term, expected = self._receiving
+        if (index, term) != (m.index, m.snapshot_term) or m.offset != expected:
+            if m.offset != 0:
+                resume = expected if (index, term) == (m.index, m.snapshot_term) else 0
+                self._reply(sender, SnapshotResponse(self.group, self.term, m.index, resume,
+                                                     False))
+                return
+            expected = 0
+        self._chunks.append(SnapshotChunk(m.index, m.snapshot_term, m.offset, m.data, m.done))
+        self._receiving = (m.index, m.snapshot_term, expected + len(m.data))
+        if not m.done:
+            self._reply(sender, SnapshotResponse(self.group, self.term, m.index,
+                                                 expected + len(m.data), False))
+            return
+        self._receiving = (0, 0, 0)
+        self.log.restore(m.index, m.snapshot_term, m.config)
+        self._truncated(min(self.persisted_index, m.index))
+        if self._unstable and self._unstable <= m.index:
+            self._unstable = 0 if self.log.last_index == m.index else m.index + 1
+        self.commit = self.applied_index = self._handed = m.index
+        self._snapshot = SnapshotMeta(m.index, m.snapshot_term, m.config)
+        self._config_appended()
+        self._reply(sender, SnapshotResponse(self.group, self.term, m.index, 0, True), m.index)
+
+    def _on_snapshot_response(self, sender: str, pr: Progress, m: SnapshotResponse) -> None:
+        if pr.state != SNAPSHOT or m.index != pr.snapshot_index:
+            return
+        pr.snapshot_ticks = 0
+        if m.done:
+            pr.acknowledge(m.index)
+            pr.become_probe()
+            self._maybe_commit()
+            self._to_replicate[sender] = None
+        else:
+            self._snapshot_requests.append(SnapshotRequest(sender, m.index, m.offset))
+
+    def _tick_snapshots(self) -> None:
+        for peer, pr in self.progress.items():
+            if pr.state == SNAPSHOT:
+                pr.snapshot_ticks += 1
+                if pr.snapshot_ticks > self.election_ticks:
+                    # A chunk or its answer was lost: start over.
+                    pr.become_probe()
+                    self._to_replicate[peer] = None
+
+    # --------------------------------------------------------- membership
+
+    def _config_change_allowed(self) -> Config:
+        if self.role != LEADER:
+            raise NotLeader(self.leader)
+        if not self._committed_in_term or self.log.pending_config_index() > self.commit:
+            raise ConfigChangeRefused("a configuration change is in progress")
+        return self.log.config
+
+    def _change_config(self, config: Config) -> int:
+        index = self.log.last_index + 1
+        self._append(Entry(index, self.term, CONFIG, config.encode()))
+        return index
+
+    def _config_appended(self) -> None:
+        """The configuration at the end of the log holds from now on."""
+        if self.role != LEADER:
+            return
+        members = self.log.config.members()
+        for peer in sorted(members):
+            if peer != self.id and peer not in self.progress:
+                self.progress[peer] = Progress(self.log.last_index + 1)
+                self._to_replicate[peer] = None
+        for peer in list(self.progress):
+            if peer not in members:
+                del self.progress[peer]
+        self._maybe_commit()
+
+    # ------------------------------------------------------------- replies
+
+    def _reply(self, to: str, message: Message, durable_index: int = 0) -> None:
+        """Sends at once when nothing it says waits for the disk, else after the next
+        fsync: a vote or an acknowledgement promises state that must survive a crash."""
+        if (durable_index <= self.persisted_index
+                and self._durable == HardState(self.term, self.vote)):
+            self._messages.append((to, message))
+        else:
+            self._after_persist.append((to, message))

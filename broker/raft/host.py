@@ -1,0 +1,256 @@
+"""A node's Raft groups on one write-ahead log, still without I/O of its own.
+
+The host turns the groups' Readies into one write-ahead log batch per call of `flush()`
+(group commit), sends what may leave at once, holds back the after-persist messages until
+`synced(batch)` says the batch is on disk, applies committed entries to each group's state
+machine and settles proposals and reads. The asyncio shell (node.py) and the deterministic
+simulation (tests/raft/) drive this same object: the shell commits batches with a real
+fdatasync in a worker thread, the simulation with a simulated disk.
+
+Bad input from a peer (garbled bytes, an unknown group, a stale term) is dropped and
+counted, never raised.
+"""
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from broker.raft.core import ROLE_NAMES, RaftGroup
+from broker.raft.messages import Config, Entry, MalformedMessage, Message, decode, encode
+from broker.raft.ready import SnapshotChunk
+from broker.raft.wal import RecoveredGroup, WalBatch, WriteAheadLog
+
+Metric = tuple[str, str, dict[str, str], float]
+
+
+class Transport(Protocol):
+    """The cluster link to the other nodes; `send` must not block (it queues)."""
+
+    def send(self, peer: str, data: bytes) -> None: ...
+
+
+class StateMachine(Protocol):
+    def apply(self, entry: Entry) -> None:
+        """A committed entry, in index order (configuration and no-op entries too)."""
+
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
+        """The bytes at `offset` of the snapshot at `index` (0: of the applied state,
+        choosing its index, which must not be compacted past): (index, data, done)."""
+
+    def install_chunk(self, chunk: SnapshotChunk) -> None:
+        """A received chunk; the one with `done` replaces the state, durably, at
+        `chunk.index`."""
+
+
+@dataclass(slots=True)
+class HostBatch:
+    """One flush: its write-ahead log batch (None when nothing was written) and what waits
+    for it to be on disk."""
+
+    wal: WalBatch | None
+    readies: list[tuple[RaftGroup, int]] = field(default_factory=list)
+    after_persist: list[tuple[str, Message]] = field(default_factory=list)
+    synced: bool = False
+
+
+class _Group:
+    __slots__ = ("core", "machine", "proposals", "reads")
+
+    def __init__(self, core: RaftGroup, machine: StateMachine) -> None:
+        self.core = core
+        self.machine = machine
+        self.proposals: dict[int, tuple[int, Callable[[bool], None]]] = {}
+        self.reads: deque[tuple[int, Callable[[bool], None]]] = deque()
+
+
+class RaftHost:
+    def __init__(self, node_id: str, wal: WriteAheadLog, transport: Transport,
+                 rng: random.Random, election_ticks: int = 10, heartbeat_ticks: int = 1
+                 ) -> None:
+        self.id = node_id
+        self.wal = wal
+        self.transport = transport
+        self._rng = rng
+        self.election_ticks = election_ticks
+        self.heartbeat_ticks = heartbeat_ticks
+        self.groups: dict[int, _Group] = {}
+        self._unsynced: deque[HostBatch] = deque()
+        self.dropped_malformed = 0
+        self.dropped_unknown_group = 0
+        self.messages_sent = 0
+        self.messages_received = 0
+
+    def add_group(self, group: int, machine: StateMachine,
+                  recovered: RecoveredGroup | None = None, voters: frozenset[str] = frozenset(),
+                  applied: int = 0) -> RaftGroup:
+        """Hosts a group: from its recovered state, else new (a bootstrap member when
+        `voters` is given, else a server that waits to be added). `applied`: the state
+        machine's durable applied index."""
+        state = recovered or RecoveredGroup()
+        core = RaftGroup(group, self.id, random.Random(self._rng.random()), term=state.term,
+                         vote=state.vote, log=state.log, applied=applied,
+                         election_ticks=self.election_ticks,
+                         heartbeat_ticks=self.heartbeat_ticks)
+        if voters:
+            core.bootstrap(Config(voters))
+        self.groups[group] = _Group(core, machine)
+        return core
+
+    def core(self, group: int) -> RaftGroup:
+        return self.groups[group].core
+
+    # ----------------------------------------------------------------- inputs
+
+    def tick(self) -> None:
+        for hosted in self.groups.values():
+            hosted.core.tick()
+
+    def receive(self, peer: str, data: bytes) -> None:
+        try:
+            message = decode(data)
+        except MalformedMessage:
+            self.dropped_malformed += 1
+            return
+        hosted = self.groups.get(message.group)
+        if hosted is None:
+            self.dropped_unknown_group += 1
+            return
+        self.messages_received += 1
+        hosted.core.step(peer, message)
+
+    def propose(self, group: int, data: bytes, done: Callable[[bool], None]) -> int:
+        """Proposes a command; `done(True)` once it is applied here, `done(False)` if another
+        entry took its index. Raises NotLeader."""
+        hosted = self.groups[group]
+        index, term = hosted.core.propose(data)
+        hosted.proposals[index] = (term, done)
+        return index
+
+    def read_index(self, group: int, done: Callable[[bool], None]) -> None:
+        """`done(True)` when a linearizable read may be served from the local state machine,
+        `done(False)` when leadership was lost first. Raises NotLeader."""
+        self.groups[group].core.read_index(done)
+
+    def compact(self, group: int, index: int) -> None:
+        self.groups[group].core.compact(index)
+
+    # ---------------------------------------------------------------- outputs
+
+    def flush(self) -> HostBatch | None:
+        """Collects every group's Ready into one batch; None when there was nothing.
+        Call `synced(batch)` once `batch.wal` is committed (at once when it is None)."""
+        batch: HostBatch | None = None
+        for _ in range(4):  # answering snapshot requests makes more to collect
+            busy = [hosted for hosted in self.groups.values() if hosted.core.has_ready()]
+            if not busy:
+                break
+            if batch is None:
+                batch = HostBatch(None)
+            for hosted in busy:
+                self._handle(hosted, batch)
+        if batch is None:
+            return None
+        if self.wal.pending():
+            batch.wal = self.wal.take()
+        self._unsynced.append(batch)
+        if batch.wal is None:
+            self.synced(batch)
+        return batch
+
+    def _handle(self, hosted: "_Group", batch: HostBatch) -> None:
+        core = hosted.core
+        ready = core.ready()
+        group = core.group
+        for chunk in ready.snapshot_chunks:
+            hosted.machine.install_chunk(chunk)
+        wal = self.wal
+        if ready.hard_state is not None:
+            wal.hard_state(group, ready.hard_state)
+        if ready.snapshot is not None:
+            wal.snapshot(group, ready.snapshot)
+        if ready.entries:
+            wal.entries(group, ready.entries)
+        send = self.transport.send
+        for peer, message in ready.messages:
+            send(peer, encode(message))
+        self.messages_sent += len(ready.messages)
+        batch.readies.append((core, ready.seq))
+        batch.after_persist.extend(ready.after_persist)
+        if ready.committed:
+            self._apply(hosted, ready.committed)
+        for context, index in ready.reads:
+            assert callable(context)
+            if index <= core.applied_index:
+                context(True)
+            else:
+                hosted.reads.append((index, context))
+        for context in ready.reads_failed:
+            assert callable(context)
+            context(False)
+        for request in ready.snapshot_requests:
+            index, data, done = hosted.machine.snapshot_chunk(request.index, request.offset)
+            core.send_snapshot_chunk(request.peer, index, request.offset, data, done)
+
+    def _apply(self, hosted: "_Group", entries: list[Entry]) -> None:
+        machine = hosted.machine
+        proposals = hosted.proposals
+        for entry in entries:
+            machine.apply(entry)
+            if proposals:
+                waiting = proposals.pop(entry.index, None)
+                if waiting is not None:
+                    waiting[1](waiting[0] == entry.term)
+        hosted.core.applied(entries[-1].index)
+        reads = hosted.reads
+        while reads and reads[0][0] <= entries[-1].index:
+            reads.popleft()[1](True)
+
+    def synced(self, batch: HostBatch) -> None:
+        """`batch` is on disk: releases it and every earlier one in order."""
+        batch.synced = True
+        unsynced = self._unsynced
+        send = self.transport.send
+        while unsynced and unsynced[0].synced:
+            done = unsynced.popleft()
+            for core, seq in done.readies:
+                core.persisted(seq)
+            for peer, message in done.after_persist:
+                send(peer, encode(message))
+            self.messages_sent += len(done.after_persist)
+
+    # ---------------------------------------------------------------- metrics
+
+    def metrics(self) -> list[Metric]:
+        node = {"node": self.id}
+        wal = self.wal
+        result: list[Metric] = [
+            ("raft_wal_bytes", "Bytes written to the Raft write-ahead log", node,
+             float(wal.bytes_written)),
+            ("raft_wal_fsyncs", "fdatasync calls of the Raft write-ahead log", node,
+             float(wal.syncs)),
+            ("raft_wal_entries_per_fsync", "Log entries made durable per fsync (average)",
+             node, wal.entries_written / wal.syncs if wal.syncs else 0.0),
+            ("raft_wal_fsync_seconds", "Duration of the last write-ahead log write + fsync",
+             node, wal.last_sync_seconds),
+            ("raft_wal_last_batch_entries", "Log entries in the last fsync batch", node,
+             float(wal.last_batch_entries)),
+            ("raft_messages_dropped", "Raft messages dropped: garbled or unknown group",
+             node, float(self.dropped_malformed + self.dropped_unknown_group)),
+        ]
+        for group, hosted in self.groups.items():
+            core = hosted.core
+            labels = {"node": self.id, "group": str(group)}
+            result.extend((
+                ("raft_role", "1 for the role this node has in the group",
+                 {**labels, "role": ROLE_NAMES[core.role]}, 1.0),
+                ("raft_term", "Current term", labels, float(core.term)),
+                ("raft_commit_index", "Commit index", labels, float(core.commit)),
+                ("raft_applied_index", "Applied index", labels, float(core.applied_index)),
+                ("raft_log_entries", "Entries in the log (after the snapshot)", labels,
+                 float(len(core.log.entries))),
+                ("raft_stale_messages", "Messages of an older term, dropped", labels,
+                 float(core.stale_messages)),
+            ))
+        return result

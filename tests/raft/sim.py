@@ -1,0 +1,657 @@
+"""Deterministic simulation of Raft nodes: seeded network, disk and crash faults, with Raft's
+safety properties checked as it runs.
+
+Every node is the real `RaftHost` (the groups' cores, their shared write-ahead log, the
+after-persist hold-back) over a `MemoryStore` disk that keeps only what was fsync'd when a
+node crashes, plus a random prefix of the rest (a torn write); a restart recovers through
+the real `WriteAheadLog.recover`. The network loses, duplicates, delays (so reorders) and
+partitions messages. One seed fixes everything: a failure prints its seed, and
+`python -m tests.raft.sim --seed N` replays it.
+
+Checked while it runs: election safety (one leader per term), "same index and term, same
+entry", log matching (pairwise, periodically and at the end), leader completeness (a new
+leader holds every committed entry), state-machine safety (every node applies the same
+command at an index, down to a digest of the whole applied history), durability (what a
+node had on disk before a crash is there after it; an acknowledged proposal is never
+lost), linearizable read-index reads, and at the end liveness (after the faults heal, every
+group elects a leader and commits).
+"""
+
+import argparse
+import hashlib
+import heapq
+import random
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup
+from broker.raft.host import HostBatch, RaftHost
+from broker.raft.messages import Entry
+from broker.raft.ready import SnapshotChunk
+from broker.raft.wal import WalBatch, WriteAheadLog
+
+
+class SafetyViolation(AssertionError):
+    pass
+
+
+class MemoryStore:
+    """Segments in memory; `crash` keeps the synced bytes and a random prefix of the rest."""
+
+    def __init__(self) -> None:
+        self.durable: dict[str, bytearray] = {}
+        self.written: dict[str, bytearray] = {}
+        self.current = ""
+
+    def names(self) -> list[str]:
+        return sorted(self.durable)
+
+    def read(self, name: str) -> bytes:
+        return bytes(self.durable[name] + self.written[name])
+
+    def create(self, name: str) -> None:
+        self.durable[name] = bytearray()
+        self.written[name] = bytearray()
+        self.current = name
+
+    def write(self, data: bytes) -> None:
+        self.written[self.current] += data
+
+    def sync(self) -> None:
+        if self.current:
+            self.durable[self.current] += self.written[self.current]
+            self.written[self.current].clear()
+
+    def truncate(self, name: str, size: int) -> None:
+        data = self.durable[name] + self.written[name]
+        self.durable[name] = data[:size]
+        self.written[name] = bytearray()
+
+    def delete(self, name: str) -> None:
+        del self.durable[name]
+        del self.written[name]
+
+    def crash(self, rng: random.Random, torn: bool) -> None:
+        for name, pending in self.written.items():
+            if torn and pending and rng.random() < 0.5:
+                self.durable[name] += pending[:rng.randrange(len(pending) + 1)]
+            pending.clear()
+        self.current = ""
+
+
+def _digest(previous: bytes, entry: Entry) -> bytes:
+    return hashlib.blake2b(b"%b%d%d%b" % (previous, entry.term, entry.kind, entry.data),
+                           digest_size=8).digest()
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.leaders: dict[tuple[int, int], str] = {}
+        self.digests: dict[int, dict[int, bytes]] = {}  # group -> index -> digest
+        self.entries: dict[int, dict[tuple[int, int], bytes]] = {}  # (index, term) -> data
+        self.committed: dict[int, dict[int, int]] = {}  # group -> index -> term
+        self.max_committed: dict[int, int] = {}
+        self.acked: dict[int, int] = {}  # group -> highest acknowledged index
+        self.acks = 0
+        self.reads = 0
+        self.installs = 0
+
+    def fail(self, message: str) -> None:
+        raise SafetyViolation(message)
+
+    def on_leader(self, group: int, term: int, node: str, core: RaftGroup) -> None:
+        known = self.leaders.setdefault((group, term), node)
+        if known != node:
+            self.fail(f"group {group} term {term}: two leaders, {known} and {node}")
+        # Leader completeness: every entry committed so far is in its log.
+        log = core.log
+        top = self.max_committed.get(group, 0)
+        if top > log.last_index:
+            self.fail(f"group {group}: leader {node} (term {term}) ends at {log.last_index}, "
+                      f"before committed index {top}")
+        committed = self.committed.get(group, {})
+        for index in range(log.snapshot_index + 1, top + 1):
+            if log.term_at(index) != committed.get(index, log.term_at(index)):
+                self.fail(f"group {group}: leader {node} (term {term}) lacks committed entry "
+                          f"{index}")
+
+    def on_commit(self, group: int, core: RaftGroup, previous: int) -> None:
+        """A leader's commit index moved from `previous`."""
+        committed = self.committed.setdefault(group, {})
+        log = core.log
+        for index in range(max(previous, log.snapshot_index) + 1, core.commit + 1):
+            term = log.term_at(index)
+            assert term is not None
+            if committed.setdefault(index, term) != term:
+                self.fail(f"group {group}: index {index} committed with terms "
+                          f"{committed[index]} and {term}")
+        if core.commit > self.max_committed.get(group, 0):
+            self.max_committed[group] = core.commit
+
+    def on_append(self, group: int, node: str, entries: list[Entry]) -> None:
+        known = self.entries.setdefault(group, {})
+        for entry in entries:
+            data = known.setdefault((entry.index, entry.term), entry.data)
+            if data != entry.data:
+                self.fail(f"group {group}: {node} has entry {entry.index} of term {entry.term} "
+                          "differing from another node's")
+
+    def on_apply(self, group: int, node: str, index: int, digest: bytes) -> None:
+        known = self.digests.setdefault(group, {}).setdefault(index, digest)
+        if known != digest:
+            self.fail(f"group {group}: {node} applied a different history at index {index}")
+
+    def expected_digest(self, group: int, index: int) -> bytes | None:
+        return self.digests.get(group, {}).get(index)
+
+
+class CheckedWal(WriteAheadLog):
+    """Checks every entry written: one index and term, one entry, on every node."""
+
+    def __init__(self, checker: Checker, node: str, store: MemoryStore) -> None:
+        super().__init__(store, segment_bytes=4096)
+        self.checker = checker
+        self.node = node
+
+    def entries(self, group: int, entries: list[Entry]) -> None:
+        self.checker.on_append(group, self.node, entries)
+        super().entries(group, entries)
+
+
+class SimMachine:
+    """A state machine whose state is a digest of everything applied (so comparing digests
+    compares whole histories). Its data is "flushed" when the simulation says so; a crash
+    takes it back to the flushed state."""
+
+    CHUNK = 48
+
+    def __init__(self, group: int, node: str, checker: Checker) -> None:
+        self.group = group
+        self.node = node
+        self.checker = checker
+        self.index = 0
+        self.digest = b"\0" * 8
+        self.flushed = (0, self.digest)
+        self.snapshots: dict[int, bytes] = {}
+        self._receiving = bytearray()
+
+    def apply(self, entry: Entry) -> None:
+        if entry.index != self.index + 1:
+            self.checker.fail(f"group {self.group}: {self.node} applied {entry.index} after "
+                              f"{self.index}")
+        self.index = entry.index
+        self.digest = _digest(self.digest, entry)
+        self.checker.on_apply(self.group, self.node, self.index, self.digest)
+
+    def flush(self) -> int:
+        self.flushed = (self.index, self.digest)
+        return self.index
+
+    def crash(self) -> None:
+        self.index, self.digest = self.flushed
+        self.snapshots.clear()
+        self._receiving.clear()
+
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
+        payload = self.snapshots.get(index)
+        if payload is None:
+            index = self.index
+            # Padding makes the snapshot several chunks long.
+            payload = struct.pack(">Q", index) + self.digest + self.digest * 16
+            self.snapshots = {index: payload}
+        chunk = payload[offset:offset + self.CHUNK]
+        return index, chunk, offset + len(chunk) >= len(payload)
+
+    def install_chunk(self, chunk: SnapshotChunk) -> None:
+        if chunk.offset == 0:
+            self._receiving.clear()
+        if chunk.offset != len(self._receiving):
+            self.checker.fail(f"{self.node}: snapshot chunk at {chunk.offset}, expected "
+                              f"{len(self._receiving)}")
+        self._receiving += chunk.data
+        if not chunk.done:
+            return
+        (index,) = struct.unpack_from(">Q", self._receiving)
+        digest = bytes(self._receiving[8:16])
+        if index != chunk.index or self._receiving[16:] != digest * 16:
+            self.checker.fail(f"{self.node}: garbled snapshot at {chunk.index}")
+        expected = self.checker.expected_digest(self.group, index)
+        if expected != digest:
+            self.checker.fail(f"group {self.group}: {self.node} installed a snapshot at {index} "
+                              "that no node applied")
+        self.index, self.digest = index, digest
+        self.flushed = (index, digest)  # an installed snapshot is durable before the log
+        self.checker.installs += 1
+        self._receiving.clear()
+
+
+@dataclass
+class Options:
+    nodes: int = 5
+    groups: int = 3
+    steps: int = 20000
+    loss: float = 0.05
+    duplicate: float = 0.02
+    max_delay: float = 2.0
+    crash_every: float = 30.0  # mean simulated time (ticks) between crashes
+    partition_every: float = 80.0
+    change_every: float = 30.0
+    propose_every: float = 0.5
+    compact_every: float = 40.0
+    read_every: float = 5.0
+    check_every: int = 200  # steps between pairwise log-matching checks
+    torn_writes: bool = True
+    disk_stalls: float = 0.1  # share of fsyncs that take 2-8 ticks (wider crash windows)
+
+
+@dataclass(order=True)
+class _Event:
+    time: float
+    seq: int
+    action: Callable[[], None] = field(compare=False)
+
+
+class Simulation:
+    def __init__(self, seed: int, options: Options | None = None) -> None:
+        self.seed = seed
+        self.options = options or Options()
+        self.rng = random.Random(seed)
+        self.checker = Checker()
+        self.now = 0.0
+        self.steps = 0
+        self._seq = 0
+        self._events: list[_Event] = []
+        self.ids = [f"n{i}" for i in range(1, self.options.nodes + 1)]
+        self.nodes = {node: SimNode(self, node) for node in self.ids}
+        self.blocked: set[tuple[str, str]] = set()
+        self.initial: dict[int, frozenset[str]] = {}
+        for group in range(1, self.options.groups + 1):
+            self.initial[group] = frozenset(self.rng.sample(self.ids, 3))
+        for node in self.nodes.values():
+            node.start()
+        self.proposed = 0
+        self.crashes = 0
+        self.partitions = 0
+        self.changes = 0
+        self.faults = True
+        self._schedule_faults()
+
+    # ----------------------------------------------------------------- engine
+
+    def at(self, delay: float, action: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, _Event(self.now + delay, self._seq, action))
+
+    def run(self) -> None:
+        options = self.options
+        while self.steps < options.steps:
+            self.step()
+        self.finish()
+
+    def step(self) -> None:
+        event = heapq.heappop(self._events)
+        self.now = event.time
+        event.action()
+        self.steps += 1
+        if self.steps % self.options.check_every == 0:
+            self.check_logs()
+
+    def send(self, source: str, target: str, data: bytes) -> None:
+        rng = self.rng
+        options = self.options
+        if self.faults and rng.random() < options.loss:
+            return
+        copies = 2 if self.faults and rng.random() < options.duplicate else 1
+        for _ in range(copies):
+            delay = 0.05 + rng.random() * (options.max_delay if self.faults else 0.3)
+            self.at(delay, lambda: self.deliver(source, target, data))
+
+    def deliver(self, source: str, target: str, data: bytes) -> None:
+        node = self.nodes[target]
+        if node.alive and (source, target) not in self.blocked:
+            if self.faults and self.rng.random() < 0.001:
+                data = data[:self.rng.randrange(len(data))]  # garbled: must be dropped
+            node.host.receive(source, data)
+            node.flush()
+
+    # ----------------------------------------------------------------- faults
+
+    def _schedule_faults(self) -> None:
+        options = self.options
+        self._every(options.crash_every, self.crash_someone)
+        self._every(options.partition_every, self.partition)
+        self._every(options.change_every, self.change_membership)
+        self._every(options.propose_every, self.propose)
+        self._every(options.compact_every, self.compact)
+        self._every(options.read_every, self.read)
+
+    def _every(self, mean: float, action: Callable[[], None]) -> None:
+        def fire() -> None:
+            if self.faults or action in (self.propose, self.read, self.compact):
+                action()
+            self.at(self.rng.expovariate(1 / mean), fire)
+        self.at(self.rng.expovariate(1 / mean), fire)
+
+    def crash_someone(self) -> None:
+        node = self.nodes[self.rng.choice(self.ids)]
+        if not node.alive:
+            return
+        self.crashes += 1
+        node.crash()
+        self.at(5 + self.rng.random() * 40, node.start)
+
+    def partition(self) -> None:
+        self.partitions += 1
+        side = set(self.rng.sample(self.ids, self.rng.randrange(1, len(self.ids))))
+        self.blocked = {(a, b) for a in self.ids for b in self.ids
+                        if (a in side) != (b in side)}
+        if self.rng.random() < 0.3:  # one direction only
+            self.blocked = {(a, b) for a, b in self.blocked if a in side}
+        self.at(10 + self.rng.random() * 60, self.heal)
+
+    def heal(self) -> None:
+        self.blocked = set()
+
+    def leader_of(self, group: int) -> "SimNode | None":
+        leaders = [node for node in self.nodes.values()
+                   if node.alive and node.host.core(group).role == LEADER]
+        return self.rng.choice(leaders) if leaders else None
+
+    def change_membership(self) -> None:
+        group = self.rng.randrange(1, self.options.groups + 1)
+        node = self.leader_of(group)
+        if node is None:
+            return
+        core = node.host.core(group)
+        config = core.log.config
+        outsiders = [n for n in self.ids if n not in config.members()]
+        choice = self.rng.random()
+        try:
+            if config.learners and choice < 0.5:
+                core.promote(self.rng.choice(sorted(config.learners)))
+            elif outsiders and len(config.voters) < 5 and choice < 0.75:
+                core.add_learner(self.rng.choice(outsiders))
+            elif len(config.voters) > 3 or config.learners:
+                candidates = sorted(config.learners or config.voters)
+                core.remove(self.rng.choice(candidates))
+            else:
+                return
+        except ConfigChangeRefused:
+            return
+        self.changes += 1
+        node.flush()
+
+    def propose(self) -> None:
+        group = self.rng.randrange(1, self.options.groups + 1)
+        node = self.nodes[self.rng.choice(self.ids)]
+        if not node.alive:
+            return
+        self.proposed += 1
+        data = b"g%d-c%d" % (group, self.proposed)
+
+        slot: list[int] = []
+
+        def done(ok: bool) -> None:
+            if ok:
+                self.checker.acks += 1
+                self.checker.acked[group] = max(self.checker.acked.get(group, 0), slot[0])
+
+        try:
+            slot.append(node.host.propose(group, data, done))
+        except NotLeader:
+            return
+        node.flush()
+
+    def read(self) -> None:
+        group = self.rng.randrange(1, self.options.groups + 1)
+        node = self.leader_of(group)
+        if node is None:
+            return
+        must_see = self.checker.acked.get(group, 0)
+        machine = node.machines[group]
+        incarnation = node.incarnation
+
+        def done(ok: bool) -> None:
+            if ok and node.incarnation == incarnation:
+                self.checker.reads += 1
+                if machine.index < must_see:
+                    self.checker.fail(f"group {group}: read on {node.id} at {machine.index} "
+                                      f"misses acknowledged index {must_see}")
+
+        node.host.read_index(group, done)
+        node.flush()
+
+    def compact(self) -> None:
+        node = self.nodes[self.rng.choice(self.ids)]
+        if not node.alive:
+            return
+        for group, machine in node.machines.items():
+            if self.rng.random() < 0.5:
+                node.host.compact(group, machine.flush() - self.rng.randrange(5))
+        node.flush()
+
+    # ----------------------------------------------------------------- checks
+
+    def check_logs(self) -> None:
+        """Log matching, pairwise: logs agreeing on an entry agree on all before it."""
+        live = [node for node in self.nodes.values() if node.alive]
+        for group in self.initial:
+            for i, a in enumerate(live):
+                for b in live[i + 1:]:
+                    _check_pair(self.checker, group, a, b)
+
+    def finish(self) -> None:
+        """Heals everything, restarts the dead, and requires every group to make progress."""
+        self.faults = False
+        self.blocked = set()
+        for node in self.nodes.values():
+            if not node.alive:
+                node.start()
+        deadline = self.now + 400
+        acked_before = {group: self.checker.acked.get(group, 0) for group in self.initial}
+        while self.now < deadline:
+            self.step()
+            if all(self.checker.acked.get(group, 0) > acked_before[group]
+                   and self._converged(group) for group in self.initial):
+                break
+        else:
+            stuck = [group for group in self.initial
+                     if self.checker.acked.get(group, 0) <= acked_before[group]
+                     or not self._converged(group)]
+            self.checker.fail(f"groups {stuck} made no progress after the faults healed")
+        self.check_logs()
+
+    def _converged(self, group: int) -> bool:
+        leader = self.leader_of(group)
+        if leader is None:
+            return False
+        core = leader.host.core(group)
+        voters = core.log.config.voters
+        return all(self.nodes[v].machines[group].index >= self.checker.acked.get(group, 0)
+                   for v in voters)
+
+
+def _check_pair(checker: Checker, group: int, a: "SimNode", b: "SimNode") -> None:
+    la, lb = a.host.core(group).log, b.host.core(group).log
+    low = max(la.snapshot_index, lb.snapshot_index) + 1
+    high = min(la.last_index, lb.last_index)
+    agree = 0
+    for index in range(high, low - 1, -1):
+        if la.term_at(index) == lb.term_at(index):
+            agree = index
+            break
+    for index in range(low, agree + 1):
+        ea = la.entries[index - la.snapshot_index - 1]
+        eb = lb.entries[index - lb.snapshot_index - 1]
+        if ea.term != eb.term or ea.data != eb.data:
+            checker.fail(f"group {group}: {a.id} and {b.id} agree at {agree} but differ at "
+                         f"{index}")
+
+
+class _NodeTransport:
+    def __init__(self, sim: Simulation, node: str) -> None:
+        self.sim = sim
+        self.node = node
+
+    def send(self, peer: str, data: bytes) -> None:
+        self.sim.send(self.node, peer, data)
+
+
+class SimNode:
+    def __init__(self, sim: Simulation, node: str) -> None:
+        self.sim = sim
+        self.id = node
+        self.store = MemoryStore()
+        self.alive = False
+        self.incarnation = 0
+        self.machines = {group: SimMachine(group, node, sim.checker)
+                         for group in range(1, sim.options.groups + 1)}
+        self._written: list[tuple[HostBatch, WalBatch]] = []
+        self._syncing = False
+        self._roles: dict[int, tuple[int, int]] = {}
+        self._before_crash: dict[int, tuple[int, int, str | None, list[int]]] = {}
+
+    def start(self) -> None:
+        if self.alive:
+            return
+        sim = self.sim
+        self.alive = True
+        self.incarnation += 1
+        self.wal = CheckedWal(sim.checker, self.id, self.store)
+        recovered = self.wal.recover()
+        self.host = RaftHost(self.id, self.wal, _NodeTransport(sim, self.id),
+                             random.Random(sim.rng.random()), election_ticks=10,
+                             heartbeat_ticks=2)
+        for group, machine in self.machines.items():
+            machine.crash()
+            voters = sim.initial[group] if self.id in sim.initial[group] else frozenset()
+            core = self.host.add_group(group, machine, recovered.get(group), voters,
+                                       applied=machine.flushed[0])
+            self._check_recovered(group, core)
+        self._roles = {}
+        incarnation = self.incarnation
+        offset = sim.rng.random()
+
+        def tick() -> None:
+            if self.incarnation == incarnation and self.alive:
+                self.host.tick()
+                self.flush()
+                sim.at(1.0, tick)
+        sim.at(offset, tick)
+        self.flush()
+
+    def _check_recovered(self, group: int, core: RaftGroup) -> None:
+        before = self._before_crash.pop(group, None)
+        if before is None:
+            return
+        persisted, term, vote, terms = before
+        if core.term < term or (core.term == term and vote is not None and core.vote != vote):
+            self.sim.checker.fail(f"{self.id} group {group}: term/vote ({term}, {vote}) on disk "
+                                  f"before the crash, ({core.term}, {core.vote}) after")
+        log = core.log
+        for index in range(log.snapshot_index + 1, persisted + 1):
+            if terms[index - 1] and log.term_at(index) != terms[index - 1]:
+                self.sim.checker.fail(
+                    f"{self.id} group {group}: entry {index} (term {terms[index - 1]}) was on "
+                    f"disk before the crash, not after (log {log.snapshot_index}.."
+                    f"{log.last_index}, term there {log.term_at(index)})")
+
+    def crash(self) -> None:
+        for group in self.machines:
+            core = self.host.core(group)
+            log = core.log
+            durable = core._durable  # what the core believes is on disk
+            persisted = min(core.persisted_index, log.last_index)
+            terms = [log.term_at(i) or 0 for i in range(1, persisted + 1)]  # 0: compacted
+            self._before_crash[group] = (persisted, durable.term, durable.vote, terms)
+        self.alive = False
+        self.incarnation += 1
+        self._written = []
+        self._syncing = False
+        self.store.crash(self.sim.rng, self.sim.options.torn_writes)
+
+    def flush(self) -> None:
+        if not self.alive:
+            return
+        host = self.host
+        checker = self.sim.checker
+        commits = {group: host.core(group).commit for group in self.machines}
+        batch = host.flush()
+        for group in self.machines:
+            core = host.core(group)
+            role = (core.role, core.term)
+            if role != self._roles.get(group) and core.role == LEADER:
+                checker.on_leader(group, core.term, self.id, core)
+            self._roles[group] = role
+            if core.role == LEADER and core.commit > commits[group]:
+                checker.on_commit(group, core, commits[group])
+        if batch is None or batch.wal is None:
+            return
+        self.wal.write(batch.wal)
+        self._written.append((batch, batch.wal))
+        if not self._syncing:
+            self._start_sync()
+
+    def _start_sync(self) -> None:
+        self._syncing = True
+        incarnation = self.incarnation
+        written, self._written = self._written, []
+
+        def done() -> None:
+            if self.incarnation != incarnation:
+                return
+            self.wal.sync([wal for _, wal in written])
+            for batch, _ in written:
+                self.host.synced(batch)
+            self._syncing = False
+            self.flush()
+            if self._written and not self._syncing:
+                self._start_sync()
+        rng = self.sim.rng
+        stall = rng.random() < self.sim.options.disk_stalls
+        self.sim.at(2 + rng.random() * 6 if stall else 0.02 + rng.random() * 0.3, done)
+
+
+def run(seed: int, options: Options) -> Simulation:
+    sim = Simulation(seed, options)
+    try:
+        sim.run()
+    except Exception:
+        print(f"raft simulation FAILED: seed {seed} at step {sim.steps} (time {sim.now:.1f}); "
+              f"replay: python -m tests.raft.sim --seed {seed} --steps {options.steps}",
+              file=sys.stderr)
+        raise
+    return sim
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, help="replay this seed only")
+    parser.add_argument("--seeds", type=int, default=20, help="how many seeds to run")
+    parser.add_argument("--first", type=int, default=None, help="first seed (default: random)")
+    parser.add_argument("--steps", type=int, default=100_000, help="steps per seed")
+    args = parser.parse_args()
+    options = Options(steps=args.steps)
+    if args.seed is not None:
+        seeds = [args.seed]
+    else:
+        first = args.first if args.first is not None else random.randrange(1 << 32)
+        seeds = list(range(first, first + args.seeds))
+    total = 0
+    started = time.perf_counter()
+    for seed in seeds:
+        sim = run(seed, options)
+        total += sim.steps
+        print(f"seed {seed}: {sim.steps} steps, {sim.checker.acks} acknowledged, "
+              f"{sim.checker.reads} reads, {sim.crashes} crashes, {sim.partitions} partitions, "
+              f"{sim.changes} membership changes, {sim.checker.installs} snapshots installed, "
+              f"{len(sim.checker.leaders)} leaders: ok")
+    print(f"{len(seeds)} seeds, {total} steps in {time.perf_counter() - started:.0f} s: "
+          f"no violation (seeds {seeds[0]}..{seeds[-1]})")
+
+
+if __name__ == "__main__":
+    main()
