@@ -1,11 +1,10 @@
 """SUBSCRIBE: validate each filter, store options, SUBACK, then retained messages.
 
-A SUBSCRIBE may carry tens of thousands of filters. Its filters are applied in time slices
-(`TimeSlice`) so that one packet never stalls the other connections; while they are, the
-client's later packets wait (`Connection.hold_input`), so its packets keep their order.
+Applied in time slices (`handle_in_slices`): a SUBSCRIBE may carry tens of thousands of
+filters and must not stall the other connections while they are applied.
 """
 
-import asyncio
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from broker.ds import now_us
@@ -13,8 +12,8 @@ from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Suback, Subscribe, Subscription
 from broker.mqtt.topic import parse_shared, validate_topic_filter
+from broker.server.handlers.sliced import handle_in_slices
 from broker.session.durable.session import DurableSession
-from broker.session.durable.turn import TimeSlice
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -35,55 +34,30 @@ def _check(conn: "Connection", sub: Subscription) -> tuple[str | None, str]:
     return group, topic_filter
 
 
-class _Subscribing:
-    """One SUBSCRIBE being applied, filter by filter, then answered: SUBACK, then the
-    retained messages its filters matched."""
+def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
+    session = conn.session
+    assert session is not None
+    handle_in_slices(conn, _subscribe(conn, session, packet))
 
-    __slots__ = ("applied", "codes", "conn", "identifier", "max_qos", "packet", "retained",
-                 "sent", "session")
 
-    def __init__(self, conn: "Connection", session: Session, packet: Subscribe) -> None:
-        self.conn = conn
-        self.session = session
-        self.packet = packet
-        identifiers = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
-        self.identifier: int | None = identifiers[0] if identifiers else None
-        self.max_qos: int = conn.node.config["mqtt.max_qos_allowed"]
-        self.codes: list[int] = []
-        self.retained: list[Delivery] = []
-        self.applied = 0  # filters
-        self.sent = -1  # retained messages delivered; -1 until the SUBACK is sent
-
-    def run(self, budget: TimeSlice) -> bool:
-        """Goes on until the budget is spent; True once everything is done."""
-        subscriptions, retained, conn = self.packet.subscriptions, self.retained, self.conn
-        while self.applied < len(subscriptions):
-            if budget.spent():
-                return False
-            self._apply(subscriptions[self.applied])
-            self.applied += 1
-        if self.sent < 0:
-            conn.send_packet(Suback(self.packet.packet_id, self.codes))
-            self.sent = 0
-        while self.sent < len(retained):
-            if budget.spent():
-                return False
-            conn.deliver(retained[self.sent])
-            self.sent += 1
-        return True
-
-    def _apply(self, sub: Subscription) -> None:
-        conn, session, node = self.conn, self.session, self.conn.node
+def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Iterator[None]:
+    node = conn.node
+    identifiers = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
+    identifier = identifiers[0] if identifiers else None
+    max_qos = node.config["mqtt.max_qos_allowed"]
+    codes: list[int] = []
+    retained: list[Delivery] = []
+    for sub in packet.subscriptions:
+        yield
         try:
             group, topic_filter = _check(conn, sub)
         except MQTTError as error:
-            self.codes.append(error.reason_code)
-            return
+            codes.append(error.reason_code)
+            continue
         if group is not None and sub.no_local:
             # MQTT-3.8.3-4: No Local on a shared subscription is a Protocol Error.
             raise ProtocolError("No Local set on a shared subscription")
-        granted = min(sub.qos, self.max_qos)
-        identifier = self.identifier
+        granted = min(sub.qos, max_qos)
         options = SubscriptionOptions(
             granted, sub.no_local, sub.retain_as_published, sub.retain_handling, identifier,
             group,
@@ -96,29 +70,15 @@ class _Subscribing:
         else:
             session.subscriptions[sub.topic_filter] = options
             node.router.subscribe(session.client_id, topic_filter, options)
-        self.codes.append(granted)
+        codes.append(granted)
         send_retained = sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
         if group is None and send_retained and node.retainer is not None:
             sub_ids = (identifier,) if identifier is not None else ()
-            self.retained.extend(
+            retained.extend(
                 Delivery(message, min(message.qos, granted), True, sub_ids)
                 for message in node.retainer.match(topic_filter)
             )
-
-    async def run_rest(self, budget: TimeSlice) -> None:
-        """What one slice did not reach, a slice per event-loop turn; stops if the
-        connection closes meanwhile (what was applied stays, as if the client had left
-        right after its SUBSCRIBE)."""
-        while True:
-            await budget.next()
-            if self.conn.closed or self.run(budget):
-                return
-
-
-def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
-    session = conn.session
-    assert session is not None
-    subscribing = _Subscribing(conn, session, packet)
-    budget = TimeSlice()
-    if not subscribing.run(budget):
-        conn.hold_input(asyncio.get_running_loop().create_task(subscribing.run_rest(budget)))
+    conn.send_packet(Suback(packet.packet_id, codes))
+    for delivery in retained:
+        yield
+        conn.deliver(delivery)

@@ -1,12 +1,18 @@
-"""UNSUBSCRIBE: remove each filter; v5 reports per filter whether it existed."""
+"""UNSUBSCRIBE: remove each filter; v5 reports per filter whether it existed.
 
+Applied in time slices (`handle_in_slices`), as SUBSCRIBE is.
+"""
+
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.mqtt.packets import Unsuback, Unsubscribe
 from broker.mqtt.topic import parse_shared
+from broker.server.handlers.sliced import handle_in_slices
 from broker.session.durable.session import DurableSession
+from broker.session.session import Session
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
@@ -15,8 +21,14 @@ if TYPE_CHECKING:
 def handle_unsubscribe(conn: "Connection", packet: Unsubscribe) -> None:
     session = conn.session
     assert session is not None
+    handle_in_slices(conn, _unsubscribe(conn, session, packet))
+
+
+def _unsubscribe(conn: "Connection", session: Session, packet: Unsubscribe) -> Iterator[None]:
+    node = conn.node
     codes: list[int] = []
     for key in packet.topic_filters:
+        yield
         try:
             group, topic_filter = parse_shared(key)
         except MQTTError:
@@ -25,7 +37,6 @@ def handle_unsubscribe(conn: "Connection", packet: Unsubscribe) -> None:
         if key not in session.subscriptions:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
-        node = conn.node
         if isinstance(session, DurableSession) and group is None and node.durable is not None:
             node.remove_durable_filter(session.client_id, topic_filter)
             node.durable.store.write_soon(session.unsubscribe(topic_filter))

@@ -18,7 +18,7 @@ the order they were stored.
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -28,7 +28,7 @@ from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.session.durable import records as r
 from broker.session.durable.store import SessionStore, StoredSession, Write
-from broker.session.durable.turn import TimeSlice
+from broker.session.durable.turn import run_in_slices
 from broker.session.message import Message
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
@@ -228,22 +228,18 @@ class DurableSession(Session):
         if self._refresh is not None:
             self._refresh_again = True
             return
-        self._refresh = asyncio.get_running_loop().create_task(self._refresh_all())
+        self._refresh = run_in_slices(self._refresh_steps())
 
-    async def _refresh_all(self) -> None:
-        try:
-            again = True
-            while again:
-                self._refresh_again = False
-                budget = TimeSlice()
-                for topic_filter in list(self.subscriptions):
-                    if budget.spent():
-                        await budget.next()
-                    if topic_filter in self.subscriptions:
-                        self._start_readers(topic_filter)
-                again = self._refresh_again
-        finally:
-            self._refresh = None
+    def _refresh_steps(self) -> Generator[None, None, None]:
+        again = True
+        while again:
+            self._refresh_again = False
+            for topic_filter in list(self.subscriptions):
+                if topic_filter in self.subscriptions:
+                    self._start_readers(topic_filter)
+                yield
+            again = self._refresh_again
+        self._refresh = None  # not reached when cancelled: `stop_reading` clears it then
 
     def _start_readers(self, topic_filter: str) -> None:
         """Starts readers for the filter's streams not yet read: per shard only the oldest

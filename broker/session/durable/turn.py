@@ -13,7 +13,7 @@ seconds, so such work runs in `TimeSlice`s and lets the loop run in between.
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Final, Generic, TypeVar
 
 T = TypeVar("T")
@@ -37,6 +37,27 @@ class TimeSlice:
     async def next(self) -> None:
         await asyncio.sleep(0)
         self._end = time.monotonic() + SLICE_SECONDS
+
+
+def run_in_slices(steps: Iterator[None]) -> "asyncio.Task[None] | None":
+    """Runs `steps` (a generator that yields between steps of its work) for one slice now
+    and the rest a slice per event-loop turn; returns the task doing the rest, if any."""
+    budget = TimeSlice()
+    if _run_slice(steps, budget):
+        return None
+    return asyncio.get_running_loop().create_task(_run_rest(steps, budget))
+
+
+def _run_slice(steps: Iterator[None], budget: TimeSlice) -> bool:
+    """True once `steps` is exhausted; False when the budget ran out first."""
+    return all(not budget.spent() for _ in steps)
+
+
+async def _run_rest(steps: Iterator[None], budget: TimeSlice) -> None:
+    while True:
+        await budget.next()
+        if _run_slice(steps, budget):
+            return
 
 
 class PerTurn(Generic[T]):
