@@ -17,7 +17,7 @@ class Stats:
     __slots__ = (
         "bytes_received", "bytes_sent", "connections_total", "durable_persisted",
         "durable_replayed", "messages_dropped", "messages_received", "messages_sent",
-        "packets_malformed",
+        "packets_malformed", "timed_out",
     )
 
     def __init__(self) -> None:
@@ -30,9 +30,13 @@ class Stats:
         self.packets_malformed = 0
         self.durable_persisted = 0  # messages stored for durable sessions
         self.durable_replayed = 0  # unacknowledged deliveries resent after a resume
+        self.timed_out: dict[str, int] = {}  # connections closed for slowness, by stage
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
+
+    def time_out(self, stage: str) -> None:
+        self.timed_out[stage] = self.timed_out.get(stage, 0) + 1
 
 
 class _StatsCollector(Collector):
@@ -56,6 +60,15 @@ class _StatsCollector(Collector):
         for reason, value in sorted(stats.messages_dropped.items()):
             dropped.add_metric([reason], value)
         yield dropped
+        timed_out = CounterMetricFamily(
+            "mqtt_connections_timed_out",
+            "Connections closed for being too slow: a WebSocket handshake or HTTP request"
+            " headers, or an MQTT packet once begun, that did not arrive in time",
+            labels=["stage"],
+        )
+        for stage, value in sorted(stats.timed_out.items()):
+            timed_out.add_metric([stage], value)
+        yield timed_out
         yield CounterMetricFamily("mqtt_bytes_received", "Bytes read", value=stats.bytes_received)
         yield CounterMetricFamily("mqtt_bytes_sent", "Bytes written", value=stats.bytes_sent)
         yield CounterMetricFamily(

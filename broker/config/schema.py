@@ -82,6 +82,15 @@ SETTINGS: tuple[Setting, ...] = (
             "MQTT over WebSocket. `off` disables it."),
     Setting("listeners.ws.default.websocket.mqtt_path", "/mqtt", parse_str,
             "HTTP path of the WebSocket listener (subprotocol `mqtt`)."),
+    Setting("listeners.ws.default.websocket.supported_subprotocols", "mqtt, mqttv3.1", parse_str,
+            "WebSocket subprotocols accepted (comma-separated); the first the client offers"
+            " is answered."),
+    Setting("listeners.ws.default.websocket.fail_if_no_subprotocol", True, parse_bool,
+            "Refuse (HTTP 400) a WebSocket upgrade offering none of the supported"
+            " subprotocols: MQTT over WebSocket requires one (MQTT 5.0 section 6)."),
+    Setting("listeners.ws.default.websocket.handshake_timeout", "10s", parse_duration,
+            "Time a WebSocket connection may take to complete its HTTP upgrade request;"
+            " `mqtt.idle_timeout` then applies until CONNECT."),
     Setting("listeners.ssl.default.bind", "0.0.0.0:8883", parse_bind,
             "MQTT over TLS; only started when certfile and keyfile are set."),
     Setting("listeners.ssl.default.ssl_options.certfile", "", parse_str,
@@ -92,6 +101,8 @@ SETTINGS: tuple[Setting, ...] = (
             "CA bundle; when set, client certificates are verified (optional)."),
     Setting("dashboard.listeners.http.bind", "0.0.0.0:18083", parse_bind,
             "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
+    Setting("dashboard.listeners.http.header_timeout", "10s", parse_duration,
+            "Time a new HTTP connection may take to send its first request's headers."),
     Setting("mqtt.session_expiry_interval", "2h", parse_duration,
             "Session expiry for MQTT 3.1.1 clients connecting with clean session = 0."),
     Setting("mqtt.max_session_expiry_interval", "0s", parse_duration,
@@ -128,6 +139,16 @@ SETTINGS: tuple[Setting, ...] = (
             "If > 0, overrides the client's keepalive and is sent as Server Keep Alive."),
     Setting("mqtt.idle_timeout", "15s", parse_duration,
             "Time a new TCP connection may take to send CONNECT."),
+    Setting("mqtt.packet_arrival_timeout", "30s", parse_duration,
+            "Time a packet may take to arrive once its first byte came; the connection is"
+            " closed when exceeded (a sender stalled mid-packet would hold up to"
+            " `mqtt.max_packet_size` of buffer). 0 = no bound."),
+    Setting("mqtt.max_awaiting_storage", 1000, parse_int(1, 2**31),
+            "Incoming QoS 1/2 PUBLISHes per connection whose acknowledgement waits for Durable"
+            " Storage; at this many the connection is not read until half are written (flow"
+            " control for every MQTT 3.1.1 client, and for v5 clients beyond Receive Maximum)."),
+    Setting("mqtt.max_awaiting_storage_bytes", "16MB", parse_size,
+            "The same bound in payload bytes: a connection's PUBLISHes held until stored."),
     Setting("durable_sessions.enable", True, parse_bool,
             "Sessions with a Session Expiry Interval > 0 are durable: state and messages on"
             " disk in Durable Storage, surviving restarts."),

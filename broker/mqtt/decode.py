@@ -540,6 +540,18 @@ class Decoder:
             self._have = self._need = 0
         return packets
 
+    @property
+    def partial(self) -> bool:
+        """Part of a packet has arrived and the rest has not: the connection bounds how long
+        that may last (a sender that stalls mid-packet would otherwise hold the buffer)."""
+        return bool(self._chunks)
+
+    @property
+    def error(self) -> MQTTError | None:
+        """The violation that ended decoding, if one did (the transport may report it in its
+        own terms: a WebSocket closes with 1009 for a packet too large)."""
+        return self._error
+
     def _too_large(self, size: int) -> NoReturn:
         raise PacketTooLarge(f"packet of {size} bytes exceeds maximum of {self.max_packet_size}")
 

@@ -23,11 +23,12 @@ from broker.cluster.service import Cluster
 from broker.config.loader import Config
 from broker.http.api import make_app
 from broker.http.cluster_api import VERSION, add_cluster_routes
+from broker.http.header_timeout import HeaderTimeout
 from broker.metrics import make_registry
 from broker.node import Node
 from broker.periodic import every
 from broker.server.output import OutputBatch
-from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol
+from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable.session import DurableSession
 from broker.sys_topics import SysTopics, remove_client_written
 
@@ -43,6 +44,7 @@ class BrokerApp:
         self.node.cluster_routing = ClusterRouting(self.node, self.cluster)
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
+        self._http_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}
 
@@ -57,8 +59,8 @@ class BrokerApp:
             ("tcp", config["listeners.tcp.default.bind"],
              partial(MQTTStreamProtocol, node, output), None),
             ("ws", config["listeners.ws.default.bind"],
-             partial(MQTTWebSocketProtocol, node, output,
-                     config["listeners.ws.default.websocket.mqtt_path"]), None),
+             partial(MQTTWebSocketProtocol, node, output, WebSocketOptions.from_config(config)),
+             None),
         ]
         tls = self._tls_context()
         if tls is not None:
@@ -81,9 +83,13 @@ class BrokerApp:
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             self._http = web.AppRunner(web_app, access_log=None)
             await self._http.setup()
-            site = web.TCPSite(self._http, http_bind[0], http_bind[1])
-            await site.start()
-            self.ports["http"] = self._http.addresses[0][1]
+            assert self._http.server is not None
+            handlers = HeaderTimeout.factory(
+                self._http.server, config["dashboard.listeners.http.header_timeout"],
+                partial(node.stats.time_out, "http_headers"))
+            self._http_server = await loop.create_server(
+                handlers, http_bind[0], http_bind[1], reuse_address=True)
+            self.ports["http"] = self._http_server.sockets[0].getsockname()[1]
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
         await self.cluster.start()
         if node.ds is not None:
@@ -145,6 +151,8 @@ class BrokerApp:
         for server in self._servers:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 5)
+        if self._http_server is not None:
+            self._http_server.close()
         if self._http is not None:
             await self._http.cleanup()
         if self.node.durable is not None:

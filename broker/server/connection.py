@@ -34,14 +34,41 @@ log = logging.getLogger(__name__)
 QOS0_DROP_BUFFER: Final = 8 * 1024 * 1024
 _SUB_IDS: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
 _TOPIC_ALIAS: Final = PropertyId.TOPIC_ALIAS
+# Why a connection is not being read (bits of `Connection._paused`). Each reason lifts only
+# itself, so a SUBSCRIBE applied over several turns and acknowledgements waiting on storage
+# cannot resume each other's pause.
+PAUSE_HOLD: Final = 1
+PAUSE_STORAGE: Final = 2
+_PUBACK, _PUBREC, _PUBCOMP = 0x40, 0x50, 0x70
+
+
+def _returns_quota(ack: bytes) -> bool:
+    """A PUBACK, a PUBCOMP or a PUBREC with an error code: the acknowledgement that gives a
+    client back one unit of its send quota (MQTT 5.0 section 4.9)."""
+    b0 = ack[0]
+    return b0 in (_PUBACK, _PUBCOMP) or (b0 == _PUBREC and len(ack) > 4 and ack[4] >= 0x80)
+
+
+class _Waiting:
+    """Acknowledgements that wait for one storage future (or behind ones that wait), with
+    the payload bytes of their PUBLISHes, which storage holds meanwhile."""
+
+    __slots__ = ("future", "packets", "size")
+
+    def __init__(self, future: "asyncio.Future[Any] | None", packet: bytes, size: int) -> None:
+        self.future = future
+        self.packets = [packet]
+        self.size = size
 
 
 class Connection:
     # Slots: ten thousand idle connections should cost little more than their sockets.
     __slots__ = (
-        "_deferred", "_flush_pending", "_held", "_last_rx", "_loop", "_out", "_output", "_timer",
-        "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
-        "connected", "decoder", "in_aliases", "keepalive", "node", "out_aliases", "peer",
+        "_deferred", "_flush_pending", "_held", "_last_rx", "_loop", "_max_waiting",
+        "_max_waiting_bytes", "_out", "_output", "_packet_timeout", "_packet_timer",
+        "_partial_since", "_paused", "_timer", "_waiting", "_waiting_bytes", "clean_start",
+        "client_alias_max", "client_id", "client_max_packet", "closed", "connected", "decoder",
+        "in_aliases", "incoming_unacked", "keepalive", "node", "out_aliases", "peer",
         "send_window", "session", "stats", "transport", "version", "will",
     )
 
@@ -70,7 +97,23 @@ class Connection:
         # Acknowledgements waiting for storage, in the order they must leave; created on
         # first use (an empty deque is ~600 bytes, times every idle connection).
         # Packets waiting for a future (or behind ones that wait), grouped by that future.
-        self._deferred: deque[tuple[asyncio.Future[Any] | None, list[bytes]]] | None = None
+        self._deferred: deque[_Waiting] | None = None
+        # Flow control of what the client sends. `_waiting` / `_waiting_bytes`: the
+        # acknowledgements in `_deferred` and their PUBLISHes' payload bytes; at the
+        # `mqtt.max_awaiting_storage(_bytes)` bound the client is not read until storage
+        # catches up. `incoming_unacked` mirrors a v5 client's spent send quota (MQTT 5.0
+        # section 4.9): QoS 1/2 PUBLISHes whose PUBACK, PUBCOMP or error PUBREC has not left.
+        self._waiting = 0
+        self._waiting_bytes = 0
+        self._max_waiting: int = config["mqtt.max_awaiting_storage"]
+        self._max_waiting_bytes: int = config["mqtt.max_awaiting_storage_bytes"]
+        self.incoming_unacked = 0
+        self._paused = 0  # PAUSE_* bits
+        # When the packet now arriving began (0: none is partly received), and the timer
+        # that bounds its arrival (`mqtt.packet_arrival_timeout`; armed while one is).
+        self._partial_since = 0.0
+        self._packet_timeout: float = config["mqtt.packet_arrival_timeout"]
+        self._packet_timer: asyncio.TimerHandle | None = None
         self._output = output
         self._flush_pending = False
         # Packets waiting for one that is handled over several loop turns (`hold_input`).
@@ -87,13 +130,23 @@ class Connection:
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self._last_rx = self._loop.time()
         self.stats.bytes_received += len(data)
+        decoder = self.decoder
         error: MQTTError | None = None
         try:
-            packets = self.decoder.feed(data)
+            packets = decoder.feed(data)
         except MQTTError as exc:
             packets, error = getattr(exc, "packets", []), exc
+        if packets:
+            # Only whole packets are activity (MQTT-3.1.2-22: "a Control Packet"): a byte
+            # now and then must not keep a connection alive.
+            now = self._last_rx = self._loop.time()
+            self._partial_since = now if decoder.partial else 0.0
+        elif not self._partial_since and decoder.partial:
+            self._partial_since = self._loop.time()
+        if self._partial_since and self._packet_timer is None and self._packet_timeout:
+            self._packet_timer = self._loop.call_later(
+                self._packet_timeout, self._check_packet_arrival)
         self._handle(packets, error)
 
     def _handle(self, packets: list[Packet], error: MQTTError | None) -> None:
@@ -126,15 +179,14 @@ class Connection:
         applied in slices): the client's next packets wait for it, in order, and reading
         pauses meanwhile; a failure of `until` ends the connection as a handler's would."""
         self._held = []
-        self.transport.pause_reading()
+        self.pause_input(PAUSE_HOLD)
         until.add_done_callback(self._release_held)
 
     def _release_held(self, until: "asyncio.Task[None]") -> None:
         held, self._held = self._held or [], None
         if self.closed:
             return
-        self.transport.resume_reading()
-        self._last_rx = self._loop.time()  # what it sent meanwhile was not read yet
+        self.resume_input(PAUSE_HOLD)
         error = None if until.cancelled() else until.exception()
         if error is None:
             self._handle(held, None)
@@ -145,6 +197,44 @@ class Connection:
             error = MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
         self.fail(error)
         self._output.flush()
+
+    def pause_input(self, reason: int) -> None:
+        """Stops reading from the client for `reason` (a PAUSE_* bit): what it sends waits
+        in the kernel's socket buffer, then its own, instead of in broker memory."""
+        if not self._paused:
+            self.transport.pause_reading()
+        self._paused |= reason
+
+    def resume_input(self, reason: int) -> None:
+        """Lifts the pause for `reason`; reading resumes once no reason is left."""
+        if not self._paused & reason:
+            return
+        self._paused &= ~reason
+        if self._paused or self.closed:
+            return
+        self.transport.resume_reading()
+        # What the client sent meanwhile was not read yet: neither its keep-alive nor the
+        # arrival of a packet it was in the middle of may count the pause against it.
+        now = self._last_rx = self._loop.time()
+        if self._partial_since:
+            self._partial_since = now
+
+    def _check_packet_arrival(self) -> None:
+        """Closes a connection whose packet, once started, takes longer than
+        `mqtt.packet_arrival_timeout` to arrive (a sender stalled mid-packet would hold its
+        buffer, up to `mqtt.max_packet_size`, for as long as it keeps the socket open)."""
+        self._packet_timer = None
+        since = self._partial_since
+        if not since or self.closed:
+            return
+        late, limit = self._loop.time() - since, self._packet_timeout
+        if late < limit or self._paused:
+            self._packet_timer = self._loop.call_later(
+                limit - late if late < limit else limit, self._check_packet_arrival)
+            return
+        self.stats.time_out("packet_arrival")
+        self.fail(MQTTError(f"a packet still unfinished {late:.1f} s after it began",
+                            ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
 
     def _dispatch(self, packet: Packet) -> None:
         packet_type = packet.type
@@ -184,44 +274,67 @@ class Connection:
             self._flush_pending = True
             self._output.add(self)
 
-    def send_when(self, durable: Awaitable[Any] | None, data: bytes) -> None:
-        """Sends `data` once `durable` is done and after every earlier deferred packet:
-        a PUBACK/PUBREC for a stored message waits for the disk, and acknowledgements leave
-        in the order their PUBLISHes came (MQTT-4.6.0-2)."""
+    def send_when(self, durable: Awaitable[Any] | None, data: bytes, size: int = 0) -> None:
+        """Sends the acknowledgement `data` once `durable` is done and after every earlier
+        deferred one: a PUBACK/PUBREC for a stored message waits for the disk, and
+        acknowledgements leave in the order their PUBLISHes came (MQTT-4.6.0-2). `size` is
+        what storage holds for it meanwhile (the PUBLISH's payload): with
+        `mqtt.max_awaiting_storage(_bytes)` waiting, the client is not read until storage
+        catches up, so a client that ignores flow control cannot grow the broker."""
         deferred = self._deferred
         if durable is None and not deferred:
             self.send(data)
+            if self.incoming_unacked and _returns_quota(data):
+                self.incoming_unacked -= 1
             return
         if deferred is None:
             deferred = self._deferred = deque()
-        if deferred and deferred[-1][0] is durable:
+        self._waiting += 1
+        self._waiting_bytes += size
+        if deferred and deferred[-1].future is durable:
             # PUBLISHes of one read share their storage future: one group, one callback.
-            deferred[-1][1].append(data)
-            return
-        future = (durable if durable is None or isinstance(durable, asyncio.Future)
-                  else asyncio.ensure_future(durable))
-        deferred.append((future, [data]))
-        if future is not None:
-            future.add_done_callback(self._send_deferred)
+            group = deferred[-1]
+            group.packets.append(data)
+            group.size += size
+        else:
+            future = (durable if durable is None or isinstance(durable, asyncio.Future)
+                      else asyncio.ensure_future(durable))
+            deferred.append(_Waiting(future, data, size))
+            if future is not None:
+                future.add_done_callback(self._send_deferred)
+        if self._waiting >= self._max_waiting or self._waiting_bytes >= self._max_waiting_bytes:
+            self.pause_input(PAUSE_STORAGE)
 
     def _send_deferred(self, _: object = None) -> None:
         deferred = self._deferred
         while deferred:
-            future, packets = deferred[0]
+            group = deferred[0]
+            future = group.future
             if future is not None and not future.done():
-                return
+                break
             deferred.popleft()
+            self._waiting -= len(group.packets)
+            self._waiting_bytes -= group.size
             if future is not None and (future.cancelled() or future.exception() is not None):
                 # Not durable, so not acknowledged: the client resends after reconnecting.
                 log.error("storing a message from %s failed: %r", self.client_id,
                           None if future.cancelled() else future.exception())
                 deferred.clear()
+                self._waiting = self._waiting_bytes = 0
                 if not self.closed:
                     self.fail(MQTTError("storage failed", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
                 return
             if not self.closed:
-                self._out.extend(packets)
+                self._out.extend(group.packets)
+                if self.incoming_unacked:
+                    returned = sum(map(_returns_quota, group.packets))
+                    self.incoming_unacked = max(0, self.incoming_unacked - returned)
                 self._flush_soon()
+        # Resumed at half the bounds, not just under them: one pause per storage flush or
+        # so, rather than one per acknowledgement.
+        if (self._paused & PAUSE_STORAGE and self._waiting * 2 <= self._max_waiting
+                and self._waiting_bytes * 2 <= self._max_waiting_bytes):
+            self.resume_input(PAUSE_STORAGE)
 
     def send_packet(self, packet: Packet) -> None:
         self.send(encode(packet, self.version))
@@ -336,10 +449,12 @@ class Connection:
 
     def _check_keepalive(self, limit: float) -> None:
         idle = self._loop.time() - self._last_rx
-        if idle >= limit:
-            self.fail(MQTTError("keepalive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT))
-        else:
+        if idle < limit:
             self._timer = self._loop.call_later(limit - idle, self._check_keepalive, limit)
+        elif self._paused:  # we are the ones not reading: not the client's silence
+            self._timer = self._loop.call_later(limit, self._check_keepalive, limit)
+        else:
+            self.fail(MQTTError("keepalive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT))
 
     def _idle_timeout(self) -> None:
         if not self.connected:
@@ -361,13 +476,13 @@ class Connection:
             return
         self.flush()
         self.closed = True
-        self._cancel_timer()
+        self._cancel_timers()
         self.transport.close()
 
     def connection_lost(self) -> None:
         """Called by the transport adapter once the socket is gone, whatever the reason."""
         self.closed = True
-        self._cancel_timer()
+        self._cancel_timers()
         self.node.connections.discard(self)
         self._release_session()
 
@@ -381,6 +496,12 @@ class Connection:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_timer()
+        if self._packet_timer is not None:
+            self._packet_timer.cancel()
+            self._packet_timer = None
 
     @staticmethod
     def _peername(transport: Any) -> str:

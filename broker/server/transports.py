@@ -1,12 +1,15 @@
 """asyncio adapters that connect sockets to `Connection`: plain/TLS stream and WebSocket.
 
 The WebSocket adapter speaks RFC 6455 through wsproto (sans-I/O) and presents the same
-write/close surface as a TCP transport, so the MQTT side cannot tell the difference. MQTT
-packets may span WebSocket frames and a frame may hold several packets; the decoder copes.
+write/close/pause surface as a TCP transport, so the MQTT side cannot tell the difference.
+MQTT packets may span WebSocket frames and a frame may hold several packets; the decoder
+copes. The upgrade must name a supported subprotocol (MQTT 5.0 section 6, EMQX's
+`fail_if_no_subprotocol`) and complete within `handshake_timeout`.
 """
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, Final
 
 from wsproto import ConnectionType, WSConnection
@@ -21,6 +24,9 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
+from broker.config.loader import Config
+from broker.mqtt.codec import Decoder
+from broker.mqtt.errors import PacketTooLarge
 from broker.node import Node
 from broker.server.connection import Connection
 from broker.server.output import OutputBatch
@@ -28,6 +34,9 @@ from broker.server.output import OutputBatch
 log = logging.getLogger(__name__)
 
 _HIGH_WATER: Final = 4 * 1024 * 1024
+_NORMAL_CLOSURE: Final = 1000
+_MESSAGE_TOO_BIG: Final = 1009
+_UNSUPPORTED_DATA: Final = 1003
 
 
 class MQTTStreamProtocol(asyncio.Protocol):
@@ -52,19 +61,42 @@ class MQTTStreamProtocol(asyncio.Protocol):
             self._connection.connection_lost()
 
 
+@dataclass(frozen=True, slots=True)
+class WebSocketOptions:
+    """The WebSocket listener's settings, read once for all its connections."""
+
+    path: str
+    subprotocols: tuple[str, ...]
+    fail_if_no_subprotocol: bool
+    handshake_timeout: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> "WebSocketOptions":
+        prefix = "listeners.ws.default.websocket."
+        offered = config[prefix + "supported_subprotocols"].split(",")
+        return cls(
+            config[prefix + "mqtt_path"], tuple(p.strip() for p in offered if p.strip()),
+            config[prefix + "fail_if_no_subprotocol"], config[prefix + "handshake_timeout"],
+        )
+
+
 class _WebSocketWriter:
     """What Connection sees as its transport when the client speaks WebSocket."""
 
     def __init__(self, transport: asyncio.Transport, ws: WSConnection) -> None:
         self._transport = transport
         self._ws = ws
+        self.decoder: Decoder | None = None  # the connection's, for the close code
 
     def write(self, data: bytes) -> None:
         self._transport.write(self._ws.send(BytesMessage(data=data)))
 
     def close(self) -> None:
+        decoder = self.decoder
+        too_big = decoder is not None and isinstance(decoder.error, PacketTooLarge)
         try:
-            self._transport.write(self._ws.send(CloseConnection(code=1000)))
+            code = _MESSAGE_TOO_BIG if too_big else _NORMAL_CLOSURE
+            self._transport.write(self._ws.send(CloseConnection(code=code)))
         except Exception:  # the peer may already have closed the WebSocket
             log.debug("websocket close frame not sent", exc_info=True)
         self._transport.close()
@@ -83,17 +115,32 @@ class _WebSocketWriter:
 
 
 class MQTTWebSocketProtocol(asyncio.Protocol):
-    def __init__(self, node: Node, output: OutputBatch, path: str) -> None:
+    def __init__(self, node: Node, output: OutputBatch, options: WebSocketOptions) -> None:
         self._node = node
         self._output = output
-        self._path = path
+        self._options = options
         self._ws = WSConnection(ConnectionType.SERVER)
         self._transport: asyncio.Transport | None = None
         self._connection: Connection | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        if self._options.handshake_timeout:
+            self._timer = asyncio.get_running_loop().call_later(
+                self._options.handshake_timeout, self._handshake_timeout)
+
+    def _handshake_timeout(self) -> None:
+        """The upgrade request did not arrive in time: a silent client, or one sending its
+        headers a byte at a time, would otherwise hold the socket for as long as it likes."""
+        self._timer = None
+        transport = self._transport
+        if self._connection is None and transport is not None and not transport.is_closing():
+            self._node.stats.time_out("ws_handshake")
+            log.info("closing %s: no WebSocket upgrade request within %.1f s",
+                     transport.get_extra_info("peername"), self._options.handshake_timeout)
+            transport.close()
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
@@ -117,7 +164,7 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
         elif isinstance(event, TextMessage):
             # MQTT-6.0.0-1: MQTT over WebSocket uses binary frames only.
             log.info("text frame on MQTT websocket; closing")
-            transport.write(self._ws.send(CloseConnection(code=1003)))
+            transport.write(self._ws.send(CloseConnection(code=_UNSUPPORTED_DATA)))
             transport.close()
         elif isinstance(event, Ping):
             transport.write(self._ws.send(event.response()))
@@ -127,18 +174,34 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
             transport.close()
 
     def _accept(self, transport: asyncio.Transport, request: Request) -> None:
+        self._cancel_timer()
+        options = self._options
         path = request.target.split("?", 1)[0]
-        if path != self._path:
-            transport.write(self._ws.send(RejectConnection(status_code=404)))
-            transport.close()
+        if path != options.path:
+            self._reject(transport, 404)
             return
-        subprotocol = next(
-            (p for p in request.subprotocols if p in ("mqtt", "mqttv3.1", "mqttv5")), None
-        )
+        subprotocol = next((p for p in request.subprotocols if p in options.subprotocols), None)
+        if subprotocol is None and options.fail_if_no_subprotocol:
+            log.info("refusing a WebSocket upgrade from %s: subprotocols %s, none of %s",
+                     transport.get_extra_info("peername"), request.subprotocols,
+                     options.subprotocols)
+            self._reject(transport, 400)
+            return
         transport.write(self._ws.send(AcceptConnection(subprotocol=subprotocol)))
         writer = _WebSocketWriter(transport, self._ws)
         self._connection = Connection(self._node, writer, self._output)
+        writer.decoder = self._connection.decoder
+
+    def _reject(self, transport: asyncio.Transport, status: int) -> None:
+        transport.write(self._ws.send(RejectConnection(status_code=status)))
+        transport.close()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
         if self._connection is not None:
             self._connection.connection_lost()

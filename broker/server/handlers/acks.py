@@ -50,7 +50,8 @@ def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
             durable.store.write_soon([session.awaiting_rel_write(packet.packet_id, False)])
         conn.send_when(None, encode_ack(_PUBCOMP, packet.packet_id, 0, conn.version))
     else:
-        conn.send(encode_ack(_PUBCOMP, packet.packet_id, _NOT_FOUND, conn.version))
+        # Through send_when too: every PUBCOMP gives the client back send quota.
+        conn.send_when(None, encode_ack(_PUBCOMP, packet.packet_id, _NOT_FOUND, conn.version))
 
 
 def handle_pubcomp(conn: "Connection", packet: Pubcomp) -> None:

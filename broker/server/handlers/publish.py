@@ -56,6 +56,14 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         raise MQTTError("retain not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
     if topic.count("/") >= limits.max_topic_levels:
         raise MQTTError("too many topic levels", ReasonCode.TOPIC_NAME_INVALID)
+    if qos and conn.version == MQTT_5:
+        # MQTT 5.0 section 4.9: a client keeps at most our Receive Maximum of QoS 1/2
+        # PUBLISHes unacknowledged. (3.1.1 has no such rule: a client that sends faster
+        # than storage writes is paused by `Connection.send_when` instead.)
+        conn.incoming_unacked += 1
+        if conn.incoming_unacked > limits.max_inflight:
+            raise MQTTError("more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
+                            ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
     stats = conn.stats
     stats.messages_received[qos] += 1
     if topic.startswith("$SYS") and is_sys_topic(topic) and not conn.node.config[_SYS_PUBLISH]:
@@ -96,7 +104,8 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         else ReasonCode.NO_MATCHING_SUBSCRIBERS
     )
     if qos == 1:
-        conn.send_when(stored, encode_ack(_PUBACK, packet_id, reason, conn.version))
+        conn.send_when(stored, encode_ack(_PUBACK, packet_id, reason, conn.version),
+                       len(packet.payload))
         return
     session.awaiting_rel.add(packet_id)
     durable = conn.node.durable
@@ -107,4 +116,5 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         # (gather's list of results is never looked at: only its completion)
         stored = remembered if stored is None else asyncio.gather(  # type: ignore[assignment]
             stored, remembered)
-    conn.send_when(stored, encode_ack(_PUBREC, packet_id, reason, conn.version))
+    conn.send_when(stored, encode_ack(_PUBREC, packet_id, reason, conn.version),
+                   len(packet.payload))
