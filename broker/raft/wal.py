@@ -87,6 +87,8 @@ class SegmentStore(Protocol):
 
     def delete(self, name: str) -> None: ...
 
+    def close(self) -> None: ...
+
 
 @dataclass(slots=True)
 class RecoveredGroup:
@@ -249,6 +251,9 @@ class WriteAheadLog:
         self.syncs += 1
         self.entries_written += entries
         self.last_batch_entries = entries
+
+    def close(self) -> None:
+        self.store.close()
 
     def segment_names(self) -> list[str]:
         return [name for name, _ in self._segments]

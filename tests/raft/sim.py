@@ -74,6 +74,9 @@ class MemoryStore:
         del self.durable[name]
         del self.written[name]
 
+    def close(self) -> None:
+        pass
+
     def crash(self, rng: random.Random, torn: bool) -> None:
         for name, pending in self.written.items():
             if torn and pending and rng.random() < 0.5:

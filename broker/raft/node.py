@@ -1,0 +1,170 @@
+"""The asyncio shell of a node's Raft groups: one timer, one write-ahead log, group commit.
+
+All I/O of Raft happens here, and little else: ticks drive every group from one timer;
+whatever the groups produce during an event-loop turn is collected by one `flush` at the end
+of the turn (RaftHost.flush); a writer task writes the turn's log batch and fdatasyncs it in
+a worker thread, so the event loop never waits for the disk, then releases the messages that
+waited for it (vote grants, acknowledgements) and lets the groups commit. Batches that pile
+up while an fsync runs share the next one.
+
+Peers are reached through a `Transport` (the cluster links); what arrives from one is handed
+to `receive`.
+"""
+
+import asyncio
+import random
+from collections.abc import Callable
+
+from broker.raft.core import RaftGroup
+from broker.raft.host import HostBatch, Metric, RaftHost, StateMachine, Transport
+from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
+
+
+class CommandLost(Exception):
+    """Another entry took the proposal's index (leadership changed before it committed)."""
+
+
+class LeadershipLost(Exception):
+    """A read-index read could not be confirmed: the node stopped leading first."""
+
+
+class RaftNode:
+    def __init__(self, node_id: str, directory: str, transport: Transport, *,
+                 tick_seconds: float = 0.05, election_ticks: int = 10,
+                 heartbeat_ticks: int = 2, segment_bytes: int = 64 << 20,
+                 seed: int | None = None) -> None:
+        self.id = node_id
+        self.tick_seconds = tick_seconds
+        self.wal = WriteAheadLog(FileStore(directory), segment_bytes)
+        self.recovered: dict[int, RecoveredGroup] = self.wal.recover()
+        self.host = RaftHost(node_id, self.wal, transport, random.Random(seed),
+                             election_ticks, heartbeat_ticks)
+        self._loop = asyncio.get_running_loop()
+        self._flush_scheduled = False
+        self._to_write: list[HostBatch] = []
+        self._writing = asyncio.Event()
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        self._committing: asyncio.Future[None] | None = None
+        self._closed = False
+        self._tasks = [self._loop.create_task(self._ticker()),
+                       self._loop.create_task(self._writer())]
+
+    def add_group(self, group: int, machine: StateMachine,
+                  voters: frozenset[str] = frozenset(), applied: int = 0) -> RaftGroup:
+        """Hosts a group, from what the log recovered of it if anything (see RaftHost)."""
+        core = self.host.add_group(group, machine, self.recovered.pop(group, None), voters,
+                                   applied)
+        self._schedule_flush()
+        return core
+
+    def core(self, group: int) -> RaftGroup:
+        return self.host.core(group)
+
+    def receive(self, peer: str, data: bytes) -> None:
+        if self._closed:
+            return
+        self.host.receive(peer, data)
+        self._schedule_flush()
+
+    async def propose(self, group: int, data: bytes) -> int:
+        """Returns the command's index once it is committed and applied here. Raises
+        NotLeader at once, CommandLost when a change of leader dropped it."""
+        future: asyncio.Future[bool] = self._loop.create_future()
+        index = self.host.propose(group, data, lambda ok: _settle(future, ok))
+        self._schedule_flush()
+        if not await future:
+            raise CommandLost(f"group {group}: index {index} went to another command")
+        return index
+
+    async def read_index(self, group: int) -> None:
+        """Returns once the local state machine may serve a linearizable read (leadership
+        confirmed by a majority, everything committed before the call applied)."""
+        future: asyncio.Future[bool] = self._loop.create_future()
+        self.host.read_index(group, lambda ok: _settle(future, ok))
+        self._schedule_flush()
+        if not await future:
+            raise LeadershipLost(f"group {group}: leadership lost before the read")
+
+    def compact(self, group: int, index: int) -> None:
+        self.host.compact(group, index)
+        self._schedule_flush()
+
+    async def wait(self, condition: Callable[[], bool]) -> None:
+        """Returns once `condition()` holds, checked after every flush (for tests and
+        admin tools: "a leader is elected", "index N is applied")."""
+        if condition():
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append((condition, future))
+        await future
+
+    def metrics(self) -> list[Metric]:
+        return self.host.metrics()
+
+    async def close(self) -> None:
+        """Stops at once, as a crash would: what was not fsync'd is not acknowledged. (A
+        write already in its thread finishes first: a thread cannot be stopped.)"""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._committing is not None:
+            await asyncio.wait([self._committing])
+        self.wal.close()
+        for _, future in self._waiters:
+            future.cancel()
+
+    # ------------------------------------------------------------------ driving
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closed:
+            return
+        batch = self.host.flush()
+        if batch is not None and batch.wal is not None:
+            self._to_write.append(batch)
+            self._writing.set()
+        if self._waiters:
+            waiting = self._waiters
+            self._waiters = []
+            for condition, future in waiting:
+                if future.done():
+                    continue
+                if condition():
+                    future.set_result(None)
+                else:
+                    self._waiters.append((condition, future))
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_seconds)
+            self.host.tick()
+            self._schedule_flush()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._writing.wait()
+            self._writing.clear()
+            batches, self._to_write = self._to_write, []
+            wal_batches = [batch.wal for batch in batches if batch.wal is not None]
+            self._committing = self._loop.run_in_executor(None, self._commit, wal_batches)
+            await asyncio.shield(self._committing)
+            self._committing = None
+            for batch in batches:
+                self.host.synced(batch)
+            self._schedule_flush()
+
+    def _commit(self, batches: list[WalBatch]) -> None:
+        for batch in batches:
+            self.wal.write(batch)
+        self.wal.sync(batches)
+
+
+def _settle(future: "asyncio.Future[bool]", ok: bool) -> None:
+    if not future.done():
+        future.set_result(ok)
