@@ -9,7 +9,7 @@ APT_PACKAGES := mosquitto mosquitto-clients openssl gcc libc6-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
-.PHONY: install native run test lint bench image clean k8s-testbed
+.PHONY: install native run test lint bench image clean k8s-testbed simulate
 
 install: $(STAMP) $(APT_STAMP) native
 
@@ -54,6 +54,13 @@ k8s-testbed:
 
 test: install lint k8s-testbed
 	$(VENV)/bin/pytest -q $(ARGS)
+
+# The long Raft simulation (tests/raft/sim.py; `make test` runs a short one): SEEDS seeds of
+# STEPS steps each from a random first seed, or FIRST=...; SEED=1234 replays one seed.
+SEEDS ?= 40
+STEPS ?= 100000
+simulate: install
+	$(PY) -m tests.raft.sim --steps $(STEPS) $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(FIRST),--first $(FIRST)))
 
 bench: install
 	bench/setup.sh
