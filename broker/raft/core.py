@@ -77,6 +77,7 @@ class ConfigChangeRefused(Exception):
 class RaftGroup:
     def __init__(self, group: int, node_id: str, rng: random.Random, *, term: int = 0,
                  vote: str | None = None, log: RaftLog | None = None, applied: int = 0,
+                 snapshot: SnapshotMeta | None = None,
                  election_ticks: int = 10, heartbeat_ticks: int = 1,
                  max_append_bytes: int = 1 << 20, catch_up_entries: int = 1000) -> None:
         self.group = group
@@ -85,6 +86,9 @@ class RaftGroup:
         self.term = term
         self.vote = vote
         self.log = log if log is not None else RaftLog()
+        if snapshot is not None and snapshot.index > self.log.snapshot_index:
+            # The state machine installed it; the log's marker did not reach the disk.
+            self.log.restore(snapshot.index, snapshot.term, snapshot.config)
         self.role = FOLLOWER
         self.leader: str | None = None
         self.election_ticks = election_ticks
@@ -113,6 +117,8 @@ class RaftGroup:
         self._seq = 0
         self._unstable = 0  # the first index to write (0: none)
         self._snapshot: SnapshotMeta | None = None
+        if snapshot is not None and snapshot.index == self.log.snapshot_index:
+            self._snapshot = snapshot
         self._messages: list[tuple[str, Message]] = []
         self._after_persist: list[tuple[str, Message]] = []
         self._chunks: list[SnapshotChunk] = []
@@ -618,7 +624,8 @@ class RaftGroup:
                                                      False))
                 return
             expected = 0
-        self._chunks.append(SnapshotChunk(m.index, m.snapshot_term, m.offset, m.data, m.done))
+        self._chunks.append(SnapshotChunk(m.index, m.snapshot_term, m.config, m.offset, m.data,
+                                          m.done))
         self._receiving = (m.index, m.snapshot_term, expected + len(m.data))
         if not m.done:
             self._reply(sender, SnapshotResponse(self.group, self.term, m.index,

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from broker.raft.core import ROLE_NAMES, RaftGroup
 from broker.raft.messages import Config, Entry, MalformedMessage, Message, decode, encode
-from broker.raft.ready import SnapshotChunk
+from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.wal import RecoveredGroup, WalBatch, WriteAheadLog
 
 Metric = tuple[str, str, dict[str, str], float]
@@ -84,13 +84,13 @@ class RaftHost:
 
     def add_group(self, group: int, machine: StateMachine,
                   recovered: RecoveredGroup | None = None, voters: frozenset[str] = frozenset(),
-                  applied: int = 0) -> RaftGroup:
+                  applied: int = 0, snapshot: SnapshotMeta | None = None) -> RaftGroup:
         """Hosts a group: from its recovered state, else new (a bootstrap member when
         `voters` is given, else a server that waits to be added). `applied`: the state
-        machine's durable applied index."""
+        machine's durable applied index; `snapshot`: the last snapshot it installed."""
         state = recovered or RecoveredGroup()
         core = RaftGroup(group, self.id, random.Random(self._rng.random()), term=state.term,
-                         vote=state.vote, log=state.log, applied=applied,
+                         vote=state.vote, log=state.log, applied=applied, snapshot=snapshot,
                          election_ticks=self.election_ticks,
                          heartbeat_ticks=self.heartbeat_ticks)
         if voters:

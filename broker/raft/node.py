@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from broker.raft.core import RaftGroup
 from broker.raft.host import HostBatch, Metric, RaftHost, StateMachine, Transport
+from broker.raft.ready import SnapshotMeta
 from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
 
 
@@ -50,10 +51,11 @@ class RaftNode:
                        self._loop.create_task(self._writer())]
 
     def add_group(self, group: int, machine: StateMachine,
-                  voters: frozenset[str] = frozenset(), applied: int = 0) -> RaftGroup:
+                  voters: frozenset[str] = frozenset(), applied: int = 0,
+                  snapshot: SnapshotMeta | None = None) -> RaftGroup:
         """Hosts a group, from what the log recovered of it if anything (see RaftHost)."""
         core = self.host.add_group(group, machine, self.recovered.pop(group, None), voters,
-                                   applied)
+                                   applied, snapshot)
         self._schedule_flush()
         return core
 

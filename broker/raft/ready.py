@@ -33,10 +33,14 @@ class SnapshotMeta:
 
 @dataclass(slots=True)
 class SnapshotChunk:
-    """A piece of a snapshot received from the leader, for the state machine."""
+    """A piece of a snapshot received from the leader, for the state machine. With the
+    last one (`done`), the state machine keeps `index`, `term` and `config` durably with
+    its data: after a crash before the log's marker is on disk, they are given back to the
+    core (`RaftGroup(snapshot=...)`)."""
 
     index: int
     term: int
+    config: Config
     offset: int
     data: bytes
     done: bool

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup
 from broker.raft.host import HostBatch, RaftHost
 from broker.raft.messages import Entry
-from broker.raft.ready import SnapshotChunk
+from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.wal import WalBatch, WriteAheadLog
 
 
@@ -178,6 +178,7 @@ class SimMachine:
         self.index = 0
         self.digest = b"\0" * 8
         self.flushed = (0, self.digest)
+        self.installed: SnapshotMeta | None = None
         self.snapshots: dict[int, bytes] = {}
         self._receiving = bytearray()
 
@@ -227,6 +228,7 @@ class SimMachine:
                               "that no node applied")
         self.index, self.digest = index, digest
         self.flushed = (index, digest)  # an installed snapshot is durable before the log
+        self.installed = SnapshotMeta(index, chunk.term, chunk.config)
         self.checker.installs += 1
         self._receiving.clear()
 
@@ -339,7 +341,13 @@ class Simulation:
         self.at(self.rng.expovariate(1 / mean), fire)
 
     def crash_someone(self) -> None:
-        node = self.nodes[self.rng.choice(self.ids)]
+        # Half the time a node with an fsync under way: the window that durability bugs
+        # (acknowledging or counting what is not on disk yet) need.
+        syncing = [n for n in self.ids if self.nodes[n].alive and self.nodes[n].syncing]
+        if syncing and self.rng.random() < 0.5:
+            node = self.nodes[self.rng.choice(syncing)]
+        else:
+            node = self.nodes[self.rng.choice(self.ids)]
         if not node.alive:
             return
         self.crashes += 1
@@ -513,7 +521,7 @@ class SimNode:
         self.machines = {group: SimMachine(group, node, sim.checker)
                          for group in range(1, sim.options.groups + 1)}
         self._written: list[tuple[HostBatch, WalBatch]] = []
-        self._syncing = False
+        self.syncing = False
         self._roles: dict[int, tuple[int, int]] = {}
         self._before_crash: dict[int, tuple[int, int, str | None, list[int]]] = {}
 
@@ -532,7 +540,7 @@ class SimNode:
             machine.crash()
             voters = sim.initial[group] if self.id in sim.initial[group] else frozenset()
             core = self.host.add_group(group, machine, recovered.get(group), voters,
-                                       applied=machine.flushed[0])
+                                       applied=machine.flushed[0], snapshot=machine.installed)
             self._check_recovered(group, core)
         self._roles = {}
         incarnation = self.incarnation
@@ -573,7 +581,7 @@ class SimNode:
         self.alive = False
         self.incarnation += 1
         self._written = []
-        self._syncing = False
+        self.syncing = False
         self.store.crash(self.sim.rng, self.sim.options.torn_writes)
 
     def flush(self) -> None:
@@ -595,11 +603,11 @@ class SimNode:
             return
         self.wal.write(batch.wal)
         self._written.append((batch, batch.wal))
-        if not self._syncing:
+        if not self.syncing:
             self._start_sync()
 
     def _start_sync(self) -> None:
-        self._syncing = True
+        self.syncing = True
         incarnation = self.incarnation
         written, self._written = self._written, []
 
@@ -609,9 +617,9 @@ class SimNode:
             self.wal.sync([wal for _, wal in written])
             for batch, _ in written:
                 self.host.synced(batch)
-            self._syncing = False
+            self.syncing = False
             self.flush()
-            if self._written and not self._syncing:
+            if self._written and not self.syncing:
                 self._start_sync()
         rng = self.sim.rng
         stall = rng.random() < self.sim.options.disk_stalls

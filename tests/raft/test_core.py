@@ -1,0 +1,165 @@
+"""The sans-I/O core on its own: what leaves before and after the disk, pre-vote,
+check-quorum, learners and membership, one rule per test."""
+
+import random
+
+import pytest
+
+from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup
+from broker.raft.messages import AppendEntries, Config, Entry, RequestVote, VoteResponse
+
+
+class Cluster:
+    """Cores over a perfect network and a disk that syncs when told."""
+
+    def __init__(self, *nodes: str) -> None:
+        self.cores = {n: RaftGroup(1, n, random.Random(n)) for n in nodes}
+        for core in self.cores.values():
+            core.bootstrap(Config(frozenset(nodes)))
+        self.down: set[str] = set()
+
+    def settle(self, rounds: int = 50) -> None:
+        for _ in range(rounds):
+            quiet = True
+            for name, core in self.cores.items():
+                if name in self.down or not core.has_ready():
+                    continue
+                quiet = False
+                ready = core.ready()
+                core.persisted(ready.seq)
+                for peer, message in ready.messages + ready.after_persist:
+                    if peer not in self.down and name not in self.down:
+                        self.cores[peer].step(name, message)
+            if quiet:
+                return
+
+    def elect(self, node: str) -> RaftGroup:
+        core = self.cores[node]
+        for _ in range(core.election_ticks * 2):
+            core.tick()
+            self.settle()
+            if core.role == LEADER:
+                return core
+        raise AssertionError(f"{node} was not elected")
+
+
+def test_a_single_voter_commits_only_what_it_persisted() -> None:
+    core = RaftGroup(1, "a", random.Random(1))
+    core.bootstrap(Config(frozenset({"a"})))
+    while core.role != LEADER:
+        core.tick()
+        core.persisted(core.ready().seq)
+    core.persisted(core.ready().seq)
+    index, _ = core.propose(b"x")
+    ready = core.ready()
+    assert [e.index for e in ready.entries] == [index]
+    assert core.commit < index and index not in [e.index for e in ready.committed]
+    core.persisted(ready.seq)
+    assert [e.data for e in core.ready().committed] == [b"x"]
+
+
+def test_a_vote_and_an_acknowledgement_leave_only_after_the_disk() -> None:
+    core = RaftGroup(1, "b", random.Random(1))
+    core.bootstrap(Config(frozenset({"a", "b", "c"})))
+    core.persisted(core.ready().seq)
+    core.step("a", RequestVote(1, 2, 1, 1, False))
+    ready = core.ready()
+    assert ready.hard_state is not None and ready.hard_state.vote == "a"
+    assert not ready.messages and isinstance(ready.after_persist[0][1], VoteResponse)
+    core.persisted(ready.seq)
+    core.step("a", AppendEntries(1, 2, 1, 1, 0, [Entry(2, 2, 0, b"x")]))
+    ready = core.ready()
+    assert [e.index for e in ready.entries] == [2]
+    assert not ready.messages and ready.after_persist[0][1].index == 2
+    # Entries already on disk are acknowledged at once.
+    core.persisted(ready.seq)
+    core.step("a", AppendEntries(1, 2, 1, 1, 0, [Entry(2, 2, 0, b"x")]))
+    assert core.ready().messages
+
+
+def test_pre_vote_raises_no_term_and_a_live_leader_keeps_its_followers() -> None:
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    term = leader.term
+    # c is cut off, times out over and over: its pre-votes fail, no term moves.
+    cluster.down.add("c")
+    c = cluster.cores["c"]
+    for _ in range(c.election_ticks * 5):
+        c.tick()
+        c.ready()
+    assert c.term == term
+    # Its pre-vote reaching b, which hears from a live leader, is ignored.
+    b = cluster.cores["b"]
+    b.step("c", RequestVote(1, term + 1, 99, term, True))
+    assert not b.ready().messages and b.term == term
+
+
+def test_a_leader_cut_off_from_its_majority_steps_down() -> None:
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    cluster.down.update({"b", "c"})
+    for _ in range(leader.election_ticks * 2 + 1):
+        leader.tick()
+        cluster.settle()
+    assert leader.role != LEADER
+    with pytest.raises(NotLeader):
+        leader.propose(b"x")
+
+
+def test_a_learner_is_promoted_only_once_caught_up() -> None:
+    cluster = Cluster("a", "b", "c")
+    cluster.cores["d"] = RaftGroup(1, "d", random.Random(4))  # joins empty
+    leader = cluster.elect("a")
+    for i in range(50):
+        leader.propose(b"%d" % i)
+    cluster.settle()
+    cluster.down.add("d")
+    leader.catch_up_entries = 10
+    leader.add_learner("d")
+    cluster.settle()
+    with pytest.raises(ConfigChangeRefused, match="caught up"):
+        leader.promote("d")
+    cluster.down.discard("d")
+    for _ in range(3):
+        leader.tick()
+        cluster.settle()
+    leader.promote("d")
+    cluster.settle()
+    d = cluster.cores["d"]
+    assert d.log.config.voters == {"a", "b", "c", "d"}
+    assert d.log.last_index == leader.log.last_index
+
+
+def test_one_membership_change_at_a_time_and_a_removed_leader_steps_down() -> None:
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    cluster.settle()
+    leader.remove("a")
+    with pytest.raises(ConfigChangeRefused, match="in progress"):
+        leader.remove("b")
+    cluster.settle()
+    assert leader.role != LEADER
+    for core in cluster.cores.values():
+        assert core.log.config.voters == {"b", "c"}
+    # The removed server never campaigns, however long it waits.
+    for _ in range(leader.election_ticks * 5):
+        leader.tick()
+        assert not leader.ready().messages
+
+
+def test_a_leader_counts_itself_toward_a_commit_only_once_on_its_disk() -> None:
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    index, _ = leader.propose(b"x")
+    ready = leader.ready()  # written, not yet synced
+    b = cluster.cores["b"]
+    for peer, message in ready.messages:
+        if peer == "b":
+            b.step("a", message)
+    answer = b.ready()
+    b.persisted(answer.seq)
+    for _, message in answer.after_persist:
+        leader.step("b", message)
+    assert leader.commit < index  # b alone is no majority
+    leader.persisted(ready.seq)
+    assert leader.commit == index
