@@ -35,7 +35,7 @@ _PAST_TIMESTAMPS: Final = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after eve
 MAX_OPEN_FILES: Final = 74
 
 
-class SlabClosed(RuntimeError):
+class SlabClosed(Exception):
     """A sealed slab was used without acquiring it (open_slabs.py)."""
 
 
