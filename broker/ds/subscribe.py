@@ -67,6 +67,9 @@ class Subscription:
         return batch
 
     def close(self) -> None:
+        # A closed subscription can outlive its reader (the pump's last groups refer to it):
+        # what was handed to it, up to HANDOVER_BATCHES x batch_size messages, must not.
+        self._batches.clear()
         self._pool.remove(self)
 
 
