@@ -39,7 +39,9 @@ _TOPIC_ALIAS: Final = PropertyId.TOPIC_ALIAS
 # cannot resume each other's pause.
 PAUSE_HOLD: Final = 1
 PAUSE_STORAGE: Final = 2
-_PUBACK, _PUBREC, _PUBCOMP = 0x40, 0x50, 0x70
+_PUBACK: Final = 0x40
+_PUBREC: Final = 0x50
+_PUBCOMP: Final = 0x70
 
 
 def _returns_quota(ack: bytes) -> bool:
