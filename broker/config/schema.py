@@ -102,7 +102,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dashboard.listeners.http.bind", "0.0.0.0:18083", parse_bind,
             "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
     Setting("dashboard.listeners.http.header_timeout", "10s", parse_duration,
-            "Time a new HTTP connection may take to send its first request's headers."),
+            "Time an HTTP connection may take to send a request's headers: the first from"
+            " connecting, a later one from the previous response (keep-alive). 0: no bound on"
+            " the first, no keep-alive."),
     Setting("mqtt.session_expiry_interval", "2h", parse_duration,
             "Session expiry for MQTT 3.1.1 clients connecting with clean session = 0."),
     Setting("mqtt.max_session_expiry_interval", "0s", parse_duration,

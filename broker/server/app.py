@@ -81,12 +81,13 @@ class BrokerApp:
                                      self.node.cluster_routing.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
-            self._http = web.AppRunner(web_app, access_log=None)
+            # A kept-alive connection's next request has as long as a new one's first.
+            header_timeout = config["dashboard.listeners.http.header_timeout"]
+            self._http = web.AppRunner(web_app, access_log=None, keepalive_timeout=header_timeout)
             await self._http.setup()
             assert self._http.server is not None
-            handlers = HeaderTimeout.factory(
-                self._http.server, config["dashboard.listeners.http.header_timeout"],
-                partial(node.stats.time_out, "http_headers"))
+            handlers = HeaderTimeout.factory(self._http.server, header_timeout,
+                                             partial(node.stats.time_out, "http_headers"))
             self._http_server = await loop.create_server(
                 handlers, http_bind[0], http_bind[1], reuse_address=True)
             self.ports["http"] = self._http_server.sockets[0].getsockname()[1]

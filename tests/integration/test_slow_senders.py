@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 
+import h11
 import pytest
 
 from tests.integration.clients import (
@@ -101,3 +102,21 @@ def test_silent_and_partial_handshakes_closed_after_their_timeout(start_broker, 
     assert 0.9 <= elapsed <= 3, f"closed after {elapsed:.2f}s"
     stage = "ws_handshake" if listener == "ws" else "http_headers"
     assert timed_out(broker.ports["http"], stage) == 2  # (and /metrics itself still works)
+
+
+def test_kept_alive_http_connection_closed_when_its_next_request_stalls(start_broker) -> None:
+    """After one whole request and response, half the headers of a second one: closed after
+    the same bound (it was aiohttp's keep-alive default, an hour)."""
+    broker = start_broker(**{"dashboard.listeners.http.header_timeout": "1s"})
+    request = f"GET /metrics HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    with socket.create_connection((HOST, broker.ports["http"]), timeout=5) as sock:
+        sock.sendall(request)
+        http = h11.Connection(h11.CLIENT)
+        while not isinstance(event := http.next_event(), h11.EndOfMessage):
+            if event is h11.NEED_DATA:
+                http.receive_data(sock.recv(65536))
+        sock.sendall(request[:20])
+        started = time.monotonic()
+        assert read_until_closed(sock, timeout=4) == b""
+    elapsed = time.monotonic() - started
+    assert elapsed <= 3, f"closed after {elapsed:.2f}s"
