@@ -87,8 +87,8 @@ class _StatsCollector(Collector):
             "Unacknowledged deliveries resent when a durable session resumed",
             value=stats.durable_replayed,
         )
-        for name, (doc, value) in self._gauges().items():
-            yield GaugeMetricFamily(name, doc, value=value)
+        for name, (doc, gauge) in self._gauges().items():
+            yield GaugeMetricFamily(name, doc, value=gauge)
 
 
 class _DSCollector(Collector):
