@@ -229,6 +229,7 @@ def opened(task: SlabTask, tmp_root: str | None = None) -> Iterator[Slab]:
         snapshot(Path(task.path), copy)
         try:
             slab = Slab.open(copy, task.generation)
+            slab.reopen()  # a sealed slab opens closed (the broker opens them on demand)
         except (plyvel.Error, ValueError, OSError) as error:
             raise SlabError(f"corrupt: {type(error).__name__}: {error}") from None
         try:

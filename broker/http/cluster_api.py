@@ -13,11 +13,11 @@ from aiohttp import web
 
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
+from broker.http.api import NODE_KEY
 from broker.node import Node
 
 CLUSTER_KEY = web.AppKey("cluster", Cluster)
 RPC_KEY = web.AppKey("rpc", Rpc)
-LOCAL_KEY = web.AppKey("local_node", Node)
 
 try:
     VERSION = version("durable-mqtt-broker")
@@ -43,7 +43,7 @@ def local_node_info(node: Node, cluster: Cluster) -> dict[str, Any]:
 async def _nodes(request: web.Request) -> list[dict[str, Any]]:
     cluster, rpc = request.app[CLUSTER_KEY], request.app[RPC_KEY]
     answers = await rpc.multicall("node_info", timeout=3.0)
-    nodes = [local_node_info(request.app[LOCAL_KEY], cluster)]
+    nodes = [local_node_info(request.app[NODE_KEY], cluster)]
     for row in cluster.status()[1:]:
         answer = answers.get(row["site"])
         if isinstance(answer, dict):
@@ -97,7 +97,6 @@ async def cluster_force_leave(request: web.Request) -> web.Response:
 
 
 def add_cluster_routes(app: web.Application, node: Node, cluster: Cluster, rpc: Rpc) -> None:
-    app[LOCAL_KEY] = node
     app[CLUSTER_KEY] = cluster
     app[RPC_KEY] = rpc
     rpc.register("node_info", lambda _params: local_node_info(node, cluster))
