@@ -128,12 +128,8 @@ class Node:
             self.store_retained(message)
             if cluster is not None:
                 cluster.replicate_retained(message)
-        stored = None
         durable = self._durable_matches(message.topic) if self.ds is not None else 0
-        if durable:
-            assert self.persister is not None
-            stored = self.persister.add(message)
-            self.stats.durable_persisted += 1
+        stored = self._persist(message) if durable else None
         remote = 0
         if cluster is None:
             deliveries = self.router.route(message, self._is_online)
@@ -148,6 +144,12 @@ class Node:
             self.stats.drop("no_subscribers")
         return len(deliveries) + durable + remote, stored
 
+    def _persist(self, message: Message) -> Awaitable[None]:
+        """Stores the message once in DS for the durable sessions that match it."""
+        assert self.persister is not None
+        self.stats.durable_persisted += 1
+        return self.persister.add(message)
+
     def store_retained(self, message: Message) -> None:
         if self.retainer is not None and not self.retainer.put(message):
             self.stats.drop("retained_limit")
@@ -158,9 +160,7 @@ class Node:
         subscribers (if it matched this node's plain routes there) and to the shared-group
         members it picked here; never forwarded again."""
         if plain and self.ds is not None and self._durable_matches(message.topic):
-            assert self.persister is not None
-            self.persister.add(message)
-            self.stats.durable_persisted += 1
+            self._persist(message)
         deliveries = self.router.route(message, self._is_online, False) if plain else {}
         for group, topic_filter, client_id in targets:
             deliveries.update(self.router.route_shared(message, group, topic_filter, client_id,

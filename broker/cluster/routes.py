@@ -99,6 +99,9 @@ def _routes(items: Any) -> list[Route]:
     return routes
 
 
+_NO_MATCH: tuple[frozenset[str], dict[tuple[str, str], list[SharedMember]]] = (frozenset(), {})
+
+
 @dataclass(slots=True)
 class RemoteRoutes:
     """Every other node's entries, matched against a topic on each publish."""
@@ -162,6 +165,8 @@ class RemoteRoutes:
 
     def match(self, topic: str) -> tuple[frozenset[str], dict[tuple[str, str], list[SharedMember]]]:
         """(sites with a plain route, shared members per (group, filter)) for `topic`."""
+        if not self._trie:  # a single node, or peers without subscribers: every publish
+            return _NO_MATCH
         cached = self._cache.get(topic)
         if cached is not None:
             return cached

@@ -108,18 +108,24 @@ class ClusterRouting:
         return len(sites | picks.keys())
 
     def replicate_retained(self, message: Message) -> None:
-        entry = encode_entry(RETAIN_STORE, [], encode_message(message))
-        for site in self.cluster.peers():
-            self._queue(site, entry)
+        peers = self.cluster.peers()
+        if peers:
+            entry = encode_entry(RETAIN_STORE, [], encode_message(message))
+            for site in peers:
+                self._queue(site, entry)
 
     def _queue(self, site: str, entry: bytes) -> None:
         self._outbox.setdefault(site, []).append(entry)
-        traffic = self.traffic.get(site)
-        if traffic is None:
-            traffic = self.traffic[site] = PeerTraffic()
+        traffic = self._traffic(site)
         traffic.messages_out += 1
         traffic.bytes_out += len(entry)
         self._soon()
+
+    def _traffic(self, site: str) -> PeerTraffic:
+        traffic = self.traffic.get(site)
+        if traffic is None:
+            traffic = self.traffic[site] = PeerTraffic()
+        return traffic
 
     def _soon(self) -> None:
         if not self._scheduled:
@@ -142,10 +148,7 @@ class ClusterRouting:
             self.garbled += 1
             log.warning("dropping a forward frame from %s: %s", site, error)
             return
-        traffic = self.traffic.get(site)
-        if traffic is None:
-            traffic = self.traffic[site] = PeerTraffic()
-        traffic.messages_in += len(entries)
+        self._traffic(site).messages_in += len(entries)
         for flags, targets, message in entries:
             if flags & RETAIN_STORE:
                 self.node.store_retained(message)

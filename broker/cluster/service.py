@@ -180,9 +180,11 @@ class Cluster:
                 else:
                     link.heartbeat()
             if self.autoclean > 0:
-                for site in self.membership.autoclean(now, self.autoclean):
+                cleaned = self.membership.autoclean(now, self.autoclean)
+                for site in cleaned:
                     log.info("member %s down for %.0f s: removed (cluster.autoclean)", site,
                              self.autoclean)
+                if cleaned:
                     self._save()
             if not self._left:
                 if rounds % max(1, int(5 / interval)) == 0:
