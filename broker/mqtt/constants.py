@@ -12,6 +12,13 @@ MQTT_3_1_1: Final = 4
 MQTT_5: Final = 5
 PROTOCOL_NAMES: Final = {MQTT_3_1: "MQIsdp", MQTT_3_1_1: "MQTT", MQTT_5: "MQTT"}
 
+# First bytes (type << 4 | flags) of the acknowledgements, which the hot path encodes and
+# inspects without packet objects; PUBREL's flags are fixed at 0b0010 (MQTT-3.6.1-1).
+PUBACK_BYTE: Final = 0x40
+PUBREC_BYTE: Final = 0x50
+PUBREL_BYTE: Final = 0x62
+PUBCOMP_BYTE: Final = 0x70
+
 MAX_PACKET_ID: Final = 0xFFFF
 MAX_VARINT: Final = 268_435_455
 MAX_UINT32: Final = 0xFFFF_FFFF

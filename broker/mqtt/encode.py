@@ -19,6 +19,10 @@ from broker.mqtt.constants import (
     MQTT_3_1_1,
     MQTT_5,
     PROTOCOL_NAMES,
+    PUBACK_BYTE,
+    PUBCOMP_BYTE,
+    PUBREC_BYTE,
+    PUBREL_BYTE,
     SUBACK_FAILURE_V3,
     ConnackCodeV3,
     ReasonCode,
@@ -204,19 +208,19 @@ def _ack(
 
 
 def _enc_puback(p: Puback, version: int) -> bytes:
-    return _ack(0x40, p.packet_id, p.reason_code, p.properties, version)
+    return _ack(PUBACK_BYTE, p.packet_id, p.reason_code, p.properties, version)
 
 
 def _enc_pubrec(p: Pubrec, version: int) -> bytes:
-    return _ack(0x50, p.packet_id, p.reason_code, p.properties, version)
+    return _ack(PUBREC_BYTE, p.packet_id, p.reason_code, p.properties, version)
 
 
 def _enc_pubrel(p: Pubrel, version: int) -> bytes:
-    return _ack(0x62, p.packet_id, p.reason_code, p.properties, version)
+    return _ack(PUBREL_BYTE, p.packet_id, p.reason_code, p.properties, version)
 
 
 def _enc_pubcomp(p: Pubcomp, version: int) -> bytes:
-    return _ack(0x70, p.packet_id, p.reason_code, p.properties, version)
+    return _ack(PUBCOMP_BYTE, p.packet_id, p.reason_code, p.properties, version)
 
 
 def _enc_publish(p: Publish, version: int) -> bytes:

@@ -13,7 +13,15 @@ from collections.abc import Awaitable
 from typing import Any, Final
 
 from broker.mqtt.codec import Decoder, encode, encode_publish
-from broker.mqtt.constants import MQTT_5, PacketType, PropertyId, ReasonCode
+from broker.mqtt.constants import (
+    MQTT_5,
+    PUBACK_BYTE,
+    PUBCOMP_BYTE,
+    PUBREC_BYTE,
+    PacketType,
+    PropertyId,
+    ReasonCode,
+)
 from broker.mqtt.errors import (
     MalformedPacket,
     MQTTError,
@@ -39,16 +47,14 @@ _TOPIC_ALIAS: Final = PropertyId.TOPIC_ALIAS
 # cannot resume each other's pause.
 PAUSE_HOLD: Final = 1
 PAUSE_STORAGE: Final = 2
-_PUBACK: Final = 0x40
-_PUBREC: Final = 0x50
-_PUBCOMP: Final = 0x70
 
 
 def _returns_quota(ack: bytes) -> bool:
     """A PUBACK, a PUBCOMP or a PUBREC with an error code: the acknowledgement that gives a
     client back one unit of its send quota (MQTT 5.0 section 4.9)."""
     b0 = ack[0]
-    return b0 in (_PUBACK, _PUBCOMP) or (b0 == _PUBREC and len(ack) > 4 and ack[4] >= 0x80)
+    return b0 in (PUBACK_BYTE, PUBCOMP_BYTE) or (
+        b0 == PUBREC_BYTE and len(ack) > 4 and ack[4] >= 0x80)
 
 
 class _Waiting:

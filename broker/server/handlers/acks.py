@@ -3,14 +3,13 @@
 from typing import TYPE_CHECKING, Final
 
 from broker.mqtt.codec import encode_ack
-from broker.mqtt.constants import ReasonCode
+from broker.mqtt.constants import PUBCOMP_BYTE, PUBREL_BYTE, ReasonCode
 from broker.mqtt.packets import Puback, Pubcomp, Pubrec, Pubrel
 from broker.session.durable.session import DurableSession
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
 
-_PUBREL, _PUBCOMP = 0x62, 0x70
 _NOT_FOUND: Final = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 
 
@@ -28,7 +27,7 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
     assert session is not None
     delivery = session.inflight.get(packet.packet_id)
     if delivery is None or delivery.qos != 2:
-        conn.send(encode_ack(_PUBREL, packet.packet_id, _NOT_FOUND, conn.version))
+        conn.send(encode_ack(PUBREL_BYTE, packet.packet_id, _NOT_FOUND, conn.version))
         return
     if packet.reason_code >= 0x80:
         # The receiver refused the message: the flow ends here (MQTT 5.0 section 4.3.3).
@@ -37,7 +36,7 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
         return
     session.awaiting_comp.add(packet.packet_id)
     conn.send_when(session.released(packet.packet_id),
-                   encode_ack(_PUBREL, packet.packet_id, 0, conn.version))
+                   encode_ack(PUBREL_BYTE, packet.packet_id, 0, conn.version))
 
 
 def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
@@ -48,10 +47,10 @@ def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
         durable = conn.node.durable
         if isinstance(session, DurableSession) and durable is not None:
             durable.store.write_soon([session.awaiting_rel_write(packet.packet_id, False)])
-        conn.send_when(None, encode_ack(_PUBCOMP, packet.packet_id, 0, conn.version))
+        conn.send_when(None, encode_ack(PUBCOMP_BYTE, packet.packet_id, 0, conn.version))
     else:
         # Through send_when too: every PUBCOMP gives the client back send quota.
-        conn.send_when(None, encode_ack(_PUBCOMP, packet.packet_id, _NOT_FOUND, conn.version))
+        conn.send_when(None, encode_ack(PUBCOMP_BYTE, packet.packet_id, _NOT_FOUND, conn.version))
 
 
 def handle_pubcomp(conn: "Connection", packet: Pubcomp) -> None:

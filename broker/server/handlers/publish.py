@@ -4,7 +4,7 @@ import asyncio
 from typing import TYPE_CHECKING, Final
 
 from broker.mqtt.codec import encode_ack
-from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
+from broker.mqtt.constants import MQTT_5, PUBACK_BYTE, PUBREC_BYTE, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Publish
 from broker.mqtt.topic import validate_topic_name
@@ -19,7 +19,6 @@ _ALIAS: Final = PropertyId.TOPIC_ALIAS
 _SUB_IDS: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
 _RESPONSE_TOPIC: Final = PropertyId.RESPONSE_TOPIC
 _SYS_PUBLISH: Final = "sys_topics.allow_client_publish"
-_PUBACK, _PUBREC = 0x40, 0x50
 
 
 def _resolve_alias(conn: "Connection", packet: Publish) -> str:
@@ -71,14 +70,14 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         # acknowledgement carries no reason, and the message is dropped all the same.
         stats.drop("sys_topic_denied")
         if qos:
-            conn.send_when(None, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id,
+            conn.send_when(None, encode_ack(PUBACK_BYTE if qos == 1 else PUBREC_BYTE, packet_id,
                                             ReasonCode.NOT_AUTHORIZED, conn.version))
         return
     if props and not payload_format_ok(packet.payload, props):
         if qos == 0:
             raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)
         stats.drop("payload_format_invalid")
-        conn.send_when(None, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id,
+        conn.send_when(None, encode_ack(PUBACK_BYTE if qos == 1 else PUBREC_BYTE, packet_id,
                                         ReasonCode.PAYLOAD_FORMAT_INVALID, conn.version))
         return
 
@@ -86,7 +85,7 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
     assert session is not None
     if qos == 2 and packet_id in session.awaiting_rel:
         # A DUP of a QoS 2 message we already own: acknowledge again, never route twice.
-        conn.send_when(None, encode_ack(_PUBREC, packet_id, 0, conn.version))
+        conn.send_when(None, encode_ack(PUBREC_BYTE, packet_id, 0, conn.version))
         return
     if qos == 2:
         limit = limits.max_inflight if conn.version == MQTT_5 else limits.max_awaiting_rel
@@ -104,7 +103,7 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         else ReasonCode.NO_MATCHING_SUBSCRIBERS
     )
     if qos == 1:
-        conn.send_when(stored, encode_ack(_PUBACK, packet_id, reason, conn.version),
+        conn.send_when(stored, encode_ack(PUBACK_BYTE, packet_id, reason, conn.version),
                        len(packet.payload))
         return
     session.awaiting_rel.add(packet_id)
@@ -116,5 +115,5 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         # (gather's list of results is never looked at: only its completion)
         stored = remembered if stored is None else asyncio.gather(  # type: ignore[assignment]
             stored, remembered)
-    conn.send_when(stored, encode_ack(_PUBREC, packet_id, reason, conn.version),
+    conn.send_when(stored, encode_ack(PUBREC_BYTE, packet_id, reason, conn.version),
                    len(packet.payload))
