@@ -91,16 +91,6 @@ class _StatsCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=gauge)
 
 
-class _DSCollector(Collector):
-    def __init__(self, ds: DurableStorage) -> None:
-        self._ds = ds
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        for name, kind, doc, value in self._ds.metrics():
-            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            yield family(name, doc, value=value)
-
-
 # (name, "counter" | "gauge", help, labels, value): what a component reports without
 # importing prometheus_client.
 Sample = tuple[str, str, str, dict[str, str], float]
@@ -131,7 +121,8 @@ def make_registry(
     registry = CollectorRegistry()
     registry.register(_StatsCollector(stats, gauges))
     if ds is not None:
-        registry.register(_DSCollector(ds))
+        registry.register(_SamplesCollector(
+            lambda: [(name, kind, doc, {}, value) for name, kind, doc, value in ds.metrics()]))
     for source in samples:
         registry.register(_SamplesCollector(source))
     return registry
