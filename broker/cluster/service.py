@@ -104,6 +104,8 @@ class Cluster:
         self._task: asyncio.Task[None] | None = None
         self._dialing: dict[Address, asyncio.Task[None]] = {}
         self._left = False
+        self._dialled = False
+        self._joined = False
         self._restore()
 
     # ---- what other parts of the node use ---------------------------------------------------
@@ -128,6 +130,17 @@ class Cluster:
     def broadcast(self, channel: Channel, payload: bytes) -> None:
         for link in self.links.values():
             link.send(channel, payload)
+
+    @property
+    def joined(self) -> bool:
+        """The first discovery round has been dialled through and each of its handshakes
+        ended (linked or refused): a node is not Ready before it has tried to join every peer
+        it was told of, and a peer that never answers does not keep it unready. Once true it
+        stays true: later re-dials of a lost peer do not take a serving node out of its
+        Service."""
+        if not self._joined and self._dialled:
+            self._joined = not any(link.role is Role.DIALER for link in self._pending)
+        return self._joined
 
     def peers(self) -> list[str]:
         """Sites with a link up now."""
@@ -179,6 +192,12 @@ class Cluster:
                     self.link_lost(link)
                 else:
                     link.heartbeat()
+            for link in [link for link in self._pending if now - link.last_rx > self.ticktime]:
+                log.warning("inter-node handshake %s %s silent for %.1f s: closed",
+                            "to" if link.role is Role.DIALER else "from", link.peername(),
+                            now - link.last_rx)
+                link.close()
+                self.link_lost(link)
             if self.autoclean > 0:
                 cleaned = self.membership.autoclean(now, self.autoclean)
                 for site in cleaned:
@@ -192,6 +211,10 @@ class Cluster:
                 for address in self.membership.dial_targets(now, set(self.links)):
                     if address not in self._dialing:
                         self._dialing[address] = asyncio.create_task(self._dial(address))
+                if not self._dialled:
+                    if self._dialing:
+                        await asyncio.wait(list(self._dialing.values()))
+                    self._dialled = True
             rounds += 1
             await asyncio.sleep(interval)
 

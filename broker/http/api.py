@@ -95,6 +95,17 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response({"node": node.config["node.name"], "status": "running"})
 
 
+async def ready(request: web.Request) -> web.Response:
+    """The readiness probe: 503 until the node has tried to join every peer discovery named
+    (a single node, or `manual` discovery, is ready at once)."""
+    node = request.app[NODE_KEY]
+    cluster = node.cluster_routing.cluster if node.cluster_routing is not None else None
+    joined = cluster is None or cluster.joined
+    body = {"node": node.config["node.name"], "joined": joined,
+            "peers": len(cluster.links) if cluster is not None else 0}
+    return web.json_response(body, status=200 if joined else 503)
+
+
 def _ds_or_404(request: web.Request) -> DurableStorage:
     ds = request.app[NODE_KEY].ds
     if ds is None:
@@ -133,6 +144,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     app[REGISTRY_KEY] = registry
     app.router.add_get("/status", status)
     app.router.add_get("/api/v5/status", status)
+    app.router.add_get("/api/v5/ready", ready)
     app.router.add_get("/api/v5/clients", list_clients)
     app.router.add_get("/api/v5/clients/{clientid}", get_client)
     app.router.add_get("/api/v5/subscriptions", list_subscriptions)

@@ -2,10 +2,14 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.error
 
-from tests.cluster.conftest import Cluster, http_json
+import pytest
+
+from tests.cluster.conftest import Cluster, Node, http_json
 from tests.integration.clients import wait_until
 
 
@@ -103,3 +107,35 @@ def test_broker_ctl_cluster_status_and_force_leave(cluster: Cluster) -> None:
     missing = subprocess.run([sys.executable, "-m", "broker", "ctl", "cluster", "force-leave",
                               "nobody@nowhere", url], capture_output=True, text=True)
     assert missing.returncode == 1 and "no member" in missing.stderr
+
+
+def test_ready_once_every_seed_was_tried_and_a_silent_seed_only_delays_it(
+        cluster: Cluster) -> None:
+    """Readiness means joined: a node answers 503 on /api/v5/ready until its first discovery
+    round has linked or given up on every seed; a seed that accepts TCP and never answers
+    the handshake is closed after node.dist_net_ticktime, never keeps the node unready."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        first, second = cluster.make(2)
+        silent_seed = f"mute@127.0.0.1:{silent.getsockname()[1]}"
+        for node in (first, second):
+            node.settings["cluster.static.seeds"] += "," + silent_seed
+        first.start()
+        accepted, _ = silent.accept()  # the node dialled it: not ready while it waits
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            http_json(first.http, "/api/v5/ready")
+        assert refused.value.code == 503
+        wait_until(lambda: _ready(first), 15, "ready after the silent seed timed out")
+        second.start()
+        wait_until(lambda: _ready(second), 15, "second node ready")
+        assert http_json(second.http, "/api/v5/ready")["peers"] == 1
+        accepted.close()
+    finally:
+        silent.close()
+
+
+def _ready(node: Node) -> bool:
+    try:
+        return bool(http_json(node.http, "/api/v5/ready")["joined"])
+    except urllib.error.HTTPError:
+        return False
