@@ -9,6 +9,7 @@ a socket.
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import secrets
@@ -57,11 +58,23 @@ class ClusterStats:
 
 
 def load_cookie(config: Config, cluster_dir: Path) -> str:
-    """The configured cookie, else one made at first start and kept: never a well-known
-    default that would let anyone who reaches the port join."""
+    """The configured cookie (`node.cookie`, else the file `node.cookie_file` names), else
+    one made at first start and kept: never a well-known default that would let anyone who
+    reaches the port join. A named file that cannot be read or is empty stops the start: a
+    node falling back to a random cookie would run alone while looking configured."""
     configured: str = config["node.cookie"]
     if configured:
         return configured
+    cookie_file: str = config["node.cookie_file"]
+    if cookie_file:
+        try:
+            cookie = Path(cookie_file).read_text().strip()
+        except OSError as error:
+            raise OSError(error.errno, f"node.cookie_file: {error.strerror}",
+                          cookie_file) from None
+        if not cookie:
+            raise OSError(errno.EINVAL, "node.cookie_file: the file is empty", cookie_file)
+        return cookie
     path = cluster_dir / _COOKIE_FILE
     try:
         return path.read_text().strip()

@@ -44,6 +44,10 @@ SETTINGS: tuple[Setting, ...] = (
             " the cookie by an HMAC challenge, never sending it. Empty = a random one made at"
             " first start and kept in the data dir (a node that can cluster with nobody until"
             " every node is given the same value)."),
+    Setting("node.cookie_file", "", parse_str,
+            "File holding the cookie, read at start-up when `node.cookie` is empty (e.g. a"
+            " mounted Kubernetes Secret): the secret is then in neither the config file nor"
+            " the command line. A missing or empty file stops start-up. Empty = unused."),
     Setting("node.dist_net_ticktime", "10s", parse_duration,
             "A peer silent for this long (no frame, no heartbeat: frozen, partitioned) is"
             " declared down, its link closed and its routes purged; heartbeats go out every"
