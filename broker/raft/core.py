@@ -132,6 +132,7 @@ class RaftGroup:
         # Counters for metrics and tests.
         self.stale_messages = 0
         self.elections = 0
+        self._alone_campaigns_at_once()
 
     # ----------------------------------------------------------------- inputs
 
@@ -143,6 +144,14 @@ class RaftGroup:
             return
         self.term = 1
         self._append(Entry(1, 1, CONFIG, config.encode()))
+        self._alone_campaigns_at_once()
+
+    def _alone_campaigns_at_once(self) -> None:
+        """The only voter has nobody to wait for: it campaigns on its first tick instead of
+        after an election timeout (a single node acknowledges its first commands at once,
+        after a start as after a restart)."""
+        if self.log.config.voters == {self.id}:
+            self._elapsed = self._timeout
 
     def tick(self) -> None:
         self._elapsed += 1

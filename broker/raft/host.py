@@ -22,7 +22,11 @@ from broker.raft.messages import Config, Entry, MalformedMessage, Message, decod
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.wal import RecoveredGroup, WalBatch, WriteAheadLog
 
-Metric = tuple[str, str, dict[str, str], float]
+# A histogram's value: cumulative (upper bound, count) buckets ending with "+Inf", and the sum.
+Histogram = tuple[list[tuple[str, float]], float]
+# (name, "counter" | "gauge" | "histogram", help, labels, value): what broker.metrics turns
+# into families, without the Raft package importing anything else of the broker.
+Sample = tuple[str, str, str, dict[str, str], float | Histogram]
 
 
 class Transport(Protocol):
@@ -50,17 +54,18 @@ class HostBatch:
     for it to be on disk."""
 
     wal: WalBatch | None
-    readies: list[tuple[RaftGroup, int]] = field(default_factory=list)
+    readies: list[tuple[RaftGroup, int, int]] = field(default_factory=list)  # seq, entries
     after_persist: list[tuple[str, Message]] = field(default_factory=list)
     synced: bool = False
 
 
 class _Group:
-    __slots__ = ("core", "machine", "proposals", "reads")
+    __slots__ = ("core", "last_batch", "machine", "proposals", "reads")
 
     def __init__(self, core: RaftGroup, machine: StateMachine) -> None:
         self.core = core
         self.machine = machine
+        self.last_batch = 0  # entries of this group in the last fsync that had any
         self.proposals: dict[int, tuple[int, Callable[[bool], None]]] = {}
         self.reads: deque[tuple[int, Callable[[bool], None]]] = deque()
 
@@ -176,7 +181,7 @@ class RaftHost:
         for peer, message in ready.messages:
             send(peer, encode(message))
         self.messages_sent += len(ready.messages)
-        batch.readies.append((core, ready.seq))
+        batch.readies.append((core, ready.seq, len(ready.entries)))
         batch.after_persist.extend(ready.after_persist)
         if ready.committed:
             self._apply(hosted, ready.committed)
@@ -214,43 +219,62 @@ class RaftHost:
         send = self.transport.send
         while unsynced and unsynced[0].synced:
             done = unsynced.popleft()
-            for core, seq in done.readies:
+            for core, seq, entries in done.readies:
                 core.persisted(seq)
+                if entries:
+                    hosted = self.groups.get(core.group)
+                    if hosted is not None:
+                        hosted.last_batch = entries
             for peer, message in done.after_persist:
                 send(peer, encode(message))
             self.messages_sent += len(done.after_persist)
 
     # ---------------------------------------------------------------- metrics
 
-    def metrics(self) -> list[Metric]:
-        node = {"node": self.id}
+    def metrics(self) -> list[Sample]:
         wal = self.wal
-        result: list[Metric] = [
-            ("raft_wal_bytes", "Bytes written to the Raft write-ahead log", node,
+        result: list[Sample] = [
+            ("raft_wal_bytes", "counter", "Bytes written to the Raft write-ahead log", {},
              float(wal.bytes_written)),
-            ("raft_wal_fsyncs", "fdatasync calls of the Raft write-ahead log", node,
+            ("raft_wal_fsyncs", "counter", "fdatasync calls of the Raft write-ahead log", {},
              float(wal.syncs)),
-            ("raft_wal_entries_per_fsync", "Log entries made durable per fsync (average)",
-             node, wal.entries_written / wal.syncs if wal.syncs else 0.0),
-            ("raft_wal_fsync_seconds", "Duration of the last write-ahead log write + fsync",
-             node, wal.last_sync_seconds),
-            ("raft_wal_last_batch_entries", "Log entries in the last fsync batch", node,
+            ("raft_wal_entries_per_fsync", "gauge",
+             "Log entries made durable per fsync, all groups (average since start)", {},
+             wal.entries_written / wal.syncs if wal.syncs else 0.0),
+            ("raft_wal_last_batch_entries", "gauge",
+             "Log entries, all groups, in the last fsync batch", {},
              float(wal.last_batch_entries)),
-            ("raft_messages_dropped", "Raft messages dropped: garbled or unknown group",
-             node, float(self.dropped_malformed + self.dropped_unknown_group)),
+            ("raft_wal_fsync_seconds", "histogram",
+             "Duration of the write-ahead log's fdatasync calls", {},
+             (wal.sync_latency.buckets(), wal.sync_latency.sum)),
+            ("raft_messages_dropped", "counter", "Raft messages dropped, by reason",
+             {"reason": "malformed"}, float(self.dropped_malformed)),
+            ("raft_messages_dropped", "counter", "Raft messages dropped, by reason",
+             {"reason": "unknown_group"}, float(self.dropped_unknown_group)),
         ]
         for group, hosted in self.groups.items():
             core = hosted.core
-            labels = {"node": self.id, "group": str(group)}
+            labels = {"group": str(group)}
             result.extend((
-                ("raft_role", "1 for the role this node has in the group",
+                ("raft_role", "gauge", "1 for the role this node has in the group",
                  {**labels, "role": ROLE_NAMES[core.role]}, 1.0),
-                ("raft_term", "Current term", labels, float(core.term)),
-                ("raft_commit_index", "Commit index", labels, float(core.commit)),
-                ("raft_applied_index", "Applied index", labels, float(core.applied_index)),
-                ("raft_log_entries", "Entries in the log (after the snapshot)", labels,
-                 float(len(core.log.entries))),
-                ("raft_stale_messages", "Messages of an older term, dropped", labels,
-                 float(core.stale_messages)),
+                ("raft_term", "gauge", "Current term", labels, float(core.term)),
+                ("raft_commit_index", "gauge", "Commit index", labels, float(core.commit)),
+                ("raft_applied_index", "gauge", "Applied index", labels,
+                 float(core.applied_index)),
+                ("raft_log_entries", "gauge", "Entries in the log (after the snapshot)",
+                 labels, float(len(core.log.entries))),
+                ("raft_log_bytes", "gauge", "Bytes of command data in the log", labels,
+                 float(sum(len(entry.data) for entry in core.log.entries))),
+                ("raft_snapshot_index", "gauge",
+                 "Index up to which the log is compacted (the state machine holds it)",
+                 labels, float(core.log.snapshot_index)),
+                ("raft_last_fsync_batch_entries", "gauge",
+                 "Entries of this group in the last fsync that wrote any", labels,
+                 float(hosted.last_batch)),
+                ("raft_stale_messages", "counter", "Messages of an older term, dropped",
+                 labels, float(core.stale_messages)),
+                ("raft_elections", "counter", "Elections this node started", labels,
+                 float(core.elections)),
             ))
         return result

@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 
 from broker.raft.core import RaftGroup
-from broker.raft.host import HostBatch, Metric, RaftHost, StateMachine, Transport
+from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport
 from broker.raft.ready import SnapshotMeta
 from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
 
@@ -100,7 +100,7 @@ class RaftNode:
         self._waiters.append((condition, future))
         await future
 
-    def metrics(self) -> list[Metric]:
+    def metrics(self) -> list[Sample]:
         return self.host.metrics()
 
     async def close(self) -> None:

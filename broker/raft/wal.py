@@ -41,6 +41,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from broker.raft.latency import LatencyHistogram
 from broker.raft.log import RaftLog
 from broker.raft.messages import Config, Entry, MalformedMessage, decode_entries, encode_entries
 from broker.raft.ready import HardState, SnapshotMeta
@@ -129,7 +130,7 @@ class WriteAheadLog:
         self.syncs = 0
         self.entries_written = 0
         self.last_batch_entries = 0
-        self.last_sync_seconds = 0.0
+        self.sync_latency = LatencyHistogram()  # of the fdatasync calls alone
 
     # --------------------------------------------------------------- recovery
 
@@ -224,10 +225,8 @@ class WriteAheadLog:
 
     def commit(self, batch: WalBatch) -> None:
         """Writes and fdatasyncs a batch (blocking: the asyncio shell runs it in a thread)."""
-        started = time.perf_counter()
         self.write(batch)
         self.sync([batch])
-        self.last_sync_seconds = time.perf_counter() - started
 
     def write(self, batch: WalBatch) -> None:
         """The write half of `commit`, for a caller that syncs several batches at once."""
@@ -242,7 +241,9 @@ class WriteAheadLog:
     def sync(self, batches: list[WalBatch]) -> None:
         """Makes written `batches` (and everything written before them) durable with one
         fdatasync, then deletes the segments they made obsolete."""
+        started = time.perf_counter()
         self.store.sync()
+        self.sync_latency.observe(time.perf_counter() - started)
         entries = 0
         for batch in batches:
             entries += batch.entries

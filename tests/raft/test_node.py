@@ -109,7 +109,7 @@ async def test_three_nodes_commit_and_a_dropped_leader_recovers_from_its_log(
         await asyncio.wait_for(restarted.wait(
             lambda: machines[leader.id][1].applied == expected), 10)
         assert len(expected) == 150
-        metrics = {name for name, _, _, _ in restarted.metrics()}
+        metrics = {name for name, _, _, _, _ in restarted.metrics()}
         assert {"raft_wal_fsyncs", "raft_commit_index", "raft_role"} <= metrics
     finally:
         for node in list(network.nodes.values()):
