@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 from broker.config.loader import Config
 from broker.ds import DurableStorage, Settings
 from broker.metrics import Stats
+from broker.mqtt.constants import ReasonCode
 from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
 from broker.routing.router import Forwards, Router
@@ -25,6 +26,7 @@ from broker.session.session import Delivery, Session, SubscriptionOptions
 
 if TYPE_CHECKING:
     from broker.cluster.routing import ClusterRouting
+    from broker.cluster.takeover import Takeover
 
 _CACHE_LIMIT: Final = 10_000
 
@@ -58,6 +60,8 @@ class Node:
         self.router = Router(config["mqtt.shared_subscription_strategy"])
         # Set by the app when the node runs in a cluster (routes and forwarding).
         self.cluster_routing: ClusterRouting | None = None
+        # Set with it: client IDs claimed cluster-wide before a CONNECT is acknowledged.
+        self.takeover: Takeover | None = None
         self.connections: set[Any] = set()
         self.retainer: RetainedStore | None = None
         if config["retainer.enable"]:
@@ -143,6 +147,25 @@ class Node:
         if not deliveries and not durable and not remote:
             self.stats.drop("no_subscribers")
         return len(deliveries) + durable + remote, stored
+
+    def adopt_session(self, client_id: str, expiry: int,
+                      subscriptions: dict[str, SubscriptionOptions]) -> Session:
+        """A session moving here from another node (a takeover): routed to from now on,
+        disconnected until its CONNECT is acknowledged; deliveries meanwhile wait in its
+        queue. Replaces a session of the ID this node kept (the moved one is newer)."""
+        old = self.sessions.sessions.get(client_id)
+        if old is not None and old.connection is not None:
+            old.connection.take_over(ReasonCode.SESSION_TAKEN_OVER)
+            old = self.sessions.sessions.get(client_id)
+        if old is not None:
+            self.sessions.end(old)
+        session = Session(client_id, expiry, self.config["mqtt.max_mqueue_len"],
+                          self.config["mqtt.mqueue_store_qos0"])
+        self.sessions.sessions[client_id] = session
+        for key, options in subscriptions.items():
+            session.subscriptions[key] = options
+            self.router.subscribe(client_id, parse_shared(key)[1], options)
+        return session
 
     def _persist(self, message: Message) -> Awaitable[None]:
         """Stores the message once in DS for the durable sessions that match it."""

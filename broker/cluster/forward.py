@@ -36,11 +36,17 @@ class ForwardError(ValueError):
 
 
 def encode_message(message: Message) -> bytes:
+    """Stamps a message that has no timestamp yet with the time it first left this node, on
+    the message itself: every later encoding of it (to another peer, or in a session moved
+    on a takeover) carries the same stamp, which is how a node recognises one PUBLISH
+    reaching it twice."""
     properties = (message.outgoing_properties() if message.expires_at is not None
                   else message.properties)
+    if not message.timestamp:
+        message.timestamp = int(time.time() * 1e6)
     ttv = TTV(message.topic, message.payload, message.qos, message.retain, message.publisher,
               properties, 0)
-    return encode_value(ttv, message.timestamp or int(time.time() * 1e6))
+    return encode_value(ttv, message.timestamp)
 
 
 def encode_entry(flags: int, targets: list[Target], value: bytes) -> bytes:
@@ -77,15 +83,16 @@ def decode_frame(frame: bytes) -> list[tuple[int, list[Target], Message]]:
             pos += _LENGTH.size
             if pos + length > end:
                 raise ForwardError("message runs past the frame")
-            entries.append((flags, targets, _message(decode_value(frame[pos:pos + length]))))
+            entries.append((flags, targets, decode_message(frame[pos:pos + length])))
             pos += length
     except (struct.error, UnicodeDecodeError, IndexError, ValueError) as error:
         raise ForwardError(f"garbled forward frame: {error}") from None
     return entries
 
 
-def _message(ttv: TTV) -> Message:
+def decode_message(value: bytes) -> Message:
+    ttv = decode_value(value)
     interval = ttv.properties.get(_EXPIRY)
     expires_at = time.time() + interval if interval is not None else None
     return Message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher, ttv.properties,
-                   0, expires_at)
+                   ttv.timestamp, expires_at)

@@ -4,6 +4,7 @@ Handlers read through `Node`'s public state only; responses use EMQX's field nam
 paging envelope (`data` + `meta`) so existing dashboards and scripts mostly just work.
 """
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -52,27 +53,13 @@ def _page(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
     })
 
 
-async def list_clients(request: web.Request) -> web.Response:
-    node = request.app[NODE_KEY]
-    sessions = sorted(node.sessions.sessions.values(), key=lambda s: s.client_id)
-    return _page(request, [client_view(node, s) for s in sessions])
+def local_clients(node: Node) -> list[dict[str, Any]]:
+    return [client_view(node, s) for s in node.sessions.sessions.values()]
 
 
-async def get_client(request: web.Request) -> web.Response:
-    node = request.app[NODE_KEY]
-    session = node.sessions.sessions.get(request.match_info["clientid"])
-    if session is None:
-        return web.json_response(
-            {"code": "CLIENTID_NOT_FOUND", "message": "Client ID not found"}, status=404
-        )
-    return web.json_response(client_view(node, session))
-
-
-async def list_subscriptions(request: web.Request) -> web.Response:
-    node = request.app[NODE_KEY]
+def local_subscriptions(node: Node, wanted: str | None) -> list[dict[str, Any]]:
     items = []
-    wanted = request.query.get("clientid")  # EMQX's filter
-    for session in sorted(node.sessions.sessions.values(), key=lambda s: s.client_id):
+    for session in node.sessions.sessions.values():
         if wanted is not None and session.client_id != wanted:
             continue
         for key, options in session.subscriptions.items():
@@ -87,7 +74,53 @@ async def list_subscriptions(request: web.Request) -> web.Response:
                 "share_group": options.share_group,
                 "subid": options.identifier,
             })
-    return _page(request, items)
+    return items
+
+
+# What the other nodes of a cluster hold: (kind, parameters) -> their items, concatenated.
+# Set by the cluster API; without it a node answers for itself.
+Gather = Callable[[str, Any], Awaitable[list[dict[str, Any]]]]
+GATHER_KEY = web.AppKey("gather", Gather)
+
+
+async def _everywhere(request: web.Request, kind: str, params: Any,
+                      local: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This node's items and every other node's, in one order: any node answers for the
+    whole cluster, as EMQX's API does."""
+    gather = request.app.get(GATHER_KEY)
+    items = local + (await gather(kind, params) if gather is not None else [])
+    node = request.query.get("node")  # EMQX's filter
+    if node is not None:
+        items = [item for item in items if item["node"] == node]
+    return sorted(items, key=lambda item: (item["clientid"], item.get("topic", "")))
+
+
+async def list_clients(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    return _page(request, await _everywhere(request, "clients", None, local_clients(node)))
+
+
+async def get_client(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    wanted = request.match_info["clientid"]
+    session = node.sessions.sessions.get(wanted)
+    if session is not None:
+        return web.json_response(client_view(node, session))
+    gather = request.app.get(GATHER_KEY)
+    found = await gather("client", wanted) if gather is not None else []
+    if not found:
+        return web.json_response(
+            {"code": "CLIENTID_NOT_FOUND", "message": "Client ID not found"}, status=404
+        )
+    # Two nodes can hold one ID for a moment (a takeover under way): the connected one.
+    return web.json_response(max(found, key=lambda item: item["connected"]))
+
+
+async def list_subscriptions(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    wanted = request.query.get("clientid")  # EMQX's filter
+    return _page(request, await _everywhere(request, "subscriptions", wanted,
+                                            local_subscriptions(node, wanted)))
 
 
 async def status(request: web.Request) -> web.Response:

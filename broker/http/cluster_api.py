@@ -5,7 +5,9 @@ uptime) is asked of it over RPC, and a node that does not answer is listed as `s
 with what membership knows of it, never left out.
 """
 
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -13,8 +15,16 @@ from aiohttp import web
 
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
-from broker.http.api import NODE_KEY
+from broker.http.api import (
+    GATHER_KEY,
+    NODE_KEY,
+    client_view,
+    local_clients,
+    local_subscriptions,
+)
 from broker.node import Node
+
+log = logging.getLogger(__name__)
 
 CLUSTER_KEY = web.AppKey("cluster", Cluster)
 RPC_KEY = web.AppKey("rpc", Rpc)
@@ -96,10 +106,39 @@ async def cluster_force_leave(request: web.Request) -> web.Response:
     return web.json_response({"removed": request.match_info["node"]})
 
 
+def _local_items(node: Node, kind: str, params: Any) -> list[dict[str, Any]]:
+    """What this node answers to a peer's `items` call."""
+    if kind == "clients":
+        return local_clients(node)
+    if kind == "subscriptions":
+        return local_subscriptions(node, None if params is None else str(params))
+    if kind == "client":
+        session = node.sessions.sessions.get(str(params))
+        return [client_view(node, session)] if session is not None else []
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def _gatherer(rpc: Rpc) -> Callable[[str, Any], Awaitable[list[dict[str, Any]]]]:
+    async def gather(kind: str, params: Any) -> list[dict[str, Any]]:
+        """Items of every linked peer; a peer that fails to answer is left out and logged
+        (its clients are listed again once it answers), never fails the whole request."""
+        items: list[dict[str, Any]] = []
+        for site, answer in (await rpc.multicall("items", [kind, params], timeout=5.0)).items():
+            if isinstance(answer, list):
+                items.extend(answer)
+            else:
+                log.warning("listing %s: node %s did not answer: %s", kind, site, answer)
+        return items
+
+    return gather
+
+
 def add_cluster_routes(app: web.Application, node: Node, cluster: Cluster, rpc: Rpc) -> None:
     app[CLUSTER_KEY] = cluster
     app[RPC_KEY] = rpc
     rpc.register("node_info", lambda _params: local_node_info(node, cluster))
+    rpc.register("items", lambda params: _local_items(node, str(params[0]), params[1]))
+    app[GATHER_KEY] = _gatherer(rpc)
     app.router.add_get("/api/v5/nodes", list_nodes)
     app.router.add_get("/api/v5/nodes/{node}", get_node)
     app.router.add_get("/api/v5/cluster", cluster_status)

@@ -20,7 +20,9 @@ from broker import COMPILED_MODULES
 from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
+from broker.cluster.takeover import Takeover
 from broker.config.loader import Config
+from broker.config.values import split_node_name
 from broker.http.api import make_app
 from broker.http.cluster_api import VERSION, add_cluster_routes
 from broker.http.header_timeout import HeaderTimeout
@@ -42,11 +44,19 @@ class BrokerApp:
         self.cluster = Cluster(config)
         self.rpc = Rpc(self.cluster)
         self.node.cluster_routing = ClusterRouting(self.node, self.cluster)
+        self.node.takeover = Takeover(self.node, self.cluster, self.rpc, self._mqtt_address,
+                                      min(5.0, config["node.dist_net_ticktime"]))
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
         self._http_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}
+
+    def _mqtt_address(self) -> str:
+        """Where a client reaches this node (Server Reference): its node name's host and its
+        MQTT port."""
+        host, _ = split_node_name(self.config["node.name"])
+        return f"{host}:{self.ports.get('tcp', 1883)}"
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -78,7 +88,7 @@ class BrokerApp:
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
             registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics,
-                                     self.node.cluster_routing.metrics)
+                                     self.node.cluster_routing.metrics, node.takeover.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             # A kept-alive connection's next request has as long as a new one's first.

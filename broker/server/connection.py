@@ -74,10 +74,11 @@ class Connection:
     __slots__ = (
         "_deferred", "_flush_pending", "_held", "_last_rx", "_loop", "_max_waiting",
         "_max_waiting_bytes", "_out", "_output", "_packet_timeout", "_packet_timer",
-        "_partial_since", "_paused", "_timer", "_waiting", "_waiting_bytes", "clean_start",
-        "client_alias_max", "client_id", "client_max_packet", "closed", "connected", "decoder",
-        "in_aliases", "incoming_unacked", "keepalive", "node", "out_aliases", "peer",
-        "send_window", "session", "stats", "transport", "version", "will",
+        "_partial_since", "_paused", "_timer", "_waiting", "_waiting_bytes", "claim_stamp",
+        "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
+        "connected", "decoder", "in_aliases", "incoming_unacked", "keepalive", "node",
+        "out_aliases", "peer", "send_window", "session", "stats", "transport", "version",
+        "will",
     )
 
     def __init__(self, node: Node, transport: Any, output: OutputBatch) -> None:
@@ -94,6 +95,9 @@ class Connection:
         self.session: Session | None = None
         self.will: Will | None = None
         self.clean_start = True
+        # When this connection claimed its client ID in the cluster (hybrid clock, site): of
+        # two connections of one ID on two nodes after a partition, the older one ends.
+        self.claim_stamp: tuple[int, str] = (0, "")
         self.keepalive = 0
         # Limits the client announced in CONNECT (MQTT 5 defaults when absent).
         self.send_window = config["mqtt.max_inflight"]

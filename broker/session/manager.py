@@ -200,6 +200,18 @@ class SessionManager:
             store = self._durable.store
             store.write_soon(store.delete_writes(session.client_id))
 
+    def hand_over(self, session: Session) -> None:
+        """The session moved to another node (a takeover there): it leaves this node with
+        no will (the client resumed it) and nothing counted as dropped (its queue moved)."""
+        if self.sessions.get(session.client_id) is not session:
+            return
+        self._cancel_timers(session.client_id)
+        del self.sessions[session.client_id]
+        session.will = None
+        session.queue.clear()
+        session.inflight.clear()
+        self._forget_subscriptions(session)
+
     def close_all(self) -> None:
         for client_id in list(self._timers):
             self._cancel_timers(client_id)

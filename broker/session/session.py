@@ -85,6 +85,11 @@ class Session:
         self._next_id = packet_id + 1 if packet_id < MAX_PACKET_ID else 1
         return packet_id
 
+    def restart_packet_ids(self, next_id: int) -> None:
+        """Continues where the node that held this session before stopped (a takeover),
+        so a new delivery does not reuse an identifier the client may still remember."""
+        self._next_id = next_id if 0 < next_id <= MAX_PACKET_ID else 1
+
     def finish(self, packet_id: int) -> None:
         """An outgoing QoS 1/2 flow ended: acknowledged (PUBACK / PUBCOMP), refused by the
         receiver (PUBREC >= 0x80) or discarded as too large for it. Either way it is never

@@ -1,5 +1,6 @@
 """CONNECT: version, client ID, session choice (clean start / expiry), will, limits, CONNACK."""
 
+import asyncio
 import uuid
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from broker.session.message import payload_format_ok
 from broker.sys_topics import is_sys_topic
 
 if TYPE_CHECKING:
+    from broker.cluster.takeover import Takeover
     from broker.server.connection import Connection
 
 P = PropertyId
@@ -73,6 +75,39 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     conn.client_id = client_id
     conn.clean_start = packet.clean_start
     conn.will = will
+    takeover = conn.node.takeover
+    if takeover is not None and takeover.needed():
+        # Other nodes may hold the ID: they give it up (and the session) before the CONNACK;
+        # the client's next packets wait, in order (`hold_input`).
+        claim = _claim_then_open(conn, takeover, packet, expiry, granted, keepalive,
+                                 server_keepalive, assigned)
+        conn.hold_input(asyncio.get_running_loop().create_task(claim))
+        return
+    if takeover is not None:
+        conn.claim_stamp = takeover.stamp()
+    _open(conn, packet, expiry, granted, keepalive, server_keepalive, assigned)
+
+
+async def _claim_then_open(conn: "Connection", takeover: "Takeover", packet: Connect,
+                           expiry: int, granted: int, keepalive: int, server_keepalive: int,
+                           assigned: bool) -> None:
+    outcome = await takeover.claim(conn.client_id, not packet.clean_start)
+    conn.claim_stamp = outcome.stamp
+    if conn.closed or outcome.refuse is not None:
+        if outcome.session is not None:  # moved here for nobody: kept, disconnected
+            conn.node.sessions.detach(outcome.session, None)
+        if not conn.closed and outcome.refuse is not None:
+            properties = ({PropertyId.SERVER_REFERENCE: outcome.reference}
+                          if outcome.reference and conn.version == MQTT_5 else {})
+            conn.send_packet(Connack(False, outcome.refuse, properties))
+            conn.close()
+        return
+    _open(conn, packet, expiry, granted, keepalive, server_keepalive, assigned)
+
+
+def _open(conn: "Connection", packet: Connect, expiry: int, granted: int, keepalive: int,
+          server_keepalive: int, assigned: bool) -> None:
+    version, client_id = conn.version, conn.client_id
     session, present = conn.node.sessions.open(
         conn, client_id, packet.clean_start, granted
     )
