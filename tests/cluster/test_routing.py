@@ -1,5 +1,7 @@
 """Routing across real broker processes: forwarding, shared groups, retained messages."""
 
+import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -120,3 +122,55 @@ def test_a_dead_nodes_routes_are_purged_and_come_back(
     _routes_seen(nodes[0], 1)
     rows = http_json(nodes[0].http, "/api/v5/cluster")["nodes"]
     assert len(rows) == 3
+
+
+def test_killing_a_node_mid_traffic_leaves_the_others_routing(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """A publisher on node 1 streams to subscribers on nodes 2 and 3; node 3 dies by kill -9
+    in the middle. Node 2's subscriber still gets every message, in order, and node 3's
+    routes leave node 1's table within the failure detector's bound."""
+    nodes = cluster.start(3)
+    cluster.all_running(nodes)
+    topic = unique("flow").replace("-", "/")
+    survivor, doomed = _client(clients, nodes[1], "keep"), _client(clients, nodes[2], "gone")
+    survivor.subscribe(topic, qos=1)
+    doomed.subscribe(topic, qos=1)
+    _routes_seen(nodes[0], 2)
+    publisher = _client(clients, nodes[0], "pub")
+    total = 300
+    for index in range(total):
+        if index == total // 3:
+            nodes[2].process.kill()
+        publisher.publish(topic, str(index), qos=1)
+    got = survivor.wait_messages(total, timeout=30)
+    assert [m.payload for m in got] == [str(i).encode() for i in range(total)]
+    # node.dist_net_ticktime is 2 s in these tests: purged well within 10 s.
+    wait_until(lambda: nodes[0].metric("mqtt_cluster_routes") == 1, 10, "node 3's route gone")
+
+
+def test_a_thawed_node_comes_back_without_duplicate_routes(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = cluster.start(3)
+    cluster.all_running(nodes)
+    topic = unique("thaw").replace("-", "/")
+    subscriber = _client(clients, nodes[1], "frozen-sub")
+    subscriber.subscribe(topic, qos=1)
+    _routes_seen(nodes[0], 1)
+    os.kill(nodes[1].pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: nodes[0].metric("mqtt_cluster_routes") == 0, 10, "routes purged")
+    finally:
+        os.kill(nodes[1].pid, signal.SIGCONT)
+    cluster.all_running(nodes)
+    _routes_seen(nodes[0], 1)
+    assert nodes[0].metric("mqtt_cluster_routes") == 1
+    assert nodes[2].metric("mqtt_cluster_routes") == 1
+    publisher = _client(clients, nodes[0], "pub")
+    publisher.publish(topic, "once", qos=1)
+    subscriber.wait_messages(1)
+    barrier_topic = unique("barrier")
+    subscriber.subscribe(barrier_topic, qos=1)
+    _routes_seen(nodes[0], 2)
+    publisher.publish(barrier_topic, "after", qos=1)
+    subscriber.wait_message_on(barrier_topic)
+    assert [m.payload for m in subscriber.messages if m.topic == topic] == [b"once"]
