@@ -37,7 +37,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def environment(versions: dict[str, str], timing: Timing, load_cpus: set[int]) -> dict[str, Any]:
+def machine() -> dict[str, Any]:
+    """The moment and machine of a run: results are only comparable within one (benchmarks
+    that are not MQTT scenarios, raft_bench.py, use this part of `environment` alone)."""
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
@@ -45,6 +47,12 @@ def environment(versions: dict[str, str], timing: Timing, load_cpus: set[int]) -
         "kernel": platform.release(),
         "loadavg_at_start": os.getloadavg()[0],
         "python": sys.version.split()[0],
+    }
+
+
+def environment(versions: dict[str, str], timing: Timing, load_cpus: set[int]) -> dict[str, Any]:
+    return {
+        **machine(),
         "broker_versions": versions,
         "broker_cpu_pinned": brokers.BROKER_CPU if brokers.pinned() else None,
         "load_generator_cpus": sorted(load_cpus),
