@@ -1,4 +1,5 @@
-"""Starts and stops the brokers under test: ours, Mosquitto and amqtt.
+"""Starts and stops the brokers under test: ours, Mosquitto and amqtt, and clusters of ours
+and of RabbitMQ (cluster_bench.py).
 
 Each broker gets its own free loopback port and temp dir, is declared ready only once it
 answers a real MQTT CONNECT with a CONNACK (a sleep would either waste time or race), and is
@@ -11,20 +12,23 @@ this gives each the same dedicated core and keeps the generator from stealing it
 
 import argparse
 import contextlib
+import json
 import os
 import pwd
 import resource
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import wire
+from bench import procstat, wire
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -32,6 +36,11 @@ OURS_BIN = REPO_DIR / ".venv" / "bin" / "broker"
 MOSQUITTO_BIN = Path("/usr/sbin/mosquitto")
 AMQTT_VENV = BENCH_DIR / ".venv-amqtt"
 AMQTT_BIN = AMQTT_VENV / "bin" / "amqtt"
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+"""Debian's real scripts: /usr/sbin's wrappers `su` to user rabbitmq with its own HOME and
+send the output to /var/log, which would lose our per-node environment and log."""
+RABBITMQ_USER = "rabbitmq"
+EPMD_BIN = Path("/usr/bin/epmd")
 
 BROKER_CPU = 0
 _pinning = True
@@ -54,9 +63,10 @@ def free_port() -> int:
 class Launch:
     argv: list[str]
     port: int
+    http_port: int = 0  # ours: the HTTP API (cluster readiness, metrics)
 
 
-def _ours(tmp: Path) -> Launch:
+def _ours(tmp: Path, settings: dict[str, str] | None = None) -> Launch:
     if not OURS_BIN.exists():
         raise BrokerUnavailable(f"{OURS_BIN} does not exist (project not installed)")
     data_dir = tmp / "data"
@@ -69,7 +79,9 @@ def _ours(tmp: Path) -> Launch:
         "--set", f"dashboard.listeners.http.bind=127.0.0.1:{http_port}",
         "--set", f"node.data_dir={data_dir}",
     ]
-    return Launch(argv, port)
+    for key, value in (settings or {}).items():
+        argv += ["--set", f"{key}={value}"]
+    return Launch(argv, port, http_port)
 
 
 def _mosquitto_with(tmp: Path, settings: str) -> Launch:
@@ -146,6 +158,8 @@ def version(name: str) -> str:
         return first[0].removeprefix("mosquitto version ").strip() if first else "unknown"
     if name == "amqtt":
         return _output([str(AMQTT_BIN), "--version"]) or "not installed"
+    if name == "rabbitmq":
+        return _output(["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"]) or "unknown"
     python = REPO_DIR / ".venv" / "bin" / "python"
     ours = _output([
         str(python), "-c",
@@ -165,13 +179,19 @@ class Running:
     log: Path
     argv: list[str]
     ready_s: float = 0.0  # from spawning the process to its first CONNACK
+    http_port: int = 0
+    node: str = ""  # a cluster member's node name
+    worker_pid: int | None = None
+    """The process doing the work when `proc` is a wrapper that waits on it (RabbitMQ's start
+    script and its beam.smp): the one whose CPU is measured and that must not outlive us."""
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.worker_pid or self.proc.pid
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.proc.poll() is None and (self.worker_pid is None
+                                            or os.path.exists(f"/proc/{self.worker_pid}"))
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -218,8 +238,8 @@ def probe(port: int, client_id: str = "bench-probe", timeout: float = 1.0) -> bo
     return getattr(packet, "reason_code", 1) == 0
 
 
-def _wait_ready(broker: Running, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
+def _wait_ready(broker: Running, interval: float = 0.05, timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
     attempt = 0
     while time.monotonic() < deadline:
         if not broker.alive():
@@ -232,7 +252,7 @@ def _wait_ready(broker: Running, interval: float = 0.05) -> None:
             return
         time.sleep(interval)
     raise BrokerUnavailable(
-        f"{broker.name} did not answer CONNECT within {READY_TIMEOUT:.0f}s:\n{broker.log_tail()}"
+        f"{broker.name} did not answer CONNECT within {timeout:.0f}s:\n{broker.log_tail()}"
     )
 
 
@@ -251,12 +271,14 @@ def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
         proc.wait(STOP_TIMEOUT)
 
 
-def _spawn(argv: list[str], tmp: Path, log: Path) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], tmp: Path, log: Path, env: dict[str, str] | None = None,
+           user: str | None = None) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         # Output goes to a file, never a pipe: an unread pipe would block a chatty broker.
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            cwd=tmp, start_new_session=True, preexec_fn=_pin_and_raise_nofile,
+            cwd=tmp, start_new_session=True, preexec_fn=_pin_and_raise_nofile, env=env,
+            user=user, group=user,
         )
 
 
@@ -302,20 +324,234 @@ def running(name: str, persistent: bool = False) -> Iterator[Running]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+CLUSTER_READY_TIMEOUT = 120.0
+"""Nodes start at once on a shared 2-core machine; a RabbitMQ node takes ~10 s alone, and
+joining a cluster restarts its application."""
+LOOPBACK_DIST = "-kernel inet_dist_use_interface {127,0,0,1}"
+"""Erlang distribution listens on every address unless told otherwise."""
+
+
+def _http_json(port: int, path: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        body = json.loads(response.read())
+    return body if isinstance(body, dict) else {}
+
+
+def _until(ready: Callable[[], bool], members: list[Running], what: str,
+           deadline: float) -> None:
+    """Poll `ready` until it holds; fail as soon as a member died or the deadline passed."""
+    while not ready():
+        if dead := [m for m in members if not m.alive()]:
+            raise BrokerUnavailable(f"{dead[0].node} exited while {what}:\n"
+                                    f"{dead[0].log_tail()}")
+        if time.monotonic() > deadline:
+            raise BrokerUnavailable(f"no {what} within {CLUSTER_READY_TIMEOUT:.0f}s:\n"
+                                    f"{members[0].log_tail()}")
+        time.sleep(0.1)
+
+
+def _ours_cluster(tmp: Path, nodes: int, members: list[Running],
+                  helpers: list[subprocess.Popen[bytes]]) -> None:
+    """Ours as in tests/cluster: static seeds naming every node, a fresh cookie per run, the
+    inter-node listener on loopback; ready once every node has a link to each other one
+    (its readiness probe alone also turns 200 when it gave up on a seed)."""
+    rpc_ports = [free_port() for _ in range(nodes)]
+    names = [f"bench{i + 1}@127.0.0.1" for i in range(nodes)]
+    seeds = ",".join(f"{n}:{p}" for n, p in zip(names, rpc_ports, strict=True))
+    cookie = secrets.token_hex(16)
+    for name, rpc_port in zip(names, rpc_ports, strict=True):
+        node_tmp = tmp / name.partition("@")[0]
+        node_tmp.mkdir()
+        launch = _ours(node_tmp, {
+            "node.name": name, "node.cookie": cookie, "rpc.listen_address": "127.0.0.1",
+            "rpc.tcp_server_port": str(rpc_port), "cluster.discovery_strategy": "static",
+            "cluster.static.seeds": seeds,
+        })
+        log = node_tmp / "broker.log"
+        members.append(Running("ours", launch.port, _spawn(launch.argv, node_tmp, log),
+                               node_tmp, log, launch.argv, http_port=launch.http_port,
+                               node=name))
+    deadline = time.monotonic() + CLUSTER_READY_TIMEOUT
+
+    for member in members:
+        _wait_ready(member, timeout=max(1.0, deadline - time.monotonic()))
+
+        def linked(m: Running = member) -> bool:
+            try:
+                return _http_json(m.http_port, "/api/v5/ready").get("peers") == nodes - 1
+            except (OSError, ValueError):  # not listening yet, or 503 (an HTTPError)
+                return False
+
+        _until(linked, members, "full mesh", deadline)
+
+
+def _rabbitmq_env(tmp: Path, epmd_port: int) -> dict[str, str]:
+    """What every RabbitMQ process of one cluster shares, CLI included: the cookie in HOME
+    (3.10 still reads RABBITMQ_ERLANG_COOKIE but warns that it is going away), and a private
+    epmd on loopback, so nothing of another Erlang node on the machine is touched."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+            "HOME": str(tmp / "home"), "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "ERL_EPMD_PORT": str(epmd_port),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": LOOPBACK_DIST,
+            "RABBITMQ_CTL_ERL_ARGS": LOOPBACK_DIST}
+
+
+def _rabbitmqctl(env: dict[str, str], tmp: Path, node: str, *args: str) -> None:
+    argv = [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node, *args]
+    try:
+        done = subprocess.run(argv, env=env, cwd=tmp, user=RABBITMQ_USER, group=RABBITMQ_USER,
+                              capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise BrokerUnavailable(f"{' '.join(argv)} timed out") from exc
+    if done.returncode:
+        raise BrokerUnavailable(f"{' '.join(argv)} exited with {done.returncode}: "
+                                f"{(done.stdout + done.stderr).strip()[-500:]}")
+
+
+def _beam(script: subprocess.Popen[bytes]) -> int | None:
+    """The node's Erlang VM: the start script's child once it has exec'ed into beam.smp."""
+    for child in procstat.children(script.pid):
+        if procstat.command_name(child).startswith("beam"):
+            return child
+    return None
+
+
+def _rabbitmq_cluster(tmp: Path, nodes: int, members: list[Running],
+                      helpers: list[subprocess.Popen[bytes]]) -> None:
+    """RabbitMQ 3.10 nodes with the MQTT plugin, each with its own ports, data, log and
+    config, run as user rabbitmq (which owns the temp dir), joined to the first node the
+    documented way: stop_app, join_cluster, start_app."""
+    if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+        raise BrokerUnavailable("rabbitmq-server is not installed: run bench/setup.sh")
+    account = pwd.getpwnam(RABBITMQ_USER)
+    epmd_port = free_port()
+    env = _rabbitmq_env(tmp, epmd_port)
+    (tmp / "home").mkdir()
+    cookie = tmp / "home" / ".erlang.cookie"
+    cookie.write_text(secrets.token_hex(16))
+    cookie.chmod(0o400)
+    launches: list[tuple[str, int, dict[str, str], Path]] = []
+    for i in range(nodes):
+        node, node_tmp = f"bench{i + 1}@localhost", tmp / f"bench{i + 1}"
+        node_tmp.mkdir()
+        mqtt_port = free_port()
+        (node_tmp / "rabbitmq.conf").write_text(
+            f"mqtt.listeners.tcp.default = 127.0.0.1:{mqtt_port}\n"
+            "mqtt.allow_anonymous = true\n"
+        )
+        (node_tmp / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
+        launches.append((node, mqtt_port, {
+            **env, "RABBITMQ_NODENAME": node, "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(free_port()), "RABBITMQ_DIST_PORT": str(free_port()),
+            "RABBITMQ_MNESIA_BASE": str(node_tmp / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(node_tmp / "log"),
+            "RABBITMQ_CONFIG_FILE": str(node_tmp / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(node_tmp / "enabled_plugins"),
+        }, node_tmp))
+    for path in (tmp, *tmp.rglob("*")):
+        os.chown(path, account.pw_uid, account.pw_gid)
+    epmd_log = tmp / "epmd.log"
+    helpers.append(_spawn([str(EPMD_BIN), "-port", str(epmd_port)], tmp, epmd_log, env,
+                          RABBITMQ_USER))
+    _wait_port(epmd_port, "epmd", helpers[0], epmd_log)
+    for node, mqtt_port, node_env, node_tmp in launches:
+        argv = [str(RABBITMQ_BIN / "rabbitmq-server")]
+        log = node_tmp / "broker.log"
+        members.append(Running("rabbitmq", mqtt_port,
+                               _spawn(argv, node_tmp, log, node_env, RABBITMQ_USER),
+                               node_tmp, log, argv, node=node))
+    deadline = time.monotonic() + CLUSTER_READY_TIMEOUT
+    for member in members:
+        def found(m: Running = member) -> bool:
+            m.worker_pid = _beam(m.proc)
+            return m.worker_pid is not None
+
+        _until(found, members, f"beam.smp under {member.node}'s start script", deadline)
+        _wait_ready(member, timeout=max(1.0, deadline - time.monotonic()))
+    first = members[0].node
+    for (node, _, node_env, node_tmp), member in zip(launches[1:], members[1:], strict=True):
+        for args in (("stop_app",), ("join_cluster", first), ("start_app",)):
+            _rabbitmqctl(node_env, node_tmp, node, *args)
+        _wait_ready(member, timeout=max(1.0, deadline - time.monotonic()))
+    _rabbitmqctl(launches[0][2], tmp, first, "await_online_nodes", str(nodes))
+
+
+def _wait_port(port: int, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise BrokerUnavailable(f"{what} did not listen on {port}: "
+                                    f"{log.read_text(errors='replace')[-500:]}")
+        time.sleep(0.05)
+
+
+CLUSTER_LAUNCHERS: dict[
+    str, Callable[[Path, int, list[Running], list[subprocess.Popen[bytes]]], None]
+] = {
+    "ours": _ours_cluster,
+    "rabbitmq": _rabbitmq_cluster,
+}
+CLUSTER_STOP_TIMEOUT = 60.0
+"""A RabbitMQ node leaving a cluster takes a few seconds on an idle machine."""
+
+
+def _stop_members(members: list[Running]) -> None:
+    """SIGTERM to every node at once (graceful for both: RabbitMQ's VM stops its
+    application, and its start script exits once the VM has), then wait for each and
+    SIGKILL what is left: the script, and its VM if that outlived it."""
+    for member in members:
+        if member.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member.pid, signal.SIGTERM)
+    for member in members:
+        try:
+            member.proc.wait(CLUSTER_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            member.proc.kill()
+            member.proc.wait(STOP_TIMEOUT)
+        worker = member.worker_pid
+        if worker is not None and procstat.command_name(worker).startswith("beam"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_cluster(name: str, nodes: int) -> Iterator[list[Running]]:
+    """Start an `nodes`-node cluster of broker `name` on loopback, yield its members once
+    every node accepts MQTT and the cluster is formed; stop every process started (by PID,
+    also on failure) and remove the temp dir."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-cluster-"))
+    members: list[Running] = []
+    helpers: list[subprocess.Popen[bytes]] = []
+    try:
+        CLUSTER_LAUNCHERS[name](tmp, nodes, members, helpers)
+        yield members
+    finally:
+        _stop_members(members)
+        for helper in helpers:
+            _stop(helper)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...],
-                  output: Path) -> None:
-    """The options every side-by-side benchmark shares (run.py, durable_bench.py)."""
+                  output: Path, pinning: bool = True) -> None:
+    """The options every side-by-side benchmark shares (run.py, durable_bench.py;
+    cluster_bench.py without `--no-pin`: its nodes are never pinned)."""
     parser.add_argument("--brokers", default=",".join(names),
                         help="comma-separated subset of: " + ",".join(names))
-    parser.add_argument("--no-pin", action="store_true",
-                        help="let the OS schedule broker and generator on any CPU")
+    if pinning:
+        parser.add_argument("--no-pin", action="store_true",
+                            help="let the OS schedule broker and generator on any CPU")
     parser.add_argument("--output", type=Path, default=output, help="results JSON path")
 
 
 def chosen(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
-    """The brokers named by --brokers, in that order; also applies --no-pin."""
+    """The brokers named by --brokers, in that order; also applies --no-pin (no pinning at
+    all where the option was not offered)."""
     picked = [b.strip() for b in args.brokers.split(",") if b.strip()]
     if bad := [b for b in picked if b not in names]:
         raise SystemExit(f"unknown broker(s) {bad}; choose from {', '.join(names)}")
-    set_pinning(not args.no_pin)
+    set_pinning("no_pin" in args and not args.no_pin)
     return picked

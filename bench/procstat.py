@@ -40,3 +40,21 @@ def machine_busy_seconds() -> float:
         fields = [int(v) for v in stat.readline().split()[1:]]
     idle = fields[3] + fields[4]
     return (sum(fields[:8]) - idle) / _TICKS
+
+
+def children(pid: int) -> list[int]:
+    """The process's direct children (of its main thread, which is what starts them)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            return [int(child) for child in listing.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def command_name(pid: int) -> str:
+    """The process's name (what `ps -o comm` shows); empty once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except FileNotFoundError:
+        return ""

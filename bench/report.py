@@ -108,6 +108,19 @@ def _fmt(outcome: Outcome | None) -> str:
     return text if outcome.verified else text + " *"
 
 
+def align(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as text columns: the first left-aligned (labels), the others
+    right-aligned (figures), a rule under the header row."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                  for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
 def table(scenarios: list[Scenario], brokers: list[str],
           outcomes: dict[tuple[str, str], Outcome]) -> str:
     ratio_cols = [p for p in PEERS if "ours" in brokers and p in brokers]
@@ -133,13 +146,7 @@ def table(scenarios: list[Scenario], brokers: list[str],
             r = _ratio(outcomes.get((sc.name, "ours")), outcomes.get((sc.name, p)))
             row.append("-" if r is None else f"{r:.2f}x")
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                  for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-        for r in rows
-    ]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = align(rows)
     if notes:
         lines += ["", "* / FAILED:", *(f"  {n}" for n in notes)]
     busy = max((o.details.get("other_cpu", 0.0) for o in outcomes.values()), default=0.0)

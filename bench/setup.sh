@@ -3,7 +3,8 @@
 #   - amqtt, pinned, in its own venv bench/.venv-amqtt, so its dependencies (pydantic, typer,
 #     websockets, ...) never mix with the project's;
 #   - pysyncobj, pinned, in its own venv bench/.venv-pysyncobj (raft_bench.py's peer);
-#   - Mosquitto from Debian, if it is missing and we may use apt.
+#   - Mosquitto from Debian, if it is missing and we may use apt;
+#   - RabbitMQ (Debian's rabbitmq-server, 3.10 on bookworm, for cluster_bench.py), likewise.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -32,13 +33,29 @@ if [ "$(pysyncobj_version)" != "$PYSYNCOBJ_VERSION" ]; then
 fi
 echo "pysyncobj $(pysyncobj_version) in bench/$PYSYNCOBJ_VENV"
 
-if [ ! -x /usr/sbin/mosquitto ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto
-        # Debian starts a system service on install; the benchmark runs its own instances.
-        systemctl disable --now mosquitto >/dev/null 2>&1 || true
-    else
-        echo "warning: /usr/sbin/mosquitto missing; install Debian's mosquitto package" >&2
+# Debian starts a system service on install; the benchmarks run their own instances, so it
+# is stopped and disabled at once (where there is no systemd, the init script stops it).
+debian_install() {  # debian_install PACKAGE SERVICE BINARY
+    if [ -x "$3" ]; then
+        return
     fi
-fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1"
+        systemctl disable --now "$2" >/dev/null 2>&1 || service "$2" stop >/dev/null 2>&1 \
+            || true
+    else
+        echo "warning: $3 missing; install Debian's $1 package" >&2
+    fi
+}
+
+debian_install mosquitto mosquitto /usr/sbin/mosquitto
 /usr/sbin/mosquitto -h 2>/dev/null | head -n 1 || true
+
+debian_install rabbitmq-server rabbitmq-server /usr/sbin/rabbitmq-server
+# Its postinst leaves an epmd listening on every address; cluster_bench.py starts its own on
+# loopback. `epmd -kill` refuses while any Erlang node is registered, so a running node
+# (a benchmark's, or anyone's) keeps its epmd.
+if command -v epmd >/dev/null; then epmd -kill >/dev/null 2>&1 || true; fi
+# The MQTT plugin ships with the server; the benchmark enables it per node (its own
+# enabled_plugins file), so nothing is enabled system-wide here.
+dpkg-query -W -f='rabbitmq-server ${Version}\n' rabbitmq-server 2>/dev/null || true
