@@ -220,6 +220,25 @@ SETTINGS: tuple[Setting, ...] = (
             "Let clients publish to `$SYS` topics, which MQTT reserves for the server"
             " (section 4.7.2). Off: a v5 QoS 1/2 PUBLISH is answered Not authorized (0x87),"
             " any other is dropped, and both count as dropped (`sys_topic_denied`)."),
+    Setting("authentication.password_file", "", parse_str,
+            "Mosquitto's password file (`mosquitto_passwd`, `broker ctl users`): `$7$`"
+            " PBKDF2-SHA512 and `$6$` SHA-512 entries. Re-read on SIGHUP and when it changes;"
+            " a file that fails to parse stops start-up, or on reload keeps the previous one."
+            " Empty = user names and passwords are not checked."),
+    Setting("authentication.allow_anonymous", "auto", parse_choice("auto", "true", "false"),
+            "Whether a CONNECT without a user name is accepted. `auto` = yes without a"
+            " password file, no with one. Refused: v5 0x87, 3.1.1 return code 5."),
+    Setting("authorization.acl_file", "", parse_str,
+            "Mosquitto's ACL file (`user`, `topic [read|write|readwrite|deny] FILTER`,"
+            " `pattern ...` with `%c` and `%u`), re-read like the password file. Checked on"
+            " SUBSCRIBE, PUBLISH, wills and every delivery. Empty = everything allowed."),
+    Setting("authorization.deny_action", "ignore", parse_choice("ignore", "disconnect"),
+            "What a denied PUBLISH or SUBSCRIBE gets: `ignore` = a refusal reason (v5 0x87,"
+            " SUBACK 0x80 in 3.1.1) or, where the protocol has none, the message dropped;"
+            " `disconnect` = the connection is closed (v5: DISCONNECT 0x87)."),
+    Setting("authorization.cache.max_size", 32, parse_int(1, 1_000_000),
+            "ACL decisions kept per connection (topic and action; least recently used"
+            " dropped). A changed ACL file empties every cache."),
 )
 
 BY_KEY: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}
