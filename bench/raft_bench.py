@@ -268,8 +268,11 @@ def table(cells: dict[str, dict[str, dict[str, Any]]],
     header = ["system", "groups", *(heading for _, heading, _ in COLUMNS)]
     rows = [header]
     failures: list[str] = []
-    for system, by_groups in cells.items():
-        for groups, cell in by_groups.items():
+    for groups in dict.fromkeys(g for by_groups in cells.values() for g in by_groups):
+        for system, by_groups in cells.items():
+            cell = by_groups.get(groups)
+            if cell is None:
+                continue
             if not cell["ok"]:
                 rows.append([system, groups, "FAILED", *([""] * (len(COLUMNS) - 1))])
                 failures.append(f"  {system}/{groups}: {cell['error'].splitlines()[0][:300]}")
@@ -277,14 +280,18 @@ def table(cells: dict[str, dict[str, dict[str, Any]]],
             rows.append([system, groups, *(
                 "n/a" if cell.get(key) is None else form.format(cell[key])
                 for key, _, form in COLUMNS)])
-    for groups, row in ratio_rows.items():
-        rows.append(["ours/pysyncobj", groups, *(
-            ("-" if row[key] is None else f"{row[key]:.2f}x") if key in row else ""
-            for key, _, _ in COLUMNS)])
+        ratio = ratio_rows.get(groups)
+        if ratio is not None:
+            rows.append(["ours/pysyncobj", groups, *(
+                ("-" if ratio[key] is None else f"{ratio[key]:.2f}x") if key in ratio else ""
+                for key, _, _ in COLUMNS)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
+    if ratio_rows:
+        lines += ["", "ours/pysyncobj: above 1.00x is better for commits/s, below 1.00x for "
+                      "latencies and election time"]
     if failures:
         lines += ["", "FAILED:", *failures]
     busy = max((c.get("other_cpu", 0.0) for g in cells.values() for c in g.values()),
