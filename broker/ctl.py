@@ -168,6 +168,34 @@ def cluster_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_raft(status: dict[str, Any]) -> str:
+    lines = [f"Node {status['node']} (site {status['site']}), metadata group:"
+             f" {status['bootstrap']}"]
+    for group in status["groups"]:
+        names = group["nodes"]
+        leader = group["leader"]
+        lines += [
+            f"GROUP {group['id']} ({group['name']}, epoch {group['epoch']})",
+            f"  role {group['role']}, leader {names.get(leader, leader) if leader else '-'},"
+            f" term {group['term']}",
+            f"  commit {group['commit']}, applied {group['applied']}, log entries"
+            f" {group['log_entries']} after snapshot {group['snapshot_index']}",
+            "  voters   " + (", ".join(names[site] for site in group["voters"]) or "-"),
+            "  learners " + (", ".join(names[site] for site in group["learners"]) or "-"),
+        ]
+    return "\n".join(lines)
+
+
+def raft_command(args: argparse.Namespace) -> int:
+    try:
+        status = _http(args.url.rstrip("/") + "/api/v5/raft")
+    except (urllib.error.URLError, OSError) as error:
+        print(f"broker ctl: cannot reach {args.url}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=1) if args.output == "json" else format_raft(status))
+    return 0
+
+
 def add_parser(commands: Any) -> None:
     ctl = commands.add_parser("ctl", help="administer a node (like `emqx ctl`)")
     topics = ctl.add_subparsers(dest="topic", required=True)
@@ -184,6 +212,11 @@ def add_parser(commands: Any) -> None:
     ds.add_argument("--data-dir", help="read a stopped node's data dir instead (info only)")
     ds.add_argument("-o", "--output", choices=["text", "json"], default="text")
     ds.set_defaults(func=ds_command)
+    raft = topics.add_parser("raft", help="Raft groups of a node: status")
+    raft.add_argument("action", choices=["status"])
+    raft.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    raft.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    raft.set_defaults(func=raft_command)
     sessions = topics.add_parser("sessions", help="sessions, durable ones included: list, show")
     sessions.add_argument("action", choices=["list", "show"])
     sessions.add_argument("client_id", nargs="?", help="for show")

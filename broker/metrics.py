@@ -7,7 +7,7 @@ attributes of `Stats` and a custom collector reads them only when /metrics is fe
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.ds import DurableStorage
@@ -91,9 +91,12 @@ class _StatsCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=gauge)
 
 
-# (name, "counter" | "gauge", help, labels, value): what a component reports without
-# importing prometheus_client.
-Sample = tuple[str, str, str, dict[str, str], float]
+# A histogram's value: cumulative (upper bound, count) buckets ending with "+Inf", and the sum.
+Histogram = tuple[list[tuple[str, float]], float]
+# (name, "counter" | "gauge" | "histogram", help, labels, value): what a component reports
+# without importing prometheus_client.
+Sample = tuple[str, str, str, dict[str, str], float | Histogram]
+Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
 
 
 class _SamplesCollector(Collector):
@@ -102,14 +105,20 @@ class _SamplesCollector(Collector):
     def __init__(self, samples: Callable[[], Iterable[Sample]]) -> None:
         self._samples = samples
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    def collect(self) -> Iterator[Family]:
+        families: dict[str, Family] = {}
         for name, kind, doc, labels, value in self._samples():
             family = families.get(name)
             if family is None:
-                kind_class = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                kind_class = {"counter": CounterMetricFamily,
+                              "histogram": HistogramMetricFamily}.get(kind, GaugeMetricFamily)
                 family = families[name] = kind_class(name, doc, labels=list(labels))
-            family.add_metric(list(labels.values()), value)
+            if isinstance(family, HistogramMetricFamily):
+                assert isinstance(value, tuple)
+                family.add_metric(list(labels.values()), buckets=value[0], sum_value=value[1])
+            else:
+                assert not isinstance(value, tuple)
+                family.add_metric(list(labels.values()), value)
         yield from families.values()
 
 
@@ -124,5 +133,10 @@ def make_registry(
         registry.register(_SamplesCollector(
             lambda: [(name, kind, doc, {}, value) for name, kind, doc, value in ds.metrics()]))
     for source in samples:
-        registry.register(_SamplesCollector(source))
+        add_samples(registry, source)
     return registry
+
+
+def add_samples(registry: CollectorRegistry, source: Callable[[], Iterable[Sample]]) -> None:
+    """Adds a component that only some configurations have (the Raft groups)."""
+    registry.register(_SamplesCollector(source))

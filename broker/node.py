@@ -4,7 +4,7 @@ This is the seam between protocol handling (connections) and state; everything t
 reaches more than one client goes through `publish`.
 """
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -64,6 +64,8 @@ class Node:
         self.takeover: Takeover | None = None
         self.connections: set[Any] = set()
         self.retainer: RetainedStore | None = None
+        # Set by the app: retained messages are written through the metadata Raft group.
+        self.retained_writer: Callable[[Message], Awaitable[None]] | None = None
         if config["retainer.enable"]:
             self.retainer = RetainedStore(
                 Path(config["node.data_dir"]) / "retained",
@@ -126,14 +128,16 @@ class Node:
     def publish(self, message: Message) -> tuple[int, Awaitable[None] | None]:
         """Stores if retained, stores once in DS if a durable session subscribed to the topic,
         then hands the message to every matching regular session. Returns how many sessions
-        it reached and, when it was stored in DS, what resolves once that is durable."""
+        it reached and, when it was stored (retained, or in DS), what resolves once that is
+        durable (committed, for a retained message)."""
         cluster = self.cluster_routing
+        retained: Awaitable[None] | None = None
         if message.retain and self.retainer is not None:
-            self.store_retained(message)
-            if cluster is not None:
-                cluster.replicate_retained(message)
+            retained = self._retain(message)
         durable = self._durable_matches(message.topic) if self.ds is not None else 0
         stored = self._persist(message) if durable else None
+        if retained is not None:
+            stored = retained if stored is None else _both(stored, retained)
         remote = 0
         if cluster is None:
             deliveries = self.router.route(message, self._is_online)
@@ -173,9 +177,18 @@ class Node:
         self.stats.durable_persisted += 1
         return self.persister.add(message)
 
-    def store_retained(self, message: Message) -> None:
-        if self.retainer is not None and not self.retainer.put(message):
+    def _retain(self, message: Message) -> Awaitable[None] | None:
+        """Sets (empty payload: clears) the topic's retained message: through the metadata
+        Raft group when the app runs one (what it returns resolves once committed), else in
+        the local store at once."""
+        retainer = self.retainer
+        assert retainer is not None
+        admitted = retainer.admit(message)
+        writer = self.retained_writer
+        if admitted is None or (writer is None and not retainer.put(admitted)):
             self.stats.drop("retained_limit")
+            return None
+        return writer(admitted) if writer is not None else None
 
     def deliver_forwarded(self, message: Message, plain: bool,
                           targets: list[tuple[str, str, str]]) -> None:
@@ -253,3 +266,9 @@ class Node:
         self.sessions.close_all()
         if self.retainer is not None:
             self.retainer.close()
+
+
+async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
+    """A PUBLISH stored twice (retained, and in DS) is durable once both are."""
+    await first
+    await second

@@ -4,7 +4,6 @@
     entry   := flags:u8  targets:u16  target*  length:u32  value
     target  := group:str  filter:str  client:str      (str := length:u16 UTF-8)
     flags   := bit 0: deliver to the receiver's plain subscribers
-               bit 1: store as the retained message of its topic (retained replication)
     value   := the message as Durable Storage stores it (broker/ds/ttv.py), with Message
                Expiry Interval rewritten to the time left when it was forwarded
 
@@ -22,7 +21,6 @@ from broker.mqtt.constants import PropertyId
 from broker.session.message import Message
 
 PLAIN: Final = 1
-RETAIN_STORE: Final = 2
 _ENTRY: Final = struct.Struct(">BH")
 _LENGTH: Final = struct.Struct(">I")
 _STR: Final = struct.Struct(">H")

@@ -4,9 +4,10 @@ The glue between the node's router and the cluster links. A subscription added o
 here becomes a route announcement, batched per event-loop turn; a publish here is forwarded
 once per node with a matching route (plus the shared-group picks that fell on that node's
 members); a forwarded message is delivered to local subscribers only, never forwarded again.
-Retained messages are replicated to every node, so a new subscriber anywhere sees them and
-losing one node loses none. Non-durable subscribers on a node that dies lose what was in
-flight to it, as in EMQX; durable sessions keep what their node stored.
+Retained messages are not forwarded: they go through the metadata Raft group
+(broker/cluster/metadata.py), which every node applies to its own store. Non-durable
+subscribers on a node that dies lose what was in flight to it, as in EMQX; durable sessions
+keep what their node stored.
 """
 
 import asyncio
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from broker.cluster.forward import (
     PLAIN,
-    RETAIN_STORE,
     ForwardError,
     decode_frame,
     encode_entry,
@@ -107,13 +107,6 @@ class ClusterRouting:
                 self._queue(site, encode_entry(0, targets, value))
         return len(sites | picks.keys())
 
-    def replicate_retained(self, message: Message) -> None:
-        peers = self.cluster.peers()
-        if peers:
-            entry = encode_entry(RETAIN_STORE, [], encode_message(message))
-            for site in peers:
-                self._queue(site, entry)
-
     def _queue(self, site: str, entry: bytes) -> None:
         self._outbox.setdefault(site, []).append(entry)
         traffic = self._traffic(site)
@@ -150,8 +143,6 @@ class ClusterRouting:
             return
         self._traffic(site).messages_in += len(entries)
         for flags, targets, message in entries:
-            if flags & RETAIN_STORE:
-                self.node.store_retained(message)
             if flags & PLAIN or targets:
                 self.node.deliver_forwarded(message, bool(flags & PLAIN), targets)
 

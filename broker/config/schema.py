@@ -200,6 +200,33 @@ SETTINGS: tuple[Setting, ...] = (
             " all shards: past it the least recently read sealed one is closed, and reopened"
             " when read again. Each shard's current generation and any in use stay open. An"
             " open one holds 4 file descriptors."),
+    Setting("durable_storage.n_sites", 1, parse_int(1, 1024),
+            "Running sites (this one included) a node waits to see before the cluster's"
+            " metadata Raft group is created: they are its first voters (at most 5). Set it"
+            " to the number of nodes started together, or each may create a group of its"
+            " own. The choice is kept in the data dir; nodes that come later are added as"
+            " learners and promoted up to 5 voters."),
+    Setting("durable_storage.raft.election_timeout", "1s", parse_duration,
+            "A follower that hears no leader for this long (randomised up to twice it) starts"
+            " an election; a leader that hears from no majority for this long steps down."),
+    Setting("durable_storage.raft.heartbeat_interval", "100ms", parse_duration,
+            "How often a Raft leader sends heartbeats; the Raft clock ticks at half of it."),
+    Setting("durable_storage.raft.wal_dir", "", parse_str,
+            "Directory of the node's Raft write-ahead log (one for all its groups, fsync'd"
+            " once per batch). Empty = `<node.data_dir>/raft/wal`."),
+    Setting("durable_storage.raft.wal_max_size_bytes", "64MB", parse_size,
+            "Size at which the write-ahead log starts a new segment; a segment is deleted"
+            " once every group compacted past its entries."),
+    Setting("durable_storage.raft.snapshot_interval", 4096, parse_int(1, 2**31),
+            "Entries applied between two truncations of a group's log: the applied data"
+            " (written to LevelDB without sync, the log being the durable copy) is flushed"
+            " with one synced write, then the log is compacted up to it. A peer that fell"
+            " behind the log's start gets a snapshot instead."),
+    Setting("durable_storage.raft.commit_timeout", "30s", parse_duration,
+            "How long a retained PUBLISH waits for its Raft commit. The message reaches"
+            " current subscribers at once; its PUBACK/PUBREC waits for the commit (on a"
+            " minority's side: until a majority is back). Past this the client's connection"
+            " is closed unacknowledged, so it resends, maybe to another node."),
     Setting("retainer.enable", True, parse_bool, "Store retained messages."),
     Setting("retainer.max_retained_messages", 0, parse_int(0, 2**31),
             "Most retained topics stored; when full, existing topics can be replaced but new"

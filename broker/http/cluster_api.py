@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.cluster.metadata import MetadataGroup
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.http.api import (
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 CLUSTER_KEY = web.AppKey("cluster", Cluster)
 RPC_KEY = web.AppKey("rpc", Rpc)
+RAFT_KEY = web.AppKey("raft", MetadataGroup)
 
 try:
     VERSION = version("durable-mqtt-broker")
@@ -90,6 +92,9 @@ async def cluster_join(request: web.Request) -> web.Response:
         await cluster.join(str(body["node"]))
     except (ValueError, KeyError, TypeError) as error:
         return web.json_response({"code": "BAD_REQUEST", "message": str(error)}, status=400)
+    metadata = request.app.get(RAFT_KEY)
+    if metadata is not None:
+        await metadata.after_join()  # adopts the cluster's group, discarding its own
     return web.json_response({"name": cluster.name, "nodes": cluster.status()})
 
 
@@ -145,4 +150,15 @@ def add_cluster_routes(app: web.Application, node: Node, cluster: Cluster, rpc: 
     app.router.add_post("/api/v5/cluster/join", cluster_join)
     app.router.add_post("/api/v5/cluster/leave", cluster_leave)
     app.router.add_delete("/api/v5/cluster/{node}/force_leave", cluster_force_leave)
+
+
+async def raft_status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RAFT_KEY].status())
+
+
+def add_raft_routes(app: web.Application, metadata: MetadataGroup) -> None:
+    """`GET /api/v5/raft`: this node's Raft groups as it sees them (role, leader, term,
+    commit and applied indexes, voters and learners)."""
+    app[RAFT_KEY] = metadata
+    app.router.add_get("/api/v5/raft", raft_status)
 

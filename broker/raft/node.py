@@ -91,6 +91,19 @@ class RaftNode:
         self.host.compact(group, index)
         self._schedule_flush()
 
+    def add_learner(self, group: int, node: str) -> None:
+        """Membership changes (see RaftGroup): raise NotLeader or ConfigChangeRefused."""
+        self.core(group).add_learner(node)
+        self._schedule_flush()
+
+    def promote(self, group: int, node: str) -> None:
+        self.core(group).promote(node)
+        self._schedule_flush()
+
+    def remove(self, group: int, node: str) -> None:
+        self.core(group).remove(node)
+        self._schedule_flush()
+
     async def wait(self, condition: Callable[[], bool]) -> None:
         """Returns once `condition()` holds, checked after every flush (for tests and
         admin tools: "a leader is elected", "index N is applied")."""

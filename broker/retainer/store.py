@@ -15,13 +15,21 @@ The first format had no format byte and a 1-byte publisher length, which lost ev
 retained message from a client ID over 255 bytes. Its records start with the double, whose
 first byte is below 0x80 for any expires_at >= 0, so both formats read from one store and
 the old records stay readable as they are.
+
+In a cluster the store is the state machine's data of the metadata Raft group
+(broker/retainer/machine.py): writes come from committed log entries, each batch written
+together with the log position it reflects (key `\x00applied`: index, term), so a replay after
+a restart starts where the data is and applying an entry twice cannot happen. LevelDB is
+written without sync: the Raft log is the durable copy, and `flush` (one synced write, which
+makes every earlier write durable) says up to where the log may be truncated. Keys starting
+with a NUL byte are such markers, never topics: MQTT forbids U+0000 in topic names.
 """
 
 import dataclasses
 import struct
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
@@ -33,6 +41,10 @@ from broker.session.message import Message
 
 FORMAT: Final = 0x82
 _HEADER: Final = struct.Struct(">BdI")
+_MARKER: Final = b"\x00"
+_APPLIED: Final = b"\x00applied"  # index, term of the last log entry the data reflects
+_SNAPSHOT: Final = b"\x00snapshot"  # index, term, configuration of the last installed snapshot
+_POSITION: Final = struct.Struct(">QQ")
 _LEGACY_HEADER: Final = struct.Struct(">dB")  # the first format: no format byte
 _NEVER: Final = 0.0
 
@@ -73,33 +85,102 @@ class RetainedStore:
         self._max_messages = max_messages
         self._max_payload_size = max_payload_size
         self._default_expiry = default_expiry
+        self._load()
+
+    def _load(self) -> None:
         for key, record in self._db:
-            message = decode_record(record)
-            self._index.add(key.decode(), None, message)
+            if not key.startswith(_MARKER):
+                self._index.add(key.decode(), None, decode_record(record))
 
     def __len__(self) -> int:
         return len(self._index)
 
+    def admit(self, message: Message) -> Message | None:
+        """The message as it is to be stored (with the default lifetime, fixed now so that
+        every replica stores the same deadline), or None when its payload is too large."""
+        if len(message.payload) > self._max_payload_size:
+            return None
+        if message.payload and message.expires_at is None and self._default_expiry:
+            # A copy: the default lifetime applies to the stored message, not the live one.
+            return dataclasses.replace(message, expires_at=time.time() + self._default_expiry)
+        return message
+
     def put(self, message: Message) -> bool:
-        """Stores, replaces or (empty payload) deletes; False if limits kept it out."""
+        """Stores, replaces or (empty payload) deletes at once, outside any log (a node
+        without Raft, and local clean-ups); False if limits kept it out."""
+        admitted = self.admit(message)
+        if admitted is None:
+            return False
+        with self._db.write_batch() as batch:
+            return self._stage(batch, admitted)
+
+    def write(self, messages: list[Message], index: int, term: int) -> int:
+        """Applies admitted messages (a committed log entry at `index`, `term`) in one
+        atomic write with that position; returns how many the message limit refused."""
+        refused = 0
+        with self._db.write_batch() as batch:
+            for message in messages:
+                if not self._stage(batch, message):
+                    refused += 1
+            batch.put(_APPLIED, _POSITION.pack(index, term))
+        return refused
+
+    def _stage(self, batch: Any, message: Message) -> bool:
         topic = message.topic
         if not message.payload:
             if self._index.remove(topic, None) is not None:
-                self._db.delete(topic.encode())
+                batch.delete(topic.encode())
             return True
-        if len(message.payload) > self._max_payload_size:
-            return False
         exists = self._index.get(topic, None) is not None
         if not exists and self._max_messages and len(self._index) >= self._max_messages:
             return False
-        if message.expires_at is None and self._default_expiry:
-            # A copy: the default lifetime applies to the stored message, not the live one.
-            message = dataclasses.replace(
-                message, expires_at=time.time() + self._default_expiry
-            )
-        self._db.put(topic.encode(), encode_record(message))
+        batch.put(topic.encode(), encode_record(message))
         self._index.add(topic, None, message)
         return True
+
+    def applied(self) -> tuple[int, int]:
+        """(index, term) of the last log entry the data reflects; (0, 0) for none."""
+        raw = self._db.get(_APPLIED)
+        return _POSITION.unpack(raw) if raw is not None else (0, 0)
+
+    def flush(self, index: int, term: int) -> None:
+        """Makes everything written so far durable (LevelDB syncs its log, which holds every
+        earlier unsynced write too), recording the position it reflects."""
+        self._db.put(_APPLIED, _POSITION.pack(index, term), sync=True)
+
+    def records(self) -> list[tuple[bytes, bytes]]:
+        """Every stored (topic, record), for a snapshot."""
+        return [(key, record) for key, record in self._db if not key.startswith(_MARKER)]
+
+    def replace(self, records: list[tuple[bytes, bytes]], index: int, term: int,
+                config: bytes) -> None:
+        """Replaces the whole content with a snapshot's, durably, at `index`, `term`."""
+        with self._db.write_batch(sync=True) as batch:
+            self._delete_all(batch)
+            for key, record in records:
+                batch.put(key, record)
+            batch.put(_APPLIED, _POSITION.pack(index, term))
+            batch.put(_SNAPSHOT, _POSITION.pack(index, term) + config)
+        self._index = TopicTrie()
+        self._load()
+
+    def installed_snapshot(self) -> tuple[int, int, bytes] | None:
+        """(index, term, configuration) of the last snapshot `replace` installed."""
+        raw = self._db.get(_SNAPSHOT)
+        if raw is None:
+            return None
+        index, term = _POSITION.unpack_from(raw)
+        return index, term, raw[_POSITION.size:]
+
+    def clear(self) -> None:
+        """Forgets everything, markers included (a node joining another cluster's group)."""
+        with self._db.write_batch(sync=True) as batch:
+            self._delete_all(batch)
+        self._index = TopicTrie()
+
+    def _delete_all(self, batch: Any) -> None:
+        for key in self._db.iterator(include_value=False):
+            batch.delete(key)
 
     def match(self, topic_filter: str) -> list[Message]:
         now = time.time()

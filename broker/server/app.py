@@ -17,6 +17,7 @@ from functools import partial
 from aiohttp import web
 
 from broker import COMPILED_MODULES
+from broker.cluster.metadata import MetadataGroup
 from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
@@ -24,9 +25,9 @@ from broker.cluster.takeover import Takeover
 from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.http.api import make_app
-from broker.http.cluster_api import VERSION, add_cluster_routes
+from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
 from broker.http.header_timeout import HeaderTimeout
-from broker.metrics import make_registry
+from broker.metrics import add_samples, make_registry
 from broker.node import Node
 from broker.periodic import every
 from broker.server.output import OutputBatch
@@ -46,6 +47,12 @@ class BrokerApp:
         self.node.cluster_routing = ClusterRouting(self.node, self.cluster)
         self.node.takeover = Takeover(self.node, self.cluster, self.rpc, self._mqtt_address,
                                       min(5.0, config["node.dist_net_ticktime"]))
+        # The metadata Raft group: today it holds the retained messages, so no store, no group.
+        self.metadata: MetadataGroup | None = None
+        if self.node.retainer is not None:
+            self.metadata = MetadataGroup(config, self.cluster, self.rpc, self.node.retainer,
+                                          partial(self.node.stats.drop, "retained_limit"))
+            self.node.retained_writer = self.metadata.write_retained
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
         self._http_server: asyncio.Server | None = None
@@ -91,6 +98,9 @@ class BrokerApp:
                                      self.node.cluster_routing.metrics, node.takeover.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
+            if self.metadata is not None:
+                add_samples(registry, self.metadata.metrics)
+                add_raft_routes(web_app, self.metadata)
             # A kept-alive connection's next request has as long as a new one's first.
             header_timeout = config["dashboard.listeners.http.header_timeout"]
             self._http = web.AppRunner(web_app, access_log=None, keepalive_timeout=header_timeout)
@@ -102,6 +112,8 @@ class BrokerApp:
                 handlers, http_bind[0], http_bind[1], reuse_address=True)
             self.ports["http"] = self._http_server.sockets[0].getsockname()[1]
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
+        if self.metadata is not None:
+            await self.metadata.start()  # before the links: Raft frames find it ready
         await self.cluster.start()
         if node.ds is not None:
             node.ds.start()
@@ -173,6 +185,8 @@ class BrokerApp:
             await self.node.durable.store.settle()
         if self.node.ds is not None:
             await self.node.ds.close()  # flushes what is buffered
+        if self.metadata is not None:
+            await self.metadata.stop()
         self.node.close()
 
 

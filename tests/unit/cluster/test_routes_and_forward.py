@@ -7,7 +7,6 @@ import pytest
 
 from broker.cluster.forward import (
     PLAIN,
-    RETAIN_STORE,
     ForwardError,
     decode_frame,
     encode_entry,
@@ -66,10 +65,10 @@ def test_forward_entries_round_trip_with_targets_properties_and_remaining_expiry
                       {PropertyId.USER_PROPERTY: [("k", "v")]}, expires_at=time.time() + 3600)
     value = encode_message(message)
     frame = (encode_entry(PLAIN, [("g", "a/+", "member")], value)
-             + encode_entry(RETAIN_STORE, [], value))
-    (flags, targets, got), (flags2, _, _) = decode_frame(frame)
-    assert flags == PLAIN and flags2 == RETAIN_STORE
-    assert targets == [("g", "a/+", "member")]
+             + encode_entry(0, [("g2", "a/#", "other")], value))
+    (flags, targets, got), (flags2, targets2, _) = decode_frame(frame)
+    assert flags == PLAIN and flags2 == 0
+    assert targets == [("g", "a/+", "member")] and targets2 == [("g2", "a/#", "other")]
     assert (got.topic, got.payload, got.qos, got.retain, got.publisher) == (
         "a/b", b"\x00payload", 1, True, "pub" * 100)
     assert got.properties[PropertyId.USER_PROPERTY] == [("k", "v")]

@@ -1,0 +1,38 @@
+"""Which membership change a group's leader makes next, from the cluster's member list: pure.
+
+Every node hosts the metadata group, so the group follows the cluster: a running node that
+is not a member is added as a learner (it replicates, it does not vote); a learner that has
+caught up is promoted while there are fewer than VOTER_CAP voters; a member the cluster no
+longer lists (it left, was force-removed, or was down past `cluster.autoclean`) is removed.
+Removals come first, so a freed voter's place goes to a learner. One change at a time: the
+core accepts the next once the previous one committed.
+
+Beyond VOTER_CAP voters a commit waits for more acknowledgements and elections get slower,
+for no more safety than 2 failures tolerated; the other nodes are learners, which still hold
+a full copy for their local reads.
+"""
+
+from broker.cluster.bootstrap import VOTER_CAP
+from broker.raft.messages import Config
+
+ADD = "add"
+PROMOTE = "promote"
+REMOVE = "remove"
+
+
+def next_change(config: Config, leader: str, running: set[str], known: set[str],
+                caught_up: set[str]) -> tuple[str, str] | None:
+    """(ADD | PROMOTE | REMOVE, site) or None. `running`: peers with a link up; `known`:
+    every member of the cluster (running or down), `caught_up`: learners close enough to
+    the leader's log to vote."""
+    members = config.members()
+    gone = members - known - {leader}
+    if gone:
+        return REMOVE, min(gone)
+    new = running - members - {leader}
+    if new:
+        return ADD, min(new)
+    ready = config.learners & running & caught_up
+    if ready and len(config.voters) < VOTER_CAP:
+        return PROMOTE, min(ready)
+    return None

@@ -1,0 +1,444 @@
+"""The metadata Raft group (group 0), hosted by every node: today it holds the retained
+messages; its asyncio shell lives here.
+
+- Bootstrap (broker/cluster/bootstrap.py): `durable_storage.n_sites` running members before
+  a group is created, the choice saved in `<data_dir>/raft/metadata.json` (a restart reuses
+  it); the RPCs `raft_prepare`, `raft_decided` and `raft_status` carry the two-phase exchange.
+- Membership (broker/cluster/group_members.py): the leader follows the cluster's member list,
+  one change per maintenance round.
+- Writes (broker/cluster/proposer.py): retained messages become batched commands, proposed
+  here when this node leads, else forwarded to the leader (RPC `raft_propose`, which answers
+  once committed); the caller's future resolves once the entry is committed and (within the
+  attempt's time) applied here too, so a subscriber on this node sees what its PUBACK said.
+- Reads: every node applies the log to its own RetainedStore (broker/retainer/machine.py).
+- Truncation: once `durable_storage.raft.snapshot_interval` entries were applied since the
+  last time, the store is flushed (one synced LevelDB write) and the log compacted up to it.
+- Join: `after_join` discards this node's group, Raft log and retained messages when the
+  cluster it joined has another group (as EMQX's `cluster join` wipes the joining node); the
+  node then adopts the cluster's group when its leader adds it.
+"""
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import secrets
+import shutil
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, Final
+
+from broker.cluster import group_members
+from broker.cluster.bootstrap import MEMBER, UNKNOWN, Attempt, Bootstrap, GroupRecord
+from broker.cluster.proposer import Proposer
+from broker.cluster.raft_transport import RaftTransport
+from broker.cluster.rpc import Rpc, RpcError
+from broker.cluster.service import Cluster
+from broker.config.loader import Config
+from broker.ds.files import write_atomically
+from broker.raft.core import LEADER, ROLE_NAMES, ConfigChangeRefused, NotLeader, RaftGroup
+from broker.raft.host import Sample
+from broker.raft.node import CommandLost, RaftNode
+from broker.retainer.machine import RetainedMachine
+from broker.retainer.store import RetainedStore, encode_record
+from broker.session.message import Message
+
+log = logging.getLogger(__name__)
+
+GROUP: Final = 0
+_STATE_FILE: Final = "metadata.json"
+_STATUS_EVERY: Final = 10  # maintenance rounds between asking a coordinator about a promise
+
+
+class MetadataGroup:
+    def __init__(self, config: Config, cluster: Cluster, rpc: Rpc, store: RetainedStore,
+                 refused: Callable[[int], None]) -> None:
+        self._cluster = cluster
+        self._rpc = rpc
+        self.me = cluster.me.site
+        self._dir = Path(config["node.data_dir"]) / "raft"
+        self._wal_dir = Path(config["durable_storage.raft.wal_dir"] or self._dir / "wal")
+        self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
+        self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
+        heartbeat: float = config["durable_storage.raft.heartbeat_interval"]
+        self._tick = heartbeat / 2
+        self._election_ticks = max(3, round(config["durable_storage.raft.election_timeout"]
+                                            / self._tick))
+        # One attempt (a proposal, a forward) may take a few elections before it is retried.
+        self._attempt_timeout = 4 * self._election_ticks * self._tick
+        self._store = store
+        self._refused = refused
+        self.machine = RetainedMachine(store, refused)
+        self.bootstrap = self._load(config["durable_storage.n_sites"])
+        self.transport = RaftTransport(cluster, self._epoch_of, self._deliver)
+        self.proposer = Proposer(self._submit, config["durable_storage.raft.commit_timeout"])
+        self.foreign_frames = 0  # Raft traffic of another incarnation of the group, dropped
+        self._foreign_seen: set[tuple[str, int]] = set()
+        self._raft: RaftNode | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._attempt: asyncio.Task[None] | None = None
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._rounds = 0
+        self._peer_up = asyncio.Event()
+        cluster.on_peer_up(lambda _site: self._peer_up.set())
+        for name, method in (("raft_prepare", self._rpc_prepare),
+                             ("raft_decided", self._rpc_decided),
+                             ("raft_status", self._rpc_status),
+                             ("raft_propose", self._rpc_propose),
+                             ("raft_epoch", self._rpc_epoch)):
+            rpc.register(name, method)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._raft = self._open()
+        if self.bootstrap.record is not None:
+            self._host(self.bootstrap.record)
+        self.proposer.start()
+        self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    async def stop(self) -> None:
+        """Flushes what was applied (a restart replays less) and closes the log."""
+        for task in (self._task, *self._jobs):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self.proposer.stop()
+        if self._raft is not None:
+            self.machine.flush()
+            await self._raft.close()
+
+    def _open(self) -> RaftNode:
+        if self.bootstrap.record is None:
+            # A node that is no member has no Raft history: whatever a log holds is of a
+            # group it left or never finished joining.
+            shutil.rmtree(self._wal_dir, ignore_errors=True)
+        return RaftNode(self.me, str(self._wal_dir), self.transport,
+                        tick_seconds=self._tick, election_ticks=self._election_ticks,
+                        heartbeat_ticks=2, segment_bytes=self._segment_bytes)
+
+    def _host(self, record: GroupRecord) -> None:
+        assert self._raft is not None
+        self._raft.add_group(GROUP, self.machine, frozenset(record.voters),
+                             self.machine.applied_index, self.machine.snapshot())
+
+    def core(self) -> RaftGroup | None:
+        raft = self._raft
+        if raft is None or GROUP not in raft.host.groups:
+            return None
+        return raft.core(GROUP)
+
+    # ---- writes --------------------------------------------------------------------------
+    def write_retained(self, message: Message) -> "asyncio.Future[None]":
+        """Sets (or, with an empty payload, clears) a retained message through the log."""
+        return self.proposer.add(encode_record(message))
+
+    async def _submit(self, data: bytes) -> None:
+        """Until committed (the proposer bounds the whole): proposes when leading, else
+        forwards to the leader, else waits for one."""
+        while True:
+            raft, core = self._raft, self.core()
+            leader = core.leader if core is not None else None
+            if raft is None or core is None or leader is None:
+                await self._until(self._has_leader, self._attempt_timeout)
+                continue
+            try:
+                if leader == self.me:
+                    await asyncio.wait_for(raft.propose(GROUP, data), self._attempt_timeout)
+                    return
+                index = await self._rpc.call(leader, "raft_propose", {
+                    "epoch": self._epoch_of(GROUP), "data": base64.b64encode(data).decode()},
+                    timeout=self._attempt_timeout)
+                await self._until(self._applied(index), self._attempt_timeout)
+                return
+            except (NotLeader, CommandLost, RpcError, TimeoutError) as error:
+                log.debug("retained batch not committed yet (%s): retrying", error)
+                await asyncio.sleep(self._tick)
+
+    def _has_leader(self) -> bool:
+        core = self.core()
+        return core is not None and core.leader is not None
+
+    def _applied(self, index: int) -> Callable[[], bool]:
+        def applied() -> bool:
+            core = self.core()
+            return core is not None and core.applied_index >= index
+        return applied
+
+    async def _until(self, condition: Callable[[], bool], timeout: float) -> None:
+        """Returns when `condition` holds or after `timeout`, whichever comes first."""
+        raft = self._raft
+        assert raft is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(raft.wait(condition), timeout)
+
+    async def _rpc_propose(self, params: Any) -> int:
+        if int(params["epoch"]) != self._epoch_of(GROUP) or self._raft is None:
+            raise RpcError("not a member of that group")
+        return await self._raft.propose(GROUP, base64.b64decode(params["data"]))
+
+    # ---- Raft traffic -------------------------------------------------------------------
+    def _epoch_of(self, group: int) -> int:
+        record = self.bootstrap.record
+        return record.epoch if record is not None and group == GROUP else 0
+
+    def _deliver(self, site: str, group: int, epoch: int, data: bytes) -> None:
+        raft = self._raft
+        if raft is None:
+            return
+        record = self.bootstrap.record
+        if group == GROUP and record is None:
+            adopted = self.bootstrap.adopt(epoch)
+            if adopted is None:
+                self._foreign(site, epoch)
+                return
+            log.info("joining the metadata Raft group (epoch %x) led from %s", epoch, site)
+            if self.machine.unlogged():
+                log.warning("discarding %d retained messages stored before this node joined"
+                            " the group: the group's are the cluster's", len(self._store))
+                self._store.clear()
+                self.machine = RetainedMachine(self._store, self._refused)
+            self._save()
+            self._host(adopted)
+        elif group == GROUP and record is not None and record.epoch != epoch:
+            self._foreign(site, epoch)
+            return
+        raft.receive(site, data)
+
+    def _foreign(self, site: str, epoch: int) -> None:
+        self.foreign_frames += 1
+        if (site, epoch) not in self._foreign_seen:
+            self._foreign_seen.add((site, epoch))
+            log.warning("peer %s is in another metadata Raft group (epoch %x, ours %x): its"
+                        " traffic is ignored. If that node should join this cluster's group,"
+                        " run `broker ctl cluster join` on it (its retained messages are"
+                        " replaced by the cluster's).", self._name(site), epoch,
+                        self._epoch_of(GROUP))
+
+    # ---- maintenance ---------------------------------------------------------------------
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
+        task = asyncio.get_running_loop().create_task(job)
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+        return task
+
+    async def _maintain(self) -> None:
+        """A few times per election timeout: bootstrap, promises, membership, truncation."""
+        interval = self._tick * 4
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self._round()
+            except Exception:
+                log.exception("metadata group maintenance failed")
+
+    def _round(self) -> None:
+        self._rounds += 1
+        cluster, bootstrap = self._cluster, self.bootstrap
+        promise = bootstrap.promise
+        if self._attempt is None:
+            attempt = bootstrap.attempt(set(cluster.membership.running()), cluster.joined,
+                                        secrets.randbits(63) | 1)
+            if attempt is not None:
+                self._attempt = self._spawn(self._run(attempt))
+        if promise is not None:
+            if bootstrap.release_orphaned(set(cluster.membership.members)):
+                self._save()
+            elif self._rounds % _STATUS_EVERY == 0:
+                self._spawn(self._ask_status(promise.epoch, promise.coordinator))
+        core = self.core()
+        if core is None:
+            return
+        if core.role == LEADER and cluster.joined:
+            self._change_membership(core)
+        if self.machine.applied_index - self.machine.flushed_index >= self._snapshot_interval:
+            assert self._raft is not None
+            self._raft.compact(GROUP, self.machine.flush())
+
+    def _change_membership(self, core: RaftGroup) -> None:
+        members = self._cluster.membership
+        last = core.log.last_index
+        caught_up = {site for site, pr in core.progress.items()
+                     if pr.match + core.catch_up_entries >= last}
+        change = group_members.next_change(core.log.config, self.me, set(members.running()),
+                                           set(members.members), caught_up)
+        if change is None:
+            return
+        kind, site = change
+        raft = self._raft
+        assert raft is not None
+        make = {group_members.ADD: raft.add_learner, group_members.PROMOTE: raft.promote,
+                group_members.REMOVE: raft.remove}[kind]
+        try:
+            make(GROUP, site)
+        except (ConfigChangeRefused, NotLeader):
+            return  # the previous change has not committed yet: next round
+        log.info("metadata group: %s %s", {group_members.ADD: "added learner",
+                                           group_members.PROMOTE: "promoted voter",
+                                           group_members.REMOVE: "removed"}[kind],
+                 self._name(site))
+
+    # ---- bootstrap exchange --------------------------------------------------------------
+    async def _run(self, attempt: Attempt) -> None:
+        try:
+            params = {"epoch": attempt.epoch, "coordinator": self.me,
+                      "voters": list(attempt.voters)}
+            answers = await asyncio.gather(*(
+                self._rpc.call(peer, "raft_prepare", params, timeout=self._attempt_timeout)
+                for peer in attempt.peers), return_exceptions=True)
+            refusals = {peer: answer for peer, answer in zip(attempt.peers, answers, strict=True)
+                        if answer != ""}
+            record = self.bootstrap.attempt_done(attempt, not refusals)
+            if record is None:
+                log.info("not creating the metadata group yet: %s", ", ".join(
+                    f"{self._name(peer)}: {answer}" for peer, answer in refusals.items()))
+            else:
+                self._create(record)
+            await asyncio.gather(*(
+                self._rpc.call(peer, "raft_decided", {"epoch": attempt.epoch,
+                                                      "created": record is not None})
+                for peer in attempt.peers if peer not in refusals), return_exceptions=True)
+        finally:
+            self._attempt = None
+
+    def _create(self, record: GroupRecord) -> None:
+        unlogged = self._store.match("#") if self.machine.unlogged() else []
+        self._save()
+        self._host(record)
+        log.info("created the metadata Raft group (epoch %x), voters %s", record.epoch,
+                 ", ".join(self._name(site) for site in record.voters))
+        for message in unlogged:  # what this node retained before: now the group's
+            self.write_retained(message)
+
+    def _rpc_prepare(self, params: Any) -> str:
+        refusal = self.bootstrap.prepare(int(params["epoch"]), str(params["coordinator"]),
+                                         tuple(params["voters"]))
+        if not refusal:
+            self._save()
+        return refusal
+
+    def _rpc_decided(self, params: Any) -> None:
+        self._decided(int(params["epoch"]), bool(params["created"]))
+
+    def _rpc_status(self, params: Any) -> str:
+        return self.bootstrap.status(int(params["epoch"]))
+
+    def _rpc_epoch(self, _params: Any) -> int:
+        return self._epoch_of(GROUP)
+
+    async def _ask_status(self, epoch: int, coordinator: str) -> None:
+        try:
+            answer = await self._rpc.call(coordinator, "raft_status", {"epoch": epoch})
+        except RpcError:
+            return
+        if answer in (MEMBER, UNKNOWN):
+            self._decided(epoch, answer == MEMBER)
+
+    def _decided(self, epoch: int, created: bool) -> None:
+        had_promise = self.bootstrap.promise is not None
+        record = self.bootstrap.decided(epoch, created)
+        if record is not None:
+            if self.machine.unlogged():
+                self._store.clear()
+                self.machine = RetainedMachine(self._store, self._refused)
+            self._save()
+            self._host(record)
+            log.info("metadata Raft group created (epoch %x) by its coordinator", epoch)
+        elif had_promise and self.bootstrap.promise is None:
+            self._save()
+
+    # ---- join --------------------------------------------------------------------------
+    async def after_join(self, timeout: float = 5.0) -> None:
+        """After `broker ctl cluster join`: if the cluster has a metadata group other than
+        this node's, this node's group, Raft log and retained messages are discarded and it
+        waits to be added to the cluster's (EMQX's join wipes the joining node too)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._linked(), timeout)
+        epochs = {epoch for epoch in (await self._rpc.multicall("raft_epoch")).values()
+                  if isinstance(epoch, int) and epoch}
+        mine = self._epoch_of(GROUP)
+        if not epochs or mine in epochs or self.bootstrap.state == "blank":
+            return
+        log.warning("joined a cluster whose metadata group is another: discarding this node's"
+                    " group (epoch %x), Raft log and %d retained messages", mine,
+                    len(self._store))
+        await self.proposer.stop()
+        if self._raft is not None:
+            await self._raft.close()
+        self.bootstrap.forget()
+        self._save()
+        self._store.clear()
+        self.machine = RetainedMachine(self._store, self._refused)
+        self._raft = self._open()
+        self.proposer = Proposer(self._submit, self.proposer.timeout)
+        self.proposer.start()
+
+    async def _linked(self) -> None:
+        while not self._cluster.peers():
+            self._peer_up.clear()
+            await self._peer_up.wait()
+
+    # ---- persistence ----------------------------------------------------------------------
+    def _load(self, n_sites: int) -> Bootstrap:
+        try:
+            saved = json.loads((self._dir / _STATE_FILE).read_text())
+        except FileNotFoundError:
+            return Bootstrap(self.me, n_sites)
+        return Bootstrap.from_json(self.me, n_sites, saved)
+
+    def _save(self) -> None:
+        """Durably, before anything it announces happens (a promise answered, a group
+        created or joined): a restart must not forget a promise or a membership."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(self._dir / _STATE_FILE,
+                         json.dumps(self.bootstrap.to_json(), indent=1).encode())
+
+    # ---- observability --------------------------------------------------------------------
+    def _name(self, site: str) -> str:
+        if site == self.me:
+            return self._cluster.me.node
+        member = self._cluster.membership.members.get(site)
+        return member.identity.node if member is not None else site
+
+    def status(self) -> dict[str, Any]:
+        """`GET /api/v5/raft`: this node's view of its groups."""
+        groups = []
+        core = self.core()
+        if core is not None:
+            config = core.log.config
+            groups.append({
+                "id": GROUP, "name": "metadata", "epoch": f"{self._epoch_of(GROUP):x}",
+                "role": ROLE_NAMES[core.role], "leader": core.leader,
+                "leader_node": self._name(core.leader) if core.leader else None,
+                "term": core.term, "commit": core.commit, "applied": core.applied_index,
+                "snapshot_index": core.log.snapshot_index,
+                "log_entries": len(core.log.entries),
+                "voters": sorted(config.voters), "learners": sorted(config.learners),
+                "nodes": {site: self._name(site) for site in sorted(config.members())},
+            })
+        return {"node": self._cluster.me.node, "site": self.me,
+                "bootstrap": self.bootstrap.state, "groups": groups}
+
+    def metrics(self) -> list[Sample]:
+        transport, proposer = self.transport, self.proposer
+        samples: list[Sample] = self._raft.metrics() if self._raft is not None else []
+        samples += [
+            ("raft_frames_dropped", "counter", "Raft frames dropped on the cluster links",
+             {"reason": "no_link"}, float(transport.unlinked)),
+            ("raft_frames_dropped", "counter", "Raft frames dropped on the cluster links",
+             {"reason": "foreign_epoch"}, float(self.foreign_frames)),
+            ("raft_frames_dropped", "counter", "Raft frames dropped on the cluster links",
+             {"reason": "garbled"}, float(transport.garbled)),
+            ("raft_retained_pending", "gauge",
+             "Retained messages waiting to be proposed to the metadata group", {},
+             float(len(proposer))),
+            ("raft_retained_batches", "counter",
+             "Batches of retained messages committed (one log entry each)", {},
+             float(proposer.batches)),
+            ("raft_retained_committed", "counter", "Retained messages committed", {},
+             float(proposer.commands)),
+            ("raft_retained_timeouts", "counter",
+             "Retained messages not committed within durable_storage.raft.commit_timeout",
+             {}, float(proposer.timed_out)),
+        ]
+        return samples
