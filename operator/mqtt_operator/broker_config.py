@@ -1,8 +1,10 @@
-"""The broker.toml the operator renders for every pod (contract v1, docs/operator-contract.md).
+"""The broker.toml the operator renders for every pod (contract v2, docs/operator-contract.md).
 
 Only keys `broker run` accepts appear here; a test loads the rendered file with the broker's
 own loader, so a renamed or removed broker key fails the build instead of a rollout. Per-pod
-values (node.name, node.site_id) are not in the file: the pod's command adds them.
+values (node.name, node.site_id) are not in the file: the pod's command adds them. Nor is the
+cookie: the file (a ConfigMap anyone who may read the namespace's ConfigMaps can read) names
+only where the pod finds it, the mounted Secret.
 """
 
 import json
@@ -21,6 +23,14 @@ MANAGED_KEYS = frozenset({
     "node.name",
     "node.site_id",
     "node.data_dir",
+    "node.cookie",
+    "node.cookie_file",
+    "cluster.name",
+    "cluster.discovery_strategy",
+    "cluster.dns.name",
+    "cluster.dns.record_type",
+    "rpc.tcp_server_port",
+    "rpc.listen_address",
     "listeners.tcp.default.bind",
     "listeners.ws.default.bind",
     "dashboard.listeners.http.bind",
@@ -35,6 +45,16 @@ MANAGED_KEYS = frozenset({
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+def peers_srv_name(cluster: Cluster) -> str:
+    """The SRV name Kubernetes DNS gives the headless Service's inter-node port: one record
+    per pod, Ready or not (publishNotReadyAddresses), each with the pod's own DNS name and
+    port. SRV rather than A records because the port travels with each pod: during a
+    rollout that changes spec.listeners.rpcPort, old and new pods still find each other.
+    Fully qualified: the broker's resolver does not apply the pod's search domains."""
+    return (f"_{constants.RPC_PORT_NAME}._tcp.{constants.headless_service_name(cluster.name)}"
+            f".{cluster.namespace}.svc.{cluster.cluster_domain}")
+
+
 def settings(cluster: Cluster) -> dict[str, Scalar]:
     """Dotted broker keys -> values: spec.config first, then the managed keys over it."""
     sessions = cluster.durable_sessions
@@ -43,6 +63,13 @@ def settings(cluster: Cluster) -> dict[str, Scalar]:
     }
     values.update({
         "node.data_dir": constants.DATA_DIR,
+        "node.cookie_file": f"{constants.COOKIE_DIR}/{constants.COOKIE_KEY}",
+        "cluster.name": cluster.name,
+        "cluster.discovery_strategy": "dns",
+        "cluster.dns.name": peers_srv_name(cluster),
+        "cluster.dns.record_type": "srv",
+        "rpc.tcp_server_port": cluster.rpc_port,
+        "rpc.listen_address": "0.0.0.0",
         "listeners.tcp.default.bind": f"0.0.0.0:{cluster.mqtt_port}",
         "listeners.ws.default.bind": f"0.0.0.0:{cluster.ws_port}",
         "dashboard.listeners.http.bind": f"0.0.0.0:{cluster.http_port}",

@@ -11,7 +11,7 @@ KIND = "MQTTCluster"
 PLURAL = "mqttclusters"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-CONTRACT_VERSION = "v1"
+CONTRACT_VERSION = "v2"
 DB = "messages"
 FIELD_MANAGER = "mqtt-operator"
 
@@ -21,17 +21,26 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "mqtt-broker"
 
-# Where the pod finds what the operator publishes (mount points of the three ConfigMaps).
+# Where the pod finds what the operator publishes (mount points of the three ConfigMaps and
+# of the cookie Secret).
 CONFIG_DIR = "/etc/mqtt/config"
 SITES_DIR = "/etc/mqtt/sites"
 PLACEMENT_DIR = "/etc/mqtt/placement"
+COOKIE_DIR = "/etc/mqtt/cookie"
 DATA_DIR = "/data"
 CONFIG_FILE = "broker.toml"
 PLACEMENT_FILE = "placement.json"
+COOKIE_KEY = "cookie"
 
 MQTT_PORT_NAME = "mqtt"
 WS_PORT_NAME = "ws"
 HTTP_PORT_NAME = "http"
+RPC_PORT_NAME = "rpc"  # inter-node; also the SRV name brokers discover each other by
+
+# The brokers' HTTP API as the contract uses it.
+STATUS_PATH = "/status"
+READY_PATH = "/api/v5/ready"
+NODES_PATH = "/api/v5/nodes"
 
 
 def config_map_name(cluster: str) -> str:
@@ -44,6 +53,10 @@ def sites_map_name(cluster: str) -> str:
 
 def placement_map_name(cluster: str) -> str:
     return f"{cluster}-placement"
+
+
+def cookie_secret_name(cluster: str) -> str:
+    return f"{cluster}-cookie"
 
 
 def headless_service_name(cluster: str) -> str:

@@ -21,6 +21,7 @@ from mqtt_operator import constants
 # apiVersion/kind -> URL segment; only the kinds the operator creates or reads.
 _PLURALS = {
     "ConfigMap": "configmaps",
+    "Secret": "secrets",
     "Service": "services",
     "Pod": "pods",
     "StatefulSet": "statefulsets",
@@ -93,6 +94,23 @@ class Kube:
         return self.request("PATCH", url, body=manifest,
                             content_type="application/apply-patch+yaml",
                             query={"fieldManager": constants.FIELD_MANAGER, "force": "true"})
+
+    def create(self, manifest: Mapping[str, Any], dry_run: bool = False) -> bool:
+        """Creates the object unless one of that name exists; whether it was (or, dry run,
+        would be) created. For what must be written once and never again, which apply cannot
+        express; needs only the `create` verb, so existence is learnt without `get`."""
+        meta = manifest["metadata"]
+        try:
+            self.request("POST", path(manifest["apiVersion"], manifest["kind"],
+                                      meta["namespace"]),
+                         body=manifest, content_type="application/json",
+                         query={"fieldManager": constants.FIELD_MANAGER,
+                                **({"dryRun": "All"} if dry_run else {})})
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
 
     def delete(self, url: str) -> None:
         """Gone already counts as done: another reconcile or the GC may have been first."""

@@ -26,6 +26,7 @@ POD_SCRIPT = (
     '--set "node.site_id=$site"'
 )
 HEADLESS_LABEL = f"{c.GROUP}/service"
+_COOKIE_VOLUME = "cookie"
 
 
 def owner_reference(cluster: Cluster) -> Manifest:
@@ -45,19 +46,27 @@ def config_map(cluster: Cluster, name: str, data: Mapping[str, str]) -> Manifest
             "data": dict(data)}
 
 
-def _ports(cluster: Cluster) -> list[tuple[str, int]]:
+def _client_ports(cluster: Cluster) -> list[tuple[str, int]]:
     return [(c.MQTT_PORT_NAME, cluster.mqtt_port), (c.WS_PORT_NAME, cluster.ws_port),
             (c.HTTP_PORT_NAME, cluster.http_port)]
 
 
-def _service_ports(cluster: Cluster) -> list[Manifest]:
+def _pod_ports(cluster: Cluster) -> list[tuple[str, int]]:
+    """The client ports plus the inter-node one, which only the pods and the headless
+    Service carry: clients have no business on it."""
+    return [*_client_ports(cluster), (c.RPC_PORT_NAME, cluster.rpc_port)]
+
+
+def _service_ports(ports: list[tuple[str, int]]) -> list[Manifest]:
     # protocol is spelled out: server-side apply keys Service ports by (port, protocol).
     return [{"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
-            for name, port in _ports(cluster)]
+            for name, port in ports]
 
 
 def headless_service(cluster: Cluster) -> Manifest:
-    """Stable DNS per pod, also before it is ready: brokers find their peers through it."""
+    """Stable DNS per pod, also before it is ready: brokers find their peers through its
+    SRV records of the named inter-node port (broker_config.peers_srv_name), and a pod that
+    has not joined yet is not Ready, so only publishNotReadyAddresses lists it."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _metadata(cluster, c.headless_service_name(cluster.name),
@@ -66,7 +75,7 @@ def headless_service(cluster: Cluster) -> Manifest:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": c.selector_labels(cluster.name),
-            "ports": _service_ports(cluster),
+            "ports": _service_ports(_pod_ports(cluster)),
         },
     }
 
@@ -78,17 +87,34 @@ def client_service(cluster: Cluster) -> Manifest:
         "spec": {
             "type": cluster.service_type,
             "selector": c.selector_labels(cluster.name),
-            "ports": _service_ports(cluster),
+            "ports": _service_ports(_client_ports(cluster)),
         },
     }
+
+
+def cookie_secret(cluster: Cluster, cookie: str) -> Manifest:
+    """The brokers' shared cookie, created once (never applied again: a new value would
+    split the cluster between pods started before and after it). Immutable, so an edit
+    cannot change it under running brokers either; deleting it is the only way to lose it."""
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": _metadata(cluster, c.cookie_secret_name(cluster.name)),
+            "type": "Opaque", "immutable": True, "stringData": {c.COOKIE_KEY: cookie}}
+
+
+def mounts_cookie(statefulset: Mapping[str, Any] | None) -> bool:
+    """Whether this (existing) StatefulSet's pods mount the cookie Secret: once they do, a
+    missing Secret was deleted, and making a new one would rotate the cookie."""
+    volumes = ((statefulset or {}).get("spec", {}).get("template", {}).get("spec", {})
+               .get("volumes") or [])
+    return any("secret" in volume and volume["name"] == _COOKIE_VOLUME for volume in volumes)
 
 
 def config_hash(config_text: str) -> str:
     return hashlib.sha256(config_text.encode()).hexdigest()[:16]
 
 
-def _probe(**timing: int) -> Manifest:
-    return {"httpGet": {"path": "/status", "port": c.HTTP_PORT_NAME}, **timing}
+def _probe(path: str, **timing: int) -> Manifest:
+    return {"httpGet": {"path": path, "port": c.HTTP_PORT_NAME}, **timing}
 
 
 def _env(name: str, value: str | None = None, field: str | None = None) -> Manifest:
@@ -115,15 +141,18 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             _env("MQTT_SITES_DIR", c.SITES_DIR),
         ],
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"}
-                  for name, port in _ports(cluster)],
-        "readinessProbe": _probe(periodSeconds=5, failureThreshold=3),
-        "livenessProbe": _probe(initialDelaySeconds=10, periodSeconds=10,
+                  for name, port in _pod_ports(cluster)],
+        # Ready = joined: a pod takes clients (and lets a rollout or a drain move on) only
+        # once it has tried every peer discovery named; alive is just "answers".
+        "readinessProbe": _probe(c.READY_PATH, periodSeconds=5, failureThreshold=3),
+        "livenessProbe": _probe(c.STATUS_PATH, initialDelaySeconds=10, periodSeconds=10,
                                 failureThreshold=6),
         "volumeMounts": [
             {"name": "data", "mountPath": c.DATA_DIR},
             {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True},
             {"name": "sites", "mountPath": c.SITES_DIR, "readOnly": True},
             {"name": "placement", "mountPath": c.PLACEMENT_DIR, "readOnly": True},
+            {"name": _COOKIE_VOLUME, "mountPath": c.COOKIE_DIR, "readOnly": True},
         ],
     }
     if cluster.resources:
@@ -135,6 +164,9 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             _config_volume("config", c.config_map_name(cluster.name)),
             _config_volume("sites", c.sites_map_name(cluster.name)),
             _config_volume("placement", c.placement_map_name(cluster.name)),
+            # 0440: readable by the broker through the pod's fsGroup, by nobody else.
+            {"name": _COOKIE_VOLUME, "secret": {"secretName": c.cookie_secret_name(cluster.name),
+                                               "defaultMode": 0o440}},
         ],
     }
     if cluster.affinity:
@@ -199,7 +231,7 @@ def service_monitor(cluster: Cluster) -> Manifest:
 def placement_document(revision: int, cluster: Cluster, sites: list[str], leaving: list[str],
                        shards: Mapping[str, list[str]],
                        transitions: list[dict[str, Any]]) -> str:
-    """The placement ConfigMap's `placement.json` (contract v1)."""
+    """The placement ConfigMap's `placement.json` (contract v2)."""
     return json.dumps({
         "version": c.CONTRACT_VERSION,
         "db": c.DB,

@@ -1,8 +1,11 @@
-"""`kubectl mqtt`: a cluster's sites, shards and pending transitions, from its status.
+"""`kubectl mqtt`: a cluster's sites, shards and pending transitions, from its status, and
+its members as the brokers see them.
 
-kubectl runs any `kubectl-mqtt` on PATH as `kubectl mqtt`; this reads the MQTTCluster the
-operator maintains (no broker access needed), in the layout of `emqx ctl ds info` so EMQX
-users read it at a glance.
+kubectl runs any `kubectl-mqtt` on PATH as `kubectl mqtt`; `sites` and `shards` read the
+MQTTCluster the operator maintains (no broker access needed), in the layout of `emqx ctl ds
+info` so EMQX users read it at a glance. `nodes` asks one broker (`GET /api/v5/nodes`)
+through the API server's pod proxy: it works from wherever kubectl does, pod network or
+not, and needs only the `get pods/proxy` permission, no port-forward.
 """
 
 import argparse
@@ -25,6 +28,9 @@ class PluginError(Exception):
     pass
 
 
+_NODE_KEYS = frozenset({"node", "site", "node_status"})  # what every /api/v5/nodes entry has
+
+
 def _default_namespace() -> str:
     try:
         _contexts, active = kubernetes.config.list_kube_config_contexts(
@@ -32,6 +38,14 @@ def _default_namespace() -> str:
     except (ConfigException, OSError):
         return "default"
     return str((active or {}).get("context", {}).get("namespace") or "default")
+
+
+def _why(error: ApiException) -> str:
+    """The API server's own message (e.g. why it cannot proxy to a pod), else the reason."""
+    try:
+        return str(json.loads(error.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(error.reason)
 
 
 def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
@@ -47,10 +61,44 @@ def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
             raise PluginError(
                 f"no access to MQTTCluster {namespace}/{name} ({error.status} {error.reason});"
                 f" check: kubectl auth can-i get {c.PLURAL} -n {namespace}") from None
-        raise PluginError(f"API server error {error.status}: {error.reason}") from None
+        raise PluginError(f"API server error {error.status}: {_why(error)}") from None
     except urllib3.exceptions.HTTPError as error:
         raise PluginError(f"cannot reach the API server: {error}") from None
     return dict(body)
+
+
+def ask_nodes(kube: Kube, body: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """(the pod that answered, its `GET /api/v5/nodes`): Ready pods first, then the others,
+    since a broker that has not joined yet still answers, and a cluster whose pods never
+    become Ready is when the members' view is wanted most."""
+    namespace, port = body["metadata"]["namespace"], body["spec"]["listeners"]["httpPort"]
+    members = (body.get("status") or {}).get("sites") or []
+    if not members:
+        raise PluginError("no status yet: is the operator running?")
+    failures = []
+    for site in sorted(members, key=lambda site: site["state"] != "up"):  # stable: by ordinal
+        pod = site["pod"]
+        url = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{c.NODES_PATH}"
+        try:
+            answer = kube.request("GET", url)
+        except ApiException as error:
+            if error.status in (401, 403):
+                raise PluginError(
+                    f"no access to pod {namespace}/{pod} through the API server's proxy"
+                    f" ({error.status} {error.reason}); check: kubectl auth can-i get"
+                    f" pods --subresource=proxy -n {namespace}") from None
+            failures.append(f"{pod}: {error.status} {_why(error)}")
+            continue
+        except ValueError as error:  # not JSON
+            failures.append(f"{pod}: unreadable answer: {error}")
+            continue
+        except urllib3.exceptions.HTTPError as error:
+            raise PluginError(f"cannot reach the API server: {error}") from None
+        if isinstance(answer, list) and all(isinstance(node, dict) and node.keys() >= _NODE_KEYS
+                                            for node in answer):
+            return pod, answer
+        failures.append(f"{pod}: unreadable answer: not a list of nodes")
+    raise PluginError(f"no broker answered GET {c.NODES_PATH}: " + "; ".join(failures))
 
 
 def _shard_key(shard: str) -> str:
@@ -104,6 +152,27 @@ def render_shards(body: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _uptime(milliseconds: int | None) -> str:
+    if milliseconds is None:
+        return "-"
+    minutes, seconds = divmod(milliseconds // 1000, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    first = next((i for i, (value, _) in enumerate(parts) if value), len(parts) - 1)
+    return "".join(f"{value}{unit}" for value, unit in parts[first:first + 2])
+
+
+def render_nodes(pod: str, nodes: Sequence[Mapping[str, Any]]) -> str:
+    """`emqx ctl cluster status` as a table; a member that does not answer its peer is
+    listed `stopped` by the broker, with nothing known about it ("-")."""
+    rows = [("NODE", "SITE", "STATUS", "CONNECTIONS", "UPTIME", "VERSION")] + [
+        (node["node"], node["site"], node["node_status"],
+         "-" if node.get("connections") is None else str(node["connections"]),
+         _uptime(node.get("uptime")), node.get("version") or "-") for node in nodes]
+    return "\n".join([f"NODES (as {pod} sees them):", *_table(rows)]) + "\n"
+
+
 def as_json(body: Mapping[str, Any], what: str) -> str:
     status = body.get("status") or {}
     meta = body["metadata"]
@@ -120,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="kubectl mqtt", description="Inspect MQTTCluster sites and shard placement")
     commands = parser.add_subparsers(dest="command", required=True)
     for command, text in (("sites", "sites with pod and up/down, shards, transitions"),
-                          ("shards", "shards with their replica sites, replicas per site")):
+                          ("shards", "shards with their replica sites, replicas per site"),
+                          ("nodes", "cluster members as a broker sees them (pod proxy)")):
         sub = commands.add_parser(command, help=text)
         sub.add_argument("name", help="MQTTCluster name")
         sub.add_argument("-n", "--namespace", help="namespace (default: the context's)")
@@ -129,10 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kube = Kube(client_from_environment())
         body = fetch(kube, args.namespace or _default_namespace(), args.name)
+        if args.command == "nodes":
+            pod, nodes = ask_nodes(kube, body)
     except (PluginError, ConfigException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if args.output == "json":
+    if args.command == "nodes":
+        sys.stdout.write(json.dumps({"cluster": args.name, "pod": pod, "nodes": nodes},
+                                    indent=2, sort_keys=True) + "\n"
+                         if args.output == "json" else render_nodes(pod, nodes))
+    elif args.output == "json":
         sys.stdout.write(as_json(body, args.command))
     else:
         sys.stdout.write((render_sites if args.command == "sites" else render_shards)(body))

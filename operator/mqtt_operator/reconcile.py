@@ -9,6 +9,7 @@ continues exactly where the last one stopped.
 import dataclasses
 import functools
 import json
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -101,6 +102,24 @@ def reconcile_spark(kube: Kube, cluster: Cluster, settings: spark.Settings,
     return summary, True, "Launching", message
 
 
+def ensure_cookie(kube: Kube, cluster: Cluster, statefulset: Mapping[str, Any] | None,
+                  emit: Callable[[str, str, str], None]) -> str:
+    """Creates the cookie Secret before any pod mounts it, and never again: a Secret that
+    pods already mount and that is gone was deleted, and a new random one would split the
+    brokers started before and after it. Returns why that happened ("" when all is well)."""
+    secret = manifests.cookie_secret(cluster, secrets.token_hex(32))
+    secret_name = c.cookie_secret_name(cluster.name)
+    if manifests.mounts_cookie(statefulset):
+        if not kube.create(secret, dry_run=True):
+            return ""
+        return (f"Secret {secret_name} (the brokers' cookie) was deleted: running brokers keep"
+                f" the old cookie, restarted ones cannot start; recreate it with the old value,"
+                f" or with a new one and then restart every broker pod")
+    if kube.create(secret):
+        emit("Normal", "CookieCreated", f"Secret {secret_name}: the brokers' shared cookie")
+    return ""
+
+
 def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
               ask_sealed: AskSealed) -> Outcome:
     body = kube.get(path(c.API_VERSION, c.KIND, namespace, name))
@@ -128,6 +147,7 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
     config_text = broker_config.render_toml(broker_config.settings(cluster))
     kube.apply(manifests.config_map(cluster, c.config_map_name(name),
                                     {c.CONFIG_FILE: config_text}))
+    cookie_lost = ensure_cookie(kube, cluster, statefulset, emit)
     kube.apply(manifests.headless_service(cluster))
     kube.apply(manifests.client_service(cluster))
     pdb_version = "policy/v1" if kube.served("policy/v1") else "policy/v1beta1"
@@ -212,11 +232,13 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
     if requested.n_shards != created_shards:
         found.append(f"spec.durableStorage.nShards cannot change after creation: it stays"
                      f" {created_shards}")
-    degraded = status.condition(conditions, "Degraded", bool(found),
-                                "InvalidSpec" if found else "SpecValid",
+    reason = "CookieMissing" if cookie_lost else "InvalidSpec" if found else "SpecValid"
+    if cookie_lost:
+        found.append(cookie_lost)
+    degraded = status.condition(conditions, "Degraded", bool(found), reason,
                                 "; ".join(found) or "no problems found", now)
     if found and _changed(conditions, degraded):
-        emit("Warning", "InvalidSpec", degraded["message"])
+        emit("Warning", reason, degraded["message"])
     ready = sum(1 for ordinal, pod in pods.items() if ordinal < replicas and pod.ready)
     settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
     # Pending transitions are worth asking about again only while some broker answers;

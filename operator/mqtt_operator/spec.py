@@ -27,6 +27,8 @@ class Cluster:
     mqtt_port: int
     ws_port: int
     http_port: int
+    rpc_port: int
+    cluster_domain: str
     require_drain_confirmation: bool
     service_monitor: bool
     service_monitor_interval: str
@@ -59,6 +61,8 @@ class Cluster:
             mqtt_port=listeners["mqttPort"],
             ws_port=listeners["wsPort"],
             http_port=listeners["httpPort"],
+            rpc_port=listeners["rpcPort"],
+            cluster_domain=spec["clusterDomain"],
             require_drain_confirmation=spec["scaleDown"]["requireDrainConfirmation"],
             service_monitor=monitor["enabled"],
             service_monitor_interval=monitor["interval"],

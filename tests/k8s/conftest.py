@@ -3,15 +3,18 @@
 The test bed's own scripts (tests/k8s/testbed/) build it once (cached in $K8S_TESTBED) and
 start it in a private run directory on free loopback ports, so parallel sessions and a
 developer's own test bed do not collide; down.sh stops it also when tests fail. The operator
-runs in-process under kopf's KopfRunner, as the image would run it.
+runs in-process under kopf's KopfRunner, as the image would run it. What the API server's
+pod proxy reaches goes through `PodNetwork`, since there is no pod network here.
 """
 
 import base64
 import contextlib
 import http.server
+import ipaddress
 import json
 import os
 import socket
+import socketserver
 import subprocess
 import threading
 import time
@@ -96,6 +99,71 @@ class Testbed:
         return list(yaml.safe_load(self.kubectl(*args).stdout)["items"])
 
 
+POD_NET = ipaddress.ip_network("192.0.2.0/24")  # TEST-NET-1: never routed anywhere
+
+
+def pod_ip(host: int) -> str:
+    """Pod IP 192.0.2.N, which PodNetwork leads to 127.0.0.N: a test runs "pod N" as a
+    process listening on that loopback address. (The API server refuses to proxy to
+    loopback pod IPs, so pods reached through it cannot simply claim 127.0.0.1.)"""
+    return str(POD_NET[host])
+
+
+class PodNetwork(socketserver.ThreadingUnixStreamServer):
+    """The pod network as the API server sees it: its egress for "cluster" traffic (the
+    pods' proxy subresource) is this HTTP CONNECT proxy on a Unix socket, which connects
+    pod IP 192.0.2.N to 127.0.0.N on the same port; anything else is 502."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), _Tunnel)
+        self.path = path
+
+    def egress_config(self) -> str:
+        connection = {"proxyProtocol": "HTTPConnect",
+                      "transport": {"uds": {"udsName": str(self.path)}}}
+        return json.dumps({
+            "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
+            "egressSelections": [{"name": "cluster", "connection": connection}]})
+
+
+class _Tunnel(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        request = self.rfile.readline().decode("latin-1").split()
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+            pass  # the API server's headers: nothing in them is needed
+        try:
+            host, port = request[1].rsplit(":", 1)
+            address = ipaddress.ip_address(host)
+            if request[0] != "CONNECT" or address not in POD_NET:
+                raise ValueError(f"not a pod's address: {' '.join(request)}")
+            pod = socket.create_connection((f"127.0.0.{address.packed[-1]}", int(port)),
+                                           timeout=5)
+        except (IndexError, ValueError, OSError) as error:
+            self.wfile.write(f"HTTP/1.1 502 Bad Gateway\r\n\r\n{error}".encode())
+            return
+        self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        self.wfile.flush()
+        with pod:
+            pod.settimeout(None)
+            back = threading.Thread(target=_pump, args=(pod.recv, self.connection),
+                                    daemon=True)
+            back.start()
+            _pump(self.rfile.read1, pod)  # rfile: it may hold bytes read past the headers
+            back.join()
+
+
+def _pump(read: Callable[[int], bytes], sink: socket.socket) -> None:
+    """Copies one direction until its end, then passes the end on (half-close)."""
+    try:
+        while chunk := read(65536):
+            sink.sendall(chunk)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     base_env = {**os.environ, "K8S_TESTBED": str(BUILT)}
@@ -106,6 +174,10 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     (root / "bin").symlink_to(BUILT / "bin")
     crds = root / "crds.yaml"
     crds.write_text("\n---\n".join(path.read_text() for path in [CRD, *FOREIGN_CRDS]))
+    pods = PodNetwork(root / "pods.sock")
+    threading.Thread(target=pods.serve_forever, daemon=True).start()
+    egress = root / "egress.json"
+    egress.write_text(pods.egress_config())
     env = {
         **os.environ,
         "K8S_TESTBED": str(root),
@@ -113,6 +185,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         "K8S_ETCD_PORT": str(_free_port(pair_offset=10)),
         "K8S_KCM_PORT": str(_free_port()),
         "CRDS": str(crds),  # before the controller-manager starts: its GC sees the kinds at once
+        "K8S_EGRESS_CONFIG": str(egress),
         "PATH": f"{BUILT / 'bin'}:{VENV_BIN}:{os.environ['PATH']}",
     }
     try:
@@ -126,6 +199,8 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         yield Testbed(root, kubeconfig, {k: v for k, v in env.items() if k != "CRDS"})
     finally:
         _run("down.sh", env, 120)
+        pods.shutdown()
+        pods.server_close()
 
 
 @pytest.fixture(scope="session")
@@ -188,10 +263,11 @@ def cluster_manifest(name: str, **spec: Any) -> dict[str, Any]:
             "metadata": {"name": name}, "spec": spec}
 
 
-def set_pod_ready(testbed: Testbed, namespace: str, pod: str, ip: str = "127.0.0.1") -> None:
+def set_pod_ready(testbed: Testbed, namespace: str, pod: str, ip: str = "127.0.0.1",
+                  ready: bool = True) -> None:
     """What a kubelet would report; there is none here, so the test says it (as kwok does)."""
     status = {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-                         "conditions": [{"type": "Ready", "status": "True"}]}}
+                         "conditions": [{"type": "Ready", "status": str(ready)}]}}
     testbed.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status",
                     "--type=merge", "-p", json.dumps(status))
 

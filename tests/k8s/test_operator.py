@@ -1,12 +1,15 @@
 """The operator against a real API server and controller-manager (kopf in-process)."""
 
+import base64
 import json
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from broker.config.loader import load_config
 from mqtt_operator import placement
 from tests.k8s.conftest import (
     FakeBrokers,
@@ -18,8 +21,9 @@ from tests.k8s.conftest import (
 )
 
 CHILDREN = [("configmap", "{}-config"), ("configmap", "{}-sites"),
-            ("configmap", "{}-placement"), ("service", "{}"), ("service", "{}-headless"),
-            ("statefulset", "{}"), ("poddisruptionbudget", "{}"), ("servicemonitor", "{}")]
+            ("configmap", "{}-placement"), ("secret", "{}-cookie"), ("service", "{}"),
+            ("service", "{}-headless"), ("statefulset", "{}"), ("poddisruptionbudget", "{}"),
+            ("servicemonitor", "{}")]
 
 
 def status_of(testbed: Testbed, namespace: str, name: str) -> dict[str, Any]:
@@ -34,6 +38,91 @@ def sts_replicas(testbed: Testbed, namespace: str, name: str) -> int | None:
 def published_plan(testbed: Testbed, namespace: str, name: str) -> dict[str, Any]:
     data = testbed.get("configmap", f"{name}-placement", namespace)["data"]
     return dict(json.loads(data["placement.json"]))
+
+
+def test_children_as_the_api_server_stores_them_wire_up_a_cluster(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any], tmp_path: Path) -> None:
+    """What the API server kept (defaults, pruning) still forms a cluster: the config loads
+    with the broker's loader, the inter-node port is on pods and headless Service, peers are
+    listed before Ready, and Ready means joined."""
+    with operator():
+        testbed.apply(cluster_manifest("wired", replicas=2, listeners={"rpcPort": 5400},
+                                       durableStorage={"replicationFactor": 2}), namespace)
+        sts = eventually(lambda: testbed.find("statefulset", "wired", namespace))
+    headless = testbed.get("service", "wired-headless", namespace)["spec"]
+    client = testbed.get("service", "wired", namespace)["spec"]
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    (tmp_path / "broker.toml").write_text(
+        testbed.get("configmap", "wired-config", namespace)["data"]["broker.toml"])
+    config = load_config(tmp_path / "broker.toml")
+    assert (config["cluster.name"], config["cluster.discovery_strategy"],
+            config["cluster.dns.record_type"], config["rpc.tcp_server_port"]) == (
+        "wired", "dns", "srv", 5400)
+    assert config["cluster.dns.name"] == f"_rpc._tcp.wired-headless.{namespace}.svc.cluster.local"
+    assert headless["publishNotReadyAddresses"] is True
+    assert {"name": "rpc", "port": 5400, "targetPort": "rpc", "protocol": "TCP"} in headless[
+        "ports"]
+    assert "rpc" not in [port["name"] for port in client["ports"]]
+    assert {"name": "rpc", "containerPort": 5400, "protocol": "TCP"} in container["ports"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/api/v5/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/status"
+
+
+def condition(testbed: Testbed, namespace: str, name: str, kind: str) -> dict[str, Any]:
+    return next((found for found in status_of(testbed, namespace, name).get("conditions", [])
+                 if found["type"] == kind), {})
+
+
+def cookie_of(testbed: Testbed, namespace: str, name: str) -> tuple[str, str, str]:
+    """(uid, resourceVersion, cookie) of the cluster's cookie Secret."""
+    secret = testbed.get("secret", f"{name}-cookie", namespace)
+    return (secret["metadata"]["uid"], secret["metadata"]["resourceVersion"],
+            base64.b64decode(secret["data"]["cookie"]).decode())
+
+
+def test_cookie_secret_is_made_once_kept_hidden_and_never_silently_replaced(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    spec = {"replicas": 2, "durableStorage": {"replicationFactor": 2}}
+    with operator():
+        testbed.apply(cluster_manifest("kept", **spec), namespace)
+        eventually(lambda: testbed.find("statefulset", "kept", namespace))
+        first = cookie_of(testbed, namespace, "kept")
+        assert re.fullmatch(r"[0-9a-f]{64}", first[2])
+        testbed.apply(cluster_manifest("kept", config={"mqtt.max_inflight": "64"}, **spec),
+                      namespace)
+        eventually(lambda: 'max_inflight = "64"' in testbed.get(
+            "configmap", "kept-config", namespace)["data"]["broker.toml"], what="reconciled")
+        assert cookie_of(testbed, namespace, "kept") == first  # not rewritten, not rotated
+        readable = json.dumps([testbed.items(kind, namespace) for kind in (
+            "configmaps", "statefulsets", "pods", "mqttclusters", "events")])
+        assert first[2] not in readable  # only the Secret holds it: not config, argv, env
+        edit = testbed.kubectl("patch", "secret", "kept-cookie", "-n", namespace, "--type=merge",
+                               "-p", '{"stringData": {"cookie": "other"}}', check=False)
+        assert edit.returncode != 0 and "immutable" in edit.stderr
+
+        testbed.kubectl("delete", "secret", "kept-cookie", "-n", namespace)
+        eventually(lambda: testbed.find("pod", "kept-0", namespace))
+        set_pod_ready(testbed, namespace, "kept-0")  # any event brings a reconcile
+        missing = eventually(lambda: (d := condition(testbed, namespace, "kept", "Degraded"))
+                             .get("reason") == "CookieMissing" and d, what="CookieMissing")
+        assert "Secret kept-cookie (the brokers' cookie) was deleted" in missing["message"]
+        assert status_of(testbed, namespace, "kept")["phase"] == "Degraded"
+        assert testbed.find("secret", "kept-cookie", namespace) is None  # no new cookie
+        assert "CookieMissing" in eventually(lambda: event_reasons(testbed, namespace, "kept"))
+    # A StatefulSet of contract v1 mounts no cookie: upgrading the operator makes one.
+    volumes = testbed.get("statefulset", "kept", namespace)["spec"]["template"]["spec"][
+        "volumes"]
+    index = [volume["name"] for volume in volumes].index("cookie")
+    testbed.kubectl("patch", "statefulset", "kept", "-n", namespace, "--type=json", "-p",
+                    json.dumps([{"op": "remove",
+                                 "path": f"/spec/template/spec/volumes/{index}"}]))
+    with operator():
+        eventually(lambda: testbed.find("secret", "kept-cookie", namespace),
+                   what="cookie made for a v1 StatefulSet")
+        assert cookie_of(testbed, namespace, "kept")[2] != first[2]
+        eventually(lambda: "cookie" in [volume["name"] for volume in testbed.get(
+            "statefulset", "kept", namespace)["spec"]["template"]["spec"]["volumes"]])
+    assert event_reasons(testbed, namespace, "kept").count("CookieCreated") == 2
 
 
 def test_apply_creates_owned_children_status_events_and_metrics(
@@ -217,9 +306,9 @@ def snapshot(testbed: Testbed, namespace: str, name: str) -> dict[str, Any]:
     """Everything the operator owns (identity, spec/data, labels, owners, field managers:
     all but resourceVersion, which v1.20 bumps even for a no-op apply), plus its decisions."""
     children = {}
-    for kind in ("configmaps", "services", "statefulsets", "poddisruptionbudgets",
+    for kind in ("configmaps", "secrets", "services", "statefulsets", "poddisruptionbudgets",
                  "servicemonitors"):
-        for item in testbed.items(kind, namespace):
+        for item in testbed.items(kind, namespace, f"app.kubernetes.io/instance={name}"):
             item["metadata"].pop("resourceVersion")
             item.pop("status", None)  # the controller-manager's, not the operator's
             children[(kind, item["metadata"]["name"])] = json.dumps(item, sort_keys=True)
@@ -256,5 +345,6 @@ def test_operator_restart_resumes_without_duplicating_anything(
     old, new = before.pop("children"), after.pop("children")
     assert {k: (v, new.get(k)) for k, v in old.items() if new.get(k) != v} == {}
     assert new.keys() == old.keys()  # nothing written, nothing created
+    assert ("secrets", "steady-cookie") in old  # the same cookie, untouched
     assert after == before  # same sites, placement revision and number of events
     assert "Handler 'on_change' succeeded" in runner.output  # resumed the existing cluster

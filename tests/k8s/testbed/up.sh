@@ -7,7 +7,8 @@ set -euo pipefail
 W=${K8S_TESTBED:-/var/cache/k8s-testbed}; R="$W/run"; B="$W/bin"
 PORT=${K8S_PORT:-6443}; ETCD_PORT=${K8S_ETCD_PORT:-23790}
 # Vendored from the shared test bed; changed: K8S_KCM_PORT (the controller-manager's own
-# port), so parallel test beds on one machine do not collide.
+# port), so parallel test beds on one machine do not collide, and K8S_EGRESS_CONFIG (an
+# EgressSelectorConfiguration: how the API server reaches pods for its proxy subresource).
 command -v etcd >/dev/null || { apt-get install -y -q etcd-server >/dev/null; }
 command -v kubectl >/dev/null || { apt-get install -y -q kubernetes-client >/dev/null; }
 rm -rf "$R"; mkdir -p "$R/pki"
@@ -22,7 +23,8 @@ etcd --name t --data-dir "$R/etcd" --listen-client-urls "http://127.0.0.1:$ETCD_
   --cert-dir="$R/pki" --insecure-port=0 --token-auth-file="$R/pki/tokens.csv" --authorization-mode=RBAC \
   --service-account-key-file="$R/pki/sa.pub" --service-account-signing-key-file="$R/pki/sa.key" \
   --service-account-issuer=https://kubernetes.default.svc --service-cluster-ip-range=10.0.0.0/24 \
-  --advertise-address=127.0.0.1 --allow-privileged=true >"$R/apiserver.log" 2>&1 & echo $! >"$R/apiserver.pid"
+  --advertise-address=127.0.0.1 --allow-privileged=true \
+  ${K8S_EGRESS_CONFIG:+--egress-selector-config-file="$K8S_EGRESS_CONFIG"} >"$R/apiserver.log" 2>&1 & echo $! >"$R/apiserver.pid"
 cat >"$R/kubeconfig" <<K
 apiVersion: v1
 kind: Config

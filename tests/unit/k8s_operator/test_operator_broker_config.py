@@ -4,11 +4,13 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.config.loader import ConfigError, load_config
 from mqtt_operator import broker_config, manifests
+from mqtt_operator import constants as c
 from mqtt_operator.spec import Cluster
 from tests.support.crd import body
 
@@ -39,6 +41,80 @@ def test_rendered_config_loads_with_the_brokers_loader(tmp_path: Path) -> None:
     assert config["durable_storage.messages.layout.wildcard_thresholds"] == (50, 5)
     assert config["node.data_dir"] == "/data"  # managed: spec.config cannot move it
     assert broker_config.ignored_keys(cluster) == ["node.data_dir"]
+
+
+def test_rendered_cluster_keys_form_a_dns_discovered_cluster(tmp_path: Path) -> None:
+    cluster = Cluster.from_body(body("web", "prod", listeners={"rpcPort": 5400}))
+    config = load_config(write(tmp_path, cluster))
+    assert config["cluster.name"] == "web"
+    assert config["cluster.discovery_strategy"] == "dns"
+    assert config["cluster.dns.record_type"] == "srv"
+    assert config["cluster.dns.name"] == "_rpc._tcp.web-headless.prod.svc.cluster.local"
+    assert config["rpc.tcp_server_port"] == 5400
+    assert config["rpc.listen_address"] == "0.0.0.0"
+    assert config["node.cookie"] == ""  # the cookie itself is never in the file...
+    assert config["node.cookie_file"] == "/etc/mqtt/cookie/cookie"  # ...only where it is
+    assert load_config(write(tmp_path, Cluster.from_body(body())))[
+        "rpc.tcp_server_port"] == 5369  # the CRD's default
+
+
+def test_spec_config_cannot_touch_the_cluster_keys_nor_leak_a_cookie(tmp_path: Path) -> None:
+    overrides = {"node.cookie": "leaked-cookie", "node.cookie_file": "/tmp/mine",
+                 "cluster.name": "other", "cluster.discovery_strategy": "static",
+                 "cluster.dns.name": "x.example", "cluster.dns.record_type": "a",
+                 "rpc.tcp_server_port": "1", "rpc.listen_address": "127.0.0.1",
+                 "cluster.autoclean": "1h"}
+    cluster = Cluster.from_body(body("web", config=overrides))
+    text = broker_config.render_toml(broker_config.settings(cluster))
+    config = load_config(write(tmp_path, cluster))
+    assert "leaked-cookie" not in text
+    assert broker_config.ignored_keys(cluster) == sorted(set(overrides) - {"cluster.autoclean"})
+    assert (config["cluster.name"], config["cluster.discovery_strategy"],
+            config["rpc.tcp_server_port"], config["node.cookie_file"]) == (
+        "web", "dns", 5369, "/etc/mqtt/cookie/cookie")
+    assert config["cluster.autoclean"] == 3600  # not managed: tunable through spec.config
+
+
+def kubernetes_dns_srv_name(service: dict[str, Any], port_name: str, domain: str) -> str:
+    """The name Kubernetes DNS (the DNS specification for Services) serves SRV records under
+    for a named port of a headless Service, one per endpoint."""
+    port = next(p for p in service["spec"]["ports"] if p["name"] == port_name)
+    meta = service["metadata"]
+    return f"_{port['name']}._{port['protocol'].lower()}.{meta['name']}.{meta['namespace']}" \
+        f".svc.{domain}"
+
+
+@pytest.mark.parametrize("domain", ["cluster.local", "corp.example"])
+def test_brokers_discover_the_headless_services_inter_node_port(
+        tmp_path: Path, domain: str) -> None:
+    cluster = Cluster.from_body(body("web", "prod", clusterDomain=domain,
+                                     listeners={"rpcPort": 6000}))
+    config = load_config(write(tmp_path, cluster))
+    headless = manifests.headless_service(cluster)
+    container = manifests.statefulset(cluster, 3, "")["spec"]["template"]["spec"][
+        "containers"][0]
+    assert headless["spec"]["publishNotReadyAddresses"] is True  # listed before Ready
+    assert config["cluster.dns.name"] == kubernetes_dns_srv_name(headless, "rpc", domain)
+    target = next(p["targetPort"] for p in headless["spec"]["ports"] if p["name"] == "rpc")
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}[target] == config[
+        "rpc.tcp_server_port"]  # each SRV record carries the port the broker listens on
+
+
+def test_the_pod_reads_the_cookie_where_the_config_says_from_the_secret(
+        tmp_path: Path) -> None:
+    cluster = Cluster.from_body(body("web"))
+    cookie_file = Path(load_config(write(tmp_path, cluster))["node.cookie_file"])
+    secret = manifests.cookie_secret(cluster, "s3cret")
+    pod = manifests.statefulset(cluster, 3, "")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(cookie_file.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert mount["readOnly"] is True
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"] == "web-cookie"
+    assert set(secret["stringData"]) == {cookie_file.name}
+    assert "s3cret" not in json.dumps(manifests.statefulset(cluster, 3, ""))
+    assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+                   for e in container["env"])  # nor in the environment
 
 
 def test_a_key_the_broker_does_not_know_fails_the_contract(tmp_path: Path) -> None:
@@ -88,6 +164,8 @@ def test_pod_command_passes_its_ordinals_site_id(pod: dict[str, str]) -> None:
     config = load_config(args[2], overrides)
     assert config["node.site_id"] == "A1B2C3D4E5F60002"
     assert config["node.name"] == "broker@mqc-1.mqc-headless.prod.svc"
+    assert not any("cookie" in arg for arg in args)  # argv is world-readable in /proc
+    assert config["node.cookie_file"] == f"{c.COOKIE_DIR}/{c.COOKIE_KEY}"
 
 
 def test_pod_without_a_published_site_id_refuses_to_start(pod: dict[str, str]) -> None:

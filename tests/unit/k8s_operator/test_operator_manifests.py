@@ -11,6 +11,7 @@ from tests.support.crd import body
 def all_children(cluster: Cluster) -> list[dict[str, Any]]:
     return [
         manifests.config_map(cluster, c.config_map_name(cluster.name), {"broker.toml": ""}),
+        manifests.cookie_secret(cluster, "cookie"),
         manifests.headless_service(cluster), manifests.client_service(cluster),
         manifests.statefulset(cluster, 3, "x"),
         manifests.pod_disruption_budget(cluster, "policy/v1"),
@@ -46,10 +47,14 @@ def test_statefulset_mounts_what_the_pod_command_reads() -> None:
     assert env["MQTT_CONFIG_DIR"] == mounts["config"] and volumes["config"] == "mqc-config"
     assert mounts["data"] == c.DATA_DIR
     assert container["command"] == ["/bin/sh", "-c", manifests.POD_SCRIPT]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/status", "port": "http"}
+    # Ready = joined the cluster; alive = answers at all
+    assert container["readinessProbe"]["httpGet"] == {"path": "/api/v5/ready", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/status", "port": "http"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
-        "mqtt": 1883, "ws": 8083, "http": 18083}
+        "mqtt": 1883, "ws": 8083, "http": 18083, "rpc": 5369}
+    assert mounts["cookie"] == c.COOKIE_DIR and volumes["cookie"] is None
+    assert next(v for v in pod["volumes"] if v["name"] == "cookie")["secret"] == {
+        "secretName": "mqc-cookie", "defaultMode": 0o440}
     assert container["resources"] == {"limits": {"cpu": "1"}}
     assert pod["tolerations"] == [{"key": "k", "operator": "Exists"}]
     claim = spec["volumeClaimTemplates"][0]
@@ -69,12 +74,16 @@ def test_config_change_rolls_the_pods_and_same_config_does_not() -> None:
     assert hash_of("a") == hash_of("a") != hash_of("b")
 
 
-def test_services_expose_the_three_listeners_and_monitor_scrapes_each_pod() -> None:
-    cluster = Cluster.from_body(body(listeners={"serviceType": "LoadBalancer"}))
+def test_services_expose_the_listeners_and_monitor_scrapes_each_pod() -> None:
+    cluster = Cluster.from_body(body(listeners={"serviceType": "LoadBalancer",
+                                                "rpcPort": 6000}))
     client, headless = manifests.client_service(cluster), manifests.headless_service(cluster)
     assert client["spec"]["type"] == "LoadBalancer"
-    assert [p["port"] for p in client["spec"]["ports"]] == [1883, 8083, 18083]
+    assert [p["port"] for p in client["spec"]["ports"]] == [1883, 8083, 18083]  # no rpc
     assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["ports"][3] == {"name": "rpc", "port": 6000, "targetPort": "rpc",
+                                            "protocol": "TCP"}
     monitor = manifests.service_monitor(cluster)
     selected = monitor["spec"]["selector"]["matchLabels"]
     assert selected.items() <= headless["metadata"]["labels"].items()
@@ -88,3 +97,17 @@ def test_pdb_follows_the_served_policy_version() -> None:
     old = manifests.pod_disruption_budget(cluster, "policy/v1beta1")
     assert old["apiVersion"] == "policy/v1beta1"
     assert old["spec"]["maxUnavailable"] == 1
+
+
+def test_cookie_secret_is_immutable_and_mounted_only_by_pods_of_contract_v2() -> None:
+    cluster = Cluster.from_body(body())
+    secret = manifests.cookie_secret(cluster, "abc")
+    assert secret["metadata"]["name"] == "mqc-cookie"
+    assert secret["immutable"] is True and secret["stringData"] == {c.COOKIE_KEY: "abc"}
+    current = manifests.statefulset(cluster, 3, "x")
+    assert manifests.mounts_cookie(current)
+    assert not manifests.mounts_cookie(None)  # a new cluster
+    older = manifests.statefulset(cluster, 3, "x")  # as contract v1 rendered it
+    older["spec"]["template"]["spec"]["volumes"] = [
+        v for v in older["spec"]["template"]["spec"]["volumes"] if v["name"] != "cookie"]
+    assert not manifests.mounts_cookie(older)

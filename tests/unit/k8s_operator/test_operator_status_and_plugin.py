@@ -76,6 +76,21 @@ def test_shards_and_json() -> None:
     assert json.loads(plugin.as_json(BODY, "sites"))["drain"]["to"] == 2
 
 
+def test_nodes_reads_like_emqx_cluster_status() -> None:
+    nodes = [{"node": "broker@mqc-0.h", "site": "AAAA", "node_status": "running",
+              "version": "0.1.0", "uptime": 93_784_000, "connections": 12},
+             {"node": "broker@mqc-1.h", "site": "BBBB", "node_status": "running",
+              "version": "0.1.0", "uptime": 59_999, "connections": 0},
+             {"node": "broker@mqc-2.h", "site": "CCCC", "node_status": "stopped",
+              "version": None, "uptime": None, "connections": None}]
+    assert plugin.render_nodes("mqc-1", nodes) == (
+        "NODES (as mqc-1 sees them):\n"
+        "NODE            SITE  STATUS   CONNECTIONS  UPTIME  VERSION\n"
+        "broker@mqc-0.h  AAAA  running  12           1d2h    0.1.0\n"
+        "broker@mqc-1.h  BBBB  running  0            59s     0.1.0\n"
+        "broker@mqc-2.h  CCCC  stopped  -            -       -\n")
+
+
 def test_no_status_yet_says_so() -> None:
     empty = {"metadata": {"name": "mqc", "namespace": "prod"}}
     assert "is the operator running" in plugin.render_sites(empty)
