@@ -96,6 +96,7 @@ async def ours(args: argparse.Namespace) -> None:
     from broker.raft.messages import NORMAL, Entry
     from broker.raft.node import CommandLost, RaftNode
     from broker.raft.ready import SnapshotChunk
+    from broker.server.app import _tune_collector
 
     class Links:
         """RaftNode's transport: the cluster's links, channel RAFT. What is sent while a
@@ -173,6 +174,7 @@ async def ours(args: argparse.Namespace) -> None:
                 "wal_bytes": wal.bytes_written}
 
     await node.wait(lambda: all(node.core(g).leader is not None for g in groups))
+    _tune_collector()  # as the broker does once started: its Raft runs with these settings
     reply({"ready": True})
     loop = asyncio.get_running_loop()
     tasks = [asyncio.create_task(compact())]
