@@ -285,10 +285,7 @@ def table(cells: dict[str, dict[str, dict[str, Any]]],
             rows.append(["ours/pysyncobj", groups, *(
                 ("-" if ratio[key] is None else f"{ratio[key]:.2f}x") if key in ratio else ""
                 for key, _, _ in COLUMNS)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = report.align(rows)
     if ratio_rows:
         lines += ["", "ours/pysyncobj: above 1.00x is better for commits/s, below 1.00x for "
                       "latencies and election time"]
