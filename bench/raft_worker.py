@@ -35,10 +35,6 @@ from typing import Any
 
 SITES = ("n0", "n1", "n2")
 COOKIE = "raft-bench"
-COMPACT_ENTRIES = 5000
-"""Ours compacts a group's log once this many entries are applied past its last snapshot,
-as pysyncobj does by default (logCompactionMinEntries): both logs live in memory, and one
-that grew for the whole run would measure the garbage collector walking it."""
 
 Sample = Callable[[], dict[str, Any]]
 
@@ -128,13 +124,24 @@ async def ours(args: argparse.Namespace) -> None:
     me = SITES[args.index]
     seeds = ",".join(f"{site}@127.0.0.1:{port}" for site, port in zip(SITES, args.ports,
                                                                         strict=True))
-    cluster = Cluster(load_config(overrides=[
+    config = load_config(overrides=[
         f"node.name={me}@127.0.0.1", f"node.cookie={COOKIE}", f"node.site_id={me}",
         f"node.data_dir={args.dir}", f"rpc.tcp_server_port={args.ports[args.index]}",
         "rpc.listen_address=127.0.0.1", "cluster.discovery_strategy=static",
         f"cluster.static.seeds={seeds}",
-    ]))
-    node = RaftNode(me, f"{args.dir}/raft", Links())
+    ])
+    cluster = Cluster(config)
+    # The broker's Raft settings, turned into ticks as broker/cluster/metadata.py does: the
+    # election time measured is the one its users get.
+    tick = config["durable_storage.raft.heartbeat_interval"] / 2
+    node = RaftNode(me, f"{args.dir}/raft", Links(), tick_seconds=tick,
+                    election_ticks=max(3, round(
+                        config["durable_storage.raft.election_timeout"] / tick)),
+                    heartbeat_ticks=2,
+                    segment_bytes=config["durable_storage.raft.wal_max_size_bytes"])
+    # Logs are compacted as the broker does (and pysyncobj, every 5,000 entries, by
+    # default): a log that grew for the whole run would measure the garbage collector.
+    compact_entries: int = config["durable_storage.raft.snapshot_interval"]
     cluster.on(Channel.RAFT, node.receive)
     await cluster.start()
     groups = range(1, args.groups + 1)
@@ -164,7 +171,7 @@ async def ours(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.1)
             for group in groups:
                 core = node.core(group)
-                if core.applied_index - core.log.snapshot_index >= COMPACT_ENTRIES:
+                if core.applied_index - core.log.snapshot_index >= compact_entries:
                     node.compact(group, core.applied_index)
 
     def sample() -> dict[str, Any]:
