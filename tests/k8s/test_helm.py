@@ -40,6 +40,18 @@ def test_lint_and_template(testbed: Testbed) -> None:
     cluster = next(doc for doc in rendered if doc and doc["kind"] == "MQTTCluster")
     assert cluster["metadata"] == {**cluster["metadata"], "name": "rel", "namespace": "ns"}
     assert cluster["spec"]["replicas"] == 3
+    assert cluster["spec"]["listeners"]["rpcPort"] == 5369
+    assert cluster["spec"]["clusterDomain"] == "cluster.local"
+    role = next(doc for doc in rendered if doc and doc["kind"] == "Role")
+    # the cookie Secret is made, never read: the operator can read no Secret at all
+    assert [rule["verbs"] for rule in role["rules"] if "secrets" in rule["resources"]] == [
+        ["create"]]
+    custom = next(doc for doc in yaml.safe_load_all(helm(
+        testbed, "template", "rel", str(CHART), "--set", "cluster.listeners.rpcPort=5400",
+        "--set", "cluster.clusterDomain=corp.example").stdout)
+        if doc and doc["kind"] == "MQTTCluster")
+    assert custom["spec"]["listeners"]["rpcPort"] == 5400
+    assert custom["spec"]["clusterDomain"] == "corp.example"
     off = helm(testbed, "template", "rel", str(CHART), "--set", "cluster.enabled=false").stdout
     assert "kind: MQTTCluster" not in off
 
@@ -48,6 +60,8 @@ def test_lint_and_template(testbed: Testbed) -> None:
     (["cluster.replicas=0"], "cluster.replicas"),
     (["cluster.durableStorage.nShards=5000"], "nShards"),
     (["cluster.replicas=2"], "replicationFactor (3) must not exceed cluster.replicas (2)"),
+    (["cluster.listeners.rpcPort=0"], "rpcPort"),
+    (["cluster.clusterDomain=Not_A.Domain"], "clusterDomain"),
 ])
 def test_invalid_values_fail_naming_the_value(
         testbed: Testbed, values: list[str], complaint: str) -> None:
@@ -76,6 +90,11 @@ def test_install_upgrade_scales_uninstall_collects(
         eventually(lambda: testbed.get("statefulset", "rel", namespace)["spec"][
             "replicas"] == 5, what="StatefulSet of 5")
         eventually(lambda: testbed.find("servicemonitor", "rel", namespace))
+        assert testbed.find("secret", "rel-cookie", namespace) is not None  # RBAC: create
+        for verb in ("get", "list", "watch"):
+            can = testbed.kubectl("auth", "can-i", verb, "secrets", "-n", namespace,
+                                  check=False, env={"KUBECONFIG": str(kubeconfig)})
+            assert can.stdout.strip() == "no", (verb, can.stdout)
         status = eventually(lambda: (s := testbed.get("mqc", "rel", namespace).get(
             "status", {})).get("siteCount") == 5 and s)
         assert status["conditions"][2] == {**status["conditions"][2], "type": "Degraded",

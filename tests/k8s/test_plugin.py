@@ -1,15 +1,22 @@
-"""`kubectl mqtt` run through the real kubectl (plugin found on PATH) against the test bed."""
+"""`kubectl mqtt` run through the real kubectl (plugin found on PATH) against the test bed.
+
+`nodes` reaches real broker processes the way it would in a cluster: through the API
+server's pod proxy (and the test bed's PodNetwork standing in for the pod network)."""
 
 import json
+import socket
 import subprocess
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.cluster.conftest import Cluster
 from tests.k8s.conftest import (
     Testbed,
     cluster_manifest,
     eventually,
+    pod_ip,
     service_account_kubeconfig,
     set_pod_ready,
 )
@@ -71,3 +78,98 @@ def test_missing_cluster_and_no_access_are_clear_errors(
     denied = mqtt(testbed, "sites", "web", "-n", namespace, kubeconfig=kubeconfig)
     assert denied.returncode == 1
     assert "no access to MQTTCluster" in denied.stderr and "403" in denied.stderr
+
+
+def free_port_on(*hosts: str) -> int:
+    """One port free on every one of these loopback addresses: every pod of a cluster
+    listens on the same HTTP port, each on its own address."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = int(probe.getsockname()[1])
+            try:
+                for host in hosts[1:]:
+                    with socket.socket() as other:
+                        other.bind((host, port))
+            except OSError:
+                continue
+            return port
+
+
+def nodes_table(testbed: Testbed, namespace: str) -> tuple[str, dict[str, list[str]]]:
+    """(the first line, node -> its row's other cells) of `kubectl mqtt nodes`."""
+    done = mqtt(testbed, "nodes", "web", "-n", namespace)
+    assert done.returncode == 0, done.stderr
+    first, header, *rows = done.stdout.splitlines()
+    assert header.split() == ["NODE", "SITE", "STATUS", "CONNECTIONS", "UPTIME", "VERSION"]
+    return first, {row.split()[0]: row.split()[1:] for row in rows}
+
+
+def test_nodes_asks_a_broker_through_the_pod_proxy_ready_pods_first(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any], tmp_path: Path) -> None:
+    port = free_port_on("127.0.0.1", "127.0.0.2")
+    brokers = Cluster(tmp_path)
+    try:
+        n1, n2 = brokers.make(2)
+        # web-1 (ready) is n2 at pod IP .1, web-0 (running, not ready) is n1 at pod IP .2
+        n1.settings["dashboard.listeners.http.bind"] = f"127.0.0.2:{port}"
+        n2.settings["dashboard.listeners.http.bind"] = f"127.0.0.1:{port}"
+        n1.start()
+        n2.start()
+        brokers.wait_statuses([n2], {n1.node_name: "running", n2.node_name: "running"})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v5/cluster", timeout=10) as r:
+            sites = {node["node"]: node["site"] for node in json.load(r)["nodes"]}
+        with operator():
+            testbed.apply(cluster_manifest("web", replicas=2, listeners={"httpPort": port},
+                                           durableStorage={"replicationFactor": 2}), namespace)
+            for pod in ("web-0", "web-1"):
+                eventually(lambda p=pod: testbed.find("pod", p, namespace), what=pod)
+            set_pod_ready(testbed, namespace, "web-0", pod_ip(2), ready=False)
+            set_pod_ready(testbed, namespace, "web-1", pod_ip(1))
+            eventually(lambda: [s["state"] for s in testbed.get("mqc", "web", namespace)[
+                "status"]["sites"]] == ["down", "up"])
+
+        first, rows = nodes_table(testbed, namespace)
+        assert first == "NODES (as web-1 sees them):"  # the ready pod, though web-0 answers
+        assert list(rows) == [n2.node_name, n1.node_name]  # the answering node first
+        for node, (site, state, connections, _uptime, version) in rows.items():
+            assert (site, state, connections) == (sites[node], "running", "0")
+            assert version not in ("", "-")
+        document = json.loads(mqtt(testbed, "nodes", "web", "-n", namespace, "-o", "json")
+                              .stdout)
+        assert document["pod"] == "web-1"
+        assert {n["node"]: n["site"] for n in document["nodes"]} == sites
+
+        n2.process.kill()  # web-1's broker is gone: web-0's answers, and sees n2 stopped
+        first, rows = eventually(lambda: (t := nodes_table(testbed, namespace))[1].get(
+            n2.node_name, ["", ""])[1] == "stopped" and t, what="n2 stopped, as n1 sees it")
+        assert first == "NODES (as web-0 sees them):"
+        assert rows[n2.node_name] == [sites[n2.node_name], "stopped", "-", "-", "-"]
+
+        n1.process.kill()
+        none = mqtt(testbed, "nodes", "web", "-n", namespace)
+        assert none.returncode == 1
+        assert none.stderr.startswith("error: no broker answered GET /api/v5/nodes: web-1: ")
+        assert "; web-0: " in none.stderr
+    finally:
+        brokers.stop_all()
+
+
+def test_nodes_without_pod_proxy_access_says_which_permission(
+        testbed: Testbed, namespace: str, tmp_path: Path) -> None:
+    testbed.apply(cluster_manifest("web"), namespace)
+    testbed.kubectl("patch", "mqc", "web", "-n", namespace, "--subresource=status",
+                    "--type=merge", "-p", json.dumps({"status": {"sites": [
+                        {"ordinal": 0, "id": "AAAA", "pod": "web-0", "state": "up"}]}}))
+    testbed.kubectl("create", "serviceaccount", "reader", "-n", namespace)
+    testbed.kubectl("create", "role", "reader", "-n", namespace, "--verb=get",
+                    "--resource=mqttclusters.mqtt.durablemqtt.io")
+    testbed.kubectl("create", "rolebinding", "reader", "-n", namespace, "--role=reader",
+                    f"--serviceaccount={namespace}:reader")
+    kubeconfig = service_account_kubeconfig(testbed, namespace, "reader",
+                                            tmp_path / "reader.kubeconfig")
+    assert mqtt(testbed, "sites", "web", kubeconfig=kubeconfig).returncode == 0
+    denied = mqtt(testbed, "nodes", "web", kubeconfig=kubeconfig)
+    assert denied.returncode == 1
+    assert "no access to pod" in denied.stderr and "403" in denied.stderr
+    assert "kubectl auth can-i get pods --subresource=proxy" in denied.stderr
