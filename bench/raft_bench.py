@@ -2,13 +2,17 @@
 
     .venv/bin/python bench/raft_bench.py [--quick] [--duration S] [--groups 1,16]
                                          [--systems ours,pysyncobj] [--window W]
+                                         [--pysyncobj-batch]
 
-For each system and group count, three fresh processes on loopback (bench/raft_worker.py)
+For each group count and system, three fresh processes on loopback (bench/raft_worker.py)
 host every group; each group's leader keeps `window` proposals of 100 bytes outstanding.
-Ours: a RaftNode per process, its write-ahead log fdatasync'd (group commit) in a temp dir,
-links by broker.cluster's Cluster. pysyncobj: one SyncObj per group (a thread and a port
-each) with its defaults, which keep the log in memory and write nothing to disk: its
-throughput without any fsync is the bar ours has to reach while fsyncing.
+Ours: a RaftNode per process with the broker's Raft settings, its write-ahead log
+fdatasync'd (group commit) in a temp dir, linked by broker.cluster's Cluster. pysyncobj: one
+SyncObj per group (a thread and a port each) with its default persistence, a log in memory
+and nothing written to disk: its throughput without any fsync is the bar ours has to reach
+while fsyncing. Its appends leave at once (appendEntriesUseBatch off) unless
+--pysyncobj-batch: batched, they wait for its 0.1 s append period, which caps a window of W
+at 10 W commits/s.
 
 Measured, after a warm-up, over one window: commits/s (all leaders), commit latency p50/p99
 (proposal to the leader seeing it committed), entries per fsync (ours: all three nodes'

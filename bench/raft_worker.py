@@ -6,7 +6,8 @@
 The orchestrator drives it with one command a line on stdin and reads one JSON object a line
 on stdout (logs go to stderr): first {"ready": ...} once every group has a leader, then a
 reply to each of `go` (start the load), `sample` (counters now), `report T0 T1` (the commits
-of that window), `first T G,G,...` (each group's first commit at or after T) and `quit`.
+of that window) and `first T G,G,...` (each group's first commit at or after T); it exits
+at the end of its stdin.
 Times are time.monotonic(), one clock for every process of the machine, so the
 orchestrator's kill time and a worker's commit times compare directly.
 
@@ -56,7 +57,7 @@ class Commits:
 
 
 def answer(words: list[str], commits: dict[int, Commits], sample: Sample) -> dict[str, Any]:
-    """The reply to one orchestrator command (all but `go` and `quit`)."""
+    """The reply to one orchestrator command (all but `go`)."""
     if words[0] == "sample":
         return {"t": time.monotonic(), **sample()}
     if words[0] == "report":
@@ -177,8 +178,7 @@ async def ours(args: argparse.Namespace) -> None:
     def sample() -> dict[str, Any]:
         wal = node.wal
         return {"leads": [g for g in groups if node.core(g).role == LEADER],
-                "wal_fsyncs": wal.syncs, "wal_entries": wal.entries_written,
-                "wal_bytes": wal.bytes_written}
+                "wal_fsyncs": wal.syncs, "wal_entries": wal.entries_written}
 
     await node.wait(lambda: all(node.core(g).leader is not None for g in groups))
     _tune_collector()  # as the broker does once started: its Raft runs with these settings
@@ -187,8 +187,6 @@ async def ours(args: argparse.Namespace) -> None:
     tasks = [asyncio.create_task(compact())]
     try:
         while words := (await loop.run_in_executor(None, sys.stdin.readline)).split():
-            if words[0] == "quit":
-                break
             if words[0] == "go":
                 tasks += [asyncio.create_task(drive(group)) for group in groups]
                 reply({"ok": True})
@@ -282,7 +280,7 @@ def pysyncobj(args: argparse.Namespace) -> None:
     reply({"ready": True})
     for line in sys.stdin:
         words = line.split()
-        if not words or words[0] == "quit":
+        if not words:
             break
         if words[0] == "go":
             for driver in drivers.values():
