@@ -1,5 +1,6 @@
-"""What the operator asks the brokers (contract v1): which shard replicas a site holds, and
-which generations a broker has sealed (what the Spark jobs may read).
+"""What the operator asks the brokers (docs/operator-contract.md, section 4): which shard
+replicas a site holds, and which generations a broker has sealed (what the Spark jobs may
+read).
 
 `GET /api/v5/ds/sites/{site}` on the site's own pod answers EMQX's shape,
 `{"up": bool, "shards": [{"storage": "messages", "id": "3", ...}]}`. A pod without an IP,
