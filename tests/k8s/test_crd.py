@@ -21,6 +21,8 @@ def cluster(name: str, **spec: Any) -> dict[str, Any]:
     ({"durableSessions": {"messageRetentionPeriod": "forever"}},
      "spec.durableSessions.messageRetentionPeriod"),
     ({"listeners": {"serviceType": "Ingress"}}, "spec.listeners.serviceType"),
+    ({"listeners": {"rpcPort": 70000}}, "spec.listeners.rpcPort"),
+    ({"clusterDomain": "Not_A.Domain"}, "spec.clusterDomain"),
     ({"config": {"mqtt.max_inflight": 64}}, "spec.config.mqtt.max_inflight"),
 ])
 def test_invalid_cluster_is_rejected_naming_the_field(
@@ -39,6 +41,8 @@ def test_defaults_columns_and_scale_subresource(testbed: Testbed, namespace: str
     assert spec["durableStorage"] == {"nShards": 16, "replicationFactor": 3}
     assert spec["storage"] == {"size": "1Gi"}
     assert spec["listeners"]["mqttPort"] == 1883
+    assert spec["listeners"]["rpcPort"] == 5369
+    assert spec["clusterDomain"] == "cluster.local"
     header = testbed.kubectl("get", "mqc", "-n", namespace).stdout.splitlines()[0].split()
     assert header == ["NAME", "REPLICAS", "READY", "SITES", "PHASE", "AGE"]
     testbed.kubectl("scale", "mqc/plain", "-n", namespace, "--replicas=5")
