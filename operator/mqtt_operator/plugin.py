@@ -153,6 +153,7 @@ def render_shards(body: Mapping[str, Any]) -> str:
 
 
 def _uptime(milliseconds: int | None) -> str:
+    """The two largest units, like kubectl's AGE column: "1d2h", "5m3s"."""
     if milliseconds is None:
         return "-"
     minutes, seconds = divmod(milliseconds // 1000, 60)
