@@ -6,6 +6,7 @@ import logging
 import sys
 
 from broker import ctl, logsafe
+from broker.auth.security import SecurityFileError
 from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
 from broker.ds import SiteIdMismatch
@@ -25,7 +26,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(config))
-    except SiteIdMismatch as error:
+    except (SiteIdMismatch, SecurityFileError) as error:
         print(f"broker: cannot start: {error}", file=sys.stderr)
         return 2
     except OSError as error:

@@ -17,6 +17,7 @@ from typing import Any
 
 import plyvel
 
+from broker.auth.users_ctl import add_users_parser
 from broker.ds import DurableStorage, Settings
 
 DEFAULT_URL = "http://127.0.0.1:18083"
@@ -217,6 +218,7 @@ def add_parser(commands: Any) -> None:
     raft.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
     raft.add_argument("-o", "--output", choices=["text", "json"], default="text")
     raft.set_defaults(func=raft_command)
+    add_users_parser(topics)
     sessions = topics.add_parser("sessions", help="sessions, durable ones included: list, show")
     sessions.add_argument("action", choices=["list", "show"])
     sessions.add_argument("client_id", nargs="?", help="for show")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from broker.auth.security import Security
 from broker.config.loader import Config
 from broker.ds import DurableStorage, Settings
 from broker.metrics import Stats
@@ -57,6 +58,7 @@ class Node:
         self.config = config
         self.limits = PublishLimits.from_config(config)
         self.stats = Stats()
+        self.security = Security(config)
         self.router = Router(config["mqtt.shared_subscription_strategy"])
         # Set by the app when the node runs in a cluster (routes and forwarding).
         self.cluster_routing: ClusterRouting | None = None

@@ -95,7 +95,8 @@ class BrokerApp:
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
             registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics,
-                                     self.node.cluster_routing.metrics, node.takeover.metrics)
+                                     self.node.cluster_routing.metrics, node.takeover.metrics,
+                                     node.security.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             if self.metadata is not None:
@@ -115,6 +116,7 @@ class BrokerApp:
         if self.metadata is not None:
             await self.metadata.start()  # before the links: Raft frames find it ready
         await self.cluster.start()
+        node.security.start()
         if node.ds is not None:
             node.ds.start()
         if node.durable is not None:
@@ -166,6 +168,7 @@ class BrokerApp:
         for server in self._servers:
             server.close()
         await self.cluster.stop()
+        await self.node.security.stop()
         for task in self._tasks:
             task.cancel()
         for connection in list(self.node.connections):
@@ -211,6 +214,7 @@ async def serve(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app.node.security.reload, "SIGHUP")
     await app.start()
     _tune_collector()
     log.info("broker %s started (%s)", config["node.name"],

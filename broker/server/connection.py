@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Final
 
+from broker.auth.acl import Access
+from broker.auth.security import AclCache
 from broker.mqtt.codec import Decoder, encode, encode_publish
 from broker.mqtt.constants import (
     MQTT_5,
@@ -74,11 +76,12 @@ class Connection:
     __slots__ = (
         "_deferred", "_flush_pending", "_held", "_last_rx", "_loop", "_max_waiting",
         "_max_waiting_bytes", "_out", "_output", "_packet_timeout", "_packet_timer",
-        "_partial_since", "_paused", "_timer", "_waiting", "_waiting_bytes", "claim_stamp",
+        "_partial_since", "_paused", "_timer", "_waiting", "_waiting_bytes", "acl_cache",
+        "claim_stamp",
         "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
         "connected", "decoder", "in_aliases", "incoming_unacked", "keepalive", "node",
-        "out_aliases", "peer", "send_window", "session", "stats", "transport", "version",
-        "will",
+        "out_aliases", "peer", "send_window", "session", "stats", "transport", "username",
+        "version", "will",
     )
 
     def __init__(self, node: Node, transport: Any, output: OutputBatch) -> None:
@@ -95,6 +98,9 @@ class Connection:
         self.session: Session | None = None
         self.will: Will | None = None
         self.clean_start = True
+        self.username: str | None = None
+        # The connection's ACL decisions; None when there is no ACL file (nothing to ask).
+        self.acl_cache = AclCache(0) if node.security.acl is not None else None
         # When this connection claimed its client ID in the cluster (hybrid clock, site): of
         # two connections of one ID on two nodes after a partition, the older one ends.
         self.claim_stamp: tuple[int, str] = (0, "")
@@ -367,6 +373,8 @@ class Connection:
         if message.expires_at is not None and message.is_expired():
             self.stats.drop("expired")
             return
+        if self.acl_cache is not None and not self._may_read(delivery):
+            return
         if delivery.qos == 0:
             if self.transport.get_write_buffer_size() > QOS0_DROP_BUFFER:
                 self.stats.drop("slow_consumer")
@@ -381,6 +389,23 @@ class Connection:
                 self.stats.drop(lost)
             return
         self._send_inflight(session, delivery)
+
+    def authorized(self, topic: str, access: Access) -> bool:
+        cache = self.acl_cache
+        if cache is None:
+            return True
+        return self.node.security.allows(cache, self.client_id, self.username, topic, access)
+
+    def _may_read(self, delivery: Delivery) -> bool:
+        """The ACL is asked again for every message delivered: a subscription to a broad
+        filter must not carry a topic the client may not read. A refused QoS 1/2 message
+        counts as done (a durable session does not keep it pending for ever)."""
+        if self.authorized(delivery.message.topic, Access.READ):
+            return True
+        self.stats.drop("not_authorized")
+        if delivery.qos and self.session is not None:
+            self.session.completed(delivery)
+        return False
 
     def _send_inflight(self, session: Session, delivery: Delivery) -> None:
         """QoS 1/2: take a packet ID, remember the delivery until acknowledged, send it."""
@@ -398,6 +423,8 @@ class Connection:
             delivery = queue.popleft()
             if delivery.message.is_expired():
                 self.stats.drop("expired")
+            elif self.acl_cache is not None and not self._may_read(delivery):
+                continue
             elif delivery.qos == 0:
                 self.send_publish(delivery, None, False)
             else:

@@ -67,14 +67,7 @@ class Node:
         return {entry["node"]: entry["node_status"] for entry in nodes}
 
     def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-                         if labels else "")
-        for line in text.splitlines():
-            if line.startswith(wanted + " "):
-                return float(line.split()[-1])
-        return 0.0
+        return self.process.metric(name, **labels)
 
     def start(self) -> "Node":
         self.process.start()

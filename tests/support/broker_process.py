@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,21 @@ class BrokerProcess:
     @property
     def tcp(self) -> int:
         return self.ports["tcp"]
+
+    def log_text(self) -> str:
+        return "\n".join(self.log_lines)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of /metrics (0 when absent: a counter never incremented)."""
+        url = f"http://127.0.0.1:{self.ports['http']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+                         if labels else "")
+        for line in text.splitlines():
+            if line.startswith(wanted + " "):
+                return float(line.split()[-1])
+        return 0.0
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait: the graceful path; returns the exit code."""

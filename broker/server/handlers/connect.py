@@ -1,9 +1,12 @@
 """CONNECT: version, client ID, session choice (clean start / expiry), will, limits, CONNACK."""
 
 import asyncio
+import logging
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker.auth.acl import Access
 from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Connack, Connect
@@ -13,8 +16,9 @@ from broker.session.message import payload_format_ok
 from broker.sys_topics import is_sys_topic
 
 if TYPE_CHECKING:
-    from broker.cluster.takeover import Takeover
     from broker.server.connection import Connection
+
+log = logging.getLogger(__name__)
 
 P = PropertyId
 
@@ -75,22 +79,51 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     conn.client_id = client_id
     conn.clean_start = packet.clean_start
     conn.will = will
-    takeover = conn.node.takeover
-    if takeover is not None and takeover.needed():
-        # Other nodes may hold the ID: they give it up (and the session) before the CONNACK;
-        # the client's next packets wait, in order (`hold_input`).
-        claim = _claim_then_open(conn, takeover, packet, expiry, granted, keepalive,
-                                 server_keepalive, assigned)
-        conn.hold_input(asyncio.get_running_loop().create_task(claim))
+    conn.username = packet.username
+    accept = Accept(packet, expiry, granted, keepalive, server_keepalive, assigned)
+    security, takeover = conn.node.security, conn.node.takeover
+    authenticate = security.checks_credentials
+    claim = takeover is not None and takeover.needed()
+    if authenticate or claim:
+        # A password to check off the loop, or other nodes that may hold the ID: the client's
+        # next packets wait, in order, for the CONNACK (`hold_input`).
+        conn.hold_input(asyncio.get_running_loop().create_task(
+            _accept_later(conn, accept, authenticate, claim)))
         return
     if takeover is not None:
         conn.claim_stamp = takeover.stamp()
-    _open(conn, packet, expiry, granted, keepalive, server_keepalive, assigned)
+    if _will_allowed(conn):
+        _open(conn, accept)
 
 
-async def _claim_then_open(conn: "Connection", takeover: "Takeover", packet: Connect,
-                           expiry: int, granted: int, keepalive: int, server_keepalive: int,
-                           assigned: bool) -> None:
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """What CONNECT decided, carried to the CONNACK across the asynchronous steps."""
+
+    packet: Connect
+    expiry: int
+    granted: int
+    keepalive: int
+    server_keepalive: int
+    assigned: bool
+
+
+async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
+                        claim: bool) -> None:
+    packet = accept.packet
+    if authenticate:
+        code = await conn.node.security.authenticate(packet.username, packet.password)
+        if code != ReasonCode.SUCCESS:
+            log.info("CONNECT of %s (user %s) from %s refused: %s", conn.client_id,
+                     packet.username, conn.peer, code.name)
+            return _refuse(conn, code)
+    if conn.closed or not _will_allowed(conn):
+        return
+    takeover = conn.node.takeover
+    if not claim or takeover is None:
+        if takeover is not None:
+            conn.claim_stamp = takeover.stamp()
+        return _open(conn, accept)
     outcome = await takeover.claim(conn.client_id, not packet.clean_start)
     conn.claim_stamp = outcome.stamp
     if conn.closed or outcome.refuse is not None:
@@ -102,25 +135,34 @@ async def _claim_then_open(conn: "Connection", takeover: "Takeover", packet: Con
             conn.send_packet(Connack(False, outcome.refuse, properties))
             conn.close()
         return
-    _open(conn, packet, expiry, granted, keepalive, server_keepalive, assigned)
+    _open(conn, accept)
 
 
-def _open(conn: "Connection", packet: Connect, expiry: int, granted: int, keepalive: int,
-          server_keepalive: int, assigned: bool) -> None:
-    version, client_id = conn.version, conn.client_id
+def _will_allowed(conn: "Connection") -> bool:
+    """A will is a PUBLISH made later on the client's behalf: the ACL is asked now, so a
+    client learns at CONNECT (0x87) rather than never."""
+    will = conn.will
+    if will is None or conn.authorized(will.topic, Access.WRITE):
+        return True
+    _refuse(conn, ReasonCode.NOT_AUTHORIZED)
+    return False
+
+
+def _open(conn: "Connection", accept: Accept) -> None:
+    version, client_id, granted = conn.version, conn.client_id, accept.granted
     session, present = conn.node.sessions.open(
-        conn, client_id, packet.clean_start, granted
+        conn, client_id, accept.packet.clean_start, granted
     )
     conn.session = session
     conn.connected = True
 
     ack = {}
     if version == MQTT_5:
-        ack = _connack_properties(conn, assigned, client_id, server_keepalive)
-        if granted != expiry:
+        ack = _connack_properties(conn, accept.assigned, client_id, accept.server_keepalive)
+        if granted != accept.expiry:
             ack[P.SESSION_EXPIRY_INTERVAL] = granted
     conn.send_packet(Connack(present, ReasonCode.SUCCESS, ack))
-    conn.start_keepalive(keepalive)
+    conn.start_keepalive(accept.keepalive)
     if present:
         conn.resend_inflight()
         conn.drain()

@@ -3,6 +3,7 @@
 import asyncio
 from typing import TYPE_CHECKING, Final
 
+from broker.auth.acl import Access
 from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import MQTT_5, PUBACK_BYTE, PUBREC_BYTE, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
@@ -32,6 +33,15 @@ def _resolve_alias(conn: "Connection", packet: Publish) -> str:
     if topic is None:
         raise ProtocolError(f"topic alias {alias} was never set")
     return topic
+
+
+def _not_authorized(conn: "Connection", qos: int, packet_id: int, drop: str) -> None:
+    """Refused, not routed. v3.1.1 has no way to say no: its QoS 1/2 acknowledgement carries
+    no reason, and the message is dropped all the same."""
+    conn.stats.drop(drop)
+    if qos:
+        conn.send_when(None, encode_ack(PUBACK_BYTE if qos == 1 else PUBREC_BYTE, packet_id,
+                                        ReasonCode.NOT_AUTHORIZED, conn.version))
 
 
 def handle_publish(conn: "Connection", packet: Publish) -> None:
@@ -66,13 +76,12 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
     stats = conn.stats
     stats.messages_received[qos] += 1
     if topic.startswith("$SYS") and is_sys_topic(topic) and not conn.node.config[_SYS_PUBLISH]:
-        # MQTT 4.7.2: `$` topics are the server's. v3.1.1 has no way to say no: its QoS 1/2
-        # acknowledgement carries no reason, and the message is dropped all the same.
-        stats.drop("sys_topic_denied")
-        if qos:
-            conn.send_when(None, encode_ack(PUBACK_BYTE if qos == 1 else PUBREC_BYTE, packet_id,
-                                            ReasonCode.NOT_AUTHORIZED, conn.version))
-        return
+        # MQTT 4.7.2: `$` topics are the server's.
+        return _not_authorized(conn, qos, packet_id, "sys_topic_denied")
+    if conn.acl_cache is not None and not conn.authorized(topic, Access.WRITE):
+        if conn.node.security.disconnect_on_deny:
+            raise MQTTError(f"not authorized to publish to {topic!r}", ReasonCode.NOT_AUTHORIZED)
+        return _not_authorized(conn, qos, packet_id, "not_authorized")
     if props and not payload_format_ok(packet.payload, props):
         if qos == 0:
             raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)

@@ -7,6 +7,7 @@ filters and must not stall the other connections while they are applied.
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from broker.auth.acl import Access
 from broker.ds import now_us
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
@@ -53,6 +54,12 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
             group, topic_filter = _check(conn, sub)
         except MQTTError as error:
             codes.append(error.reason_code)
+            continue
+        if not conn.authorized(topic_filter, Access.READ):
+            if conn.node.security.disconnect_on_deny:  # the connection ends (v5: 0x87)
+                raise MQTTError(f"not authorized to subscribe to {topic_filter!r}",
+                                ReasonCode.NOT_AUTHORIZED)
+            codes.append(ReasonCode.NOT_AUTHORIZED)
             continue
         if group is not None and sub.no_local:
             # MQTT-3.8.3-4: No Local on a shared subscription is a Protocol Error.
