@@ -80,8 +80,9 @@ class MetadataGroup:
         self._attempt: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[None]] = set()
         self._rounds = 0
-        self._peer_up = asyncio.Event()
-        cluster.on_peer_up(lambda _site: self._peer_up.set())
+        self._links_changed = asyncio.Event()
+        cluster.on_peer_up(self._link_changed)
+        cluster.on_peer_down(self._link_changed)
         for name, method in (("raft_prepare", self._rpc_prepare),
                              ("raft_decided", self._rpc_decided),
                              ("raft_status", self._rpc_status),
@@ -178,6 +179,12 @@ class MetadataGroup:
         return await self._raft.propose(GROUP, base64.b64decode(params["data"]))
 
     # ---- Raft traffic -------------------------------------------------------------------
+    def _link_changed(self, site: str) -> None:
+        """What was in flight on the link is lost: Raft must resend it."""
+        self._links_changed.set()
+        if self._raft is not None:
+            self._raft.unreachable(site)
+
     def _epoch_of(self, group: int) -> int:
         record = self.bootstrap.record
         return record.epoch if record is not None and group == GROUP else 0
@@ -375,8 +382,8 @@ class MetadataGroup:
 
     async def _linked(self) -> None:
         while not self._cluster.peers():
-            self._peer_up.clear()
-            await self._peer_up.wait()
+            self._links_changed.clear()
+            await self._links_changed.wait()
 
     # ---- persistence ----------------------------------------------------------------------
     def _load(self, n_sites: int) -> Bootstrap:

@@ -232,6 +232,16 @@ class RaftGroup:
         elif self.role == CANDIDATE:
             self._tally()
 
+    def unreachable(self, peer: str) -> None:
+        """Messages to `peer` may have been lost (its link dropped or came back): a leader
+        replicating to it optimistically starts again from what it acknowledged, as etcd's
+        ReportUnreachable does. Without it, appends lost with a link stay unsent until a new
+        entry shows the gap."""
+        pr = self.progress.get(peer)
+        if self.role == LEADER and pr is not None and pr.state == REPLICATE:
+            pr.become_probe()
+            self._to_replicate[peer] = None
+
     def applied(self, index: int) -> None:
         self.applied_index = max(self.applied_index, index)
 

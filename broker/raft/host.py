@@ -141,6 +141,11 @@ class RaftHost:
     def compact(self, group: int, index: int) -> None:
         self.groups[group].core.compact(index)
 
+    def unreachable(self, peer: str) -> None:
+        """The link to `peer` dropped or came back: see RaftGroup.unreachable."""
+        for hosted in self.groups.values():
+            hosted.core.unreachable(peer)
+
     # ---------------------------------------------------------------- outputs
 
     def flush(self) -> HostBatch | None:

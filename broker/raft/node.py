@@ -91,6 +91,10 @@ class RaftNode:
         self.host.compact(group, index)
         self._schedule_flush()
 
+    def unreachable(self, peer: str) -> None:
+        self.host.unreachable(peer)
+        self._schedule_flush()
+
     def add_learner(self, group: int, node: str) -> None:
         """Membership changes (see RaftGroup): raise NotLeader or ConfigChangeRefused."""
         self.core(group).add_learner(node)
