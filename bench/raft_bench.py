@@ -192,6 +192,7 @@ def measure(system: str, groups: int, warmup: float, duration: float,
             "latency_p99_ms": _percentile(latencies, 0.99),
             "leaders_per_process": [len(s["leads"]) for s in after],
             "cpu": round((cpu1 - cpu0) / seconds, 2),
+            "cpu_us_per_commit": round((cpu1 - cpu0) / commits * 1e6, 1),
             "other_cpu": round(max(0.0, busy1 - busy0 - (cpu1 - cpu0)) / seconds, 2),
         }
         if system == "ours":
@@ -248,14 +249,16 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("entries_per_fsync", "entries/fsync", "{:.1f}"),
     ("election_s", "election s", "{:.2f}"),
     ("cpu", "CPU", "{:.2f}"),
+    ("cpu_us_per_commit", "CPU us/commit", "{:.1f}"),
     ("other_cpu", "other CPU", "{:.2f}"),
 )
-RATIOS = ("commits_per_s", "latency_p50_ms", "latency_p99_ms", "election_s")
+RATIOS = ("commits_per_s", "latency_p50_ms", "latency_p99_ms", "election_s",
+          "cpu_us_per_commit")
 
 
 def ratios(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float | None]]:
     """ours/pysyncobj per group count: above 1 is better for commits/s, worse for the
-    others (times)."""
+    others (times, CPU per commit)."""
     out: dict[str, dict[str, float | None]] = {}
     for groups, row in cells.get("ours", {}).items():
         peer = cells.get("pysyncobj", {}).get(groups)
@@ -292,7 +295,7 @@ def table(cells: dict[str, dict[str, dict[str, Any]]],
     lines = report.align(rows)
     if ratio_rows:
         lines += ["", "ours/pysyncobj: above 1.00x is better for commits/s, below 1.00x for "
-                      "latencies and election time"]
+                      "the others"]
     if failures:
         lines += ["", "FAILED:", *failures]
     busy = max((c.get("other_cpu", 0.0) for g in cells.values() for c in g.values()),

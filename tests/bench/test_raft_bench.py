@@ -25,6 +25,7 @@ def test_quick_run_commits_and_recovers_from_a_leader_kill(tmp_path: Path) -> No
         assert 0 < cell["latency_p50_ms"] <= cell["latency_p99_ms"]
         assert sum(cell["leaders_per_process"]) == int(groups)
         assert cell["entries_per_fsync"] >= 1
+        assert {"cpu", "cpu_us_per_commit", "other_cpu"} <= cell.keys()
         # Every group the killed process led committed again on a new leader.
         assert cell["killed_leader_of"] == len(cell["election_per_group_s"]) >= 1
         assert cell["election_s"] > 0
