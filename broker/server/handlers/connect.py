@@ -130,8 +130,9 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
         if outcome.session is not None:  # moved here for nobody: kept, disconnected
             conn.node.sessions.detach(outcome.session, None)
         if not conn.closed and outcome.refuse is not None:
-            properties = ({PropertyId.SERVER_REFERENCE: outcome.reference}
-                          if outcome.reference and conn.version == MQTT_5 else {})
+            properties: dict[int, object] = {}
+            if outcome.reference and conn.version == MQTT_5:
+                properties[PropertyId.SERVER_REFERENCE] = outcome.reference
             conn.send_packet(Connack(False, outcome.refuse, properties))
             conn.close()
         return
