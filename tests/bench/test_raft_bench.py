@@ -23,7 +23,9 @@ def test_quick_run_commits_and_recovers_from_a_leader_kill(tmp_path: Path) -> No
         assert cell["commits"] > 0
         assert cell["commits_per_s"] > 0
         assert 0 < cell["latency_p50_ms"] <= cell["latency_p99_ms"]
-        assert sum(cell["leaders_per_process"]) == int(groups)
+        # (Leaders counted at one instant: a group may be between two of them.)
+        assert len(cell["leaders_per_process"]) == 3
+        assert 1 <= sum(cell["leaders_per_process"]) <= 2 * int(groups)
         assert cell["entries_per_fsync"] >= 1
         assert {"cpu", "cpu_us_per_commit", "other_cpu"} <= cell.keys()
         # Every group the killed process led committed again on a new leader.
