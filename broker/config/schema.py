@@ -102,7 +102,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("listeners.ssl.default.ssl_options.keyfile", "", parse_str,
             "PEM private key for the TLS listener."),
     Setting("listeners.ssl.default.ssl_options.cacertfile", "", parse_str,
-            "CA bundle; when set, client certificates are verified (optional)."),
+            "CA bundle that client certificates are verified against (`verify_peer`)."),
+    Setting("listeners.ssl.default.ssl_options.verify", "verify_none",
+            parse_choice("verify_none", "verify_peer"),
+            "`verify_peer`: a client certificate, if sent, must chain to `cacertfile`."
+            " Only TLS 1.2 and 1.3 are accepted either way."),
+    Setting("listeners.ssl.default.ssl_options.fail_if_no_peer_cert", False, parse_bool,
+            "With `verify_peer`: refuse the TLS handshake of a client without a certificate."),
+    Setting("mqtt.peer_cert_as_username", "disabled", parse_choice("disabled", "cn", "dn"),
+            "Use the verified client certificate's subject as the user name: `cn` its"
+            " Common Name, `dn` the whole subject (RFC 4514, e.g. `CN=dev1,O=Acme`). Such a"
+            " client is authenticated by its certificate (no password checked, as Mosquitto's"
+            " `use_identity_as_username`) and the ACL file names it as a user."),
     Setting("dashboard.listeners.http.bind", "0.0.0.0:18083", parse_bind,
             "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
     Setting("dashboard.listeners.http.header_timeout", "10s", parse_duration,

@@ -31,6 +31,7 @@ from broker.metrics import add_samples, make_registry
 from broker.node import Node
 from broker.periodic import every
 from broker.server.output import OutputBatch
+from broker.server.tls import reload_certificate, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable.session import DurableSession
 from broker.sys_topics import SysTopics, remove_client_written
@@ -57,6 +58,7 @@ class BrokerApp:
         self._http: web.AppRunner | None = None
         self._http_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._tls: ssl.SSLContext | None = None
         self.ports: dict[str, int] = {}
 
     def _mqtt_address(self) -> str:
@@ -79,7 +81,7 @@ class BrokerApp:
              partial(MQTTWebSocketProtocol, node, output, WebSocketOptions.from_config(config)),
              None),
         ]
-        tls = self._tls_context()
+        tls = self._tls = tls_context(config)
         if tls is not None:
             listeners.append(("ssl", config["listeners.ssl.default.bind"],
                               partial(MQTTStreamProtocol, node, output), tls))
@@ -141,17 +143,11 @@ class BrokerApp:
         if interval > 0:
             self._tasks.append(asyncio.create_task(every(interval, job, at_once=at_once)))
 
-    def _tls_context(self) -> ssl.SSLContext | None:
-        prefix = "listeners.ssl.default.ssl_options."
-        certfile, keyfile = self.config[prefix + "certfile"], self.config[prefix + "keyfile"]
-        if not certfile or not keyfile or self.config["listeners.ssl.default.bind"] is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(certfile, keyfile)
-        if self.config[prefix + "cacertfile"]:
-            context.load_verify_locations(self.config[prefix + "cacertfile"])
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
+    def reload(self, reason: str) -> None:
+        """SIGHUP: the password and ACL files and the TLS certificate, read again."""
+        self.node.security.reload(reason)
+        if self._tls is not None:
+            reload_certificate(self._tls, self.config)
 
     def _clear_retained(self) -> None:
         assert self.node.retainer is not None
@@ -214,7 +210,7 @@ async def serve(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, app.node.security.reload, "SIGHUP")
+    loop.add_signal_handler(signal.SIGHUP, app.reload, "SIGHUP")
     await app.start()
     _tune_collector()
     log.info("broker %s started (%s)", config["node.name"],

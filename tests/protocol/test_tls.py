@@ -1,13 +1,21 @@
 """The TLS listener with a real client: starts only when certfile and keyfile are set."""
 
+import os
+import signal
+import socket
 import ssl
 import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
+import pytest
 
+from broker.mqtt.codec import encode
+from broker.mqtt.packets import Connect
+from tests.integration.clients import wait_until
 from tests.support.broker_process import BrokerProcess
 
 
@@ -60,3 +68,119 @@ def test_publish_and_receive_over_tls(
 def test_without_certificates_there_is_no_tls_listener(broker: BrokerProcess) -> None:
     assert "ssl" not in broker.ports
     assert {"tcp", "ws", "http"} <= set(broker.ports)
+
+
+def _sign(directory: Path, ca: tuple[Path, Path], name: str, subject: str,
+          extension: str = "") -> tuple[Path, Path]:
+    """A key and a certificate for `subject`, signed by the CA `ca`."""
+    key, request, cert = (directory / f"{name}.key", directory / f"{name}.csr",
+                          directory / f"{name}.pem")
+    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+                    "-keyout", str(key), "-out", str(request)], check=True, capture_output=True)
+    extra = directory / f"{name}.ext"
+    extra.write_text(extension)
+    subprocess.run(["openssl", "x509", "-req", "-in", str(request), "-CA", str(ca[0]),
+                    "-CAkey", str(ca[1]), "-CAcreateserial", "-days", "1", "-out", str(cert),
+                    "-extfile", str(extra)], check=True, capture_output=True)
+    return cert, key
+
+
+def _pki(directory: Path) -> dict[str, tuple[Path, Path]]:
+    ca = directory / "ca.pem", directory / "ca.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=test CA", "-keyout", str(ca[1]), "-out", str(ca[0])],
+                   check=True, capture_output=True)
+    return {
+        "ca": ca,
+        "server": _sign(directory, ca, "server", "/CN=127.0.0.1",
+                        "subjectAltName=IP:127.0.0.1\n"),
+        "device": _sign(directory, ca, "device", "/O=Acme/CN=device-1"),
+    }
+
+
+def _mutual_tls_broker(start_broker: Callable[..., BrokerProcess], pki: dict[str, Any],
+                       **settings: str) -> BrokerProcess:
+    return start_broker(**{
+        "listeners.ssl.default.bind": "127.0.0.1:0",
+        "listeners.ssl.default.ssl_options.certfile": str(pki["server"][0]),
+        "listeners.ssl.default.ssl_options.keyfile": str(pki["server"][1]),
+        "listeners.ssl.default.ssl_options.cacertfile": str(pki["ca"][0]),
+        "listeners.ssl.default.ssl_options.verify": "verify_peer",
+        "listeners.ssl.default.ssl_options.fail_if_no_peer_cert": "true",
+        **settings,
+    })
+
+
+def _handshake(port: int, ca: Path, client: tuple[Path, Path] | None) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return context.wrap_socket(sock, server_hostname="127.0.0.1")
+
+
+def test_a_client_without_a_certificate_is_refused_when_one_is_required(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    pki = _pki(tmp_path)
+    broker = _mutual_tls_broker(start_broker, pki)
+    port = broker.ports["ssl"]
+    with _handshake(port, pki["ca"][0], pki["device"]) as accepted:
+        accepted.sendall(encode(Connect("with-cert", protocol_level=5), 5))
+        assert accepted.recv(4)[:1] == b"\x20"  # CONNACK
+    with pytest.raises((ssl.SSLError, ConnectionError)), \
+            _handshake(port, pki["ca"][0], None) as refused:
+        # TLS 1.3 reports the missing certificate on the first read.
+        refused.sendall(encode(Connect("no-cert", protocol_level=5), 5))
+        if not refused.recv(4):
+            raise ConnectionError("closed")
+
+
+def test_certificate_common_name_is_the_user_name_for_the_acl(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """mosquitto_pub with --cert/--key and no password: the certificate's CN is the user
+    the ACL names (a password file is set, so anyone else needs a password)."""
+    pki = _pki(tmp_path)
+    passwords, acl = tmp_path / "passwd", tmp_path / "acl"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwords), "other", "pw"], check=True)
+    acl.write_text("user device-1\ntopic write devices/device-1/#\n")
+    broker = _mutual_tls_broker(start_broker, pki, **{
+        "mqtt.peer_cert_as_username": "cn",
+        "authentication.password_file": str(passwords),
+        "authorization.acl_file": str(acl)})
+
+    def publish(topic: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["mosquitto_pub", "-p", str(broker.ports["ssl"]), "-h", "127.0.0.1", "-V", "5",
+             "--cafile", str(pki["ca"][0]), "--cert", str(pki["device"][0]), "--key",
+             str(pki["device"][1]), "-t", topic, "-m", "x", "-q", "1"],
+            capture_output=True, text=True, timeout=20)
+
+    assert publish("devices/device-1/temp").returncode == 0
+    assert broker.metric("mqtt_acl_denied_total", action="write") == 0
+    denied = publish("devices/device-2/temp")
+    assert broker.metric("mqtt_acl_denied_total", action="write") == 1, denied.stderr
+    assert broker.metric("mqtt_auth_failures_total", reason="anonymous") == 0
+
+
+def test_sighup_serves_a_renewed_certificate_to_new_connections(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    pki = _pki(tmp_path)
+    broker = _mutual_tls_broker(start_broker, pki)
+    port = broker.ports["ssl"]
+    with _handshake(port, pki["ca"][0], pki["device"]) as before:
+        first = before.getpeercert(binary_form=True)
+    renewed = _sign(tmp_path, pki["ca"], "renewed", "/CN=127.0.0.1",
+                    "subjectAltName=IP:127.0.0.1\n")
+    pki["server"][0].write_bytes(renewed[0].read_bytes())
+    pki["server"][1].write_bytes(renewed[1].read_bytes())
+    assert broker.proc is not None
+    os.kill(broker.proc.pid, signal.SIGHUP)
+
+    def served() -> bytes | None:
+        with _handshake(port, pki["ca"][0], pki["device"]) as after:
+            return after.getpeercert(binary_form=True)
+
+    wait_until(lambda: served() not in (None, first), 10, "the renewed certificate served")

@@ -11,6 +11,7 @@ from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Connack, Connect
 from broker.mqtt.topic import validate_topic_name
+from broker.server.tls import certificate_user
 from broker.session.manager import granted_expiry
 from broker.session.message import payload_format_ok
 from broker.sys_topics import is_sys_topic
@@ -83,6 +84,11 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     accept = Accept(packet, expiry, granted, keepalive, server_keepalive, assigned)
     security, takeover = conn.node.security, conn.node.takeover
     authenticate = security.checks_credentials
+    identity = config["mqtt.peer_cert_as_username"]
+    if identity != "disabled":
+        certified = certificate_user(conn.transport, identity)
+        if certified is not None:  # the verified certificate is the credential
+            conn.username, authenticate = certified, False
     claim = takeover is not None and takeover.needed()
     if authenticate or claim:
         # A password to check off the loop, or other nodes that may hold the ID: the client's
