@@ -60,7 +60,8 @@ STOP_TIMEOUT = 5.0
 
 
 class WorkerFailed(RuntimeError):
-    pass
+    """A worker died or went silent, or the cell measured nothing: that cell is FAILED and
+    the run goes on."""
 
 
 @dataclass(slots=True)
@@ -132,12 +133,13 @@ def _ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def _spawn(system: str, groups: int, window: int, batch: bool, tmp: Path) -> list[Worker]:
+def _spawn(system: str, groups: int, window: int, batch: bool, tmp: Path,
+           workers: list[Worker]) -> None:
+    """Starts the three workers into `workers`, which the caller stops whatever happens."""
     python = PYTHONS[system]
     if not python.exists():
         raise WorkerFailed(f"{python} does not exist: run bench/setup.sh")
     ports = ",".join(map(str, _ports(NODES if system == "ours" else NODES * groups)))
-    workers: list[Worker] = []
     for index in range(NODES):
         directory = tmp / f"n{index}"
         directory.mkdir()
@@ -149,7 +151,6 @@ def _spawn(system: str, groups: int, window: int, batch: bool, tmp: Path) -> lis
             workers.append(Worker(subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 cwd=directory, start_new_session=True), log))
-    return workers
 
 
 def _percentile(ordered: list[int], fraction: float) -> float:
@@ -164,7 +165,7 @@ def measure(system: str, groups: int, warmup: float, duration: float,
     workers: list[Worker] = []
     try:
         started = time.monotonic()
-        workers = _spawn(system, groups, window, batch, tmp)
+        _spawn(system, groups, window, batch, tmp, workers)
         for worker in workers:
             worker.receive(READY_TIMEOUT)
         ready_s = time.monotonic() - started
