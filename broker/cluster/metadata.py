@@ -131,8 +131,13 @@ class MetadataGroup:
 
     # ---- writes --------------------------------------------------------------------------
     def write_retained(self, message: Message) -> "asyncio.Future[None]":
-        """Sets (or, with an empty payload, clears) a retained message through the log."""
-        return self.proposer.add(encode_record(message))
+        """Sets (or, with an empty payload, clears) a retained message through the log;
+        this node shows it at once (RetainedStore.hold) until its batch is settled."""
+        store = self._store
+        store.hold(message)
+        future = self.proposer.add(encode_record(message))
+        future.add_done_callback(lambda _: store.release(message.topic))
+        return future
 
     async def _submit(self, data: bytes) -> None:
         """Until committed (the proposer bounds the whole): proposes when leading, else

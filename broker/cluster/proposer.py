@@ -35,6 +35,7 @@ class Proposer:
         self._submit = submit
         self.timeout = timeout
         self._queue: list[tuple[bytes, asyncio.Future[None], float]] = []
+        self._inflight: list[tuple[bytes, asyncio.Future[None], float]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
@@ -51,7 +52,7 @@ class Proposer:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for _, future, _ in self._queue:
+        for _, future, _ in self._inflight + self._queue:
             future.cancel()
         self._queue.clear()
 
@@ -68,7 +69,9 @@ class Proposer:
             await self._wake.wait()
             self._wake.clear()
             while self._queue:
-                await self._commit(self._take())
+                self._inflight = self._take()
+                await self._commit(self._inflight)
+                self._inflight = []
 
     def _take(self) -> list[tuple[bytes, "asyncio.Future[None]", float]]:
         queue = self._queue

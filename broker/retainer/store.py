@@ -85,6 +85,10 @@ class RetainedStore:
         self._max_messages = max_messages
         self._max_payload_size = max_payload_size
         self._default_expiry = default_expiry
+        # Writes on their way through the Raft log, from this node (topic -> the latest, and
+        # how many are pending): visible here at once, so a client that published a retained
+        # message and then subscribes sees it, as it would on a single node.
+        self._pending: TopicTrie[tuple[Message, int]] = TopicTrie()
         self._load()
 
     def _load(self) -> None:
@@ -182,12 +186,29 @@ class RetainedStore:
         for key in self._db.iterator(include_value=False):
             batch.delete(key)
 
+    def hold(self, message: Message) -> None:
+        """A write proposed here, shown by `match` until `release` (it is then applied, or
+        failed: a clear shows as the topic's absence)."""
+        held = self._pending.get(message.topic, None)
+        self._pending.add(message.topic, None, (message, held[1] + 1 if held else 1))
+
+    def release(self, topic: str) -> None:
+        held = self._pending.get(topic, None)
+        if held is None:
+            return
+        if held[1] > 1:
+            self._pending.add(topic, None, (held[0], held[1] - 1))
+        else:
+            self._pending.remove(topic, None)
+
     def match(self, topic_filter: str) -> list[Message]:
         now = time.time()
-        return [
-            message for _, _, message in self._index.match_filter(topic_filter)
-            if not message.is_expired(now)
-        ]
+        found = {topic: message for topic, _, message in self._index.match_filter(topic_filter)}
+        if len(self._pending):
+            for topic, _, (message, _) in self._pending.match_filter(topic_filter):
+                found[topic] = message
+        return [message for message in found.values()
+                if message.payload and not message.is_expired(now)]
 
     def clear_expired(self) -> int:
         now = time.time()

@@ -163,3 +163,36 @@ def test_a_leader_counts_itself_toward_a_commit_only_once_on_its_disk() -> None:
     assert leader.commit < index  # b alone is no majority
     leader.persisted(ready.seq)
     assert leader.commit == index
+
+
+def test_the_only_voter_campaigns_on_its_first_tick() -> None:
+    core = RaftGroup(1, "a", random.Random(1))
+    core.bootstrap(Config(frozenset({"a"})))
+    core.persisted(core.ready().seq)
+    core.tick()
+    core.persisted(core.ready().seq)
+    assert core.role == LEADER
+    # Restarted from its log, it does not wait an election timeout either.
+    again = RaftGroup(1, "a", random.Random(2), term=core.term, vote="a", log=core.log)
+    again.tick()
+    again.persisted(again.ready().seq)
+    assert again.role == LEADER
+
+
+def test_appends_lost_with_a_link_are_sent_again_once_the_peer_is_unreachable() -> None:
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    cluster.settle()
+    cluster.down.add("c")  # the link drops: what is sent to c meanwhile is lost
+    for i in range(5):
+        leader.propose(b"%d" % i)
+    cluster.settle()
+    c = cluster.cores["c"]
+    cluster.down.discard("c")
+    for _ in range(3):  # heartbeats alone do not show the gap
+        leader.tick()
+        cluster.settle()
+    assert c.log.last_index < leader.log.last_index
+    leader.unreachable("c")
+    cluster.settle()
+    assert c.log.last_index == leader.log.last_index
