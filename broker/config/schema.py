@@ -267,7 +267,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Whether a CONNECT without a user name is accepted. `auto` = yes without a"
             " password file, no with one. Refused: v5 0x87, 3.1.1 return code 5."),
     Setting("authorization.acl_file", "", parse_str,
-            "Mosquitto's ACL file (`user`, `topic [read|write|readwrite|deny] FILTER`,"
+            "Mosquitto's ACL file (`user NAME`, `topic [ACCESS] FILTER` with ACCESS one of"
+            " `read`, `write`, `readwrite`, `deny`,"
             " `pattern ...` with `%c` and `%u`), re-read like the password file. Checked on"
             " SUBSCRIBE, PUBLISH, wills and every delivery. Empty = everything allowed."),
     Setting("authorization.deny_action", "ignore", parse_choice("ignore", "disconnect"),
