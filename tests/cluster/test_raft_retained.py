@@ -264,3 +264,57 @@ def test_a_node_down_while_retained_messages_change_catches_up_when_it_returns(
     away.start()
     _converged(nodes)
     assert _retained(clients, away, prefix, len(expected)) == expected
+
+
+def _members(node: Node) -> tuple[str, list[str], list[str]] | None:
+    group = _group(node)
+    if group is None:
+        return None
+    return group["epoch"], group["voters"], group["learners"]
+
+
+def test_nodes_started_together_with_n_sites_1_form_one_group_that_follows_the_members(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = cluster.start(3)  # durable_storage.n_sites 1: the smallest site coordinates
+    sites = sorted(_site(node) for node in nodes)
+
+    def one_group_of(voters: list[str]) -> bool:
+        seen = {str(_members(node)) for node in nodes}
+        return len(seen) == 1 and (_members(nodes[0]) or ("", []))[1] == voters
+
+    wait_until(lambda: one_group_of(sites), 30, "one group, every node a voter")
+    late = cluster.start(1)[0]
+    late_site = _site(late)
+    nodes.append(late)
+    wait_until(lambda: one_group_of(sorted([*sites, late_site])), 30,
+               "the late node added as a learner, then promoted")
+    topic = unique("late")
+    _client(clients, nodes[0], "pub").publish(topic, b"v", qos=1, retain=True, timeout=15)
+    _converged(nodes)
+    assert _retained(clients, late, topic, 1) == {topic: b"v"}
+    # Killed and removed from the cluster: removed from the group too.
+    late.process.kill()
+    nodes.remove(late)
+    http_json(nodes[0].http, f"/api/v5/cluster/{late.node_name}/force_leave", "DELETE")
+    wait_until(lambda: one_group_of(sites), 30, "the removed node out of the group")
+
+
+def test_a_node_that_ran_alone_adopts_the_clusters_group_when_it_joins(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = cluster.start(3, **THREE)
+    _leader(nodes)
+    prefix = unique("join")
+    _client(clients, nodes[0], "pub").publish(f"{prefix}/cluster", b"theirs", qos=1,
+                                              retain=True, timeout=15)
+    (alone,) = cluster.start(1, **{"cluster.discovery_strategy": "manual"})
+    _client(clients, alone, "pub").publish(f"{prefix}/alone", b"mine", qos=1, retain=True,
+                                           timeout=15)
+    epoch = (_members(alone) or ("",))[0]
+    assert epoch and epoch != (_members(nodes[0]) or ("",))[0]
+    http_json(alone.http, "/api/v5/cluster/join", "POST", {"node": nodes[0].seed})
+    everyone = [*nodes, alone]
+    wait_until(lambda: len({str(_members(node)) for node in everyone}) == 1, 30,
+               "the joined node in the cluster's group")
+    _converged(everyone)
+    for node in everyone:  # its own history is gone; the cluster's is its
+        assert _retained(clients, node, prefix, 1) == {f"{prefix}/cluster": b"theirs"}
