@@ -17,7 +17,7 @@ class Stats:
     __slots__ = (
         "bytes_received", "bytes_sent", "connections_total", "durable_persisted",
         "durable_replayed", "messages_dropped", "messages_received", "messages_sent",
-        "packets_malformed", "timed_out",
+        "packets_malformed", "refused", "timed_out",
     )
 
     def __init__(self) -> None:
@@ -31,12 +31,16 @@ class Stats:
         self.durable_persisted = 0  # messages stored for durable sessions
         self.durable_replayed = 0  # unacknowledged deliveries resent after a resume
         self.timed_out: dict[str, int] = {}  # connections closed for slowness, by stage
+        self.refused: dict[str, int] = {}  # requests refused by a limit, by limit
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
 
     def time_out(self, stage: str) -> None:
         self.timed_out[stage] = self.timed_out.get(stage, 0) + 1
+
+    def refuse(self, limit: str) -> None:
+        self.refused[limit] = self.refused.get(limit, 0) + 1
 
 
 class _StatsCollector(Collector):
@@ -69,6 +73,12 @@ class _StatsCollector(Collector):
         for stage, value in sorted(stats.timed_out.items()):
             timed_out.add_metric([stage], value)
         yield timed_out
+        refused = CounterMetricFamily(
+            "mqtt_limit_refusals", "Requests refused by a configured limit, by limit",
+            labels=["limit"])
+        for limit, value in sorted(stats.refused.items()):
+            refused.add_metric([limit], value)
+        yield refused
         yield CounterMetricFamily("mqtt_bytes_received", "Bytes read", value=stats.bytes_received)
         yield CounterMetricFamily("mqtt_bytes_sent", "Bytes written", value=stats.bytes_sent)
         yield CounterMetricFamily(

@@ -139,6 +139,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mqtt.max_topic_alias", 65535, parse_int(0, 65535),
             "Topic Alias Maximum advertised to MQTT 5 clients; 0 disables aliases."),
     Setting("mqtt.max_clientid_len", 65535, parse_int(23, 65535), "Longest client ID accepted."),
+    Setting("mqtt.max_subscriptions", 0, parse_int(0, 2**31),
+            "Most subscriptions one session may hold; a SUBSCRIBE past it gets Quota exceeded"
+            " (0x97; 3.1.1: 0x80) for each filter that would add one. 0 = no limit."),
     Setting("mqtt.max_topic_levels", 128, parse_int(1, 65535),
             "Most levels in a topic name or filter."),
     Setting("mqtt.max_qos_allowed", 2, parse_int(0, 2), "Maximum QoS advertised and granted."),

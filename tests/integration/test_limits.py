@@ -146,3 +146,14 @@ def test_topic_level_limit(paho_client, limited_broker) -> None:
     assert payloads(client.wait_messages(1)) == [b"ok"]
     client.client.publish(nine, b"too deep", 1)
     assert client.wait_disconnected() == TOPIC_NAME_INVALID
+
+
+def test_subscriptions_past_max_subscriptions_get_quota_exceeded(start_broker,
+                                                                paho_client) -> None:
+    broker = start_broker(**{"mqtt.max_subscriptions": "3"})
+    client = paho_client(port=broker.tcp)
+    assert client.subscribe([("a/1", 1), ("a/2", 1)]) == [1, 1]
+    assert client.subscribe([("a/1", 0), ("a/3", 1), ("a/4", 1)]) == [0, 1, 0x97]
+    assert client.unsubscribe("a/2") == [0]
+    assert client.subscribe("a/4", qos=1) == [1]
+    assert broker.metric("mqtt_limit_refusals_total", limit="max_subscriptions") == 1

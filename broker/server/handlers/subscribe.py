@@ -46,6 +46,7 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
     identifiers = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
     identifier = identifiers[0] if identifiers else None
     max_qos = node.config["mqtt.max_qos_allowed"]
+    max_subscriptions = node.config["mqtt.max_subscriptions"]
     codes: list[int] = []
     retained: list[Delivery] = []
     for sub in packet.subscriptions:
@@ -70,6 +71,10 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
             group,
         )
         existed = sub.topic_filter in session.subscriptions
+        if not existed and 0 < max_subscriptions <= len(session.subscriptions):
+            node.stats.refuse("max_subscriptions")
+            codes.append(ReasonCode.QUOTA_EXCEEDED)
+            continue
         if isinstance(session, DurableSession) and group is None and node.durable is not None:
             # Read from Durable Storage, not routed: the topics become durable from now on.
             node.add_durable_filter(session.client_id, topic_filter, options)
