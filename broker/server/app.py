@@ -30,6 +30,7 @@ from broker.http.header_timeout import HeaderTimeout
 from broker.metrics import add_samples, make_registry
 from broker.node import Node
 from broker.periodic import every
+from broker.server.admission import ListenerGate
 from broker.server.output import OutputBatch
 from broker.server.tls import reload_certificate, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
@@ -76,15 +77,17 @@ class BrokerApp:
         output = OutputBatch(loop)
         listeners = [
             ("tcp", config["listeners.tcp.default.bind"],
-             partial(MQTTStreamProtocol, node, output), None),
+             partial(MQTTStreamProtocol, node, output, _gate(config, "tcp")), None),
             ("ws", config["listeners.ws.default.bind"],
-             partial(MQTTWebSocketProtocol, node, output, WebSocketOptions.from_config(config)),
+             partial(MQTTWebSocketProtocol, node, output, WebSocketOptions.from_config(config),
+                     _gate(config, "ws")),
              None),
         ]
         tls = self._tls = tls_context(config)
         if tls is not None:
             listeners.append(("ssl", config["listeners.ssl.default.bind"],
-                              partial(MQTTStreamProtocol, node, output), tls))
+                              partial(MQTTStreamProtocol, node, output, _gate(config, "ssl")),
+                              tls))
         for name, bind, factory, ssl_context in listeners:
             if bind is None:
                 continue
@@ -187,6 +190,12 @@ class BrokerApp:
         if self.metadata is not None:
             await self.metadata.stop()
         self.node.close()
+
+
+def _gate(config: Config, listener: str) -> ListenerGate:
+    prefix = f"listeners.{listener}.default."
+    return ListenerGate(listener, config[prefix + "max_connections"],
+                        config[prefix + "max_conn_rate"])
 
 
 # Young-generation collections every 50,000 net allocations, not 700: the message path

@@ -9,6 +9,7 @@ copes. The upgrade must name a supported subprotocol (MQTT 5.0 section 6, EMQX's
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,6 +29,7 @@ from broker.config.loader import Config
 from broker.mqtt.codec import Decoder
 from broker.mqtt.errors import PacketTooLarge
 from broker.node import Node
+from broker.server.admission import ListenerGate
 from broker.server.connection import Connection
 from broker.server.output import OutputBatch
 
@@ -39,16 +41,29 @@ _MESSAGE_TOO_BIG: Final = 1009
 _UNSUPPORTED_DATA: Final = 1003
 
 
-class MQTTStreamProtocol(asyncio.Protocol):
-    __slots__ = ("_connection", "_node", "_output")
+def _admitted(node: Node, gate: ListenerGate, transport: asyncio.BaseTransport) -> bool:
+    """The listener's limits, before anything is read: a refused socket is aborted."""
+    refused = gate.admit(time.monotonic())
+    if refused is None:
+        return True
+    node.stats.refuse(f"{gate.name}.{refused}")
+    transport.abort()
+    return False
 
-    def __init__(self, node: Node, output: OutputBatch) -> None:
+
+class MQTTStreamProtocol(asyncio.Protocol):
+    __slots__ = ("_connection", "_gate", "_node", "_output")
+
+    def __init__(self, node: Node, output: OutputBatch, gate: ListenerGate) -> None:
         self._node = node
         self._output = output
+        self._gate = gate
         self._connection: Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        if not _admitted(self._node, self._gate, transport):
+            return
         transport.set_write_buffer_limits(high=_HIGH_WATER)
         self._connection = Connection(self._node, transport, self._output)
 
@@ -58,6 +73,7 @@ class MQTTStreamProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._connection is not None:
+            self._gate.release()
             self._connection.connection_lost()
 
 
@@ -115,10 +131,13 @@ class _WebSocketWriter:
 
 
 class MQTTWebSocketProtocol(asyncio.Protocol):
-    def __init__(self, node: Node, output: OutputBatch, options: WebSocketOptions) -> None:
+    def __init__(self, node: Node, output: OutputBatch, options: WebSocketOptions,
+                 gate: ListenerGate) -> None:
         self._node = node
         self._output = output
         self._options = options
+        self._gate = gate
+        self._admitted = False
         self._ws = WSConnection(ConnectionType.SERVER)
         self._transport: asyncio.Transport | None = None
         self._connection: Connection | None = None
@@ -126,6 +145,9 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self._admitted = _admitted(self._node, self._gate, transport)
+        if not self._admitted:
+            return
         self._transport = transport
         if self._options.handshake_timeout:
             self._timer = asyncio.get_running_loop().call_later(
@@ -203,5 +225,7 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        if self._admitted:
+            self._gate.release()
         if self._connection is not None:
             self._connection.connection_lost()

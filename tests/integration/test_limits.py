@@ -1,5 +1,6 @@
 """Non-default limits from the configuration, observed through paho-mqtt."""
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +20,7 @@ from tests.integration.clients import (
     publish_props,
     unique,
     wait_offline,
+    wait_until,
 )
 from tests.support.broker_process import BrokerProcess
 
@@ -157,3 +159,36 @@ def test_subscriptions_past_max_subscriptions_get_quota_exceeded(start_broker,
     assert client.unsubscribe("a/2") == [0]
     assert client.subscribe("a/4", qos=1) == [1]
     assert broker.metric("mqtt_limit_refusals_total", limit="max_subscriptions") == 1
+
+
+def test_a_listener_closes_connections_past_max_connections(start_broker,
+                                                           paho_client) -> None:
+    broker = start_broker(**{"listeners.tcp.default.max_connections": "2"})
+    first, second = paho_client(port=broker.tcp), paho_client(port=broker.tcp)
+    with socket.create_connection(("127.0.0.1", broker.tcp), timeout=10) as third:
+        assert third.recv(1) == b""  # closed before a byte was read from it
+    assert broker.metric("mqtt_limit_refusals_total", limit="tcp.max_connections") == 1
+    assert first.connected and second.connected
+    first.disconnect()
+    wait_until(lambda: _accepted(broker.tcp), 10, "room again once one left")
+
+
+def _accepted(port: int) -> bool:
+    """A CONNECT answered by a CONNACK (not a closed socket)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            sock.sendall(b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01x")
+            return sock.recv(4)[:1] == b"\x20"
+        except ConnectionError:
+            return False
+
+
+def test_a_listener_accepts_at_most_max_conn_rate_new_connections_a_second(
+        start_broker) -> None:
+    broker = start_broker(**{"listeners.tcp.default.max_conn_rate": "5"})
+    answered = sum(_accepted(broker.tcp) for _ in range(20))
+    # The bucket holds one second's worth (5); a few more are earned while the burst runs
+    # (one per 200 ms), so not all 20 however slow the machine is, short of 3 s.
+    assert 5 <= answered < 20
+    refused = broker.metric("mqtt_limit_refusals_total", limit="tcp.max_conn_rate")
+    assert refused == 20 - answered
