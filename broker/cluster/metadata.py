@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from broker.cluster import group_members
 from broker.cluster.bootstrap import MEMBER, UNKNOWN, Attempt, Bootstrap, GroupRecord
-from broker.cluster.proposer import Proposer
+from broker.cluster.proposer import Batch, Proposer
 from broker.cluster.raft_transport import RaftTransport
 from broker.cluster.rpc import Rpc, RpcError
 from broker.cluster.service import Cluster
@@ -135,11 +135,14 @@ class MetadataGroup:
         this node shows it at once (RetainedStore.hold) until its batch is settled."""
         store = self._store
         store.hold(message)
-        future = self.proposer.add(encode_record(message))
-        future.add_done_callback(lambda _: store.release(message.topic))
-        return future
+        batch = self.proposer.add(encode_record(message))
+        if not batch.messages:
+            batch.future.add_done_callback(
+                lambda _: store.release(*(held.topic for held in batch.messages)))
+        batch.messages.append(message)
+        return batch.future
 
-    async def _submit(self, data: bytes) -> None:
+    async def _submit(self, batch: Batch, data: bytes) -> None:
         """Until committed (the proposer bounds the whole): proposes when leading, else
         forwards to the leader, else waits for one."""
         while True:
@@ -150,6 +153,7 @@ class MetadataGroup:
                 continue
             try:
                 if leader == self.me:
+                    self.machine.proposing(data, batch.messages)
                     await asyncio.wait_for(raft.propose(GROUP, data), self._attempt_timeout)
                     return
                 index = await self._rpc.call(leader, "raft_propose", {
@@ -375,6 +379,7 @@ class MetadataGroup:
                     " group (epoch %x), Raft log and %d retained messages", mine,
                     len(self._store))
         await self.proposer.stop()
+        self.proposer.abandon()
         if self._raft is not None:
             await self._raft.close()
         self.bootstrap.forget()

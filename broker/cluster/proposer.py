@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from broker.retainer.machine import encode_commands
+from broker.session.message import Message
 
 log = logging.getLogger(__name__)
 
@@ -30,78 +31,96 @@ class CommitTimeout(Exception):
     pass
 
 
+class Batch:
+    """Commands that become one log entry, and the one future they all wait on: the
+    PUBLISHes of a batch are acknowledged together (a connection groups acknowledgements
+    that share a future: one callback per batch, not per message)."""
+
+    __slots__ = ("commands", "future", "messages", "size", "started")
+
+    def __init__(self, future: "asyncio.Future[None]") -> None:
+        self.commands: list[bytes] = []
+        self.future = future
+        self.size = 0
+        self.started = time.monotonic()
+        self.messages: list[Message] = []  # the commands' messages, kept by the caller
+
+
 class Proposer:
-    def __init__(self, submit: Callable[[bytes], Awaitable[None]], timeout: float) -> None:
+    def __init__(self, submit: Callable[[Batch, bytes], Awaitable[None]],
+                 timeout: float) -> None:
         self._submit = submit
         self.timeout = timeout
-        self._queue: list[tuple[bytes, asyncio.Future[None], float]] = []
-        self._inflight: list[tuple[bytes, asyncio.Future[None], float]] = []
+        self._queue: list[Batch] = []  # the last one is still taking commands
+        self._inflight: Batch | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self.batches = 0
         self.commands = 0
         self.timed_out = 0
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return sum(len(batch.commands) for batch in self._queue)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """Stops proposing. What waits is left waiting: at shutdown its connections are
+        closed already (`abandon` fails it, for a node that goes on)."""
+        self._stopped = True  # (3.11's wait_for may swallow the cancellation below)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for _, future, _ in self._inflight + self._queue:
-            future.cancel()
+
+    def abandon(self) -> None:
+        """Fails what waits (cancelled: not acknowledged, the clients' connections close)."""
+        for batch in ([self._inflight] if self._inflight else []) + self._queue:
+            batch.future.cancel()
         self._queue.clear()
 
-    def add(self, command: bytes) -> "asyncio.Future[None]":
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # Nobody may await it (a retained $SYS message): its failure is logged by _commit.
-        future.add_done_callback(_retrieve)
-        self._queue.append((command, future, time.monotonic()))
-        self._wake.set()
-        return future
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queue:
-                self._inflight = self._take()
-                await self._commit(self._inflight)
-                self._inflight = []
-
-    def _take(self) -> list[tuple[bytes, "asyncio.Future[None]", float]]:
+    def add(self, command: bytes) -> Batch:
+        """Queues a command; its batch's future resolves once it is committed."""
         queue = self._queue
-        size = 0
-        end = 0
-        while end < len(queue) and (end == 0 or size + len(queue[end][0]) <= MAX_BATCH_BYTES):
-            size += len(queue[end][0])
-            end += 1
-        batch, self._queue = queue[:end], queue[end:]
+        if not queue or queue[-1].size + len(command) > MAX_BATCH_BYTES:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            # Nobody may await it (a retained $SYS message): its failure is logged by _commit.
+            future.add_done_callback(_retrieve)
+            queue.append(Batch(future))
+            self._wake.set()
+        batch = queue[-1]
+        batch.commands.append(command)
+        batch.size += len(command)
         return batch
 
-    async def _commit(self, batch: list[tuple[bytes, "asyncio.Future[None]", float]]) -> None:
-        data = encode_commands([command for command, _, _ in batch])
-        remaining = batch[0][2] + self.timeout - time.monotonic()
+    async def _run(self) -> None:
+        while not self._stopped:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue and not self._stopped:
+                self._inflight = self._queue.pop(0)
+                await self._commit(self._inflight)
+                self._inflight = None
+
+    async def _commit(self, batch: Batch) -> None:
+        data = encode_commands(batch.commands)
+        future, count = batch.future, len(batch.commands)
         try:
-            await asyncio.wait_for(self._submit(data), max(remaining, 0.0))
+            await asyncio.wait_for(self._submit(batch, data),
+                                   max(batch.started + self.timeout - time.monotonic(), 0.0))
         except TimeoutError:
-            self.timed_out += len(batch)
+            self.timed_out += count
             error = CommitTimeout(f"not committed within {self.timeout:g} s (no leader"
                                   " reachable: this node is on a minority's side?)")
-            log.warning("%d retained message(s) not stored: %s", len(batch), error)
-            for _, future, _ in batch:
-                if not future.done():
-                    future.set_exception(error)
+            log.warning("%d retained message(s) not stored: %s", count, error)
+            if not future.done():
+                future.set_exception(error)
             return
         self.batches += 1
-        self.commands += len(batch)
-        for _, future, _ in batch:
-            if not future.done():
-                future.set_result(None)
+        self.commands += count
+        if not future.done():
+            future.set_result(None)
 
 
 def _retrieve(future: "asyncio.Future[None]") -> None:

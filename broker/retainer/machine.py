@@ -94,6 +94,9 @@ class RetainedMachine:
         self.flushed_index = 0
         self.bad_commands = 0
         self._outgoing: tuple[int, bytes] | None = None  # the snapshot being sent
+        # The entry this node proposed as the leader, with its messages: applied without
+        # decoding what it has just encoded (the log hands back the very same bytes).
+        self._proposed: tuple[bytes, list[Message]] | None = None
         self._incoming = bytearray()
 
     def unlogged(self) -> bool:
@@ -108,19 +111,31 @@ class RetainedMachine:
         index, term, config = installed
         return SnapshotMeta(index, term, Config.decode(config))
 
+    def proposing(self, data: bytes, messages: list[Message]) -> None:
+        """This node, leading, proposes `data`: the encoding of `messages`."""
+        self._proposed = (data, messages)
+
     # ---- StateMachine ----------------------------------------------------------------------
     def apply(self, entry: Entry) -> None:
         if entry.kind == NORMAL:
-            try:
-                messages = decode_commands(entry.data)
-            except BadCommand:
-                # Every replica skips it alike: the log stays the same on all of them.
-                self.bad_commands += 1
-                messages = []
+            proposed = self._proposed
+            if proposed is not None and proposed[0] is entry.data:
+                messages = proposed[1]
+                self._proposed = None
+            else:
+                messages = self._decode(entry.data)
             refused = self.store.write(messages, entry.index, entry.term)
             if refused:
                 self._refused(refused)
         self.applied_index, self.applied_term = entry.index, entry.term
+
+    def _decode(self, data: bytes) -> list[Message]:
+        try:
+            return decode_commands(data)
+        except BadCommand:
+            # Every replica skips it alike: the log stays the same on all of them.
+            self.bad_commands += 1
+            return []
 
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
         outgoing = self._outgoing

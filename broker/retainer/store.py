@@ -36,6 +36,7 @@ import plyvel  # type: ignore[import-untyped]
 from broker.mqtt.codec import Decoder, encode_publish
 from broker.mqtt.constants import MQTT_5
 from broker.mqtt.packets import Publish
+from broker.mqtt.topic import topic_matches
 from broker.routing.trie import TopicTrie
 from broker.session.message import Message
 
@@ -88,7 +89,8 @@ class RetainedStore:
         # Writes on their way through the Raft log, from this node (topic -> the latest, and
         # how many are pending): visible here at once, so a client that published a retained
         # message and then subscribes sees it, as it would on a single node.
-        self._pending: TopicTrie[tuple[Message, int]] = TopicTrie()
+        # (A dict, not a trie: few are pending at a time, and they change on every publish.)
+        self._pending: dict[str, tuple[Message, int]] = {}
         self._load()
 
     def _load(self) -> None:
@@ -189,23 +191,25 @@ class RetainedStore:
     def hold(self, message: Message) -> None:
         """A write proposed here, shown by `match` until `release` (it is then applied, or
         failed: a clear shows as the topic's absence)."""
-        held = self._pending.get(message.topic, None)
-        self._pending.add(message.topic, None, (message, held[1] + 1 if held else 1))
+        held = self._pending.get(message.topic)
+        self._pending[message.topic] = (message, held[1] + 1 if held else 1)
 
-    def release(self, topic: str) -> None:
-        held = self._pending.get(topic, None)
-        if held is None:
-            return
-        if held[1] > 1:
-            self._pending.add(topic, None, (held[0], held[1] - 1))
-        else:
-            self._pending.remove(topic, None)
+    def release(self, *topics: str) -> None:
+        pending = self._pending
+        for topic in topics:
+            held = pending.get(topic)
+            if held is None:
+                continue
+            if held[1] > 1:
+                pending[topic] = (held[0], held[1] - 1)
+            else:
+                del pending[topic]
 
     def match(self, topic_filter: str) -> list[Message]:
         now = time.time()
         found = {topic: message for topic, _, message in self._index.match_filter(topic_filter)}
-        if len(self._pending):
-            for topic, _, (message, _) in self._pending.match_filter(topic_filter):
+        for topic, (message, _) in self._pending.items():
+            if topic_matches(topic_filter, topic):
                 found[topic] = message
         return [message for message in found.values()
                 if message.payload and not message.is_expired(now)]

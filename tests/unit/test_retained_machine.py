@@ -146,3 +146,17 @@ def test_retained_messages_from_before_the_group_are_unlogged(tmp_path: Path) ->
     store.clear()
     assert len(store) == 0 and store.applied() == (0, 0) and store.installed_snapshot() is None
     store.close()
+
+
+def test_the_leaders_own_entry_is_applied_without_decoding_it_again(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    machine = RetainedMachine(store, lambda _: None)
+    mine = Message("t/own", b"v", retain=True)
+    data = encode_commands([encode_record(mine)])
+    machine.proposing(data, [mine])
+    machine.apply(Entry(1, 1, NORMAL, bytes(bytearray(data))))  # equal, not the same: decoded
+    assert store.match("t/own")[0] is not mine
+    machine.proposing(data, [mine])
+    machine.apply(Entry(2, 1, NORMAL, data))
+    assert store.match("t/own")[0] is mine
+    store.close()
