@@ -421,10 +421,7 @@ class Decoder:
         raises an error of the same class and reason code.
         """
         if self._error is not None:
-            dead = type(self._error)(f"decoder failed earlier: {self._error}")
-            dead.reason_code = self._error.reason_code
-            dead.packets = []  # type: ignore[attr-defined]
-            raise dead
+            raise self._dead()
         if type(data) is not bytes:
             data = bytes(data)  # own a copy: the caller may reuse a bytearray/memoryview
         if self._chunks:
@@ -527,7 +524,11 @@ class Decoder:
                 pos = end
         except MQTTError as exc:
             exc.packets = packets  # type: ignore[attr-defined]
-            self._error = exc
+            # A copy, without the traceback: that holds this frame, whose locals hold the
+            # decoder and the bytes received, so keeping `exc` made a reference cycle and a
+            # connection ended for a violation stayed in memory, its last read included,
+            # until the cycle collector's next full pass.
+            self._error = type(exc)(str(exc), exc.reason_code)
             self._chunks = []
             raise
 
@@ -551,6 +552,16 @@ class Decoder:
         """The violation that ended decoding, if one did (the transport may report it in its
         own terms: a WebSocket closes with 1009 for a packet too large)."""
         return self._error
+
+    def _dead(self) -> MQTTError:
+        """What every call after a violation raises: the same class and reason code. Made
+        here, not in `feed`: an exception in a local of the frame it is raised from is a
+        reference cycle (the traceback holds the frame)."""
+        error = self._error
+        assert error is not None
+        dead = type(error)(f"decoder failed earlier: {error}", error.reason_code)
+        dead.packets = []  # type: ignore[attr-defined]
+        return dead
 
     def _too_large(self, size: int) -> NoReturn:
         raise PacketTooLarge(f"packet of {size} bytes exceeds maximum of {self.max_packet_size}")
