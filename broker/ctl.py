@@ -1,16 +1,22 @@
 """`broker ctl cluster|ds|sessions ...`: administration, like `emqx ctl`.
 
-A running node is asked over its HTTP API (`--url`); for `ds info` a stopped one can be read
-from its data dir (`--data-dir`), which LevelDB's lock refuses while a node has it open.
+A running node is asked over its HTTP API (`--url`) with an API key (`--api-key KEY:SECRET`,
+`--api-key-file` naming a bootstrap file, whose first key is used, or $BROKER_API_KEY, which
+keeps the secret out of the process list); for `ds info` a stopped one can be read from its
+data dir (`--data-dir`), which LevelDB's lock refuses while a node has it open.
 """
 
 import argparse
 import asyncio
+import base64
+import functools
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,16 +25,66 @@ import plyvel
 
 from broker.auth.users_ctl import add_users_parser
 from broker.ds import DurableStorage, Settings
+from broker.http.auth import ApiKeyFileError, parse_api_keys
 
 DEFAULT_URL = "http://127.0.0.1:18083"
+API_KEY_ENV = "BROKER_API_KEY"
 
 
-def _http(url: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+class Refused(Exception):
+    """The node turned the key down (401, 403): the same fix whatever the command."""
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """KEY:SECRET from the first of --api-key, --api-key-file, $BROKER_API_KEY given."""
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        path = args.api_key_file
+        try:
+            name, key = next(iter(parse_api_keys(Path(path).read_text(), path).items()))
+        except (OSError, UnicodeDecodeError, ApiKeyFileError) as error:
+            raise Refused(f"--api-key-file: {error}") from None
+        return f"{name}:{key.secret.decode()}"
+    return os.environ.get(API_KEY_ENV) or None
+
+
+def _http(args: argparse.Namespace, path: str, method: str = "GET",
+          body: dict[str, Any] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    headers = {"Content-Type": "application/json"}
+    key = _api_key(args)
+    if key:
+        headers["Authorization"] = "Basic " + base64.b64encode(key.encode()).decode()
+    request = urllib.request.Request(args.url.rstrip("/") + path, data=data, method=method,
+                                     headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        if error.code == 401:
+            raise Refused(f"{args.url}: 401: " + (
+                "the API key was refused" if key else
+                f"an API key is needed: --api-key KEY:SECRET, --api-key-file FILE or"
+                f" ${API_KEY_ENV} (a node without api_key.bootstrap_file keeps its own in"
+                f" <node.data_dir>/api_key)")) from None
+        if error.code == 403:
+            raise Refused(f"{args.url}: 403: this key may only read; {method} {path} needs an"
+                          f" administrator key") from None
+        raise
+
+
+def _calls_api(command: Callable[[argparse.Namespace], int]
+               ) -> Callable[[argparse.Namespace], int]:
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except Refused as refused:
+            print(f"broker ctl: {refused}", file=sys.stderr)
+            return 1
+
+    return run
 
 
 async def _offline_info(data_dir: Path) -> dict[str, Any]:
@@ -72,15 +128,14 @@ def format_info(info: dict[str, Any]) -> str:
 def ds_command(args: argparse.Namespace) -> int:
     try:
         if args.action == "seal":
-            info = _http(args.url.rstrip("/") + "/api/v5/ds/storages/messages/generations",
-                         method="POST")
+            info = _http(args, "/api/v5/ds/storages/messages/generations", method="POST")
             print(json.dumps(info, indent=1) if args.output == "json"
                   else f"sealed {info['sealed']} generation(s)")
             return 0
         if args.data_dir:
             info = asyncio.run(_offline_info(Path(args.data_dir)))
         else:
-            info = _http(args.url.rstrip("/") + "/api/v5/ds/storages")
+            info = _http(args, "/api/v5/ds/storages")
     except (urllib.error.URLError, OSError, plyvel.Error) as error:
         where = args.data_dir or args.url
         print(f"broker ctl: cannot read durable storage at {where}: {error}", file=sys.stderr)
@@ -111,10 +166,9 @@ def format_session(client: dict[str, Any], subscriptions: list[dict[str, Any]]) 
 
 
 def sessions_command(args: argparse.Namespace) -> int:
-    base = args.url.rstrip("/") + "/api/v5"
     try:
         if args.action == "list":
-            clients = _http(base + "/clients?limit=10000")["data"]
+            clients = _http(args, "/api/v5/clients?limit=10000")["data"]
             print(json.dumps(clients, indent=1) if args.output == "json"
                   else format_sessions(clients))
             return 0
@@ -122,8 +176,9 @@ def sessions_command(args: argparse.Namespace) -> int:
             print("broker ctl: sessions show needs a client ID", file=sys.stderr)
             return 2
         quoted = urllib.parse.quote(args.client_id, safe="")
-        client = _http(f"{base}/clients/{quoted}")
-        subscriptions = _http(f"{base}/subscriptions?limit=10000&clientid={quoted}")["data"]
+        client = _http(args, f"/api/v5/clients/{quoted}")
+        subscriptions = _http(args, f"/api/v5/subscriptions?limit=10000&clientid={quoted}")[
+            "data"]
     except urllib.error.HTTPError as error:
         if error.code == 404:
             print(f"broker ctl: no session {args.client_id!r}", file=sys.stderr)
@@ -146,18 +201,19 @@ def format_cluster(status: dict[str, Any]) -> str:
 
 
 def cluster_command(args: argparse.Namespace) -> int:
-    base = args.url.rstrip("/") + "/api/v5/cluster"
+    base = "/api/v5/cluster"
     if args.action in ("join", "force-leave") and not args.node:
         print(f"broker ctl: cluster {args.action} needs a node name", file=sys.stderr)
         return 2
     try:
         if args.action == "join":
-            _http(base + "/join", "POST", {"node": args.node})
+            _http(args, base + "/join", "POST", {"node": args.node})
         elif args.action == "leave":
-            _http(base + "/leave", "POST", {})
+            _http(args, base + "/leave", "POST", {})
         elif args.action == "force-leave":
-            _http(f"{base}/{urllib.parse.quote(args.node, safe='')}/force_leave", "DELETE")
-        status = _http(base)
+            _http(args, f"{base}/{urllib.parse.quote(args.node, safe='')}/force_leave",
+                  "DELETE")
+        status = _http(args, base)
     except urllib.error.HTTPError as error:
         print(f"broker ctl: {args.action}: {error.read().decode(errors='replace')}",
               file=sys.stderr)
@@ -189,12 +245,20 @@ def format_raft(status: dict[str, Any]) -> str:
 
 def raft_command(args: argparse.Namespace) -> int:
     try:
-        status = _http(args.url.rstrip("/") + "/api/v5/raft")
+        status = _http(args, "/api/v5/raft")
     except (urllib.error.URLError, OSError) as error:
         print(f"broker ctl: cannot reach {args.url}: {error}", file=sys.stderr)
         return 1
     print(json.dumps(status, indent=1) if args.output == "json" else format_raft(status))
     return 0
+
+
+def _add_api_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    parser.add_argument("--api-key", metavar="KEY:SECRET",
+                        help=f"API key (visible in the process list: prefer ${API_KEY_ENV})")
+    parser.add_argument("--api-key-file", metavar="FILE",
+                        help="a bootstrap file (KEY:SECRET[:ROLE] lines): its first key")
 
 
 def add_parser(commands: Any) -> None:
@@ -204,24 +268,24 @@ def add_parser(commands: Any) -> None:
     cluster.add_argument("action", choices=["status", "join", "leave", "force-leave"])
     cluster.add_argument("node", nargs="?", help="NAME@HOST[:PORT] to join, or the node"
                          " (name or site) to force out")
-    cluster.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    _add_api_options(cluster)
     cluster.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    cluster.set_defaults(func=cluster_command)
+    cluster.set_defaults(func=_calls_api(cluster_command))
     ds = topics.add_parser("ds", help="Durable Storage: info, seal")
     ds.add_argument("action", choices=["info", "seal"])
-    ds.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    _add_api_options(ds)
     ds.add_argument("--data-dir", help="read a stopped node's data dir instead (info only)")
     ds.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    ds.set_defaults(func=ds_command)
+    ds.set_defaults(func=_calls_api(ds_command))
     raft = topics.add_parser("raft", help="Raft groups of a node: status")
     raft.add_argument("action", choices=["status"])
-    raft.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    _add_api_options(raft)
     raft.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    raft.set_defaults(func=raft_command)
+    raft.set_defaults(func=_calls_api(raft_command))
     add_users_parser(topics)
     sessions = topics.add_parser("sessions", help="sessions, durable ones included: list, show")
     sessions.add_argument("action", choices=["list", "show"])
     sessions.add_argument("client_id", nargs="?", help="for show")
-    sessions.add_argument("--url", default=DEFAULT_URL, help="HTTP API of a running node")
+    _add_api_options(sessions)
     sessions.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    sessions.set_defaults(func=sessions_command)
+    sessions.set_defaults(func=_calls_api(sessions_command))

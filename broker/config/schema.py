@@ -138,6 +138,17 @@ SETTINGS: tuple[Setting, ...] = (
             "Time an HTTP connection may take to send a request's headers: the first from"
             " connecting, a later one from the previous response (keep-alive). 0: no bound on"
             " the first, no keep-alive."),
+    Setting("api_key.bootstrap_file", "", parse_str,
+            "EMQX's API key file: `KEY:SECRET` or `KEY:SECRET:ROLE` lines, role"
+            " `administrator` (the default: anything) or `viewer` (GET only). Every"
+            " `/api/v5/...` endpoint but `status` and `ready` needs a key, sent as HTTP Basic"
+            " (or `X-Api-Key: KEY:SECRET`): else 401, a viewer's change 403. Re-read when it"
+            " changes; a bad file stops start-up, or later keeps the keys in force. Empty = an"
+            " administrator key made at first start in `<node.data_dir>/api_key`, except on a"
+            " loopback-only bind, where the API stays open (with a warning)."),
+    Setting("prometheus.enable_basic_auth", False, parse_bool,
+            "`/metrics` and `/api/v5/prometheus/stats` need an API key too (any role);"
+            " off = open to scrapers. No effect while the API is open (loopback, no keys)."),
     Setting("mqtt.session_expiry_interval", "2h", parse_duration,
             "Session expiry for MQTT 3.1.1 clients connecting with clean session = 0."),
     Setting("mqtt.max_session_expiry_interval", "0s", parse_duration,

@@ -2,6 +2,7 @@
 
 Handlers read through `Node`'s public state only; responses use EMQX's field names and
 paging envelope (`data` + `meta`) so existing dashboards and scripts mostly just work.
+Who may call what is decided before any handler runs (broker/http/auth.py).
 """
 
 from collections.abc import Awaitable, Callable
@@ -12,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from broker.ds import DurableStorage
+from broker.http.auth import install as install_auth
 from broker.node import Node
 from broker.session.session import Session
 
@@ -175,6 +177,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     app = web.Application()
     app[NODE_KEY] = node
     app[REGISTRY_KEY] = registry
+    install_auth(app, node.config, registry)  # also guards the routes added after this
     app.router.add_get("/status", status)
     app.router.add_get("/api/v5/status", status)
     app.router.add_get("/api/v5/ready", ready)
