@@ -100,6 +100,9 @@ async def cluster_join(request: web.Request) -> web.Response:
 
 async def cluster_leave(request: web.Request) -> web.Response:
     request.app[CLUSTER_KEY].leave()
+    metadata = request.app.get(RAFT_KEY)
+    if metadata is not None:
+        await metadata.after_leave()  # stands alone: its history of the group discarded
     return web.json_response({"left": True})
 
 
