@@ -373,11 +373,19 @@ class MetadataGroup:
         epochs = {epoch for epoch in (await self._rpc.multicall("raft_epoch")).values()
                   if isinstance(epoch, int) and epoch}
         mine = self._epoch_of(GROUP)
-        if not epochs or mine in epochs or self.bootstrap.state == "blank":
-            return
-        log.warning("joined a cluster whose metadata group is another: discarding this node's"
-                    " group (epoch %x), Raft log and %d retained messages", mine,
-                    len(self._store))
+        if epochs and mine not in epochs and self.bootstrap.state != "blank":
+            await self._discard("joined a cluster whose metadata group is another")
+
+    async def after_leave(self) -> None:
+        """After `broker ctl cluster leave`: the node stands alone, as EMQX's leave resets
+        it; the group it left goes on without it (its peers remove it), and this node's
+        history of that group is discarded: with `n_sites` 1 it creates a group of its own."""
+        if self.bootstrap.state != "blank":
+            await self._discard("left the cluster")
+
+    async def _discard(self, why: str) -> None:
+        log.warning("%s: discarding this node's metadata group (epoch %x), Raft log and %d"
+                    " retained messages", why, self._epoch_of(GROUP), len(self._store))
         await self.proposer.stop()
         self.proposer.abandon()
         if self._raft is not None:

@@ -9,6 +9,8 @@ publishers were told (PUBACK) and what they could not know (sent, no PUBACK).
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -283,6 +285,15 @@ def test_nodes_started_together_with_n_sites_1_form_one_group_that_follows_the_m
         return len(seen) == 1 and (_members(nodes[0]) or ("", []))[1] == voters
 
     wait_until(lambda: one_group_of(sites), 30, "one group, every node a voter")
+    leader = _leader(nodes)
+    assert leader.metric("raft_role", group="0", role="leader") == 1
+    assert leader.metric("raft_wal_fsync_seconds_count") > 0
+    status = subprocess.run(
+        [sys.executable, "-m", "broker", "ctl", "raft", "status", "--url",
+         f"http://127.0.0.1:{nodes[1].http}"], capture_output=True, text=True, timeout=30,
+        check=True).stdout
+    assert f"leader {leader.node_name}" in status
+    assert all(node.node_name in status.split("voters")[1] for node in nodes)
     late = cluster.start(1)[0]
     late_site = _site(late)
     nodes.append(late)
@@ -318,3 +329,15 @@ def test_a_node_that_ran_alone_adopts_the_clusters_group_when_it_joins(
     _converged(everyone)
     for node in everyone:  # its own history is gone; the cluster's is its
         assert _retained(clients, node, prefix, 1) == {f"{prefix}/cluster": b"theirs"}
+    # Leaving, it stands alone again: the group goes on without it, it has one of its own.
+    joined_epoch = (_members(alone) or ("",))[0]
+    alone_site = _site(alone)
+    http_json(alone.http, "/api/v5/cluster/leave", "POST", {})
+    wait_until(lambda: alone_site not in str(_members(nodes[0])), 30,
+               "the node that left removed from the group")
+    wait_until(lambda: (_members(alone) or ("", []))[1] == [alone_site], 30,
+               "a group of its own")
+    assert (_members(alone) or ("",))[0] != joined_epoch
+    _client(clients, alone, "pub").publish(f"{prefix}/alone", b"again", qos=1, retain=True,
+                                           timeout=15)
+    assert _retained(clients, alone, prefix, 1) == {f"{prefix}/alone": b"again"}
