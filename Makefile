@@ -9,7 +9,7 @@ APT_PACKAGES := mosquitto mosquitto-clients openssl gcc libc6-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
-.PHONY: install native run test lint bench image clean k8s-testbed simulate
+.PHONY: install native run test lint bench image clean k8s-testbed simulate fuzz
 
 install: $(STAMP) $(APT_STAMP) native
 
@@ -20,7 +20,7 @@ native: $(STAMP) $(APT_STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,spark,native]'
+	$(PY) -m pip install --quiet -e '.[test,spark,native,fuzz]'
 	touch $@
 
 # Debian packages the tests and benchmarks drive: mosquitto_pub/sub, the mosquitto peer,
@@ -40,7 +40,7 @@ run: install
 	$(VENV)/bin/broker run $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check broker tests bench operator spark-apps tools
+	$(VENV)/bin/ruff check broker tests bench operator spark-apps tools fuzz
 
 # A real kube-apiserver + controller-manager (built once from Debian's sources, ~7 min, then
 # cached in $(K8S_TESTBED)), plus helm and kubectl, for tests/k8s.
@@ -61,6 +61,17 @@ SEEDS ?= 40
 STEPS ?= 100000
 simulate: install
 	$(PY) -m tests.raft.sim --steps $(STEPS) $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(FIRST),--first $(FIRST)))
+
+# The fuzzers (fuzz/; `make test` runs short ones): atheris over the decoder for FUZZ_SECONDS,
+# then PACKETS mutated packets against a live broker. SEED=... runs the same inputs again.
+# Needs no native build: atheris sees coverage only in a pure-Python decoder.
+FUZZ_SECONDS ?= 60
+PACKETS ?= 1000000
+fuzz: $(STAMP)
+	@seed=$(or $(SEED),$$(( (RANDOM << 15 | RANDOM) + 1 ))); \
+	echo "fuzz seed $$seed (again: make fuzz SEED=$$seed)"; \
+	$(PY) -m fuzz.decoder --seed $$seed --seconds $(FUZZ_SECONDS) && \
+	$(PY) -m fuzz.network --seed $$seed --packets $(PACKETS)
 
 bench: install
 	bench/setup.sh
