@@ -267,9 +267,12 @@ class MetadataGroup:
             return
         if core.role == LEADER and cluster.joined:
             self._change_membership(core)
-        if self.machine.applied_index - self.machine.flushed_index >= self._snapshot_interval:
+        machine = self.machine
+        if (machine.applied_index - machine.flushed_index >= self._snapshot_interval
+                or machine.unflushed_bytes >= self._segment_bytes):
+            # (Also by size: the log is kept in memory until it is truncated.)
             assert self._raft is not None
-            self._raft.compact(GROUP, self.machine.flush())
+            self._raft.compact(GROUP, machine.flush())
 
     def _change_membership(self, core: RaftGroup) -> None:
         members = self._cluster.membership
@@ -440,6 +443,8 @@ class MetadataGroup:
                 "log_entries": len(core.log.entries),
                 "voters": sorted(config.voters), "learners": sorted(config.learners),
                 "nodes": {site: self._name(site) for site in sorted(config.members())},
+                # The leader's view of each member's log: how far behind each one is.
+                "match": {site: pr.match for site, pr in sorted(core.progress.items())},
             })
         return {"node": self._cluster.me.node, "site": self.me,
                 "bootstrap": self.bootstrap.state, "groups": groups}

@@ -259,7 +259,9 @@ SETTINGS: tuple[Setting, ...] = (
             " once per batch). Empty = `<node.data_dir>/raft/wal`."),
     Setting("durable_storage.raft.wal_max_size_bytes", "64MB", parse_size,
             "Size at which the write-ahead log starts a new segment; a segment is deleted"
-            " once every group compacted past its entries."),
+            " once every group compacted past its entries. A group's log (kept in memory"
+            " too) is also truncated once this many command bytes were applied since the"
+            " last truncation."),
     Setting("durable_storage.raft.snapshot_interval", 4096, parse_int(1, 2**31),
             "Entries applied between two truncations of a group's log: the applied data"
             " (written to LevelDB without sync, the log being the durable copy) is flushed"

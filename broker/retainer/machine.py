@@ -92,6 +92,7 @@ class RetainedMachine:
         # Applied and made durable by `flush`: the log may be truncated up to here. What
         # LevelDB recovered at start is not known to be synced, hence 0.
         self.flushed_index = 0
+        self.unflushed_bytes = 0  # command bytes applied since the last flush
         self.bad_commands = 0
         self._outgoing: tuple[int, bytes] | None = None  # the snapshot being sent
         # The entry this node proposed as the leader, with its messages: applied without
@@ -118,6 +119,7 @@ class RetainedMachine:
     # ---- StateMachine ----------------------------------------------------------------------
     def apply(self, entry: Entry) -> None:
         if entry.kind == NORMAL:
+            self.unflushed_bytes += len(entry.data)
             proposed = self._proposed
             if proposed is not None and proposed[0] is entry.data:
                 messages = proposed[1]
@@ -166,4 +168,5 @@ class RetainedMachine:
         if self.flushed_index < self.applied_index:
             self.store.flush(self.applied_index, self.applied_term)
             self.flushed_index = self.applied_index
+        self.unflushed_bytes = 0
         return self.flushed_index
