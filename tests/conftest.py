@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.clients import PahoClient
 from tests.support.broker_process import BrokerProcess
 
 
@@ -24,3 +25,13 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 @pytest.fixture
 def broker(start_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
     return start_broker()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[PahoClient]]:
+    """Paho clients a test makes itself (append them); every one closed at teardown, also
+    on failure."""
+    made: list[PahoClient] = []
+    yield made
+    for client in made:
+        client.close()

@@ -2,20 +2,11 @@
 
 import os
 import signal
-from collections.abc import Iterator
 
 import pytest
 
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.integration.clients import PahoClient, unique, wait_until
-
-
-@pytest.fixture
-def clients() -> Iterator[list[PahoClient]]:
-    made: list[PahoClient] = []
-    yield made
-    for client in made:
-        client.close()
 
 
 def _client(clients: list[PahoClient], node: Node, name: str = "c") -> PahoClient:

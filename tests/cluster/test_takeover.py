@@ -4,22 +4,11 @@ convergence after a partition, and the cluster-wide client and subscription list
 import os
 import signal
 import threading
-from collections.abc import Iterator
-
-import pytest
 
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.integration.clients import PahoClient, unique, wait_until
 
 MEMORY_SESSIONS = {"durable_sessions.enable": "false"}
-
-
-@pytest.fixture
-def clients() -> Iterator[list[PahoClient]]:
-    made: list[PahoClient] = []
-    yield made
-    for client in made:
-        client.close()
 
 
 def _client(clients: list[PahoClient], node: Node, client_id: str,

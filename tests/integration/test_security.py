@@ -6,7 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,33 +42,17 @@ def _passwd(path: Path, user: str, password: str) -> None:
 
 
 @pytest.fixture
-def secured(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+def secured(start_broker: Callable[..., BrokerProcess],
+            tmp_path: Path) -> Callable[..., BrokerProcess]:
     """secured(**settings): a broker with a mosquitto_passwd-made password file (alice,
-    bob) and the ACL above; stopped at teardown."""
+    bob) and the ACL above."""
     passwords, acl = tmp_path / "passwd", tmp_path / "acl"
     _passwd(passwords, "alice", "wonder:land")
     _passwd(passwords, "bob", "builder")
     acl.write_text(ACL)
-    started: list[BrokerProcess] = []
-
-    def start(**settings: str) -> BrokerProcess:
-        broker = BrokerProcess(tmp_path / f"data{len(started)}", {
-            "authentication.password_file": str(passwords),
-            "authorization.acl_file": str(acl), **settings})
-        started.append(broker)
-        return broker.start()
-
-    yield start
-    for broker in started:
-        broker.kill()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[PahoClient]]:
-    made: list[PahoClient] = []
-    yield made
-    for client in made:
-        client.close()
+    return lambda **settings: start_broker(**{
+        "authentication.password_file": str(passwords),
+        "authorization.acl_file": str(acl), **settings})
 
 
 def _connect(clients: list[PahoClient], port: int, user: str | None, password: str | None,
