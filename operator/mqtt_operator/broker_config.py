@@ -1,10 +1,10 @@
-"""The broker.toml the operator renders for every pod (contract v2, docs/operator-contract.md).
+"""The broker.toml the operator renders for every pod (contract v3, docs/operator-contract.md).
 
 Only keys `broker run` accepts appear here; a test loads the rendered file with the broker's
 own loader, so a renamed or removed broker key fails the build instead of a rollout. Per-pod
-values (node.name, node.site_id) are not in the file: the pod's command adds them. Nor is the
-cookie: the file (a ConfigMap anyone who may read the namespace's ConfigMaps can read) names
-only where the pod finds it, the mounted Secret.
+values (node.name, node.site_id) are not in the file: the pod's command adds them. Nor are the
+cookie and the API keys: the file (a ConfigMap anyone who may read the namespace's ConfigMaps
+can read) names only where the pod finds them, the mounted Secrets.
 """
 
 import json
@@ -25,6 +25,7 @@ MANAGED_KEYS = frozenset({
     "node.data_dir",
     "node.cookie",
     "node.cookie_file",
+    "api_key.bootstrap_file",
     "cluster.name",
     "cluster.discovery_strategy",
     "cluster.dns.name",
@@ -64,6 +65,7 @@ def settings(cluster: Cluster) -> dict[str, Scalar]:
     values.update({
         "node.data_dir": constants.DATA_DIR,
         "node.cookie_file": f"{constants.COOKIE_DIR}/{constants.COOKIE_KEY}",
+        "api_key.bootstrap_file": f"{constants.API_KEY_DIR}/{constants.API_KEYS_FILE}",
         "cluster.name": cluster.name,
         "cluster.discovery_strategy": "dns",
         "cluster.dns.name": peers_srv_name(cluster),
@@ -81,6 +83,13 @@ def settings(cluster: Cluster) -> dict[str, Scalar]:
         "durable_storage.messages.replication_factor": cluster.replication_factor,
     })
     return values
+
+
+def metrics_need_key(cluster: Cluster) -> bool:
+    """Whether spec.config turns on the brokers' `prometheus.enable_basic_auth` (spelled as
+    the broker's loader reads a true value), so that scrapers must send a key."""
+    value = str(cluster.extra_config.get("prometheus.enable_basic_auth", ""))
+    return value.strip().lower() in ("true", "on", "yes", "1")
 
 
 def ignored_keys(cluster: Cluster) -> list[str]:

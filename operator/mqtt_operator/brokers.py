@@ -3,12 +3,14 @@ replicas a site holds, and which generations a broker has sealed (what the Spark
 read).
 
 `GET /api/v5/ds/sites/{site}` on the site's own pod answers EMQX's shape,
-`{"up": bool, "shards": [{"storage": "messages", "id": "3", ...}]}`. A pod without an IP,
+`{"up": bool, "shards": [{"storage": "messages", "id": "3", ...}]}`. Every call carries the
+viewer key of the cluster's API key Secret as HTTP Basic (contract v3). A pod without an IP,
 a refused connection, a timeout or any non-200 answer (a broker version that does not serve
-the endpoint yet) all count as unreachable: the reconcile records that and applies the
-documented policy instead of hanging on it.
+the endpoint yet, a key it does not know: 401) all count as unreachable: the reconcile
+records that and applies the documented policy instead of hanging on it.
 """
 
+import base64
 import json
 import urllib.error
 import urllib.request
@@ -18,6 +20,8 @@ from typing import Any
 
 from mqtt_operator import constants
 from mqtt_operator.placement import Transition
+
+Credentials = tuple[str, str] | None  # (key, secret); None: ask without (no usable Secret)
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,18 @@ class SiteReport:
         return self.shards is not None
 
 
-def _get_json(host: str | None, port: int, path: str, timeout: float) -> tuple[Any, str]:
+def _get_json(host: str | None, port: int, path: str, credentials: Credentials,
+              timeout: float) -> tuple[Any, str]:
     """(body, "") or (None, why the broker counts as unreachable)."""
     if not host:
         return None, "pod has no IP"
     url = f"http://{host}:{port}{path}"
+    request = urllib.request.Request(url)
+    if credentials is not None:
+        pair = ":".join(credentials).encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response), ""
     except urllib.error.HTTPError as error:  # e.g. 404: this broker does not serve it yet
         return None, f"GET {url}: HTTP {error.code}"
@@ -45,8 +54,9 @@ def _get_json(host: str | None, port: int, path: str, timeout: float) -> tuple[A
         return None, f"GET {url}: {getattr(error, 'reason', None) or error}"
 
 
-def ask_site(host: str | None, port: int, site: str, timeout: float) -> SiteReport:
-    body, error = _get_json(host, port, f"/api/v5/ds/sites/{site}", timeout)
+def ask_site(host: str | None, port: int, site: str, credentials: Credentials,
+             timeout: float) -> SiteReport:
+    body, error = _get_json(host, port, f"/api/v5/ds/sites/{site}", credentials, timeout)
     try:
         return SiteReport(site, None if body is None else frozenset(
             int(shard["id"]) for shard in body.get("shards", ())
@@ -55,11 +65,12 @@ def ask_site(host: str | None, port: int, site: str, timeout: float) -> SiteRepo
         return SiteReport(site, None, f"/api/v5/ds/sites/{site}: unreadable answer: {bad!r}")
 
 
-def ask_sealed(host: str | None, port: int, timeout: float) -> frozenset[tuple[int, int]] | None:
+def ask_sealed(host: str | None, port: int, credentials: Credentials,
+               timeout: float) -> frozenset[tuple[int, int]] | None:
     """The (shard, generation) pairs of the messages database this broker has sealed, from
     `GET /api/v5/ds/storages`; None when it cannot be asked (the reconcile then launches
     nothing for data only that broker holds, and asks again next time)."""
-    body, _error = _get_json(host, port, "/api/v5/ds/storages", timeout)
+    body, _error = _get_json(host, port, "/api/v5/ds/storages", credentials, timeout)
     try:
         return None if body is None else frozenset(
             (int(shard["shard"]), int(generation["generation"]))

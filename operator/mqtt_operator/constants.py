@@ -11,7 +11,7 @@ KIND = "MQTTCluster"
 PLURAL = "mqttclusters"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-CONTRACT_VERSION = "v2"
+CONTRACT_VERSION = "v3"
 DB = "messages"
 FIELD_MANAGER = "mqtt-operator"
 
@@ -22,15 +22,23 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "mqtt-broker"
 
 # Where the pod finds what the operator publishes (mount points of the three ConfigMaps and
-# of the cookie Secret).
+# of the cookie and API key Secrets).
 CONFIG_DIR = "/etc/mqtt/config"
 SITES_DIR = "/etc/mqtt/sites"
 PLACEMENT_DIR = "/etc/mqtt/placement"
 COOKIE_DIR = "/etc/mqtt/cookie"
+API_KEY_DIR = "/etc/mqtt/api-key"
 DATA_DIR = "/data"
 CONFIG_FILE = "broker.toml"
 PLACEMENT_FILE = "placement.json"
 COOKIE_KEY = "cookie"
+# The API key Secret: the brokers' bootstrap file, and its viewer key as a basic-auth pair
+# (what the operator, `kubectl mqtt` and a ServiceMonitor ask the brokers with).
+API_KEYS_FILE = "api_keys"
+API_KEY_USERNAME = "username"
+API_KEY_PASSWORD = "password"
+ADMIN_KEY_NAME = "admin"
+VIEWER_KEY_NAME = "viewer"
 
 MQTT_PORT_NAME = "mqtt"
 WS_PORT_NAME = "ws"
@@ -57,6 +65,10 @@ def placement_map_name(cluster: str) -> str:
 
 def cookie_secret_name(cluster: str) -> str:
     return f"{cluster}-cookie"
+
+
+def api_key_secret_name(cluster: str) -> str:
+    return f"{cluster}-api-key"
 
 
 def headless_service_name(cluster: str) -> str:

@@ -60,8 +60,11 @@ class Kube:
         self.timeout = timeout
 
     def request(self, method: str, url: str, body: Any = None, content_type: str | None = None,
-                query: Mapping[str, str] | None = None) -> Any:
-        headers = {"Accept": "application/json"}
+                query: Mapping[str, str] | None = None,
+                headers: Mapping[str, str] | None = None) -> Any:
+        """`headers` travel on to a pod through the pod proxy (all but `Authorization`,
+        which the API server takes for its own and removes)."""
+        headers = {**(headers or {}), "Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         method, full_url, headers, body, _ = self.client.param_serialize(

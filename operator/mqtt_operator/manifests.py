@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from mqtt_operator import broker_config
 from mqtt_operator import constants as c
 from mqtt_operator.spec import Cluster
 
@@ -27,6 +28,7 @@ POD_SCRIPT = (
 )
 HEADLESS_LABEL = f"{c.GROUP}/service"
 _COOKIE_VOLUME = "cookie"
+_API_KEY_VOLUME = "api-key"
 
 
 def owner_reference(cluster: Cluster) -> Manifest:
@@ -101,6 +103,24 @@ def cookie_secret(cluster: Cluster, cookie: str) -> Manifest:
             "type": "Opaque", "immutable": True, "stringData": {c.COOKIE_KEY: cookie}}
 
 
+def api_key_secret(cluster: Cluster, admin: str, viewer: str) -> Manifest:
+    """The brokers' API keys: the bootstrap file they read (`api_keys`: an administrator key
+    for people, a viewer key for everything automated), and the viewer key again as a
+    basic-auth pair, which the operator, `kubectl mqtt` and a ServiceMonitor use as is.
+
+    Created once, never applied again (a reconcile must not rotate keys people use), but
+    not immutable, unlike the cookie: a changed key splits nothing, so rotating or adding a
+    key is an edit in place, which kubelet carries into the pods' files and the brokers
+    re-read without a restart."""
+    keys = (f"{c.ADMIN_KEY_NAME}:{admin}:administrator\n"
+            f"{c.VIEWER_KEY_NAME}:{viewer}:viewer\n")
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": _metadata(cluster, c.api_key_secret_name(cluster.name)),
+            "type": "Opaque",
+            "stringData": {c.API_KEYS_FILE: keys, c.API_KEY_USERNAME: c.VIEWER_KEY_NAME,
+                           c.API_KEY_PASSWORD: viewer}}
+
+
 def mounts_cookie(statefulset: Mapping[str, Any] | None) -> bool:
     """Whether this (existing) StatefulSet's pods mount the cookie Secret: once they do, a
     missing Secret was deleted, and making a new one would rotate the cookie."""
@@ -153,6 +173,7 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             {"name": "sites", "mountPath": c.SITES_DIR, "readOnly": True},
             {"name": "placement", "mountPath": c.PLACEMENT_DIR, "readOnly": True},
             {"name": _COOKIE_VOLUME, "mountPath": c.COOKIE_DIR, "readOnly": True},
+            {"name": _API_KEY_VOLUME, "mountPath": c.API_KEY_DIR, "readOnly": True},
         ],
     }
     if cluster.resources:
@@ -167,6 +188,8 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             # 0440: readable by the broker through the pod's fsGroup, by nobody else.
             {"name": _COOKIE_VOLUME, "secret": {"secretName": c.cookie_secret_name(cluster.name),
                                                "defaultMode": 0o440}},
+            {"name": _API_KEY_VOLUME, "secret": {
+                "secretName": c.api_key_secret_name(cluster.name), "defaultMode": 0o440}},
         ],
     }
     if cluster.affinity:
@@ -214,7 +237,16 @@ def pod_disruption_budget(cluster: Cluster, api_version: str) -> Manifest:
 
 
 def service_monitor(cluster: Cluster) -> Manifest:
-    """Scrapes every pod through the headless Service, so each broker is its own target."""
+    """Scrapes every pod through the headless Service, so each broker is its own target.
+    When spec.config makes /metrics ask for a key, Prometheus sends the viewer key from the
+    API key Secret; otherwise it is not referenced, since a Prometheus that may not read the
+    Secret would drop the whole ServiceMonitor."""
+    endpoint: Manifest = {"port": c.HTTP_PORT_NAME, "path": "/metrics",
+                          "interval": cluster.service_monitor_interval}
+    if broker_config.metrics_need_key(cluster):
+        secret = c.api_key_secret_name(cluster.name)
+        endpoint["basicAuth"] = {"username": {"name": secret, "key": c.API_KEY_USERNAME},
+                                 "password": {"name": secret, "key": c.API_KEY_PASSWORD}}
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
         "metadata": _metadata(cluster, cluster.name),
@@ -222,8 +254,7 @@ def service_monitor(cluster: Cluster) -> Manifest:
             "selector": {"matchLabels": {**c.selector_labels(cluster.name),
                                          HEADLESS_LABEL: "headless"}},
             "namespaceSelector": {"matchNames": [cluster.namespace]},
-            "endpoints": [{"port": c.HTTP_PORT_NAME, "path": "/metrics",
-                           "interval": cluster.service_monitor_interval}],
+            "endpoints": [endpoint],
         },
     }
 
@@ -231,7 +262,7 @@ def service_monitor(cluster: Cluster) -> Manifest:
 def placement_document(revision: int, cluster: Cluster, sites: list[str], leaving: list[str],
                        shards: Mapping[str, list[str]],
                        transitions: list[dict[str, Any]]) -> str:
-    """The placement ConfigMap's `placement.json` (contract v2)."""
+    """The placement ConfigMap's `placement.json` (its `version`: the contract's)."""
     return json.dumps({
         "version": c.CONTRACT_VERSION,
         "db": c.DB,

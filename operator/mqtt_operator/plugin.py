@@ -5,10 +5,14 @@ kubectl runs any `kubectl-mqtt` on PATH as `kubectl mqtt`; `sites` and `shards` 
 MQTTCluster the operator maintains (no broker access needed), in the layout of `emqx ctl ds
 info` so EMQX users read it at a glance. `nodes` asks one broker (`GET /api/v5/nodes`)
 through the API server's pod proxy: it works from wherever kubectl does, pod network or
-not, and needs only the `get pods/proxy` permission, no port-forward.
+not, with no port-forward. The brokers want an API key: the viewer key of the cluster's
+Secret `<name>-api-key`, so the user needs `get` on that Secret and on `pods/proxy`. It
+travels as `X-Api-Key`, because the API server removes `Authorization` from what it proxies.
 """
 
 import argparse
+import base64
+import binascii
 import json
 import os
 import sys
@@ -29,6 +33,7 @@ class PluginError(Exception):
 
 
 _NODE_KEYS = frozenset({"node", "site", "node_status"})  # what every /api/v5/nodes entry has
+KEY_HEADER = "X-Api-Key"  # the brokers' other way to take a key (broker/http/auth.py)
 
 
 def _default_namespace() -> str:
@@ -67,7 +72,41 @@ def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return dict(body)
 
 
-def ask_nodes(kube: Kube, body: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def api_key(kube: Kube, namespace: str, cluster: str) -> str | None:
+    """KEY:SECRET of the cluster's viewer key; None when there is no Secret (a cluster of
+    contract v2, whose brokers ask for no key)."""
+    name = c.api_key_secret_name(cluster)
+    try:
+        secret = kube.get(path("v1", "Secret", namespace, name))
+    except ApiException as error:
+        if error.status in (401, 403):
+            raise PluginError(
+                f"no access to Secret {namespace}/{name}, the brokers' API key ({error.status}"
+                f" {error.reason}); check: kubectl auth can-i get secret/{name} -n {namespace}"
+            ) from None
+        raise PluginError(f"API server error {error.status}: {_why(error)}") from None
+    if secret is None:
+        return None
+    data = secret.get("data") or {}
+    try:
+        return ":".join(base64.b64decode(data[key], validate=True).decode()
+                        for key in (c.API_KEY_USERNAME, c.API_KEY_PASSWORD))
+    except (KeyError, binascii.Error, UnicodeDecodeError):
+        raise PluginError(f"Secret {namespace}/{name} has no {c.API_KEY_USERNAME} and"
+                          f" {c.API_KEY_PASSWORD}: no key to ask the brokers with") from None
+
+
+def _from_api_server(error: ApiException) -> bool:
+    """Whether the API server itself refused (its answers are Status objects), rather than
+    the broker behind the proxy (whose answers are EMQX's `{"code", "message"}`)."""
+    try:
+        return bool(json.loads(error.body or "").get("kind") == "Status")
+    except (ValueError, AttributeError):
+        return True
+
+
+def ask_nodes(kube: Kube, body: Mapping[str, Any], key: str | None
+              ) -> tuple[str, list[dict[str, Any]]]:
     """(the pod that answered, its `GET /api/v5/nodes`): Ready pods first, then the others,
     since a broker that has not joined yet still answers, and a cluster whose pods never
     become Ready is when the members' view is wanted most."""
@@ -80,9 +119,9 @@ def ask_nodes(kube: Kube, body: Mapping[str, Any]) -> tuple[str, list[dict[str, 
         pod = site["pod"]
         url = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{c.NODES_PATH}"
         try:
-            answer = kube.request("GET", url)
+            answer = kube.request("GET", url, headers={KEY_HEADER: key} if key else None)
         except ApiException as error:
-            if error.status in (401, 403):
+            if error.status in (401, 403) and _from_api_server(error):
                 raise PluginError(
                     f"no access to pod {namespace}/{pod} through the API server's proxy"
                     f" ({error.status} {error.reason}); check: kubectl auth can-i get"
@@ -201,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         kube = Kube(client_from_environment())
         body = fetch(kube, args.namespace or _default_namespace(), args.name)
         if args.command == "nodes":
-            pod, nodes = ask_nodes(kube, body)
+            pod, nodes = ask_nodes(kube, body, api_key(kube, body["metadata"]["namespace"],
+                                                       args.name))
     except (PluginError, ConfigException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -6,6 +6,8 @@ the StatefulSet), never from memory or a possibly stale event body, so a restart
 continues exactly where the last one stopped.
 """
 
+import base64
+import binascii
 import dataclasses
 import functools
 import json
@@ -18,15 +20,17 @@ from typing import Any
 
 from mqtt_operator import broker_config, manifests, placement, sites, spark, sparkapp, status
 from mqtt_operator import constants as c
-from mqtt_operator.brokers import SiteReport, drain_verdict, settled
+from mqtt_operator.brokers import Credentials, SiteReport, drain_verdict, settled
 from mqtt_operator.kube import Kube, path
 from mqtt_operator.spec import Cluster
 
 # (the MQTTCluster, Normal | Warning, reason, message) -> an Event about it
 Post = Callable[[Mapping[str, Any], str, str, str], None]
-Ask = Callable[[str | None, int, str], SiteReport]  # (pod IP, HTTP port, site) -> report
-# (pod IP, HTTP port) -> sealed (shard, generation) pairs, None when the broker cannot answer
-AskSealed = Callable[[str | None, int], frozenset[tuple[int, int]] | None]
+# (pod IP, HTTP port, site, API key) -> report
+Ask = Callable[[str | None, int, str, Credentials], SiteReport]
+# (pod IP, HTTP port, API key) -> sealed (shard, generation) pairs, None when the broker
+# cannot answer
+AskSealed = Callable[[str | None, int, Credentials], frozenset[tuple[int, int]] | None]
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ def _data(config_map: Mapping[str, Any] | None) -> dict[str, str] | None:
 def reconcile_spark(kube: Kube, cluster: Cluster, settings: spark.Settings,
                     previous: Mapping[str, Any], pods: Mapping[int, status.PodView],
                     replicas: Mapping[int, list[int]], emit: Callable[[str, str, str], None],
-                    ask: AskSealed) -> tuple[dict[str, Any], bool, str, str]:
+                    ask: AskSealed, credentials: Credentials
+                    ) -> tuple[dict[str, Any], bool, str, str]:
     """Launches what the brokers sealed, deletes what retention drops, reads the states.
 
     Returns (status.spark, ok, reason, message) for the SparkJobs condition. Applications
@@ -75,7 +80,8 @@ def reconcile_spark(kube: Kube, cluster: Cluster, settings: spark.Settings,
         c.LABEL_INSTANCE: cluster.name, sparkapp.LABEL_COMPONENT: sparkapp.COMPONENT})
     apps = [spark.AppView.from_object(app) for app in listed]
     marks = spark.watermarks(previous.get("launched") or {}, apps)
-    asked = {ordinal: ask(pod.ip, cluster.http_port) for ordinal, pod in pods.items()
+    asked = {ordinal: ask(pod.ip, cluster.http_port, credentials)
+             for ordinal, pod in pods.items()
              if ordinal < cluster.replicas and pod.ready}
     answers = {ordinal: held for ordinal, held in asked.items() if held is not None}
     todo = spark.planned(settings, spark.sources(answers, replicas), marks, time.time())
@@ -120,6 +126,32 @@ def ensure_cookie(kube: Kube, cluster: Cluster, statefulset: Mapping[str, Any] |
     return ""
 
 
+def ensure_api_key(kube: Kube, cluster: Cluster, emit: Callable[[str, str, str], None]
+                   ) -> tuple[Credentials, str]:
+    """The viewer key the operator asks the brokers with, from the API key Secret, made when
+    there is none (before the StatefulSet that mounts it). Read on every reconcile, so a key
+    rotated by editing the Secret is used at once. Returns (key, "") or (None, what is wrong
+    with a Secret someone else made)."""
+    name = c.api_key_secret_name(cluster.name)
+    url = path("v1", "Secret", cluster.namespace, name)
+    secret = kube.get(url)
+    if secret is None:
+        made = manifests.api_key_secret(cluster, secrets.token_hex(32), secrets.token_hex(32))
+        if kube.create(made):
+            emit("Normal", "ApiKeyCreated", f"Secret {name}: the brokers' API keys"
+                 f" ({c.ADMIN_KEY_NAME}: administrator, {c.VIEWER_KEY_NAME}: viewer)")
+        secret = kube.get(url) or {}  # ours, or one made meanwhile by someone else
+    data = secret.get("data") or {}
+    try:
+        username, password = (base64.b64decode(data[key], validate=True).decode()
+                              for key in (c.API_KEY_USERNAME, c.API_KEY_PASSWORD))
+    except (KeyError, binascii.Error, UnicodeDecodeError):
+        return None, (f"Secret {name} has no `{c.API_KEY_USERNAME}` and `{c.API_KEY_PASSWORD}`"
+                      f" (a key the brokers know, which the operator asks them with):"
+                      f" brokers refuse the operator, drains go unconfirmed")
+    return (username, password), ""
+
+
 def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
               ask_sealed: AskSealed) -> Outcome:
     body = kube.get(path(c.API_VERSION, c.KIND, namespace, name))
@@ -148,6 +180,7 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
     kube.apply(manifests.config_map(cluster, c.config_map_name(name),
                                     {c.CONFIG_FILE: config_text}))
     cookie_lost = ensure_cookie(kube, cluster, statefulset, emit)
+    credentials, key_problem = ensure_api_key(kube, cluster, emit)
     kube.apply(manifests.headless_service(cluster))
     kube.apply(manifests.client_service(cluster))
     pdb_version = "policy/v1" if kube.served("policy/v1") else "policy/v1beta1"
@@ -162,7 +195,7 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
     def report(site: str) -> SiteReport:
         if site not in reports:
             pod = pods.get(by_site[site])
-            reports[site] = ask(pod.ip if pod else None, cluster.http_port, site)
+            reports[site] = ask(pod.ip if pod else None, cluster.http_port, site, credentials)
         return reports[site]
 
     staying = [ids[ordinal] for ordinal in range(cluster.replicas)]
@@ -222,7 +255,7 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
             previous.get("spark") or {}, pods,
             {shard: [members[site] for site in holders if site in members]
              for shard, holders in shards.items()},
-            emit, ask_sealed)
+            emit, ask_sealed, credentials)
         spark_condition = status.condition(conditions, "SparkJobs", ok, reason, message, now)
         if not ok and _changed(conditions, spark_condition):
             emit("Warning", reason, message)
@@ -232,9 +265,9 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
     if requested.n_shards != created_shards:
         found.append(f"spec.durableStorage.nShards cannot change after creation: it stays"
                      f" {created_shards}")
-    reason = "CookieMissing" if cookie_lost else "InvalidSpec" if found else "SpecValid"
-    if cookie_lost:
-        found.append(cookie_lost)
+    reason = ("CookieMissing" if cookie_lost else "ApiKeyUnusable" if key_problem
+              else "InvalidSpec" if found else "SpecValid")
+    found += [problem for problem in (cookie_lost, key_problem) if problem]
     degraded = status.condition(conditions, "Degraded", bool(found), reason,
                                 "; ".join(found) or "no problems found", now)
     if found and _changed(conditions, degraded):

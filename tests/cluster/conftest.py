@@ -4,6 +4,7 @@ Inter-node ports are chosen before the nodes start (a seed list names them); eve
 is killed at teardown, also on failure, and a frozen one is thawed first.
 """
 
+import base64
 import json
 import os
 import signal
@@ -28,11 +29,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def http_json(port: int, path: str, method: str = "GET", body: Any = None) -> Any:
+def http_json(port: int, path: str, method: str = "GET", body: Any = None,
+              api_key: str | None = None) -> Any:
+    """The answer of a node's HTTP API; `api_key` (KEY:SECRET) for nodes given a bootstrap
+    file (without one, on loopback, the API is open)."""
     data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if api_key is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(api_key.encode()).decode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                     method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     method=method, headers=headers)
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -43,6 +49,7 @@ class Node:
     rpc_port: int
     process: BrokerProcess
     settings: dict[str, str] = field(default_factory=dict)
+    api_key: str | None = None  # what its HTTP API asks for, if anything
 
     @property
     def seed(self) -> str:
@@ -63,7 +70,7 @@ class Node:
 
     def statuses(self) -> dict[str, str]:
         """node name -> node_status, as this node's membership sees it."""
-        nodes = http_json(self.http, "/api/v5/cluster")["nodes"]
+        nodes = http_json(self.http, "/api/v5/cluster", api_key=self.api_key)["nodes"]
         return {entry["node"]: entry["node_status"] for entry in nodes}
 
     def metric(self, name: str, **labels: str) -> float:

@@ -298,19 +298,29 @@ def service_account_kubeconfig(testbed: Testbed, namespace: str, account: str,
     return path
 
 
+def api_key_of(testbed: Testbed, namespace: str, cluster: str) -> str:
+    """KEY:SECRET of the viewer key in the cluster's API key Secret, as the operator reads it."""
+    data = testbed.get("secret", f"{cluster}-api-key", namespace)["data"]
+    return ":".join(base64.b64decode(data[key]).decode() for key in ("username", "password"))
+
+
 class FakeBrokers:
     """The brokers' `GET /api/v5/ds/sites/{site}` and `GET /api/v5/ds/storages` (contract
-    v1), answering what the test says each site holds and which generations are sealed;
-    every pod in a test points its IP at it."""
+    v3), answering what the test says each site holds and which generations are sealed;
+    every pod in a test points its IP at it. It records the API key (HTTP Basic) of every
+    call: the test compares them with the cluster's Secret."""
 
     def __init__(self) -> None:
         self.holding: dict[str, list[int]] = {}
         self.asked: set[str] = set()
+        self.keys: set[str | None] = set()  # KEY:SECRET of each call, None: none sent
         self.sealed: dict[int, list[int]] = {}  # shard -> sealed generations
         brokers = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                basic = self.headers.get("Authorization", "").removeprefix("Basic ")
+                brokers.keys.add(base64.b64decode(basic).decode() if basic else None)
                 if self.path == "/api/v5/ds/storages":
                     body = json.dumps(brokers.storages()).encode()
                 else:

@@ -43,9 +43,9 @@ def test_lint_and_template(testbed: Testbed) -> None:
     assert cluster["spec"]["listeners"]["rpcPort"] == 5369
     assert cluster["spec"]["clusterDomain"] == "cluster.local"
     role = next(doc for doc in rendered if doc and doc["kind"] == "Role")
-    # the cookie Secret is made, never read: the operator can read no Secret at all
+    # Secrets are made, and read by name (the API key): never listed or watched
     assert [rule["verbs"] for rule in role["rules"] if "secrets" in rule["resources"]] == [
-        ["create"]]
+        ["get", "create"]]
     custom = next(doc for doc in yaml.safe_load_all(helm(
         testbed, "template", "rel", str(CHART), "--set", "cluster.listeners.rpcPort=5400",
         "--set", "cluster.clusterDomain=corp.example").stdout)
@@ -91,10 +91,11 @@ def test_install_upgrade_scales_uninstall_collects(
             "replicas"] == 5, what="StatefulSet of 5")
         eventually(lambda: testbed.find("servicemonitor", "rel", namespace))
         assert testbed.find("secret", "rel-cookie", namespace) is not None  # RBAC: create
-        for verb in ("get", "list", "watch"):
+        assert testbed.find("secret", "rel-api-key", namespace) is not None  # create, get
+        for verb, allowed in (("get", "yes"), ("list", "no"), ("watch", "no")):
             can = testbed.kubectl("auth", "can-i", verb, "secrets", "-n", namespace,
                                   check=False, env={"KUBECONFIG": str(kubeconfig)})
-            assert can.stdout.strip() == "no", (verb, can.stdout)
+            assert can.stdout.strip() == allowed, (verb, can.stdout)
         status = eventually(lambda: (s := testbed.get("mqc", "rel", namespace).get(
             "status", {})).get("siteCount") == 5 and s)
         assert status["conditions"][2] == {**status["conditions"][2], "type": "Degraded",

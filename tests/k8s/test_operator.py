@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from broker.config.loader import load_config
+from broker.http.auth import ADMINISTRATOR, VIEWER, parse_api_keys
 from mqtt_operator import placement
 from tests.k8s.conftest import (
     FakeBrokers,
     Testbed,
+    api_key_of,
     cluster_manifest,
     event_reasons,
     eventually,
@@ -21,7 +23,8 @@ from tests.k8s.conftest import (
 )
 
 CHILDREN = [("configmap", "{}-config"), ("configmap", "{}-sites"),
-            ("configmap", "{}-placement"), ("secret", "{}-cookie"), ("service", "{}"),
+            ("configmap", "{}-placement"), ("secret", "{}-cookie"), ("secret", "{}-api-key"),
+            ("service", "{}"),
             ("service", "{}-headless"), ("statefulset", "{}"), ("poddisruptionbudget", "{}"),
             ("servicemonitor", "{}")]
 
@@ -66,6 +69,11 @@ def test_children_as_the_api_server_stores_them_wire_up_a_cluster(
     assert {"name": "rpc", "containerPort": 5400, "protocol": "TCP"} in container["ports"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/api/v5/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/status"
+    assert config["api_key.bootstrap_file"] == "/etc/mqtt/api-key/api_keys"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert mounts["api-key"] == "/etc/mqtt/api-key"
+    assert volumes["api-key"]["secret"]["secretName"] == "wired-api-key"
 
 
 def condition(testbed: Testbed, namespace: str, name: str, kind: str) -> dict[str, Any]:
@@ -123,6 +131,66 @@ def test_cookie_secret_is_made_once_kept_hidden_and_never_silently_replaced(
         eventually(lambda: "cookie" in [volume["name"] for volume in testbed.get(
             "statefulset", "kept", namespace)["spec"]["template"]["spec"]["volumes"]])
     assert event_reasons(testbed, namespace, "kept").count("CookieCreated") == 2
+
+
+def test_api_key_secret_is_made_once_read_for_every_call_and_rotated_in_place(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any],
+        brokers: FakeBrokers) -> None:
+    """The brokers' API keys: made with the cluster, the broker's bootstrap file format, in
+    no ConfigMap, StatefulSet or Event; the operator asks the brokers with the viewer key,
+    read again at every reconcile, so an edit in place rotates it; never rewritten by a
+    reconcile; one without the viewer pair is reported; a deleted one is made anew."""
+    spec = {"replicas": 2, "durableStorage": {"replicationFactor": 1},
+            "listeners": {"httpPort": brokers.port}}
+    with operator():
+        testbed.apply(cluster_manifest("keyed", **spec), namespace)
+        eventually(lambda: testbed.find("statefulset", "keyed", namespace))
+        secret = testbed.get("secret", "keyed-api-key", namespace)
+        data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        keys = parse_api_keys(data["api_keys"], "api_keys")  # as the brokers read it
+        assert [(name, key.role) for name, key in keys.items()] == [
+            ("admin", ADMINISTRATOR), ("viewer", VIEWER)]
+        assert (data["username"], data["password"]) == ("viewer", keys["viewer"].secret.decode())
+        assert all(re.fullmatch(rb"[0-9a-f]{64}", key.secret) for key in keys.values())
+        assert "immutable" not in secret  # rotated by editing it
+        readable = json.dumps([testbed.items(kind, namespace) for kind in (
+            "configmaps", "statefulsets", "pods", "mqttclusters", "events")])
+        assert not any(key.secret.decode() in readable for key in keys.values())
+
+        ids = eventually(lambda: status_of(testbed, namespace, "keyed").get("siteIds"))
+        for pod in ("keyed-0", "keyed-1"):
+            eventually(lambda p=pod: testbed.find("pod", p, namespace), what=pod)
+            set_pod_ready(testbed, namespace, pod)
+        brokers.holding = {ids["1"]: [0]}  # a drain the operator keeps asking about
+        testbed.kubectl("scale", "mqc/keyed", "-n", namespace, "--replicas=1")
+        eventually(lambda: ids["1"] in brokers.asked, what="the leaving site asked")
+        assert brokers.keys == {f"viewer:{data['password']}"}
+        rotated = "f" * 64
+        testbed.kubectl("patch", "secret", "keyed-api-key", "-n", namespace, "--type=merge",
+                        "-p", json.dumps({"stringData": {
+                            "password": rotated, "api_keys": f"viewer:{rotated}:viewer\n"}}))
+        eventually(lambda: f"viewer:{rotated}" in brokers.keys, what="the rotated key used")
+        brokers.holding = {}
+        eventually(lambda: sts_replicas(testbed, namespace, "keyed") == 1)
+        assert api_key_of(testbed, namespace, "keyed") == f"viewer:{rotated}"  # not rewritten
+
+        testbed.kubectl("patch", "secret", "keyed-api-key", "-n", namespace, "--type=json",
+                        "-p", '[{"op": "remove", "path": "/data/username"}]')
+        testbed.apply(cluster_manifest("keyed", config={"mqtt.max_inflight": "64"},
+                                       **{**spec, "replicas": 1}), namespace)
+        unusable = eventually(lambda: (d := condition(testbed, namespace, "keyed", "Degraded"))
+                              .get("reason") == "ApiKeyUnusable" and d, what="ApiKeyUnusable")
+        assert "Secret keyed-api-key has no `username` and `password`" in unusable["message"]
+
+        testbed.kubectl("delete", "secret", "keyed-api-key", "-n", namespace)
+        testbed.apply(cluster_manifest("keyed", config={"mqtt.max_inflight": "32"},
+                                       **{**spec, "replicas": 1}), namespace)
+        eventually(lambda: condition(testbed, namespace, "keyed", "Degraded").get(
+            "reason") == "SpecValid", what="a new Secret, usable")
+        assert api_key_of(testbed, namespace, "keyed") not in (
+            f"viewer:{rotated}", f"viewer:{data['password']}")
+        eventually(lambda: event_reasons(testbed, namespace, "keyed").count(
+            "ApiKeyCreated") == 2, what="a second ApiKeyCreated")
 
 
 def test_apply_creates_owned_children_status_events_and_metrics(
@@ -251,6 +319,7 @@ def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(
         assert [s["id"] for s in two["sites"]] == [ids5["0"], ids5["1"]]
         assert {"DrainStarted", "DrainPending", "DrainConfirmed", "ScaledDown"} <= set(
             eventually(lambda: event_reasons(testbed, namespace, "beta")))
+        assert brokers.keys == {api_key_of(testbed, namespace, "beta")}  # every call keyed
 
         testbed.kubectl("scale", "mqc/beta", "-n", namespace, "--replicas=4")
         back = eventually(lambda: (s := status_of(testbed, namespace, "beta"))[
@@ -346,5 +415,6 @@ def test_operator_restart_resumes_without_duplicating_anything(
     assert {k: (v, new.get(k)) for k, v in old.items() if new.get(k) != v} == {}
     assert new.keys() == old.keys()  # nothing written, nothing created
     assert ("secrets", "steady-cookie") in old  # the same cookie, untouched
+    assert ("secrets", "steady-api-key") in old  # the same API keys, untouched
     assert after == before  # same sites, placement revision and number of events
     assert "Handler 'on_change' succeeded" in runner.output  # resumed the existing cluster

@@ -1,19 +1,21 @@
 """`kubectl mqtt` run through the real kubectl (plugin found on PATH) against the test bed.
 
 `nodes` reaches real broker processes the way it would in a cluster: through the API
-server's pod proxy (and the test bed's PodNetwork standing in for the pod network)."""
+server's pod proxy (and the test bed's PodNetwork standing in for the pod network), with
+the viewer key of the cluster's API key Secret, which the brokers' bootstrap file holds."""
 
+import base64
 import json
 import socket
 import subprocess
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.conftest import Cluster
+from tests.cluster.conftest import Cluster, http_json
 from tests.k8s.conftest import (
     Testbed,
+    api_key_of,
     cluster_manifest,
     eventually,
     pod_ip,
@@ -110,18 +112,23 @@ def test_nodes_asks_a_broker_through_the_pod_proxy_ready_pods_first(
     port = free_port_on("127.0.0.1", "127.0.0.2")
     brokers = Cluster(tmp_path)
     try:
-        n1, n2 = brokers.make(2)
-        # web-1 (ready) is n2 at pod IP .1, web-0 (running, not ready) is n1 at pod IP .2
-        n1.settings["dashboard.listeners.http.bind"] = f"127.0.0.2:{port}"
-        n2.settings["dashboard.listeners.http.bind"] = f"127.0.0.1:{port}"
-        n1.start()
-        n2.start()
-        brokers.wait_statuses([n2], {n1.node_name: "running", n2.node_name: "running"})
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v5/cluster", timeout=10) as r:
-            sites = {node["node"]: node["site"] for node in json.load(r)["nodes"]}
         with operator():
             testbed.apply(cluster_manifest("web", replicas=2, listeners={"httpPort": port},
                                            durableStorage={"replicationFactor": 2}), namespace)
+            secret = eventually(lambda: testbed.find("secret", "web-api-key", namespace))
+            keys = tmp_path / "api_keys"  # what the pods mount
+            keys.write_text(base64.b64decode(secret["data"]["api_keys"]).decode())
+            key = api_key_of(testbed, namespace, "web")
+            n1, n2 = brokers.make(2, **{"api_key.bootstrap_file": str(keys)})
+            # web-1 (ready) is n2 at pod IP .1, web-0 (running, not ready) is n1 at pod IP .2
+            n1.settings["dashboard.listeners.http.bind"] = f"127.0.0.2:{port}"
+            n2.settings["dashboard.listeners.http.bind"] = f"127.0.0.1:{port}"
+            for node in (n1, n2):
+                node.api_key = key
+                node.start()
+            brokers.wait_statuses([n2], {n1.node_name: "running", n2.node_name: "running"})
+            sites = {node["node"]: node["site"]
+                     for node in http_json(port, "/api/v5/cluster", api_key=key)["nodes"]}
             for pod in ("web-0", "web-1"):
                 eventually(lambda p=pod: testbed.find("pod", p, namespace), what=pod)
             set_pod_ready(testbed, namespace, "web-0", pod_ip(2), ready=False)
@@ -139,6 +146,16 @@ def test_nodes_asks_a_broker_through_the_pod_proxy_ready_pods_first(
                               .stdout)
         assert document["pod"] == "web-1"
         assert {n["node"]: n["site"] for n in document["nodes"]} == sites
+
+        # A key the brokers do not know: their 401, told apart from the API server's.
+        testbed.kubectl("patch", "secret", "web-api-key", "-n", namespace, "--type=merge",
+                        "-p", '{"stringData": {"password": "not-the-key"}}')
+        refused = mqtt(testbed, "nodes", "web", "-n", namespace)
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("error: no broker answered GET /api/v5/nodes: web-1:"
+                                         " 401 Check api_key/api_secret; web-0: 401 ")
+        testbed.kubectl("patch", "secret", "web-api-key", "-n", namespace, "--type=merge",
+                        "-p", json.dumps({"stringData": {"password": key.split(":")[1]}}))
 
         n2.process.kill()  # web-1's broker is gone: web-0's answers, and sees n2 stopped
         first, rows = eventually(lambda: (t := nodes_table(testbed, namespace))[1].get(
@@ -169,7 +186,15 @@ def test_nodes_without_pod_proxy_access_says_which_permission(
     kubeconfig = service_account_kubeconfig(testbed, namespace, "reader",
                                             tmp_path / "reader.kubeconfig")
     assert mqtt(testbed, "sites", "web", kubeconfig=kubeconfig).returncode == 0
-    denied = mqtt(testbed, "nodes", "web", kubeconfig=kubeconfig)
-    assert denied.returncode == 1
-    assert "no access to pod" in denied.stderr and "403" in denied.stderr
+    no_key = mqtt(testbed, "nodes", "web", kubeconfig=kubeconfig)
+    assert no_key.returncode == 1
+    assert f"no access to Secret {namespace}/web-api-key" in no_key.stderr
+    assert f"kubectl auth can-i get secret/web-api-key -n {namespace}" in no_key.stderr
+    testbed.kubectl("create", "role", "key-reader", "-n", namespace, "--verb=get",
+                    "--resource=secrets", "--resource-name=web-api-key")
+    testbed.kubectl("create", "rolebinding", "key-reader", "-n", namespace,
+                    "--role=key-reader", f"--serviceaccount={namespace}:reader")
+    denied = eventually(lambda: (r := mqtt(testbed, "nodes", "web", kubeconfig=kubeconfig))
+                        .stderr.count("no access to pod") and r, what="the Secret readable")
+    assert denied.returncode == 1 and "403" in denied.stderr
     assert "kubectl auth can-i get pods --subresource=proxy" in denied.stderr

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from broker.config.loader import ConfigError, load_config
+from broker.http.auth import ADMINISTRATOR, VIEWER, ApiKeys
 from mqtt_operator import broker_config, manifests
 from mqtt_operator import constants as c
 from mqtt_operator.spec import Cluster
@@ -115,6 +116,28 @@ def test_the_pod_reads_the_cookie_where_the_config_says_from_the_secret(
     assert "s3cret" not in json.dumps(manifests.statefulset(cluster, 3, ""))
     assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"]
                    for e in container["env"])  # nor in the environment
+
+
+def test_the_pod_reads_its_api_keys_where_the_config_says_and_the_viewer_key_is_one(
+        tmp_path: Path) -> None:
+    """The mounted file is what the broker's own key loader reads; the basic-auth pair the
+    operator and `kubectl mqtt` use is a viewer key of that file."""
+    cluster = Cluster.from_body(body("web", config={"api_key.bootstrap_file": "/tmp/mine"}))
+    keys_file = Path(load_config(write(tmp_path, cluster))["api_key.bootstrap_file"])
+    assert broker_config.ignored_keys(cluster) == ["api_key.bootstrap_file"]  # managed
+    secret = manifests.api_key_secret(cluster, "admin-s3cret", "viewer-s3cret")
+    pod = manifests.statefulset(cluster, 3, "")["spec"]["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"]
+                 if m["mountPath"] == str(keys_file.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert mount["readOnly"] is True
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"] == "web-api-key"
+    data = secret["stringData"]
+    (tmp_path / keys_file.name).write_text(data[keys_file.name])
+    keys = ApiKeys(tmp_path / keys_file.name)
+    assert keys.role("admin", "admin-s3cret") == ADMINISTRATOR
+    assert keys.role(data["username"], data["password"]) == VIEWER
+    assert "s3cret" not in json.dumps(manifests.statefulset(cluster, 3, ""))
 
 
 def test_a_key_the_broker_does_not_know_fails_the_contract(tmp_path: Path) -> None:

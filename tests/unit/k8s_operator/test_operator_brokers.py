@@ -1,5 +1,6 @@
 """Asking brokers about their sites, and the drain policy built on the answers."""
 
+import base64
 import contextlib
 import http.server
 import json
@@ -25,11 +26,19 @@ STORAGES = {"site_id": "A", "databases": [
         {"shard": 0, "generations": [{"generation": 9, "state": "sealed"}]}]}]}
 
 
+KEY = ("viewer", "v-secret")
+
+
 @contextlib.contextmanager
 def serving(path: str, answer: object) -> Iterator[int]:
-    """A local HTTP server answering `answer` at `path`, 404 elsewhere."""
+    """A local HTTP server answering `answer` at `path` to a request with `KEY` as HTTP
+    Basic, as a broker of contract v3 does; 401 without it, 404 elsewhere."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            basic = "Basic " + base64.b64encode(":".join(KEY).encode()).decode()
+            if self.headers.get("Authorization") != basic:
+                self.send_error(401)
+                return
             if self.path != path:
                 self.send_error(404)
                 return
@@ -54,7 +63,7 @@ def serving(path: str, answer: object) -> Iterator[int]:
 
 @pytest.fixture
 def broker() -> Iterator[int]:
-    """Answering like contract v1: site A holds shards 1 and 3."""
+    """Site A holds shards 1 and 3."""
     with serving("/api/v5/ds/sites/A", SITE_A) as port:
         yield port
 
@@ -66,16 +75,19 @@ def storages() -> Iterator[int]:
 
 
 def test_reachable_site_reports_its_message_shards(broker: int) -> None:
-    assert ask_site("127.0.0.1", broker, "A", 2).shards == frozenset({1, 3})
+    assert ask_site("127.0.0.1", broker, "A", KEY, 2).shards == frozenset({1, 3})
 
 
-def test_endpoint_missing_refused_or_no_ip_is_unreachable(broker: int) -> None:
-    not_served = ask_site("127.0.0.1", broker, "B", 2)
+def test_endpoint_missing_refused_no_ip_or_key_refused_is_unreachable(broker: int) -> None:
+    not_served = ask_site("127.0.0.1", broker, "B", KEY, 2)
     assert not not_served.reachable and "404" in not_served.error
     with closed_port() as port:
-        refused = ask_site("127.0.0.1", port, "A", 2)
+        refused = ask_site("127.0.0.1", port, "A", KEY, 2)
     assert not refused.reachable and "refused" in refused.error.lower()
-    assert ask_site(None, broker, "A", 2).error == "pod has no IP"
+    assert ask_site(None, broker, "A", KEY, 2).error == "pod has no IP"
+    for key in (None, ("viewer", "wrong")):
+        unknown = ask_site("127.0.0.1", broker, "A", key, 2)
+        assert not unknown.reachable and "HTTP 401" in unknown.error
 
 
 @contextlib.contextmanager
@@ -113,7 +125,8 @@ def test_transition_settles_when_added_sites_hold_and_removed_members_do_not() -
 
 
 def test_sealed_generations_of_the_messages_database(storages: int) -> None:
-    assert ask_sealed("127.0.0.1", storages, 2) == frozenset({(0, 1), (2, 4)})
+    assert ask_sealed("127.0.0.1", storages, KEY, 2) == frozenset({(0, 1), (2, 4)})
     with closed_port() as port:
-        assert ask_sealed("127.0.0.1", port, 2) is None
-    assert ask_sealed(None, storages, 2) is None
+        assert ask_sealed("127.0.0.1", port, KEY, 2) is None
+    assert ask_sealed(None, storages, KEY, 2) is None
+    assert ask_sealed("127.0.0.1", storages, None, 2) is None

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import pytest
+
 from mqtt_operator import constants as c
 from mqtt_operator import manifests
 from mqtt_operator.spec import Cluster
@@ -12,6 +14,7 @@ def all_children(cluster: Cluster) -> list[dict[str, Any]]:
     return [
         manifests.config_map(cluster, c.config_map_name(cluster.name), {"broker.toml": ""}),
         manifests.cookie_secret(cluster, "cookie"),
+        manifests.api_key_secret(cluster, "admin-secret", "viewer-secret"),
         manifests.headless_service(cluster), manifests.client_service(cluster),
         manifests.statefulset(cluster, 3, "x"),
         manifests.pod_disruption_budget(cluster, "policy/v1"),
@@ -55,6 +58,9 @@ def test_statefulset_mounts_what_the_pod_command_reads() -> None:
     assert mounts["cookie"] == c.COOKIE_DIR and volumes["cookie"] is None
     assert next(v for v in pod["volumes"] if v["name"] == "cookie")["secret"] == {
         "secretName": "mqc-cookie", "defaultMode": 0o440}
+    assert mounts["api-key"] == c.API_KEY_DIR
+    assert next(v for v in pod["volumes"] if v["name"] == "api-key")["secret"] == {
+        "secretName": "mqc-api-key", "defaultMode": 0o440}
     assert container["resources"] == {"limits": {"cpu": "1"}}
     assert pod["tolerations"] == [{"key": "k", "operator": "Exists"}]
     claim = spec["volumeClaimTemplates"][0]
@@ -89,7 +95,21 @@ def test_services_expose_the_listeners_and_monitor_scrapes_each_pod() -> None:
     assert selected.items() <= headless["metadata"]["labels"].items()
     assert not selected.items() <= client["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics",
-                                             "interval": "30s"}]
+                                             "interval": "30s"}]  # metrics are open
+
+
+@pytest.mark.parametrize("value", ["true", "on", " Yes", "1"])
+def test_monitor_sends_the_viewer_key_when_metrics_ask_for_one(value: str) -> None:
+    cluster = Cluster.from_body(body("web", config={"prometheus.enable_basic_auth": value}))
+    endpoint = manifests.service_monitor(cluster)["spec"]["endpoints"][0]
+    secret = manifests.api_key_secret(cluster, "a", "v")
+    assert endpoint["basicAuth"] == {
+        "username": {"name": "web-api-key", "key": "username"},
+        "password": {"name": "web-api-key", "key": "password"}}
+    assert secret["metadata"]["name"] == "web-api-key"
+    assert {"username", "password"} <= secret["stringData"].keys()
+    off = Cluster.from_body(body("web", config={"prometheus.enable_basic_auth": "false"}))
+    assert "basicAuth" not in manifests.service_monitor(off)["spec"]["endpoints"][0]
 
 
 def test_pdb_follows_the_served_policy_version() -> None:

@@ -148,6 +148,6 @@ def test_without_the_spark_operator_nothing_is_done_and_the_condition_says_why()
     kube: Any = NoSparkOperator()
     summary, ok, reason, message = reconcile_spark(
         kube, cluster, Settings.from_spec(cluster.spark), previous, {}, {},
-        lambda *_: None, lambda *_: None)
+        lambda *_: None, lambda *_: None, None)
     assert (summary, ok, reason) == (previous, False, "SparkOperatorMissing")
     assert "sparkoperator.k8s.io/v1beta2 is not served" in message
