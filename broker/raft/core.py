@@ -359,6 +359,11 @@ class RaftGroup:
         self._elapsed = 0
         self._timeout = self._random_timeout()
         self._votes = {self.id: True}
+        # A node that campaigns no longer believes in a leader, pre-vote included (etcd's
+        # becomePreCandidate): otherwise it keeps ignoring the other survivors' pre-votes for
+        # an election timeout after its own, and elections after a leader crash took up to
+        # several timeouts.
+        self.leader = None
         if pre_vote:
             self._set_role(PRE_CANDIDATE)
             term = self.term + 1
@@ -366,7 +371,6 @@ class RaftGroup:
             self._set_role(CANDIDATE)
             self.term += 1
             self.vote = self.id
-            self.leader = None
             self.elections += 1
             term = self.term
         request = RequestVote(self.group, term, self.log.last_index, self.log.last_term,

@@ -196,3 +196,30 @@ def test_appends_lost_with_a_link_are_sent_again_once_the_peer_is_unreachable() 
     leader.unreachable("c")
     cluster.settle()
     assert c.log.last_index == leader.log.last_index
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_survivors_elect_a_new_leader_within_two_election_timeouts(seed: int) -> None:
+    """After the leader dies, a survivor that starts a pre-vote forgets the dead leader;
+    before, the other survivor's pre-vote was ignored for a whole timeout after its own, and
+    unlucky timeouts made elections take up to 16 timeouts."""
+    rng = random.Random(seed)
+    cluster = Cluster("a", "b", "c")
+    for name in cluster.cores:
+        cluster.cores[name] = RaftGroup(1, name, random.Random(rng.random()), election_ticks=10,
+                                        heartbeat_ticks=2)
+        cluster.cores[name].bootstrap(Config(frozenset(cluster.cores)))
+    leader = cluster.elect("a")
+    for _ in range(7):
+        for core in cluster.cores.values():
+            core.tick()
+        cluster.settle()
+    cluster.down.add(leader.id)
+    survivors = [core for name, core in cluster.cores.items() if name != leader.id]
+    for _ in range(2 * 10):
+        for core in survivors:
+            core.tick()
+            cluster.settle()
+        if any(core.role == LEADER for core in survivors):
+            return
+    raise AssertionError("no new leader within two election timeouts")
