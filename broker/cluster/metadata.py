@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import secrets
-import shutil
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Final
@@ -40,6 +39,7 @@ from broker.ds.files import write_atomically
 from broker.raft.core import LEADER, ROLE_NAMES, ConfigChangeRefused, NotLeader, RaftGroup
 from broker.raft.host import Sample
 from broker.raft.node import CommandLost, RaftNode
+from broker.raft.wal import SUFFIX as WAL_SUFFIX
 from broker.retainer.machine import RetainedMachine
 from broker.retainer.store import RetainedStore, encode_record
 from broker.session.message import Message
@@ -110,10 +110,12 @@ class MetadataGroup:
             await self._raft.close()
 
     def _open(self) -> RaftNode:
-        if self.bootstrap.record is None:
+        if self.bootstrap.record is None and self._wal_dir.is_dir():
             # A node that is no member has no Raft history: whatever a log holds is of a
-            # group it left or never finished joining.
-            shutil.rmtree(self._wal_dir, ignore_errors=True)
+            # group it left or never finished joining. (Its segments only: the directory
+            # is the operator's.)
+            for segment in self._wal_dir.glob("*" + WAL_SUFFIX):
+                segment.unlink()
         return RaftNode(self.me, str(self._wal_dir), self.transport,
                         tick_seconds=self._tick, election_ticks=self._election_ticks,
                         heartbeat_ticks=2, segment_bytes=self._segment_bytes)
