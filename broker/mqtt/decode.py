@@ -579,6 +579,13 @@ class Decoder:
             name == b"MQIsdp" and level == MQTT_3_1
         ):
             self.version = level
+        elif self.version is not None:
+            # A second CONNECT is a Protocol Error whatever it holds (MQTT-3.1.0-2): the
+            # connection keeps its version and answers with a DISCONNECT, which has no 0x84
+            # (3.14.2.1). Found by the network fuzzer.
+            raise UnsupportedProtocolVersion(
+                f"second CONNECT, unsupported protocol {name[:16]!r} level {level}",
+                ReasonCode.PROTOCOL_ERROR)
         else:
             # Answerable with a v3.1.1 CONNACK (return code 1), which every client parses.
             self.version = MQTT_3_1_1
