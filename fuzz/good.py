@@ -82,6 +82,12 @@ class GoodClient:
             latencies[int(len(latencies) * 0.99)] if latencies else 0.0,
         )
 
+    def lag(self) -> float:
+        """How long the oldest message not back yet has been out (0: none is)."""
+        with self._lock:
+            oldest = min(self._in_flight.values(), default=None)
+        return 0.0 if oldest is None else time.monotonic() - oldest
+
     def _publish_loop(self) -> None:
         number = 0
         while not self._stop.wait(self.interval):  # the pace, not a wait for an event
