@@ -155,8 +155,10 @@ class MetadataGroup:
                 continue
             try:
                 if leader == self.me:
-                    self.machine.proposing(data, batch.messages)
-                    await asyncio.wait_for(raft.propose(GROUP, data), self._attempt_timeout)
+                    self.machine.proposing(data, list(zip(batch.messages, batch.commands,
+                                                          strict=True)))
+                    async with asyncio.timeout(self._attempt_timeout):
+                        await raft.propose(GROUP, data)
                     return
                 index = await self._rpc.call(leader, "raft_propose", {
                     "epoch": self._epoch_of(GROUP), "data": base64.b64encode(data).decode()},
@@ -182,7 +184,8 @@ class MetadataGroup:
         raft = self._raft
         assert raft is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(raft.wait(condition), timeout)
+            async with asyncio.timeout(timeout):
+                await raft.wait(condition)
 
     async def _rpc_propose(self, params: Any) -> int:
         if int(params["epoch"]) != self._epoch_of(GROUP) or self._raft is None:
@@ -374,7 +377,8 @@ class MetadataGroup:
         this node's, this node's group, Raft log and retained messages are discarded and it
         waits to be added to the cluster's (EMQX's join wipes the joining node too)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._linked(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._linked()
         epochs = {epoch for epoch in (await self._rpc.multicall("raft_epoch")).values()
                   if isinstance(epoch, int) and epoch}
         mine = self._epoch_of(GROUP)

@@ -15,7 +15,6 @@ perhaps to a node on the majority's side).
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -42,7 +41,7 @@ class Batch:
         self.commands: list[bytes] = []
         self.future = future
         self.size = 0
-        self.started = time.monotonic()
+        self.started = future.get_loop().time()
         self.messages: list[Message] = []  # the commands' messages, kept by the caller
 
 
@@ -69,7 +68,7 @@ class Proposer:
     async def stop(self) -> None:
         """Stops proposing. What waits is left waiting: at shutdown its connections are
         closed already (`abandon` fails it, for a node that goes on)."""
-        self._stopped = True  # (3.11's wait_for may swallow the cancellation below)
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -107,13 +106,19 @@ class Proposer:
         data = encode_commands(batch.commands)
         future, count = batch.future, len(batch.commands)
         try:
-            await asyncio.wait_for(self._submit(batch, data),
-                                   max(batch.started + self.timeout - time.monotonic(), 0.0))
+            # (A timeout scope, not wait_for: no task per batch, no cancellation swallowed.)
+            async with asyncio.timeout_at(batch.started + self.timeout):
+                await self._submit(batch, data)
         except TimeoutError:
             self.timed_out += count
             error = CommitTimeout(f"not committed within {self.timeout:g} s (no leader"
                                   " reachable: this node is on a minority's side?)")
             log.warning("%d retained message(s) not stored: %s", count, error)
+            if not future.done():
+                future.set_exception(error)
+            return
+        except Exception as error:  # a bug: fail the batch, keep the proposer alive
+            log.exception("%d retained message(s) not stored", count)
             if not future.done():
                 future.set_exception(error)
             return

@@ -42,7 +42,8 @@ def encode_commands(records: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def decode_commands(data: bytes) -> list[Message]:
+def decode_commands(data: bytes) -> list[tuple[Message, bytes]]:
+    """The commands' messages, each with its record (what the store keeps)."""
     try:
         (count,) = _U32.unpack_from(data)
         offset = _U32.size
@@ -52,7 +53,8 @@ def decode_commands(data: bytes) -> list[Message]:
             offset += _COMMAND.size
             if kind != SET or offset + length > len(data):
                 raise BadCommand(f"command kind {kind}, length {length}")
-            messages.append(decode_record(data[offset:offset + length]))
+            record = data[offset:offset + length]
+            messages.append((decode_record(record), record))
             offset += length
     except (struct.error, ValueError) as error:
         raise BadCommand(f"garbled retained command: {error}") from None
@@ -97,7 +99,7 @@ class RetainedMachine:
         self._outgoing: tuple[int, bytes] | None = None  # the snapshot being sent
         # The entry this node proposed as the leader, with its messages: applied without
         # decoding what it has just encoded (the log hands back the very same bytes).
-        self._proposed: tuple[bytes, list[Message]] | None = None
+        self._proposed: tuple[bytes, list[tuple[Message, bytes]]] | None = None
         self._incoming = bytearray()
 
     def unlogged(self) -> bool:
@@ -112,8 +114,8 @@ class RetainedMachine:
         index, term, config = installed
         return SnapshotMeta(index, term, Config.decode(config))
 
-    def proposing(self, data: bytes, messages: list[Message]) -> None:
-        """This node, leading, proposes `data`: the encoding of `messages`."""
+    def proposing(self, data: bytes, messages: list[tuple[Message, bytes]]) -> None:
+        """This node, leading, proposes `data`: the encoding of `messages` (and records)."""
         self._proposed = (data, messages)
 
     # ---- StateMachine ----------------------------------------------------------------------
@@ -131,7 +133,7 @@ class RetainedMachine:
                 self._refused(refused)
         self.applied_index, self.applied_term = entry.index, entry.term
 
-    def _decode(self, data: bytes) -> list[Message]:
+    def _decode(self, data: bytes) -> list[tuple[Message, bytes]]:
         try:
             return decode_commands(data)
         except BadCommand:

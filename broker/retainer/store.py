@@ -118,20 +118,21 @@ class RetainedStore:
         if admitted is None:
             return False
         with self._db.write_batch() as batch:
-            return self._stage(batch, admitted)
+            return self._stage(batch, admitted, encode_record(admitted))
 
-    def write(self, messages: list[Message], index: int, term: int) -> int:
-        """Applies admitted messages (a committed log entry at `index`, `term`) in one
-        atomic write with that position; returns how many the message limit refused."""
+    def write(self, messages: list[tuple[Message, bytes]], index: int, term: int) -> int:
+        """Applies admitted messages with their records (a committed log entry at `index`,
+        `term`) in one atomic write with that position; returns how many the message limit
+        refused."""
         refused = 0
         with self._db.write_batch() as batch:
-            for message in messages:
-                if not self._stage(batch, message):
+            for message, record in messages:
+                if not self._stage(batch, message, record):
                     refused += 1
             batch.put(_APPLIED, _POSITION.pack(index, term))
         return refused
 
-    def _stage(self, batch: Any, message: Message) -> bool:
+    def _stage(self, batch: Any, message: Message, record: bytes) -> bool:
         topic = message.topic
         if not message.payload:
             if self._index.remove(topic, None) is not None:
@@ -140,7 +141,7 @@ class RetainedStore:
         exists = self._index.get(topic, None) is not None
         if not exists and self._max_messages and len(self._index) >= self._max_messages:
             return False
-        batch.put(topic.encode(), encode_record(message))
+        batch.put(topic.encode(), record)
         self._index.add(topic, None, message)
         return True
 

@@ -34,7 +34,7 @@ def test_commands_round_trip_and_garbage_is_refused() -> None:
     messages = [Message("a/b", b"1", 1, True, "p", {0x03: "text/plain"}),
                 Message("a/c", b"", 0, True, "q")]
     decoded = decode_commands(encode_commands([encode_record(m) for m in messages]))
-    assert [(m.topic, m.payload, m.publisher) for m in decoded] == [
+    assert [(m.topic, m.payload, m.publisher) for m, _ in decoded] == [
         ("a/b", b"1", "p"), ("a/c", b"", "q")]
     for bad in (b"", b"\x00\x00\x00\x01", encode_commands([b"x"]) + b"!"):
         with pytest.raises(BadCommand):
@@ -153,10 +153,10 @@ def test_the_leaders_own_entry_is_applied_without_decoding_it_again(tmp_path: Pa
     machine = RetainedMachine(store, lambda _: None)
     mine = Message("t/own", b"v", retain=True)
     data = encode_commands([encode_record(mine)])
-    machine.proposing(data, [mine])
+    machine.proposing(data, [(mine, encode_record(mine))])
     machine.apply(Entry(1, 1, NORMAL, bytes(bytearray(data))))  # equal, not the same: decoded
     assert store.match("t/own")[0] is not mine
-    machine.proposing(data, [mine])
+    machine.proposing(data, [(mine, encode_record(mine))])
     machine.apply(Entry(2, 1, NORMAL, data))
     assert store.match("t/own")[0] is mine
     store.close()

@@ -16,7 +16,7 @@ def _command(text: str) -> bytes:
 
 
 def _payloads(data: bytes) -> list[bytes]:
-    return [message.payload for message in decode_commands(data)]
+    return [message.payload for message, _ in decode_commands(data)]
 
 
 async def test_commands_queued_during_a_commit_form_the_next_batch_in_order() -> None:
