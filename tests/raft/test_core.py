@@ -6,7 +6,14 @@ import random
 import pytest
 
 from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup
-from broker.raft.messages import AppendEntries, Config, Entry, RequestVote, VoteResponse
+from broker.raft.messages import (
+    AppendEntries,
+    AppendResponse,
+    Config,
+    Entry,
+    RequestVote,
+    VoteResponse,
+)
 
 
 class Cluster:
@@ -70,7 +77,9 @@ def test_a_vote_and_an_acknowledgement_leave_only_after_the_disk() -> None:
     core.step("a", AppendEntries(1, 2, 1, 1, 0, [Entry(2, 2, 0, b"x")]))
     ready = core.ready()
     assert [e.index for e in ready.entries] == [2]
-    assert not ready.messages and ready.after_persist[0][1].index == 2
+    acknowledgement = ready.after_persist[0][1]
+    assert not ready.messages and isinstance(acknowledgement, AppendResponse)
+    assert acknowledgement.index == 2
     # Entries already on disk are acknowledged at once.
     core.persisted(ready.seq)
     core.step("a", AppendEntries(1, 2, 1, 1, 0, [Entry(2, 2, 0, b"x")]))

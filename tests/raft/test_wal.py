@@ -126,7 +126,11 @@ def test_group_commit_makes_all_groups_durable_with_one_fdatasync(
     _commit(wal)  # creates the segment
     calls: list[int] = []
     real = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(fd), real(fd))[1])
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
     for group in range(16):
         wal.hard_state(group, HardState(3, "n1"))
         wal.entries(group, _entries(1, 50))
