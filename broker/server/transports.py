@@ -41,7 +41,7 @@ _MESSAGE_TOO_BIG: Final = 1009
 _UNSUPPORTED_DATA: Final = 1003
 
 
-def _admitted(node: Node, gate: ListenerGate, transport: asyncio.BaseTransport) -> bool:
+def _admitted(node: Node, gate: ListenerGate, transport: asyncio.Transport) -> bool:
     """The listener's limits, before anything is read: a refused socket is aborted."""
     refused = gate.admit(time.monotonic())
     if refused is None:
