@@ -4,9 +4,9 @@ Many concurrent connections each play one conversation of fuzz/streams.py (valid
 3.1.1 and 5.0 streams, 70% of them mutated) and read whatever the broker answers; when the
 first CONNECT went out intact the answers must decode. Meanwhile two good clients (paho,
 3.1.1 and 5.0) publish QoS 1 messages to themselves and must get each one back within the
-bound. After the warm-up and after each half of the run, once the broker reports only the
-good clients connected and the sessions the fuzzing left are ended, the broker's RSS and
-open descriptors are taken. A finding is:
+bound; while one waits over a second, no new conversation starts. After the warm-up and
+after each half of the run, once the broker reports only the good clients connected and the
+sessions the fuzzing left are ended, the broker's RSS and open descriptors are taken. A finding is:
 
 - the broker process exited;
 - a Traceback, or an ERROR or CRITICAL line, in its log. Expected: INFO lines
