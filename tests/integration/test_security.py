@@ -145,7 +145,8 @@ def test_users_added_with_broker_ctl_log_in_without_a_restart(
     passwords.write_text(passwords.read_text() + "broken line without a colon\n")
     wait_until(lambda: broker.metric("mqtt_security_reloads_total", result="failed") >= 1, 10,
                "the broken file refused")
-    assert f"{passwords}:4: expected USERNAME:HASH" in broker.log_text()
+    wait_until(lambda: f"{passwords}:4: expected USERNAME:HASH" in broker.log_text(), 10,
+               "the refusal logged with file and line")
     assert _code(_connect(clients, broker.tcp, "carol", "c4rol")) == 0  # previous version
 
     subprocess.run([sys.executable, "-m", "broker", "ctl", "users", "delete", "carol",
