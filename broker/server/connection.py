@@ -166,6 +166,7 @@ class Connection:
             self._packet_timer = self._loop.call_later(
                 self._packet_timeout, self._check_packet_arrival)
         self._handle(packets, error)
+        error = None  # its traceback holds this frame: no cycle left for the collector
 
     def _handle(self, packets: list[Packet], error: MQTTError | None) -> None:
         handlers = HANDLERS
@@ -201,11 +202,13 @@ class Connection:
         until.add_done_callback(self._release_held)
 
     def _release_held(self, until: "asyncio.Task[None]") -> None:
+        # Retrieved first, also for a connection closed meanwhile: a task whose exception is
+        # never read is logged by asyncio as an error with its traceback.
+        error = None if until.cancelled() else until.exception()
         held, self._held = self._held or [], None
         if self.closed:
             return
         self.resume_input(PAUSE_HOLD)
-        error = None if until.cancelled() else until.exception()
         if error is None:
             self._handle(held, None)
             return
@@ -359,7 +362,9 @@ class Connection:
 
     def flush(self) -> None:
         self._flush_pending = False
-        if not self._out or self.closed:
+        if not self._out or self.closed or self.transport.is_closing():
+            # A transport that failed (the peer reset) is closing before connection_lost
+            # runs: writing to it only logs asyncio's "socket.send() raised" warning.
             self._out.clear()
             return
         data = self._out[0] if len(self._out) == 1 else b"".join(self._out)

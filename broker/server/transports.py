@@ -123,6 +123,9 @@ class _WebSocketWriter:
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size()
 
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
     def pause_reading(self) -> None:
         self._transport.pause_reading()
 

@@ -22,3 +22,6 @@ class RecordingTransport:
 
     def get_write_buffer_size(self) -> int:
         return 0
+
+    def is_closing(self) -> bool:
+        return False
