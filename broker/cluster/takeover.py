@@ -238,7 +238,7 @@ class Takeover:
         except RpcError as error:
             log.warning("client registry exchange with %s failed: %s", site, error)
             return
-        self._end_older(older)
+        self._end_older(older, self._connected())  # as they are now, after the wait
 
     def _converge(self, theirs: Any) -> list[str]:
         """Ends this node's older connections of IDs the peer also has connected; returns
@@ -254,11 +254,10 @@ class Takeover:
                 mine_older.append(str(client_id))
             else:
                 theirs_older.append(str(client_id))
-        self._end_older(mine_older)
+        self._end_older(mine_older, connected)
         return theirs_older
 
-    def _end_older(self, client_ids: Any) -> None:
-        connected = self._connected()
+    def _end_older(self, client_ids: Any, connected: dict[str, Any]) -> None:
         for client_id in client_ids:
             connection = connected.get(str(client_id))
             if connection is not None:

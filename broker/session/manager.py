@@ -205,12 +205,10 @@ class SessionManager:
         no will (the client resumed it) and nothing counted as dropped (its queue moved)."""
         if self.sessions.get(session.client_id) is not session:
             return
-        self._cancel_timers(session.client_id)
-        del self.sessions[session.client_id]
         session.will = None
         session.queue.clear()
         session.inflight.clear()
-        self._forget_subscriptions(session)
+        self.end(session)
 
     def close_all(self) -> None:
         for client_id in list(self._timers):
