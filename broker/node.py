@@ -18,6 +18,7 @@ from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
 from broker.routing.router import Forwards, Router
 from broker.routing.trie import TopicTrie
+from broker.session.durable import records
 from broker.session.durable.persist import MessagePersister
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
@@ -88,6 +89,10 @@ class Node:
                                           config["durable_sessions.session_ttl"])
         # Filters of durable sessions: a message on a matching topic is stored once in DS.
         self.durable_filters: TopicTrie[SubscriptionOptions] = TopicTrie()
+        # Set by the app with replicated Durable Storage: the filters are every node's (from
+        # the replicated `sessions` database), a publish is stored by the node that takes it,
+        # and durable filters are no routes (no node stores a message a second time).
+        self.replicated_ds = False
         self._durable_topics: dict[str, int] = {}
         self.sessions = SessionManager(
             self.publish, self._forget_subscriptions,
@@ -106,17 +111,50 @@ class Node:
 
     def add_durable_filter(self, client_id: str, topic_filter: str,
                            options: SubscriptionOptions) -> None:
-        listener = self.router.listener  # a durable filter is a route of this node too
+        # A durable filter is a route of this node too (unless storage is replicated).
+        listener = None if self.replicated_ds else self.router.listener
         if self.durable_filters.add(topic_filter, client_id, options) and listener is not None:
             listener(topic_filter, None, client_id, True)
         self._durable_topics.clear()
 
     def remove_durable_filter(self, client_id: str, topic_filter: str) -> None:
-        listener = self.router.listener
+        listener = None if self.replicated_ds else self.router.listener
         removed = self.durable_filters.remove(topic_filter, client_id) is not None
         if removed and listener is not None:
             listener(topic_filter, None, client_id, False)
         self._durable_topics.clear()
+
+    def durable_state_applied(self, writes: list[tuple[bytes, bytes | None]],
+                              replaced: bool) -> None:
+        """Replicated storage: writes to the `sessions` database, from any node, applied
+        here. Subscriptions of durable sessions become this node's durable filters, so a
+        message published here is stored when any node's durable session wants it."""
+        if replaced:
+            self.durable_filters = TopicTrie()
+        for key, value in writes:
+            kind, client_id = records.split_key(key)
+            if kind != b"s":
+                continue
+            topic_filter = key[len(records.prefix(b"s", client_id)):].decode()
+            if parse_shared(topic_filter)[0] is not None:
+                continue
+            if value is None:
+                self.durable_filters.remove(topic_filter, client_id)
+            else:
+                self.durable_filters.add(topic_filter, client_id,
+                                         records.subscription_from_bytes(value)[0])
+        self._durable_topics.clear()
+
+    def load_durable_session(self, client_id: str) -> bool:
+        """Replicated storage: a durable session stored by another node comes here with its
+        client (SessionManager.load)."""
+        session = self.sessions.load(client_id)
+        if session is None:
+            return False
+        for topic_filter, options in session.subscriptions.items():
+            if parse_shared(topic_filter)[0] is None:
+                self.add_durable_filter(client_id, topic_filter, options)
+        return True
 
     def _durable_matches(self, topic: str) -> int:
         count = self._durable_topics.get(topic)
@@ -240,6 +278,9 @@ class Node:
             "mqtt_connections": ("Connected clients", len(self.connections)),
             "mqtt_sessions": ("Sessions, connected or not", len(self.sessions.sessions)),
             "mqtt_subscriptions": ("Subscriptions", len(self.router)),
+            "mqtt_durable_filters": (
+                "Durable sessions' subscriptions whose messages this node stores (every"
+                " node's, with replicated Durable Storage)", len(self.durable_filters)),
             "mqtt_retained_messages": (
                 "Retained messages stored", len(self.retainer) if self.retainer else 0
             ),

@@ -2,7 +2,8 @@
 
 Every node hosts the metadata group, so the group follows the cluster: a running node that
 is not a member is added as a learner (it replicates, it does not vote); a learner that has
-caught up is promoted while there are fewer than VOTER_CAP voters; a member the cluster no
+caught up is promoted while there are fewer than `voter_cap` voters (VOTER_CAP for the
+metadata group, the replication factor for Durable Storage's); a member the cluster no
 longer lists (it left, was force-removed, or was down past `cluster.autoclean`) is removed.
 Removals come first, so a freed voter's place goes to a learner. One change at a time: the
 core accepts the next once the previous one committed.
@@ -13,6 +14,8 @@ a full copy for their local reads.
 """
 
 from broker.cluster.bootstrap import VOTER_CAP
+
+__all__ = ["ADD", "PROMOTE", "REMOVE", "VOTER_CAP", "next_change"]
 from broker.raft.messages import Config
 
 ADD = "add"
@@ -21,7 +24,7 @@ REMOVE = "remove"
 
 
 def next_change(config: Config, leader: str, running: set[str], known: set[str],
-                caught_up: set[str]) -> tuple[str, str] | None:
+                caught_up: set[str], voter_cap: int = VOTER_CAP) -> tuple[str, str] | None:
     """(ADD | PROMOTE | REMOVE, site) or None. `running`: peers with a link up; `known`:
     every member of the cluster (running or down), `caught_up`: learners close enough to
     the leader's log to vote."""
@@ -33,6 +36,6 @@ def next_change(config: Config, leader: str, running: set[str], known: set[str],
     if new:
         return ADD, min(new)
     ready = config.learners & running & caught_up
-    if ready and len(config.voters) < VOTER_CAP:
+    if ready and len(config.voters) < voter_cap:
         return PROMOTE, min(ready)
     return None

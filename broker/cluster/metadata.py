@@ -26,7 +26,7 @@ import logging
 import secrets
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from broker.cluster import group_members
 from broker.cluster.bootstrap import MEMBER, UNKNOWN, Attempt, Bootstrap, GroupRecord
@@ -47,6 +47,23 @@ from broker.session.message import Message
 log = logging.getLogger(__name__)
 
 GROUP: Final = 0
+
+
+class HostedGroups(Protocol):
+    """Groups hosted on the metadata group's log, links and incarnation."""
+
+    def host(self, raft: RaftNode, record: GroupRecord) -> None:
+        """The metadata group is hosted now (created, joined or restarted)."""
+
+    def adopt(self, group: int) -> bool:
+        """Traffic for `group`, not hosted yet: host it (as a server waiting to be added),
+        if it is one of these."""
+
+    def round(self) -> None:
+        """Maintenance, a few times per election timeout."""
+
+    def status(self) -> list[dict[str, Any]]:
+        """Their entries in `GET /api/v5/raft`."""
 _STATE_FILE: Final = "metadata.json"
 _STATUS_EVERY: Final = 10  # maintenance rounds between asking a coordinator about a promise
 
@@ -81,6 +98,9 @@ class MetadataGroup:
         self._jobs: set[asyncio.Task[None]] = set()
         self._rounds = 0
         self._links_changed = asyncio.Event()
+        # More groups on this node's log and links, created with the metadata group
+        # (Durable Storage's, broker/cluster/ds_groups.py).
+        self.hosted: list[HostedGroups] = []
         cluster.on_peer_up(self._link_changed)
         cluster.on_peer_down(self._link_changed)
         for name, method in (("raft_prepare", self._rpc_prepare),
@@ -124,12 +144,18 @@ class MetadataGroup:
         assert self._raft is not None
         self._raft.add_group(GROUP, self.machine, frozenset(record.voters),
                              self.machine.applied_index, self.machine.snapshot())
+        for hosted in self.hosted:
+            hosted.host(self._raft, record)
 
-    def core(self) -> RaftGroup | None:
+    def core(self, group: int = GROUP) -> RaftGroup | None:
         raft = self._raft
-        if raft is None or GROUP not in raft.host.groups:
+        if raft is None or group not in raft.host.groups:
             return None
-        return raft.core(GROUP)
+        return raft.core(group)
+
+    @property
+    def joined(self) -> bool:
+        return self._cluster.joined
 
     # ---- writes --------------------------------------------------------------------------
     def write_retained(self, message: Message) -> "asyncio.Future[None]":
@@ -145,37 +171,44 @@ class MetadataGroup:
         return batch.future
 
     async def _submit(self, batch: Batch, data: bytes) -> None:
-        """Until committed (the proposer bounds the whole): proposes when leading, else
-        forwards to the leader, else waits for one."""
+        messages = list(zip(batch.messages, batch.commands, strict=True))
+        await self.commit(GROUP, data, lambda: self.machine.proposing(data, messages))
+
+    async def commit(self, group: int, data: bytes,
+                     proposing: Callable[[], None] | None = None) -> None:
+        """Until `data` is committed in `group` and applied here (the caller bounds the
+        wait): proposes when this node leads (after `proposing()`), else forwards to the
+        leader, else waits for one."""
         while True:
-            raft, core = self._raft, self.core()
+            raft, core = self._raft, self.core(group)
             leader = core.leader if core is not None else None
             if raft is None or core is None or leader is None:
-                await self._until(self._has_leader, self._attempt_timeout)
+                await self._until(lambda: self._has_leader(group), self._attempt_timeout)
                 continue
             try:
                 if leader == self.me:
-                    self.machine.proposing(data, list(zip(batch.messages, batch.commands,
-                                                          strict=True)))
+                    if proposing is not None:
+                        proposing()
                     async with asyncio.timeout(self._attempt_timeout):
-                        await raft.propose(GROUP, data)
+                        await raft.propose(group, data)
                     return
                 index = await self._rpc.call(leader, "raft_propose", {
-                    "epoch": self._epoch_of(GROUP), "data": base64.b64encode(data).decode()},
-                    timeout=self._attempt_timeout)
-                await self._until(self._applied(index), self._attempt_timeout)
+                    "group": group, "epoch": self._epoch_of(group),
+                    "data": base64.b64encode(data).decode()}, timeout=self._attempt_timeout)
+                # Committed: retrying now would store it twice. Shown here once applied.
+                await self._until(self._applied(group, index), self._attempt_timeout)
                 return
             except (NotLeader, CommandLost, RpcError, TimeoutError) as error:
-                log.debug("retained batch not committed yet (%s): retrying", error)
+                log.debug("group %d: command not committed yet (%s): retrying", group, error)
                 await asyncio.sleep(self._tick)
 
-    def _has_leader(self) -> bool:
-        core = self.core()
+    def _has_leader(self, group: int = GROUP) -> bool:
+        core = self.core(group)
         return core is not None and core.leader is not None
 
-    def _applied(self, index: int) -> Callable[[], bool]:
+    def _applied(self, group: int, index: int) -> Callable[[], bool]:
         def applied() -> bool:
-            core = self.core()
+            core = self.core(group)
             return core is not None and core.applied_index >= index
         return applied
 
@@ -188,9 +221,11 @@ class MetadataGroup:
                 await raft.wait(condition)
 
     async def _rpc_propose(self, params: Any) -> int:
-        if int(params["epoch"]) != self._epoch_of(GROUP) or self._raft is None:
+        group = int(params.get("group", GROUP))
+        if (int(params["epoch"]) != self._epoch_of(group) or self._raft is None
+                or self.core(group) is None):
             raise RpcError("not a member of that group")
-        return await self._raft.propose(GROUP, base64.b64decode(params["data"]))
+        return await self._raft.propose(group, base64.b64decode(params["data"]))
 
     # ---- Raft traffic -------------------------------------------------------------------
     def _link_changed(self, site: str) -> None:
@@ -200,8 +235,9 @@ class MetadataGroup:
             self._raft.unreachable(site)
 
     def _epoch_of(self, group: int) -> int:
+        """Every group of the node belongs to the metadata group's incarnation."""
         record = self.bootstrap.record
-        return record.epoch if record is not None and group == GROUP else 0
+        return record.epoch if record is not None else 0
 
     def _deliver(self, site: str, group: int, epoch: int, data: bytes) -> None:
         raft = self._raft
@@ -221,9 +257,12 @@ class MetadataGroup:
                 self.machine = RetainedMachine(self._store, self._refused)
             self._save()
             self._host(adopted)
-        elif group == GROUP and record is not None and record.epoch != epoch:
+        elif record is not None and record.epoch != epoch:
             self._foreign(site, epoch)
             return
+        elif group != GROUP and (record is None or (group not in raft.host.groups and not any(
+                hosted.adopt(group) for hosted in self.hosted))):
+            return  # not a group of ours (yet): its leader retries
         raft.receive(site, data)
 
     def _foreign(self, site: str, epoch: int) -> None:
@@ -233,7 +272,7 @@ class MetadataGroup:
             log.warning("peer %s is in another metadata Raft group (epoch %x, ours %x): its"
                         " traffic is ignored. If that node should join this cluster's group,"
                         " run `broker ctl cluster join` on it (its retained messages are"
-                        " replaced by the cluster's).", self._name(site), epoch,
+                        " replaced by the cluster's).", self.name_of(site), epoch,
                         self._epoch_of(GROUP))
 
     # ---- maintenance ---------------------------------------------------------------------
@@ -271,7 +310,9 @@ class MetadataGroup:
         if core is None:
             return
         if core.role == LEADER and cluster.joined:
-            self._change_membership(core)
+            self.change_membership(core, "metadata")
+        for hosted in self.hosted:
+            hosted.round()
         machine = self.machine
         if (machine.applied_index - machine.flushed_index >= self._snapshot_interval
                 or machine.unflushed_bytes >= self._segment_bytes):
@@ -279,13 +320,16 @@ class MetadataGroup:
             assert self._raft is not None
             self._raft.compact(GROUP, machine.flush())
 
-    def _change_membership(self, core: RaftGroup) -> None:
+    def change_membership(self, core: RaftGroup, name: str,
+                          voter_cap: int = group_members.VOTER_CAP) -> None:
+        """The next step of a led group towards the cluster's member list (at most
+        `voter_cap` voters, the other members learners)."""
         members = self._cluster.membership
         last = core.log.last_index
         caught_up = {site for site, pr in core.progress.items()
                      if pr.match + core.catch_up_entries >= last}
         change = group_members.next_change(core.log.config, self.me, set(members.running()),
-                                           set(members.members), caught_up)
+                                           set(members.members), caught_up, voter_cap)
         if change is None:
             return
         kind, site = change
@@ -294,13 +338,13 @@ class MetadataGroup:
         make = {group_members.ADD: raft.add_learner, group_members.PROMOTE: raft.promote,
                 group_members.REMOVE: raft.remove}[kind]
         try:
-            make(GROUP, site)
+            make(core.group, site)
         except (ConfigChangeRefused, NotLeader):
             return  # the previous change has not committed yet: next round
-        log.info("metadata group: %s %s", {group_members.ADD: "added learner",
+        log.info("%s group: %s %s", name, {group_members.ADD: "added learner",
                                            group_members.PROMOTE: "promoted voter",
                                            group_members.REMOVE: "removed"}[kind],
-                 self._name(site))
+                 self.name_of(site))
 
     # ---- bootstrap exchange --------------------------------------------------------------
     async def _run(self, attempt: Attempt) -> None:
@@ -315,7 +359,7 @@ class MetadataGroup:
             record = self.bootstrap.attempt_done(attempt, not refusals)
             if record is None:
                 log.info("not creating the metadata group yet: %s", ", ".join(
-                    f"{self._name(peer)}: {answer}" for peer, answer in refusals.items()))
+                    f"{self.name_of(peer)}: {answer}" for peer, answer in refusals.items()))
             else:
                 self._create(record)
             await asyncio.gather(*(
@@ -330,7 +374,7 @@ class MetadataGroup:
         self._save()
         self._host(record)
         log.info("created the metadata Raft group (epoch %x), voters %s", record.epoch,
-                 ", ".join(self._name(site) for site in record.voters))
+                 ", ".join(self.name_of(site) for site in record.voters))
         for message in unlogged:  # what this node retained before: now the group's
             self.write_retained(message)
 
@@ -428,7 +472,7 @@ class MetadataGroup:
                          json.dumps(self.bootstrap.to_json(), indent=1).encode())
 
     # ---- observability --------------------------------------------------------------------
-    def _name(self, site: str) -> str:
+    def name_of(self, site: str) -> str:
         if site == self.me:
             return self._cluster.me.node
         member = self._cluster.membership.members.get(site)
@@ -443,15 +487,17 @@ class MetadataGroup:
             groups.append({
                 "id": GROUP, "name": "metadata", "epoch": f"{self._epoch_of(GROUP):x}",
                 "role": ROLE_NAMES[core.role], "leader": core.leader,
-                "leader_node": self._name(core.leader) if core.leader else None,
+                "leader_node": self.name_of(core.leader) if core.leader else None,
                 "term": core.term, "commit": core.commit, "applied": core.applied_index,
                 "snapshot_index": core.log.snapshot_index,
                 "log_entries": len(core.log.entries),
                 "voters": sorted(config.voters), "learners": sorted(config.learners),
-                "nodes": {site: self._name(site) for site in sorted(config.members())},
+                "nodes": {site: self.name_of(site) for site in sorted(config.members())},
                 # The leader's view of each member's log: how far behind each one is.
                 "match": {site: pr.match for site, pr in sorted(core.progress.items())},
             })
+        for hosted in self.hosted:
+            groups += hosted.status()
         return {"node": self._cluster.me.node, "site": self.me,
                 "bootstrap": self.bootstrap.state, "groups": groups}
 

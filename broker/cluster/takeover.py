@@ -24,10 +24,14 @@ stamps of its connected clients to the other, and the older of two connections o
 ended (0x8E): the registry converges on the newest connection, without a quorum, so a node
 cut off from the others keeps serving its own clients.
 
-A durable session stays on the node whose Durable Storage holds its messages: a CONNECT
-elsewhere that wants it back is refused with 0x9C and that node's address (Server Reference)
-for MQTT 5, 3 (server unavailable) for 3.1.1. Moving durable sessions is replicated Durable
-Storage's job.
+Durable sessions with node-local Durable Storage (`builtin_local`) stay on the node that
+holds their messages: a CONNECT elsewhere that wants one back is refused with 0x9C and that
+node's address (Server Reference) for MQTT 5, 3 (server unavailable) for 3.1.1. With
+replicated storage (`builtin_raft`) every node has a replica, so the session follows its
+client: the node that holds it ends the connection, writes its state through the log and
+forgets it (`released`); the claiming node waits until its replica of `sessions` holds
+everything committed, then loads the session from it. A node that does not answer (dead,
+or cut off) is passed over the same way: its sessions are in the replicas.
 """
 
 import asyncio
@@ -50,6 +54,7 @@ from broker.mqtt.constants import ReasonCode
 from broker.session.session import Session
 
 if TYPE_CHECKING:
+    from broker.cluster.ds_groups import DsGroups
     from broker.node import Node
 
 log = logging.getLogger(__name__)
@@ -81,6 +86,7 @@ class TakeoverStats:
     taken_over: int = 0  # local connections ended for a CONNECT on another node
     lost_race: int = 0  # CONNECTs refused because a newer one of the ID ran elsewhere
     redirected: int = 0  # refused with Server Reference: a durable session lives elsewhere
+    resumed: int = 0  # durable sessions loaded from the replicated storage
     unanswered: int = 0  # peers that did not answer a claim in time
     converged: int = 0  # duplicate connections ended after a partition healed
 
@@ -97,14 +103,19 @@ class Takeover:
         self._clock = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = TakeoverStats()
+        # Replicated Durable Storage (set by the app): durable sessions move between nodes.
+        self.replicated: DsGroups | None = None
         rpc.register("client.take", self._take)
         rpc.register("client.take_backlog", self._take_backlog)
         rpc.register("client.connected", self._converge)
         cluster.on_peer_up(self._peer_up)
 
-    def needed(self) -> bool:
-        """A claim round only when another node could hold the ID."""
-        return bool(self._cluster.links)
+    def needed(self, client_id: str, want_session: bool) -> bool:
+        """A claim round only when another node could hold the ID, or its durable session
+        is in the replicated storage and not in this node's memory."""
+        return bool(self._cluster.links) or (
+            self.replicated is not None and want_session
+            and client_id not in self._node.sessions.sessions)
 
     def stamp(self) -> Stamp:
         self._clock = max(time.time_ns(), self._clock + 1)
@@ -152,10 +163,22 @@ class Takeover:
             return outcome
         if subscriptions is not None:
             outcome.session = await self._move_in(client_id, holder, subscriptions)
+        elif self.replicated is not None and want_session:
+            await self._resume(client_id)
         if claim.superseded:  # a newer CONNECT of the ID came while we moved it
             self.stats.lost_race += 1
             outcome.refuse = ReasonCode.SERVER_BUSY
         return outcome
+
+    async def _resume(self, client_id: str) -> None:
+        """Replicated storage: the ID's durable session, if another node stored one."""
+        if client_id in self._node.sessions.sessions:
+            return
+        assert self.replicated is not None
+        await self.replicated.sync_sessions()
+        if client_id not in self._node.sessions.sessions and \
+                self._node.load_durable_session(client_id):
+            self.stats.resumed += 1
 
     async def _move_in(self, client_id: str, holder: str, subscriptions: Any) -> Session | None:
         try:
@@ -177,7 +200,7 @@ class Takeover:
         return session
 
     # ---- the node that holds the ID --------------------------------------------------------
-    def _take(self, params: Any) -> dict[str, Any]:
+    async def _take(self, params: Any) -> dict[str, Any]:
         client_id = str(params["id"])
         stamp: Stamp = (int(params["stamp"][0]), str(params["stamp"][1]))
         want_session = bool(params["session"])
@@ -194,7 +217,11 @@ class Takeover:
         if session is None:
             return reply
         if session.durable and want_session:
-            reply["durable"] = self._reference()
+            if self.replicated is None:
+                reply["durable"] = self._reference()
+                return reply
+            await self._release(session)
+            reply["released"] = True
             return reply
         if session.connection is not None:
             self.stats.taken_over += 1
@@ -207,6 +234,18 @@ class Takeover:
             return reply
         reply.update(export_subscriptions(session))
         return reply
+
+    async def _release(self, session: Session) -> None:
+        """Replicated storage: the durable session leaves for the claiming node, once its
+        state is committed (that node reads it from its replica)."""
+        if session.connection is not None:
+            self.stats.taken_over += 1
+            session.connection.take_over(ReasonCode.SESSION_TAKEN_OVER)
+        self._node.sessions.release(session)
+        self.stats.moved_out += 1
+        durable = self._node.durable
+        if durable is not None:
+            await durable.store.settle()
 
     def _take_backlog(self, params: Any) -> dict[str, Any]:
         session = self._node.sessions.sessions.get(str(params["id"]))
@@ -274,4 +313,5 @@ class Takeover:
             ("moved_in", stats.moved_in), ("moved_out", stats.moved_out),
             ("taken_over", stats.taken_over), ("lost_race", stats.lost_race),
             ("redirected", stats.redirected), ("unanswered", stats.unanswered),
+            ("resumed", stats.resumed),
             ("converged", stats.converged))]

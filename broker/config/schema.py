@@ -217,6 +217,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durable_sessions.session_ttl", "0s", parse_duration,
             "How long a disconnected durable session that never expires (expiry 0xFFFFFFFF)"
             " is kept (TBMQ's `ttl`); 0 = forever."),
+    Setting("durable_storage.messages.backend", "builtin_local",
+            parse_choice("builtin_local", "builtin_raft"),
+            "`builtin_local`: each node stores on its own disk (fsync per batch). `builtin_raft`:"
+            " the `messages` shards and the `sessions` database are Raft groups across the"
+            " cluster's nodes (`replication_factor` voters, the other nodes learners), a durable"
+            " PUBLISH is acknowledged once a majority has it in its log, and a durable session"
+            " resumes on any node. Every node of a cluster must use the same backend."),
     Setting("durable_storage.messages.n_shards", 16, parse_int(1, 1024),
             "Shards of the `messages` database (by publisher client ID); fixed when the"
             " database is created."),

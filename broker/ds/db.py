@@ -58,13 +58,32 @@ class MessagesDB:
             write_atomically(path / DB_FILE, json.dumps(meta).encode())
         self.n_shards: int = meta["n_shards"]
         self.open_slabs = OpenSlabs(settings.max_open_slabs, executor)
-        self.shards = [
-            Shard.open(
-                i, path / f"shard-{i:03d}", settings.wildcard_thresholds, executor, on_change,
-                settings.buffer, settings.generation_max_size, self.open_slabs,
-            )
-            for i in range(self.n_shards)
-        ]
+        self._settings = settings
+        self._executor = executor
+        self._on_change = on_change
+        self.shards = [self._open_shard(i) for i in range(self.n_shards)]
+
+    def _open_shard(self, i: int) -> Shard:
+        settings = self._settings
+        return Shard.open(
+            i, self.path / f"shard-{i:03d}", settings.wildcard_thresholds, self._executor,
+            self._on_change, settings.buffer, settings.generation_max_size, self.open_slabs,
+        )
+
+    def close_shard_now(self, i: int) -> None:
+        """Blocking: closes shard `i`'s slabs, whatever is in flight (a snapshot is about
+        to replace its directory; readers find its generations gone)."""
+        for slab in self.shards[i].slabs.values():
+            self.open_slabs.drop(slab)
+            slab.close()
+            self._on_change(i, slab.generation, None)
+
+    def reopen_shard(self, i: int) -> Shard:
+        """Blocking: shard `i` again from its directory, with the old one's writer hooks."""
+        old = self.shards[i]
+        shard = self.shards[i] = self._open_shard(i)
+        shard.replication = old.replication
+        return shard
 
     def store_batch(self, messages: Sequence[TTV], sync: bool = True) -> Awaitable[None]:
         """Buffers the messages on their publishers' shards; the result resolves once all
@@ -157,19 +176,26 @@ class MessagesDB:
     def keys_visited(self) -> int:
         return sum(slab.keys_visited for s in self.shards for slab in s.slabs.values())
 
-    async def rotate(self) -> int:
+    def _timed(self, shards: list[Shard], timer: bool) -> list[Shard]:
+        """Replicated shards' timers act on the shard's leader only: every node runs them,
+        and one rotation per interval is what the log should get."""
+        return [shard for shard in shards if not timer or shard.replication is None
+                or shard.replication.leads(shard.index)]
+
+    async def rotate(self, timer: bool = False) -> int:
         """Seals every shard's current generation that holds data (the admin "seal now" and
         the generation timer; an empty one stays current) and returns how many it sealed."""
-        sealed = [shard for shard in self.shards if shard.current.stats.messages]
+        sealed = [shard for shard in self._timed(self.shards, timer)
+                  if shard.current.stats.messages]
         for shard in sealed:
             await shard.rotate()
         for shard in sealed:
             await shard.wait_sealed()
         return len(sealed)
 
-    async def drop_older_than(self, cutoff: int) -> int:
+    async def drop_older_than(self, cutoff: int, timer: bool = False) -> int:
         dropped = 0
-        for shard in self.shards:
+        for shard in self._timed(self.shards, timer):
             dropped += len(await shard.drop_older_than(cutoff))
         return dropped
 

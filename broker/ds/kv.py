@@ -10,6 +10,7 @@ Commits are group-committed through the same write buffer as messages.
 import asyncio
 import weakref
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
@@ -45,6 +46,9 @@ class KVStore:
         self._pending: dict[bytes, tuple[int, bytes | None]] = {}
         self.buffer: WriteBuffer[Write] = WriteBuffer(self._flush, *buffer_settings)
         self.commits = 0
+        # builtin_raft: a flush becomes a command of the sessions Raft group, which every
+        # replica applies (`apply`); set by the cluster (broker/cluster/ds_groups.py).
+        self.replicate: Callable[[list[Write]], Awaitable[None]] | None = None
 
     def get(self, key: bytes) -> bytes | None:
         pending = self._pending.get(key)
@@ -105,7 +109,7 @@ class KVStore:
         else:
             self._log.clear()
         pending = self._pending
-        if not sync and not self.buffer.busy:
+        if not sync and not self.buffer.busy and self.replicate is None:
             # Nothing written before it is still on its way, and without fsync there is no
             # disk round trip to share: written now, with no overlay entry, task or callback
             # (the path of every acknowledgement a durable session records).
@@ -135,7 +139,33 @@ class KVStore:
 
     async def _flush(self, writes: list[Write], sync: bool) -> None:
         # The last write of a key in the batch wins.
+        if self.replicate is not None:
+            await self.replicate(list(dict(writes).items()))
+            return
         await write_batch(self._db, _cooked(dict(writes)), sync, self._executor)
+
+    # ---- builtin_raft: the sessions group's replica ---------------------------------------
+    def raw_get(self, key: bytes) -> bytes | None:
+        """What LevelDB holds, without the overlay of writes on their way."""
+        return self._db.get(key)  # type: ignore[no-any-return]
+
+    def raw_items(self) -> list[tuple[bytes, bytes]]:
+        return list(self._db.iterator())
+
+    def apply(self, writes: list[Write], extra: tuple[bytes, bytes], sync: bool = False) -> None:
+        """A committed command, written with `extra` (the applied index) atomically."""
+        cooked = _cooked(dict(writes))
+        cooked.puts.append(extra)
+        prepare_batch(self._db, cooked, sync).write()
+
+    def replace(self, pairs: list[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> None:
+        """Blocking: the whole content becomes `pairs` (a snapshot installed), durably."""
+        with self._db.write_batch(sync=True) as batch:
+            for key in self._db.iterator(include_value=False):
+                batch.delete(key)
+            for key, value in [*pairs, *extra]:
+                batch.put(key, value)
+        self._pending.clear()
 
     async def close(self) -> None:
         await self.buffer.drain()

@@ -5,22 +5,32 @@ seals the old one (compaction and manifest) outside the write lock, so writers w
 the new directory. On disk a generation without a manifest that is not the newest is one
 whose sealing a crash interrupted; opening the shard finishes it. Only the current
 generation's LevelDB stays open; sealed ones are opened by readers through `OpenSlabs`.
+
+Two backends share this class. `builtin_local`: the write buffer's flush cooks and writes
+(with fsync) here. `builtin_raft`: the flush, rotations and drops become commands of the
+shard's Raft group (`replication`, set by the cluster), and every replica changes its shard
+only in `apply_*`, synchronously, in log order: the log is the durable copy, so LevelDB is
+written without fsync, with the applied index in the same atomic batch.
 """
 
 import asyncio
+import json
 import logging
 import shutil
+import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
+from broker.ds import keys
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import Cooker
 from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
-from broker.ds.slab import Slab
+from broker.ds.replication_layer import Store
+from broker.ds.slab import Slab, prepare_batch
 from broker.ds.ttv import TTV
 
 log = logging.getLogger(__name__)
@@ -31,6 +41,25 @@ _TMP_SUFFIX: Final = ".tmp"
 # (shard, generation, the messages written per stream, or None for "all of them": sealed
 # or dropped)
 ChangeListener = Callable[[int, int, dict[int, list[TTV]] | None], None]
+
+
+APPLIED_KEY: Final = keys.meta_key("raft_applied")
+WRITERS_KEY: Final = keys.meta_key("raft_writers")  # writer site -> last STORE serial
+_APPLIED: Final = struct.Struct(">QQ")
+
+
+class Replication(Protocol):
+    """A shard's Raft group as the shard sees it (broker/cluster/ds_groups.py)."""
+
+    async def store(self, shard: int, messages: list[TTV]) -> None:
+        """Returns once the messages are committed and applied here."""
+
+    async def rotate(self, shard: int) -> None: ...
+
+    async def drop(self, shard: int, cutoff: int) -> None: ...
+
+    def leads(self, shard: int) -> bool:
+        """Whether this node leads the shard's group (timers propose only there)."""
 
 
 def now_us() -> int:
@@ -67,6 +96,9 @@ class Shard:
         self.messages = 0
         self.bytes = 0
         self.flush_seconds = 0.0
+        self.replication: Replication | None = None
+        self._writers: dict[str, int] = {}
+        self.duplicates = 0  # STOREs applied already (a writer's retry), skipped
 
     @classmethod
     def open(
@@ -95,6 +127,9 @@ class Shard:
                    max_generation_bytes, open_slabs)
 
     async def _flush(self, messages: list[TTV], sync: bool) -> None:
+        if self.replication is not None:
+            await self.replication.store(self.index, messages)
+            return
         async with self._lock:
             slab = self.current
             batch = self.cooker.cook(messages, now_us())
@@ -111,6 +146,9 @@ class Shard:
     async def rotate(self) -> int:
         """Seals the current generation (the seal itself completes in the background: see
         `wait_sealed`) and returns the new generation's number."""
+        if self.replication is not None:
+            await self.replication.rotate(self.index)
+            return self.current.generation
         async with self._lock:
             return await self._rotate_locked()
 
@@ -143,6 +181,13 @@ class Shard:
     async def drop_older_than(self, cutoff: int) -> list[int]:
         """Retention: drops sealed generations that ended before `cutoff`, after sealing a
         current generation that is itself too old (so it can go next time)."""
+        if self.replication is not None:
+            if self.current.created < cutoff and self.current.stats.messages:
+                await self.replication.rotate(self.index)
+            before = set(self.slabs)
+            await self.wait_sealed()
+            await self.replication.drop(self.index, cutoff)
+            return sorted(before - set(self.slabs))
         async with self._lock:
             current = self.current
             if current.created < cutoff and current.stats.messages:
@@ -158,6 +203,83 @@ class Shard:
             self._open_slabs.drop(slab)
             await loop.run_in_executor(self._executor, shutil.rmtree, slab.path)
             self._on_change(self.index, generation, None)
+        return dropped
+
+    # ---- builtin_raft: applying the shard's log ----------------------------------------------
+    def applied(self) -> tuple[int, int]:
+        """(index, term) of the last command applied, as LevelDB holds it (0, 0: none)."""
+        db = self.current.db
+        raw = db.get(APPLIED_KEY)
+        self._writers = json.loads(db.get(WRITERS_KEY) or b"{}")
+        return _APPLIED.unpack(raw) if raw else (0, 0)
+
+    def apply_store(self, store: Store, index: int, term: int) -> None:
+        """Cooks and writes a STORE command (without fsync: the log is the durable copy);
+        a generation that reached its size is rotated at once, by every replica alike."""
+        writers = self._writers
+        if store.serial <= writers.get(store.writer, 0):
+            self.duplicates += 1
+            self.apply_mark(index, term)
+            return
+        writers[store.writer] = store.serial
+        slab = self.current
+        batch = self.cooker.cook(store.messages, store.clock)
+        batch.puts += ((APPLIED_KEY, _APPLIED.pack(index, term)),
+                       (WRITERS_KEY, json.dumps(writers).encode()))
+        started = time.perf_counter()
+        prepare_batch(slab.db, batch, False).write()
+        self.flush_seconds += time.perf_counter() - started
+        self.batches += 1
+        self.messages += batch.messages
+        self.bytes += batch.size
+        self._on_change(self.index, slab.generation, batch.streams)
+        if slab.stats.size >= self._max_bytes:
+            self.apply_rotate(store.clock, index, term)
+
+    def apply_mark(self, index: int, term: int, sync: bool = False) -> None:
+        """Records a command applied that changed no data (or, with `sync`, makes all that
+        was applied durable: the log may then be compacted up to `index`)."""
+        self.current.db.put(APPLIED_KEY, _APPLIED.pack(index, term), sync=sync)
+
+    def apply_rotate(self, clock: int, index: int, term: int) -> None:
+        """Blocking (a LevelDB directory is created: milliseconds). The new slab records
+        `index` as applied, so a crash before it exists replays the rotation and one after
+        does not; what the old one holds is synced first, so it cannot lose a tail the new
+        one already counts as applied."""
+        old = self.current
+        if not old.stats.messages:
+            self.apply_mark(index, term)
+            return
+        old.db.put(APPLIED_KEY, old.db.get(APPLIED_KEY) or _APPLIED.pack(0, 0), sync=True)
+        now = max(clock, self.cooker.last_timestamp)
+        new = _create_slab(self.path, old.generation + 1, self.thresholds, now,
+                           _APPLIED.pack(index, term), json.dumps(self._writers).encode())
+        self._open_slabs.acquire(new)
+        self.slabs[new.generation] = new
+        self.current = new
+        self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
+        old.sealed_at = now
+        sealing = asyncio.get_running_loop().run_in_executor(
+            self._executor, old.seal, now, self.index)
+        sealing.add_done_callback(lambda _: self._open_slabs.release(old))
+        self._sealing[old.generation] = sealing
+        self._on_change(self.index, old.generation, None)
+
+    def apply_drop(self, cutoff: int, index: int, term: int) -> list[int]:
+        """Sealed generations that ended before `cutoff` leave the shard now; their
+        directories are removed in the background."""
+        dropped = [
+            generation for generation, slab in self.slabs.items()
+            if slab is not self.current and slab.sealed_at is not None
+            and slab.sealed_at < cutoff and generation not in self._sealing
+        ]
+        loop = asyncio.get_running_loop()
+        for generation in dropped:
+            slab = self.slabs.pop(generation)
+            self._open_slabs.drop(slab)
+            loop.run_in_executor(self._executor, shutil.rmtree, slab.path, True)
+            self._on_change(self.index, generation, None)
+        self.apply_mark(index, term)
         return dropped
 
     async def close(self) -> None:
@@ -185,12 +307,18 @@ class Shard:
         }
 
 
-def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int) -> Slab:
+def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int,
+                 applied: bytes | None = None, writers: bytes = b"{}") -> Slab:
     """Built under a temporary name and renamed, so a crash never leaves a half-made slab
     that looks real."""
     final = generation_dir(shard_dir, generation)
     tmp = final.with_name(final.name + _TMP_SUFFIX)
-    Slab.create(tmp, generation, thresholds, now).close()
+    slab = Slab.create(tmp, generation, thresholds, now)
+    if applied is not None:
+        with slab.db.write_batch(sync=True) as batch:
+            batch.put(APPLIED_KEY, applied)
+            batch.put(WRITERS_KEY, writers)
+    slab.close()
     tmp.rename(final)
     fsync_dir(shard_dir)
     return Slab.open(final, generation)

@@ -101,9 +101,9 @@ class DurableStorage:
         ones. Returns the number of generations sealed."""
         return await self._messages(db).rotate()
 
-    async def apply_retention(self, now: int | None = None) -> int:
+    async def apply_retention(self, now: int | None = None, timer: bool = False) -> int:
         cutoff = (now or now_us()) - int(self.settings.retention_period * 1e6)
-        dropped = await self.messages.drop_older_than(cutoff)
+        dropped = await self.messages.drop_older_than(cutoff, timer)
         if dropped:
             log.info("retention dropped %d generations", dropped)
         return dropped
@@ -112,10 +112,11 @@ class DurableStorage:
         """Starts the generation and retention timers (call on the running loop)."""
         settings = self.settings
         self._tasks.append(asyncio.create_task(
-            every(settings.generation_interval, self.seal)
+            every(settings.generation_interval, lambda: self.messages.rotate(timer=True))
         ))
         self._tasks.append(asyncio.create_task(every(
-            min(settings.retention_period, settings.generation_interval), self.apply_retention
+            min(settings.retention_period, settings.generation_interval),
+            lambda: self.apply_retention(timer=True),
         )))
 
     async def close(self) -> None:

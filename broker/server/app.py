@@ -17,6 +17,7 @@ from functools import partial
 from aiohttp import web
 
 from broker import COMPILED_MODULES
+from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
 from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
@@ -55,6 +56,16 @@ class BrokerApp:
             self.metadata = MetadataGroup(config, self.cluster, self.rpc, self.node.retainer,
                                           partial(self.node.stats.drop, "retained_limit"))
             self.node.retained_writer = self.metadata.write_retained
+        # Replicated Durable Storage: its Raft groups live next to the metadata group.
+        self.ds_groups: DsGroups | None = None
+        if config["durable_storage.messages.backend"] == "builtin_raft" and self.node.ds:
+            if self.metadata is None:
+                raise ValueError("durable_storage.messages.backend = builtin_raft needs"
+                                 " retainer.enable = true (the metadata Raft group)")
+            self.ds_groups = DsGroups(config, self.node.ds, self.metadata,
+                                      self.node.durable_state_applied)
+            self.node.replicated_ds = True
+            self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
         self._http_server: asyncio.Server | None = None
@@ -71,9 +82,14 @@ class BrokerApp:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config, node = self.config, self.node
-        restored = node.restore_durable_sessions()
-        if restored:
-            log.info("restored %d durable sessions", restored)
+        if self.ds_groups is None:
+            restored = node.restore_durable_sessions()
+            if restored:
+                log.info("restored %d durable sessions", restored)
+        elif node.ds is not None:
+            # Every node's durable filters, as this replica holds them; the log's entries
+            # after it come through `durable_state_applied`.
+            node.durable_state_applied(node.ds.sessions.raw_items(), True)
         output = OutputBatch(loop)
         listeners = [
             ("tcp", config["listeners.tcp.default.bind"],
@@ -121,6 +137,8 @@ class BrokerApp:
         if self.metadata is not None:
             await self.metadata.start()  # before the links: Raft frames find it ready
         await self.cluster.start()
+        if self.ds_groups is not None:
+            self._tasks.append(asyncio.create_task(self._restore_replicated()))
         node.security.start()
         if node.ds is not None:
             node.ds.start()
@@ -140,6 +158,15 @@ class BrokerApp:
         # As in EMQX, the first round comes one interval after start, and rounds count in
         # the node's metrics like any message (no_subscribers drops, 3 retained messages).
         self._every(config["sys_topics.sys_msg_interval"], sys_topics.publish)
+
+    async def _restore_replicated(self) -> None:
+        """Replicated storage: this node's durable sessions come back once its replica of
+        `sessions` holds everything committed (one of them may have moved meanwhile)."""
+        assert self.ds_groups is not None
+        while not await self.ds_groups.sync_sessions():
+            pass
+        restored = self.node.restore_durable_sessions()
+        log.info("restored %d durable sessions from the replicated storage", restored)
 
     def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:
         """A node timer, cancelled at stop; an interval of 0 turns it off."""
@@ -166,7 +193,8 @@ class BrokerApp:
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
-        await self.cluster.stop()
+        if self.ds_groups is None:
+            await self.cluster.stop()
         await self.node.security.stop()
         for task in self._tasks:
             task.cancel()
@@ -184,7 +212,13 @@ class BrokerApp:
             for session in self.node.sessions.sessions.values():
                 if isinstance(session, DurableSession):
                     session.stop_reading()
-            await self.node.durable.store.settle()
+            with contextlib.suppress(TimeoutError):
+                # (Replicated: what cannot be committed now is given up after a while.)
+                async with asyncio.timeout(None if self.ds_groups is None else 5):
+                    await self.node.durable.store.settle()
+        if self.ds_groups is not None:
+            self.ds_groups.stop()
+            await self.cluster.stop()
         if self.node.ds is not None:
             await self.node.ds.close()  # flushes what is buffered
         if self.metadata is not None:

@@ -16,6 +16,7 @@ from broker.mqtt.constants import MAX_UINT32, PropertyId, ReasonCode
 from broker.mqtt.packets import Will
 from broker.session.durable import records
 from broker.session.durable.session import DurableContext, DurableSession
+from broker.session.durable.store import StoredSession
 from broker.session.message import Message, message_from_publish
 from broker.session.session import Session
 
@@ -78,21 +79,51 @@ class SessionManager:
         lost_at = self._durable.store.last_heartbeat() or now
         restored = []
         for stored in self._durable.store.load_all():
-            meta = stored.meta
-            session = DurableSession(stored.client_id, meta.expiry_interval, self._durable)
-            session.restore_subscriptions(stored)
-            session.loaded = False
-            session.protocol = meta.protocol
-            session.will = meta.will
-            self.sessions[session.client_id] = session
+            if stored.client_id in self.sessions:
+                continue  # resumed here already (replicated storage: restored late)
+            session = self._stored(stored, lost_at)
+            session.will = stored.meta.will
             restored.append(session)
-            session.disconnected_at = lost_at if meta.connected or meta.disconnected_at is None \
-                else meta.disconnected_at
             subscribed(session)
         for session in restored:
             assert session.disconnected_at is not None
             self._start_timers(session, session.will, now - session.disconnected_at)
         return len(restored)
+
+    def _stored(self, stored: StoredSession, lost_at: float) -> DurableSession:
+        """A stored session in memory, disconnected, its in-flight state loaded once its
+        client is back."""
+        assert self._durable is not None
+        meta = stored.meta
+        session = DurableSession(stored.client_id, meta.expiry_interval, self._durable)
+        session.restore_subscriptions(stored)
+        session.loaded = False
+        session.protocol = meta.protocol
+        session.disconnected_at = lost_at if meta.connected or meta.disconnected_at is None \
+            else meta.disconnected_at
+        self.sessions[session.client_id] = session
+        return session
+
+    def load(self, client_id: str) -> DurableSession | None:
+        """A durable session another node owned (replicated storage: it moves here with
+        its client, that node being gone or having released it), from this node's replica.
+        Its will was that node's to publish."""
+        assert self._durable is not None
+        stored = self._durable.store.load(client_id, subscriptions=True)
+        if stored is None:
+            return None
+        return self._stored(stored, time.time())
+
+    def release(self, session: Session) -> None:
+        """The durable session resumes on another node (replicated storage): it leaves
+        this node's memory; its stored state stays, for that node to load."""
+        if self.sessions.get(session.client_id) is not session:
+            return
+        self._cancel_timers(session.client_id)
+        session.will = None
+        del self.sessions[session.client_id]
+        if isinstance(session, DurableSession):
+            session.stop_reading()
 
     def open(self, connection: Any, client_id: str, clean_start: bool, expiry: int) -> tuple[
         Session, bool
@@ -163,7 +194,8 @@ class SessionManager:
         assert self._durable is not None
         session.protocol = version
         meta = records.Meta(session.expiry_interval, version, connected,
-                            None if connected else time.time(), will)
+                            None if connected else time.time(), will,
+                            self._durable.store.site)
         self._durable.store.write_soon([(records.meta_key(session.client_id), meta.to_bytes())])
 
     def collect_garbage(self, now: float | None = None) -> int:

@@ -3,8 +3,9 @@
 One key per independently changing piece, so each change is a small blind write and
 transactions of one session never conflict with each other:
 
-    h                                       the node's heartbeat (wall clock seconds)
-    m\\0<client id>                          meta: expiry, protocol, connection state, will
+    h\\0<site>                               a node's heartbeat (wall clock seconds)
+    m\\0<client id>                          meta: expiry, protocol, connection state, will,
+                                            the site of the node that owns it
     s\\0<client id>\\0<filter>                a subscription: options and start time
     p\\0<client id>\\0<filter>\\0<stream>      read position in a stream (or "done")
     b\\0<client id>\\0<seqno>                 a batch sent but not fully acknowledged
@@ -30,7 +31,13 @@ from broker.mqtt.properties import WILL_PROPERTIES, decode_properties, encode_pr
 from broker.session.session import SubscriptionOptions
 
 SEP: Final = b"\x00"
-HEARTBEAT_KEY: Final = b"h"  # the node's last sign of life (wall clock), for sessions it had open
+LEGACY_HEARTBEAT_KEY: Final = b"h"  # before heartbeats were per site
+
+
+def heartbeat_key(site: str) -> bytes:
+    """A node's last sign of life (wall clock), for the sessions it had open; one key per
+    site, as a replicated `sessions` database holds every node's."""
+    return _key(b"h", site)
 _STREAM: Final = struct.Struct(">HII")
 _SEQNO: Final = struct.Struct(">Q")
 _PACKET_ID: Final = struct.Struct(">H")
@@ -133,12 +140,14 @@ class Meta:
     connected: bool
     disconnected_at: float | None  # wall clock, seconds
     will: Will | None = None
+    site: str = ""  # the node that owns the session: it alone restores it at start-up
 
     def to_bytes(self) -> bytes:
         return dumps({
             "expiry": self.expiry_interval, "proto": self.protocol, "connected": self.connected,
             "disconnected_at": self.disconnected_at,
             "will": will_to_json(self.will) if self.will is not None else None,
+            "site": self.site,
         })
 
     @classmethod
@@ -146,7 +155,8 @@ class Meta:
         value = loads(raw)
         will = value.get("will")
         return cls(value["expiry"], value["proto"], value["connected"],
-                   value["disconnected_at"], will_from_json(will) if will else None)
+                   value["disconnected_at"], will_from_json(will) if will else None,
+                   value.get("site", ""))
 
 
 def will_to_json(will: Will) -> dict[str, Any]:

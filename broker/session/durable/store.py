@@ -52,22 +52,24 @@ _IN_FLIGHT_KINDS: Final = (b"b", b"k", b"r", b"a")
 class SessionStore:
     def __init__(self, ds: DurableStorage) -> None:
         self._ds = ds
+        self.site = ds.site_id
         self._turn: PerTurn[Write] = PerTurn(self._commit)
         self._sync = False  # whether this turn's commit needs fsync
         self._background: set[asyncio.Future[None]] = set()
 
     # ---- reading -----------------------------------------------------------------------
     def load_all(self) -> list[StoredSession]:
-        """Every stored session, from one ordered scan of the database."""
+        """Every stored session this node owns (all of them, but those another node's
+        meta claims, in a replicated database), from one ordered scan of the database."""
         self._turn.flush_now()
         found: dict[str, StoredSession] = {}
         rest: list[tuple[bytes, str, bytes, bytes]] = []
         for key, value in self._ds.sessions.scan(b""):
-            if key == r.HEARTBEAT_KEY:
-                continue
             kind, client_id = r.split_key(key)
             if kind == b"m":
-                found[client_id] = StoredSession(client_id, r.Meta.from_bytes(value))
+                meta = r.Meta.from_bytes(value)
+                if meta.site in ("", self.site):
+                    found[client_id] = StoredSession(client_id, meta)
             else:
                 rest.append((kind, client_id, key, value))
         for kind, client_id, key, value in rest:
@@ -79,17 +81,18 @@ class SessionStore:
             _attach_acks(stored)
         return list(found.values())
 
-    def load(self, client_id: str) -> StoredSession | None:
-        """The session's meta and what it had in flight; not its subscriptions (known
-        since start-up, `load_all`) nor its read positions (`load_positions`, per filter as
-        its readers start): with many thousands of filters, reading them all at once would
-        stall the node while the client reconnects."""
+    def load(self, client_id: str, subscriptions: bool = False) -> StoredSession | None:
+        """The session's meta and what it had in flight; not its read positions
+        (`load_positions`, per filter as its readers start: with many thousands of filters,
+        reading them all at once would stall the node while the client reconnects), and its
+        subscriptions only when asked (known since start-up, `load_all`, unless the session
+        comes from another node)."""
         self._turn.flush_now()
         raw = self._ds.sessions.get(r.meta_key(client_id))
         if raw is None:
             return None
         stored = StoredSession(client_id, r.Meta.from_bytes(raw))
-        for kind in _IN_FLIGHT_KINDS:
+        for kind in ((b"s", *_IN_FLIGHT_KINDS) if subscriptions else _IN_FLIGHT_KINDS):
             for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
                 self._add(stored, kind, key, value)
         _attach_acks(stored)
@@ -112,11 +115,12 @@ class SessionStore:
 
     def last_heartbeat(self) -> float | None:
         self._turn.flush_now()
-        raw = self._ds.sessions.get(r.HEARTBEAT_KEY)
+        sessions = self._ds.sessions
+        raw = sessions.get(r.heartbeat_key(self.site)) or sessions.get(r.LEGACY_HEARTBEAT_KEY)
         return float(raw) if raw is not None else None
 
     def heartbeat(self, now: float) -> None:
-        self.write_soon([(r.HEARTBEAT_KEY, repr(now).encode())])
+        self.write_soon([(r.heartbeat_key(self.site), repr(now).encode())])
 
     # ---- writing -----------------------------------------------------------------------
     def write(self, writes: Iterable[Write], sync: bool = True) -> asyncio.Future[None]:

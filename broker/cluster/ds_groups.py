@@ -1,0 +1,190 @@
+"""Durable Storage on Raft (`durable_storage.messages.backend = builtin_raft`): the
+`sessions` database and every shard of `messages` as Raft groups, hosted next to the
+metadata group on the node's one write-ahead log and the cluster links.
+
+- Groups: `sessions` is group 1, shard i of `messages` is group 16 + i. They are created
+  with the metadata group and belong to its incarnation (its epoch): a node that bootstraps
+  the metadata group bootstraps these with the first `replication_factor` of its voters; a
+  node that joins hosts them as a server waiting to be added, once their leader reaches it.
+- Membership: each group's leader follows the cluster's member list as the metadata group
+  does, with at most `replication_factor` voters; every other node is a learner, so every
+  node holds a full replica and serves its durable sessions from local reads.
+- Writes: a shard's write buffer flush is one STORE command, proposed here when this node
+  leads the shard, else forwarded to its leader; it returns once committed and applied here
+  (a durable session on this node sees what the PUBACK says is stored). A write not
+  committed within `durable_storage.raft.commit_timeout` fails: its PUBLISHes are not
+  acknowledged and their connections close, so the clients resend, perhaps to the
+  majority's side. Generations start and end through the log (ROTATE, DROP); timers
+  propose them only on the shard's leader.
+- Truncation: once `durable_storage.raft.snapshot_interval` entries (or a segment's worth of
+  bytes) were applied since the last time, LevelDB is synced and the log compacted up to it;
+  a replica that needs compacted entries gets a snapshot (broker/ds/replication_shard.py).
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from broker.cluster.bootstrap import GroupRecord
+from broker.cluster.metadata import MetadataGroup
+from broker.cluster.proposer import CommitTimeout
+from broker.config.loader import Config
+from broker.ds import DurableStorage
+from broker.ds import replication_layer as cmd
+from broker.ds.replication_shard import KVMachine, ShardMachine
+from broker.ds.shard import now_us
+from broker.ds.ttv import TTV
+from broker.raft.core import LEADER, ROLE_NAMES
+from broker.raft.node import RaftNode
+
+log = logging.getLogger(__name__)
+
+SESSIONS_GROUP: Final = 1
+SHARD_GROUP_BASE: Final = 16
+
+Machine = ShardMachine | KVMachine
+
+
+def shard_group(shard: int) -> int:
+    return SHARD_GROUP_BASE + shard
+
+
+class DsGroups:
+    def __init__(self, config: Config, ds: DurableStorage, metadata: MetadataGroup,
+                 on_session_writes: Callable[[list[cmd.KVWrite], bool], None]) -> None:
+        self._ds = ds
+        self._metadata = metadata
+        self.me = metadata.me
+        self.replication_factor: int = config["durable_storage.messages.replication_factor"]
+        self._timeout: float = config["durable_storage.raft.commit_timeout"]
+        self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
+        self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
+        self.machines: dict[int, Machine] = {
+            SESSIONS_GROUP: KVMachine(ds.sessions, on_session_writes)}
+        for shard in ds.messages.shards:
+            self.machines[shard_group(shard.index)] = ShardMachine(
+                ds.messages, shard.index, ds.messages.reopen_shard)
+            shard.replication = self
+        ds.sessions.replicate = self._store_sessions
+        self._serials: dict[int, int] = {}  # shard -> this node's last STORE serial
+        self._raft: RaftNode | None = None
+        self._stopping = False
+        self.timed_out = 0
+        metadata.hosted.append(self)
+
+    # ---- hosting (HostedGroups) ------------------------------------------------------------
+    def host(self, raft: RaftNode, record: GroupRecord) -> None:
+        self._raft = raft
+        voters = frozenset(sorted(record.voters)[:self.replication_factor])
+        for group in self.machines:
+            self._add(group, voters if self.me in voters else frozenset())
+
+    def adopt(self, group: int) -> bool:
+        if group not in self.machines or self._raft is None:
+            return False
+        self._add(group, frozenset())
+        return True
+
+    def _add(self, group: int, voters: frozenset[str]) -> None:
+        raft = self._raft
+        assert raft is not None
+        if group in raft.host.groups:
+            return
+        machine = self.machines[group]
+        raft.add_group(group, machine, voters, machine.applied_index, machine.snapshot())
+
+    def round(self) -> None:
+        raft = self._raft
+        if raft is None:
+            return
+        joined = self._metadata_joined()
+        for group, machine in self.machines.items():
+            if group not in raft.host.groups:
+                continue
+            core = raft.core(group)
+            if core.role == LEADER and joined:
+                self._metadata.change_membership(core, self._name(group),
+                                                 self.replication_factor)
+            if (machine.applied_index - machine.flushed_index >= self._snapshot_interval
+                    or machine.unflushed_bytes >= self._segment_bytes):
+                raft.compact(group, machine.flush())
+
+    def _metadata_joined(self) -> bool:
+        return self._metadata.core() is not None and self._metadata.joined
+
+    @staticmethod
+    def _name(group: int) -> str:
+        if group == SESSIONS_GROUP:
+            return "sessions"
+        return f"messages shard {group - SHARD_GROUP_BASE}"
+
+    def leads(self, shard: int) -> bool:
+        core = self._metadata.core(shard_group(shard))
+        return core is not None and core.role == LEADER
+
+    # ---- writes (Replication, for the shards) ------------------------------------------------
+    async def store(self, shard: int, messages: list[TTV]) -> None:
+        serial = self._serials[shard] = self._serials.get(shard, 0) + 1
+        # The serial must grow across restarts too: the clock's microseconds do.
+        serial = self._serials[shard] = max(serial, now_us())
+        data = cmd.encode_store(now_us(), self.me, serial, messages)
+        machine = self.machines[shard_group(shard)]
+        await self._commit(shard_group(shard), data,
+                           lambda: machine.proposing(data, messages))
+
+    async def rotate(self, shard: int) -> None:
+        await self._commit(shard_group(shard), cmd.encode_rotate(now_us()))
+
+    async def drop(self, shard: int, cutoff: int) -> None:
+        await self._commit(shard_group(shard), cmd.encode_drop(cutoff))
+
+    async def _store_sessions(self, writes: list[cmd.KVWrite]) -> None:
+        await self._commit(SESSIONS_GROUP, cmd.encode_kv(writes))
+
+    async def _commit(self, group: int, data: bytes,
+                      proposing: Callable[[], None] | None = None) -> None:
+        if self._stopping:
+            raise CommitTimeout("the node is stopping")
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._metadata.commit(group, data, proposing)
+        except TimeoutError:
+            self.timed_out += 1
+            raise CommitTimeout(
+                f"{self._name(group)}: not committed within {self._timeout:g} s (no leader"
+                " reachable: this node is on a minority's side?)") from None
+
+    async def sync_sessions(self) -> bool:
+        """True once this node's replica of `sessions` holds everything committed before
+        the call (an empty command committed through the log and applied here); False
+        after the commit timeout (the local replica may be behind)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._metadata.commit(SESSIONS_GROUP, cmd.encode_kv([]))
+        except TimeoutError:
+            log.warning("sessions: nothing committed within %g s; the local replica may be"
+                        " behind", self._timeout)
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Writes from now on fail at once (the links are down: none could commit)."""
+        self._stopping = True
+
+    # ---- observability --------------------------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        raft = self._raft
+        groups = []
+        for group in self.machines:
+            if raft is None or group not in raft.host.groups:
+                continue
+            core = raft.core(group)
+            config = core.log.config
+            groups.append({
+                "id": group, "name": self._name(group), "role": ROLE_NAMES[core.role],
+                "leader": core.leader, "term": core.term, "commit": core.commit,
+                "applied": core.applied_index, "voters": sorted(config.voters),
+                "learners": sorted(config.learners)})
+        return groups
+

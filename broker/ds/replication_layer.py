@@ -1,0 +1,142 @@
+"""The commands of Durable Storage's Raft groups (backend `builtin_raft`): their byte format.
+
+One log entry is one command. Replicas apply the same commands in the same order, and every
+decision of a write (timestamps, LTS learning, stream assignment, when a generation is full)
+is taken while applying, from the command and the replica's state alone (cook.py), so all
+replicas hold the same keys without the leader shipping cooked batches:
+
+    command  := kind:u8  body
+    STORE    := clock:u64  serial:u64  wlen:u16 writer  count:u32  (length:u32  TTV value)*
+                                           messages of one shard, from one writer
+    ROTATE   := clock:u64                  seal the current generation if it holds data
+    DROP     := cutoff:u64                 drop sealed generations that ended before cutoff
+    KV       := count:u32  (klen:u32 key  vlen:i32 value)*       sessions writes (vlen -1:
+                                                                delete)
+
+`clock` is the proposing node's clock (microseconds): the cooker's "now". `writer` (a site)
+numbers its STOREs per shard (`serial`); a replica skips a STORE whose serial it applied
+already: a writer that lost the answer to a forwarded command retries it, and the log may
+then hold it twice (Raft's client sessions, dissertation section 6.3). TTV values are
+ttv.py's format with timestamp 0 (the cooker assigns it). A command that cannot be decoded
+is skipped by every replica alike (BadCommand), so the replicas stay the same.
+"""
+
+import struct
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+from broker.ds.ttv import TTV, decode_value, encode_value
+
+STORE: Final = 1
+ROTATE: Final = 2
+DROP: Final = 3
+KV: Final = 4
+
+_U32: Final = struct.Struct(">I")
+_I32: Final = struct.Struct(">i")
+_KIND_U64: Final = struct.Struct(">BQ")
+_STORE_HEAD: Final = struct.Struct(">BQQH")
+
+KVWrite = tuple[bytes, bytes | None]  # None deletes
+
+
+class BadCommand(ValueError):
+    pass
+
+
+class Store(NamedTuple):
+    clock: int
+    writer: str
+    serial: int
+    messages: list[TTV]
+
+
+def encode_store(clock: int, writer: str, serial: int, messages: Sequence[TTV]) -> bytes:
+    name = writer.encode()
+    parts = [_STORE_HEAD.pack(STORE, clock, serial, len(name)), name,
+             _U32.pack(len(messages))]
+    for message in messages:
+        value = encode_value(message, 0)
+        parts += (_U32.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def encode_rotate(clock: int) -> bytes:
+    return _KIND_U64.pack(ROTATE, clock)
+
+
+def encode_drop(cutoff: int) -> bytes:
+    return _KIND_U64.pack(DROP, cutoff)
+
+
+def encode_kv(writes: Sequence[KVWrite]) -> bytes:
+    parts = [bytes((KV,)), _U32.pack(len(writes))]
+    for key, value in writes:
+        parts += (_U32.pack(len(key)), key)
+        if value is None:
+            parts.append(_I32.pack(-1))
+        else:
+            parts += (_I32.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def kind_of(data: bytes) -> int:
+    if not data:
+        raise BadCommand("empty command")
+    return data[0]
+
+
+def decode_clock(data: bytes) -> int:
+    """The u64 of a ROTATE or DROP command."""
+    if len(data) != _KIND_U64.size:
+        raise BadCommand(f"command of {len(data)} bytes, expected {_KIND_U64.size}")
+    return int(_KIND_U64.unpack(data)[1])
+
+
+def decode_store(data: bytes, messages: list[TTV] | None = None) -> Store:
+    """With `messages` (this node encoded the command and has them), the header only."""
+    try:
+        _, clock, serial, wlen = _STORE_HEAD.unpack_from(data)
+        offset = _STORE_HEAD.size + wlen
+        writer = data[_STORE_HEAD.size:offset].decode()
+        if messages is not None:
+            return Store(clock, writer, serial, messages)
+        (count,) = _U32.unpack_from(data, offset)
+        offset += 4
+        messages = []
+        for _ in range(count):
+            (length,) = _U32.unpack_from(data, offset)
+            offset += 4
+            end = offset + length
+            if end > len(data):
+                raise BadCommand("message past the end of the command")
+            messages.append(decode_value(data[offset:end]))
+            offset = end
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError) as error:
+        raise BadCommand(f"STORE command: {error}") from None
+    if offset != len(data):
+        raise BadCommand("bytes after the last message of a STORE command")
+    return Store(clock, writer, serial, messages)
+
+
+def decode_kv(data: bytes) -> list[KVWrite]:
+    try:
+        (count,) = _U32.unpack_from(data, 1)
+        offset = 5
+        writes: list[KVWrite] = []
+        for _ in range(count):
+            (klen,) = _U32.unpack_from(data, offset)
+            key = data[offset + 4:offset + 4 + klen]
+            offset += 4 + klen
+            (vlen,) = _I32.unpack_from(data, offset)
+            offset += 4
+            value = None
+            if vlen >= 0:
+                value = data[offset:offset + vlen]
+                offset += vlen
+            if offset > len(data) or len(key) != klen:
+                raise BadCommand("write past the end of the command")
+            writes.append((key, value))
+    except struct.error as error:
+        raise BadCommand(f"KV command: {error}") from None
+    return writes

@@ -1,0 +1,288 @@
+"""Durable Storage's databases as Raft state machines (backend `builtin_raft`).
+
+`ShardMachine` is one shard of `messages`, `KVMachine` the `sessions` database. Both apply
+committed commands (replication_layer.py) to LevelDB without fsync, with the applied index
+in the same atomic write: the Raft log is the durable copy, and after a crash the log
+replays what LevelDB lost. `flush` syncs LevelDB and answers the index up to which the log
+may be compacted.
+
+A snapshot is the database's content at the applied index as one byte string, cut into
+chunks by offset (the one being sent is kept until another is asked for):
+
+    snapshot := record*
+    record   := kind:u8  length:u32  bytes
+    kind 1   := a slab: generation:u64 created:u64 sealed_at:u64 (0: current) thresholds
+                (JSON); the key/value records that follow are that slab's
+    kind 2   := a key/value pair: klen:u32 key value
+
+Installing writes it to a new directory and swaps it in, then reopens the database there.
+Whole snapshots in memory suit the sessions database and shards of a test cluster; shipping
+sealed generations as files is what large shards need.
+"""
+
+import json
+import logging
+import shutil
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+import plyvel  # type: ignore[import-untyped]
+
+from broker.ds import replication_layer as cmd
+from broker.ds.db import MessagesDB
+from broker.ds.kv import KVStore
+from broker.ds.shard import APPLIED_KEY, Shard, generation_dir
+from broker.ds.slab import Slab
+from broker.ds.ttv import TTV
+from broker.raft.messages import NORMAL, Config, Entry
+from broker.raft.ready import SnapshotChunk, SnapshotMeta
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES: Final = 256 << 10
+_RECORD: Final = struct.Struct(">BI")
+_SLAB: Final = struct.Struct(">QQQ")
+_U32: Final = struct.Struct(">I")
+_APPLIED: Final = struct.Struct(">QQ")
+_SLAB_RECORD: Final = 1
+_PAIR_RECORD: Final = 2
+SNAPSHOT_KEY: Final = b"A" + b"raft_snapshot"  # (index, term, config) of the last installed
+
+
+def _record(kind: int, data: bytes) -> bytes:
+    return _RECORD.pack(kind, len(data)) + data
+
+
+def _pair(key: bytes, value: bytes) -> bytes:
+    return _record(_PAIR_RECORD, _U32.pack(len(key)) + key + value)
+
+
+def _records(data: bytes) -> Iterator[tuple[int, bytes]]:
+    offset = 0
+    while offset < len(data):
+        kind, length = _RECORD.unpack_from(data, offset)
+        offset += _RECORD.size
+        yield kind, data[offset:offset + length]
+        offset += length
+
+
+def _split_pair(body: bytes) -> tuple[bytes, bytes]:
+    (klen,) = _U32.unpack_from(body)
+    return body[4:4 + klen], body[4 + klen:]
+
+
+class _Machine:
+    """What both machines share: applied index, flush bookkeeping, snapshot chunking."""
+
+    def __init__(self, applied: tuple[int, int]) -> None:
+        self.applied_index, self.applied_term = applied
+        # What LevelDB recovered at start is not known to be synced: 0 until a flush.
+        self.flushed_index = 0
+        self.unflushed_bytes = 0
+        self.bad_commands = 0
+        self._outgoing: tuple[int, bytes] | None = None
+        self._incoming = bytearray()
+        self._proposed: tuple[bytes, list[TTV]] | None = None
+
+    def proposing(self, data: bytes, messages: list[TTV]) -> None:
+        """This node proposes `data`, the encoding of `messages`: applied without decoding
+        (the log hands back the very same bytes object)."""
+        self._proposed = (data, messages)
+
+    def apply(self, entry: Entry) -> None:
+        if entry.kind == NORMAL:
+            self.unflushed_bytes += len(entry.data)
+            try:
+                self._apply(entry)
+            except cmd.BadCommand as error:
+                # Every replica skips it alike: the replicas stay the same.
+                self.bad_commands += 1
+                log.error("skipping command %d: %s", entry.index, error)
+                self._mark(entry.index, entry.term)
+        else:
+            self._mark(entry.index, entry.term)
+        self.applied_index, self.applied_term = entry.index, entry.term
+
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
+        outgoing = self._outgoing
+        if outgoing is None or (index or self.applied_index) != outgoing[0]:
+            outgoing = self._outgoing = (self.applied_index, b"".join(self._dump()))
+            offset = 0
+        at, data = outgoing
+        end = offset + CHUNK_BYTES
+        return at, data[offset:end], end >= len(data)
+
+    def install_chunk(self, chunk: SnapshotChunk) -> None:
+        if chunk.offset == 0:
+            self._incoming = bytearray()
+        self._incoming += chunk.data
+        if not chunk.done:
+            return
+        data, self._incoming = bytes(self._incoming), bytearray()
+        meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
+        self._install(data, chunk.index, chunk.term, meta)
+        self.applied_index, self.applied_term = chunk.index, chunk.term
+        self.flushed_index = chunk.index
+
+    def flush(self) -> int:
+        if self.flushed_index < self.applied_index:
+            self._mark(self.applied_index, self.applied_term, sync=True)
+            self.flushed_index = self.applied_index
+        self.unflushed_bytes = 0
+        return self.flushed_index
+
+    def _apply(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _mark(self, index: int, term: int, sync: bool = False) -> None:
+        raise NotImplementedError
+
+    def _dump(self) -> Iterator[bytes]:
+        raise NotImplementedError
+
+    def _install(self, data: bytes, index: int, term: int, meta: bytes) -> None:
+        raise NotImplementedError
+
+
+def _snapshot_meta(raw: bytes | None) -> SnapshotMeta | None:
+    if not raw:
+        return None
+    index, term = _APPLIED.unpack_from(raw)
+    return SnapshotMeta(index, term, Config.decode(raw[_APPLIED.size:]))
+
+
+class ShardMachine(_Machine):
+    """One shard of the messages database; `reopen` rebuilds the shard object after a
+    snapshot replaced its directory."""
+
+    def __init__(self, db: MessagesDB, index: int, reopen: Callable[[int], Shard]) -> None:
+        self._db = db
+        self.index = index
+        self._reopen = reopen
+        super().__init__(self.shard.applied())
+
+    @property
+    def shard(self) -> Shard:
+        return self._db.shards[self.index]
+
+    def snapshot(self) -> SnapshotMeta | None:
+        return _snapshot_meta(self.shard.current.db.get(SNAPSHOT_KEY))
+
+    def _apply(self, entry: Entry) -> None:
+        data = entry.data
+        kind = cmd.kind_of(data)
+        shard = self.shard
+        if kind == cmd.STORE:
+            proposed = self._proposed
+            mine = proposed is not None and proposed[0] is data
+            store = cmd.decode_store(data, proposed[1] if mine and proposed else None)
+            if mine:
+                self._proposed = None
+            shard.apply_store(store, entry.index, entry.term)
+        elif kind == cmd.ROTATE:
+            shard.apply_rotate(cmd.decode_clock(data), entry.index, entry.term)
+        elif kind == cmd.DROP:
+            shard.apply_drop(cmd.decode_clock(data), entry.index, entry.term)
+        else:
+            raise cmd.BadCommand(f"command kind {kind} in a messages shard")
+
+    def _mark(self, index: int, term: int, sync: bool = False) -> None:
+        self.shard.apply_mark(index, term, sync)
+
+    def _dump(self) -> Iterator[bytes]:
+        """Blocking: every slab of the shard, key by key (sealed ones opened for it)."""
+        shard = self.shard
+        for generation, slab in sorted(shard.slabs.items()):
+            thresholds = json.dumps(list(shard.thresholds)).encode()
+            yield _record(_SLAB_RECORD, _SLAB.pack(generation, slab.created,
+                                                   slab.sealed_at or 0) + thresholds)
+            opened = slab.reopen()
+            try:
+                for key, value in slab.db.iterator():
+                    yield _pair(key, value)
+            finally:
+                if opened:
+                    slab.close()
+
+    def _install(self, data: bytes, index: int, term: int, meta: bytes) -> None:
+        """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
+        shard = self.shard
+        fresh = shard.path.with_name(shard.path.name + ".snapshot")
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir(parents=True)
+        sealed: list[tuple[Path, int, int]] = []
+        db: plyvel.DB | None = None
+        batch = None
+        path = fresh
+        for kind, body in _records(data):
+            if kind == _SLAB_RECORD:
+                if db is not None:
+                    batch.write()
+                    db.close()
+                generation, _created, sealed_at = _SLAB.unpack_from(body)
+                path = generation_dir(fresh, generation)
+                db = plyvel.DB(str(path), create_if_missing=True)
+                batch = db.write_batch()
+                if sealed_at:
+                    sealed.append((path, generation, sealed_at))
+            elif kind == _PAIR_RECORD and batch is not None:
+                batch.put(*_split_pair(body))
+        if db is None:  # an empty shard: one empty current generation
+            raise cmd.BadCommand("a shard snapshot without a generation")
+        batch.put(APPLIED_KEY, _APPLIED.pack(index, term))
+        batch.put(SNAPSHOT_KEY, meta)
+        batch.write()
+        db.close()
+        for slab_path, generation, until in sealed:
+            slab = Slab.open(slab_path, generation)
+            slab.seal(until, self.index)
+            slab.close()
+        self._db.close_shard_now(self.index)
+        retired = shard.path.with_name(shard.path.name + ".retired")
+        shutil.rmtree(retired, ignore_errors=True)
+        shard.path.rename(retired)
+        fresh.rename(shard.path)
+        shutil.rmtree(retired, ignore_errors=True)
+        self._reopen(self.index)
+        log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
+
+
+class KVMachine(_Machine):
+    """The sessions database; `on_writes` hears every applied write (durable routes), with
+    True when a snapshot replaced everything."""
+
+    def __init__(self, kv: KVStore,
+                 on_writes: Callable[[list[cmd.KVWrite], bool], None] | None = None) -> None:
+        self.kv = kv
+        self.on_writes = on_writes
+        raw = kv.raw_get(APPLIED_KEY)
+        super().__init__(_APPLIED.unpack(raw) if raw else (0, 0))
+
+    def snapshot(self) -> SnapshotMeta | None:
+        return _snapshot_meta(self.kv.raw_get(SNAPSHOT_KEY))
+
+    def _apply(self, entry: Entry) -> None:
+        data = entry.data
+        if cmd.kind_of(data) != cmd.KV:
+            raise cmd.BadCommand(f"command kind {data[0]} in the sessions database")
+        writes = cmd.decode_kv(data)
+        self.kv.apply(writes, (APPLIED_KEY, _APPLIED.pack(entry.index, entry.term)))
+        if self.on_writes is not None:
+            self.on_writes(writes, False)
+
+    def _mark(self, index: int, term: int, sync: bool = False) -> None:
+        self.kv.apply([], (APPLIED_KEY, _APPLIED.pack(index, term)), sync)
+
+    def _dump(self) -> Iterator[bytes]:
+        for key, value in self.kv.raw_items():
+            if key not in (APPLIED_KEY, SNAPSHOT_KEY):
+                yield _pair(key, value)
+
+    def _install(self, data: bytes, index: int, term: int, meta: bytes) -> None:
+        pairs = [_split_pair(body) for kind, body in _records(data) if kind == _PAIR_RECORD]
+        self.kv.replace(pairs, [(APPLIED_KEY, _APPLIED.pack(index, term)),
+                                (SNAPSHOT_KEY, meta)])
+        if self.on_writes is not None:
+            self.on_writes([(key, value) for key, value in pairs], True)

@@ -1,0 +1,111 @@
+"""Replicated Durable Storage (`builtin_raft`) across real broker processes: a durable
+session outlives its node, acknowledged messages included; a minority acknowledges nothing."""
+
+import os
+import signal
+import time
+
+from tests.cluster.conftest import Cluster, Node, http_json
+from tests.integration.clients import PahoClient, unique, wait_until
+
+REPLICATED = {"durable_storage.messages.backend": "builtin_raft",
+              "durable_storage.n_sites": "3", "durable_storage.messages.n_shards": "4"}
+
+
+def _client(clients: list[PahoClient], node: Node, client_id: str) -> PahoClient:
+    client = PahoClient(node.process.tcp, client_id)
+    clients.append(client)
+    return client
+
+
+def _groups_led(nodes: list[Node], count: int) -> None:
+    """Every node hosts `count` groups and each has a leader."""
+    def ready() -> bool:
+        for node in nodes:
+            groups = http_json(node.http, "/api/v5/raft")["groups"]
+            if len(groups) < count or any(group["leader"] is None for group in groups):
+                return False
+        return True
+
+    wait_until(ready, 30, f"{count} Raft groups with leaders on every node")
+
+
+def _filters_everywhere(nodes: list[Node], count: int) -> None:
+    """Every node knows `count` durable filters (the replicated subscriptions applied)."""
+    wait_until(lambda: all(node.metric("mqtt_durable_filters") >= count for node in nodes),
+               10, f"{count} durable filter(s) on every node")
+
+
+def _start(cluster: Cluster, **settings: str) -> list[Node]:
+    nodes = cluster.start(3, **REPLICATED, **settings)
+    cluster.all_running(nodes)
+    _groups_led(nodes, 1 + 1 + 4)  # metadata, sessions, 4 shards
+    return nodes
+
+
+def test_a_durable_session_resumes_on_another_node_after_its_node_is_killed(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = _start(cluster)
+    client_id, topic = unique("survivor"), unique("rep").replace("-", "/")
+    subscriber = _client(clients, nodes[0], client_id)
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    subscriber.subscribe(f"{topic}/#", qos=1)
+    subscriber.disconnect()
+    _filters_everywhere(nodes, 1)
+    publisher = _client(clients, nodes[1], unique("pub"))
+    publisher.connect()
+    sent = [f"m{i}".encode() for i in range(50)]
+    for i, payload in enumerate(sent):
+        assert publisher.publish(f"{topic}/{i % 5}", payload, qos=1) == 0
+    nodes[0].process.kill()  # kill -9 of the node that owned the session
+    resumed = _client(clients, nodes[2], client_id)
+    assert resumed.connect(clean_start=False, session_expiry=3600).session_present
+    received = resumed.wait_messages(len(sent), timeout=30)
+    assert sorted(m.payload for m in received) == sorted(sent)
+    assert nodes[2].metric("mqtt_cluster_takeovers_total", outcome="resumed") == 1
+
+
+def test_messages_for_a_session_on_another_node_are_stored_once(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """The publishing node stores a message for a durable session on another node: the
+    session reads it from its own replica, once, and no node forwards it a second time."""
+    nodes = _start(cluster)
+    client_id, topic = unique("reader"), unique("once").replace("-", "/")
+    subscriber = _client(clients, nodes[0], client_id)
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    subscriber.subscribe(f"{topic}/#", qos=1)
+    _filters_everywhere(nodes, 1)
+    publisher = _client(clients, nodes[1], unique("pub"))
+    publisher.connect()
+    for i in range(20):
+        assert publisher.publish(f"{topic}/x", f"{i}".encode(), qos=1) == 0
+    received = subscriber.wait_messages(20, timeout=30)
+    assert [m.payload for m in received] == [f"{i}".encode() for i in range(20)]
+    subscriber.barrier()
+    assert len(subscriber.messages) == 20
+    assert sum(node.metric("ds_messages_total") for node in nodes) == 3 * 20  # 20 on each replica
+
+
+def test_a_minority_never_acknowledges_a_durable_publish(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = _start(cluster, **{"durable_storage.raft.commit_timeout": "3s"})
+    subscriber = _client(clients, nodes[0], unique("sub"))
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    topic = unique("minority").replace("-", "/")
+    subscriber.subscribe(f"{topic}/#", qos=1)
+    _filters_everywhere(nodes, 1)
+    for node in nodes[1:]:
+        os.kill(node.pid, signal.SIGSTOP)
+    try:
+        publisher = _client(clients, nodes[0], unique("pub"))
+        publisher.connect()
+        info = publisher.client.publish(f"{topic}/x", b"unacknowledged", 1)
+        started = time.monotonic()
+        reason = publisher.wait_disconnected(timeout=20)
+        assert time.monotonic() - started >= 2.5
+        assert info.mid not in publisher._published  # no PUBACK came
+        assert reason != 0
+    finally:
+        for node in nodes[1:]:
+            os.kill(node.pid, signal.SIGCONT)
+
