@@ -5,6 +5,7 @@ import os
 import signal
 import time
 
+from broker.ds.db import shard_of
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.integration.clients import PahoClient, unique, wait_until
 
@@ -109,3 +110,41 @@ def test_a_minority_never_acknowledges_a_durable_publish(
         for node in nodes[1:]:
             os.kill(node.pid, signal.SIGCONT)
 
+
+
+def _leader_of(node: Node, name: str) -> str | None:
+    for group in http_json(node.http, "/api/v5/raft")["groups"]:
+        if group["name"] == name:
+            return group["leader"]  # type: ignore[no-any-return]
+    return None
+
+
+def test_killing_a_shard_leader_delays_acknowledgements_and_loses_nothing(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """The shard's leader dies with PUBLISHes in flight: a new leader is elected, the
+    publisher (on a surviving node) gets every acknowledgement, none refused, and the
+    durable subscriber every acknowledged message."""
+    nodes = _start(cluster)
+    sites = {http_json(node.http, "/api/v5/raft")["site"]: node for node in nodes}
+    publisher_id = next(f"pub-{i}" for i in range(1000) if shard_of(f"pub-{i}", 4) == 0)
+    leader = sites[_leader_of(nodes[0], "messages shard 0")]
+    survivors = [node for node in nodes if node is not leader]
+    topic = unique("failover").replace("-", "/")
+    subscriber = _client(clients, survivors[0], unique("sub"))
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    subscriber.subscribe(f"{topic}/#", qos=1)
+    _filters_everywhere(nodes, 1)
+    publisher = _client(clients, survivors[1], publisher_id)
+    publisher.connect()
+    for i in range(20):
+        assert publisher.publish(f"{topic}/x", f"{i}".encode(), qos=1) == 0
+    leader.process.kill()
+    killed = time.monotonic()
+    for i in range(20, 40):
+        assert publisher.publish(f"{topic}/x", f"{i}".encode(), qos=1, timeout=30) == 0
+    elected = time.monotonic() - killed
+    new_leader = _leader_of(survivors[0], "messages shard 0")
+    assert new_leader is not None and sites[new_leader] is not leader
+    assert elected < 10, f"acknowledgements resumed {elected:.1f} s after the leader died"
+    received = subscriber.wait_messages(40, timeout=30)
+    assert sorted(int(m.payload) for m in received) == list(range(40))
