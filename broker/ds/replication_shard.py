@@ -26,7 +26,7 @@ import shutil
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
@@ -214,7 +214,7 @@ class ShardMachine(_Machine):
         fresh.mkdir(parents=True)
         sealed: list[tuple[Path, int, int]] = []
         db: plyvel.DB | None = None
-        batch = None
+        batch: Any = None  # the open slab's LevelDB write batch
         path = fresh
         for kind, body in _records(data):
             if kind == _SLAB_RECORD:
