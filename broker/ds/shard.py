@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 
 from broker.ds import keys
 from broker.ds.buffer import WriteBuffer
-from broker.ds.cook import Cooker
+from broker.ds.cook import CookedBatch, Cooker
 from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import Store
@@ -135,13 +135,17 @@ class Shard:
             batch = self.cooker.cook(messages, now_us())
             started = time.perf_counter()
             await slab.write(batch, sync, self._executor)
-            self.flush_seconds += time.perf_counter() - started
-            self.batches += 1
-            self.messages += batch.messages
-            self.bytes += batch.size
-            self._on_change(self.index, slab.generation, batch.streams)
-            if slab.stats.size >= self._max_bytes:
+            if self._written(slab, batch, started):
                 await self._rotate_locked()
+
+    def _written(self, slab: Slab, batch: CookedBatch, started: float) -> bool:
+        """Counts a batch written and tells its readers; True when the generation is full."""
+        self.flush_seconds += time.perf_counter() - started
+        self.batches += 1
+        self.messages += batch.messages
+        self.bytes += batch.size
+        self._on_change(self.index, slab.generation, batch.streams)
+        return slab.stats.size >= self._max_bytes
 
     async def rotate(self) -> int:
         """Seals the current generation (the seal itself completes in the background: see
@@ -228,12 +232,7 @@ class Shard:
                        (WRITERS_KEY, json.dumps(writers).encode()))
         started = time.perf_counter()
         prepare_batch(slab.db, batch, False).write()
-        self.flush_seconds += time.perf_counter() - started
-        self.batches += 1
-        self.messages += batch.messages
-        self.bytes += batch.size
-        self._on_change(self.index, slab.generation, batch.streams)
-        if slab.stats.size >= self._max_bytes:
+        if self._written(slab, batch, started):
             self.apply_rotate(store.clock, index, term)
 
     def apply_mark(self, index: int, term: int, sync: bool = False) -> None:
