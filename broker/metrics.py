@@ -17,7 +17,7 @@ class Stats:
     __slots__ = (
         "bytes_received", "bytes_sent", "connections_total", "durable_persisted",
         "durable_replayed", "messages_dropped", "messages_received", "messages_sent",
-        "packets_malformed", "refused", "timed_out",
+        "packets_malformed", "refused", "throttled", "timed_out",
     )
 
     def __init__(self) -> None:
@@ -32,6 +32,7 @@ class Stats:
         self.durable_replayed = 0  # unacknowledged deliveries resent after a resume
         self.timed_out: dict[str, int] = {}  # connections closed for slowness, by stage
         self.refused: dict[str, int] = {}  # requests refused by a limit, by limit
+        self.throttled: dict[str, int] = {}  # reads paused by a rate limit, by limit
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
@@ -41,6 +42,9 @@ class Stats:
 
     def refuse(self, limit: str) -> None:
         self.refused[limit] = self.refused.get(limit, 0) + 1
+
+    def throttle(self, limit: str) -> None:
+        self.throttled[limit] = self.throttled.get(limit, 0) + 1
 
 
 class _StatsCollector(Collector):
@@ -79,6 +83,13 @@ class _StatsCollector(Collector):
         for limit, value in sorted(stats.refused.items()):
             refused.add_metric([limit], value)
         yield refused
+        throttled = CounterMetricFamily(
+            "mqtt_limit_throttled",
+            "Times a client was not read for a while for sending above a rate limit, by limit",
+            labels=["limit"])
+        for limit, value in sorted(stats.throttled.items()):
+            throttled.add_metric([limit], value)
+        yield throttled
         yield CounterMetricFamily("mqtt_bytes_received", "Bytes read", value=stats.bytes_received)
         yield CounterMetricFamily("mqtt_bytes_sent", "Bytes written", value=stats.bytes_sent)
         yield CounterMetricFamily(

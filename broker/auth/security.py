@@ -14,7 +14,6 @@ costs a bounded queue and good clients behind it wait at most that long.
 import asyncio
 import logging
 import os
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,14 +48,17 @@ class SecurityStats:
 
 
 class AclCache:
-    """One connection's recent decisions (`authorization.cache.max_size`, least recently used
-    dropped), valid for one generation of the ACL file."""
+    """One connection's decisions by topic, one table per access (`authorization.cache.
+    max_size` each, the oldest dropped), valid for one generation of the ACL file. Plain
+    dicts keyed by the topic: a hit, every message but a topic's first, is one lookup with
+    nothing allocated (`Connection.authorized` looks there before calling `allows`)."""
 
-    __slots__ = ("decisions", "generation")
+    __slots__ = ("generation", "read", "write")
 
     def __init__(self, generation: int) -> None:
         self.generation = generation
-        self.decisions: OrderedDict[tuple[str, int], bool] = OrderedDict()
+        self.read: dict[str, bool] = {}
+        self.write: dict[str, bool] = {}
 
 
 class Security:
@@ -179,18 +181,16 @@ class Security:
         if acl is None:
             return True
         if cache.generation != self.generation:
-            cache.decisions.clear()
+            cache.read.clear()
+            cache.write.clear()
             cache.generation = self.generation
-        key = (topic, int(access))
-        decisions = cache.decisions
-        decided = decisions.get(key)
+        decisions = cache.read if access is Access.READ else cache.write
+        decided = decisions.get(topic)
         if decided is None:
             decided = acl.allows(client_id, username, topic, access)
-            decisions[key] = decided
-            if len(decisions) > self.cache_size:
-                decisions.popitem(last=False)
-        else:
-            decisions.move_to_end(key)
+            if len(decisions) >= self.cache_size:
+                del decisions[next(iter(decisions))]
+            decisions[topic] = decided
         if not decided:
             self.stats.count(self.stats.denied, "read" if access is Access.READ else "write")
         return decided

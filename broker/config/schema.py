@@ -19,6 +19,7 @@ from broker.config.values import (
     parse_int,
     parse_int_list,
     parse_node_list,
+    parse_rate,
     parse_size,
     parse_str,
 )
@@ -120,18 +121,42 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("listeners.tcp.default.max_conn_rate", 0, parse_int(0, 2**31),
             "New connections per second the MQTT over TCP listener accepts (bursts up to one"
             " second's worth); the others are closed at once. 0 = no limit."),
+    Setting("listeners.tcp.default.messages_rate", "infinity", parse_rate(sizes=False),
+            "PUBLISH packets one client of the MQTT over TCP listener may send, as"
+            " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it is back"
+            " under (bursts up to one period's worth), nothing is dropped or refused."
+            " `infinity` = no limit."),
+    Setting("listeners.tcp.default.bytes_rate", "infinity", parse_rate(sizes=True),
+            "Bytes one client of the MQTT over TCP listener may send, as `SIZE/PERIOD`"
+            " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
     Setting("listeners.ws.default.max_connections", 0, parse_int(0, 2**31),
             "Connections the MQTT over WebSocket listener keeps open at once; one more is closed as"
             " soon as it is accepted, before anything is read. 0 = no limit."),
     Setting("listeners.ws.default.max_conn_rate", 0, parse_int(0, 2**31),
             "New connections per second the MQTT over WebSocket listener accepts (bursts up to one"
             " second's worth); the others are closed at once. 0 = no limit."),
+    Setting("listeners.ws.default.messages_rate", "infinity", parse_rate(sizes=False),
+            "PUBLISH packets one client of the MQTT over WebSocket listener may send, as"
+            " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it is back"
+            " under (bursts up to one period's worth), nothing is dropped or refused."
+            " `infinity` = no limit."),
+    Setting("listeners.ws.default.bytes_rate", "infinity", parse_rate(sizes=True),
+            "Bytes one client of the MQTT over WebSocket listener may send, as `SIZE/PERIOD`"
+            " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
     Setting("listeners.ssl.default.max_connections", 0, parse_int(0, 2**31),
             "Connections the MQTT over TLS listener keeps open at once; one more is closed as"
             " soon as it is accepted, before anything is read. 0 = no limit."),
     Setting("listeners.ssl.default.max_conn_rate", 0, parse_int(0, 2**31),
             "New connections per second the MQTT over TLS listener accepts (bursts up to one"
             " second's worth); the others are closed at once. 0 = no limit."),
+    Setting("listeners.ssl.default.messages_rate", "infinity", parse_rate(sizes=False),
+            "PUBLISH packets one client of the MQTT over TLS listener may send, as"
+            " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it is back"
+            " under (bursts up to one period's worth), nothing is dropped or refused."
+            " `infinity` = no limit."),
+    Setting("listeners.ssl.default.bytes_rate", "infinity", parse_rate(sizes=True),
+            "Bytes one client of the MQTT over TLS listener may send, as `SIZE/PERIOD`"
+            " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
     Setting("dashboard.listeners.http.bind", "0.0.0.0:18083", parse_bind,
             "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
     Setting("dashboard.listeners.http.header_timeout", "10s", parse_duration,
@@ -198,6 +223,13 @@ SETTINGS: tuple[Setting, ...] = (
             " control for every MQTT 3.1.1 client, and for v5 clients beyond Receive Maximum)."),
     Setting("mqtt.max_awaiting_storage_bytes", "16MB", parse_size,
             "The same bound in payload bytes: a connection's PUBLISHes held until stored."),
+    Setting("force_shutdown.max_heap_size", "32MB", parse_size,
+            "Unsent output one client may hold (a client that does not read what it is"
+            " sent): when more is due and more than this is still unsent, the client is"
+            " closed and the output discarded; a durable session keeps its messages in"
+            " storage, a memory session its unacknowledged ones until it expires. Keep it"
+            " above `mqtt.max_inflight` x the largest message. 0 = no bound (QoS 0 messages"
+            " are still dropped past 8 MB unsent)."),
     Setting("durable_sessions.enable", True, parse_bool,
             "Sessions with a Session Expiry Interval > 0 are durable: state and messages on"
             " disk in Durable Storage, surviving restarts."),
@@ -317,8 +349,8 @@ SETTINGS: tuple[Setting, ...] = (
             " SUBACK 0x80 in 3.1.1) or, where the protocol has none, the message dropped;"
             " `disconnect` = the connection is closed (v5: DISCONNECT 0x87)."),
     Setting("authorization.cache.max_size", 32, parse_int(1, 1_000_000),
-            "ACL decisions kept per connection (topic and action; least recently used"
-            " dropped). A changed ACL file empties every cache."),
+            "ACL decisions kept per connection and action (read, write), by topic; when"
+            " full, the oldest is dropped. A changed ACL file empties every cache."),
 )
 
 BY_KEY: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}

@@ -45,6 +45,36 @@ def parse_size(raw: Any) -> int:
     return int(number) * _SIZE_UNITS[(unit or "").lower()]
 
 
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?b)?\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h)\s*$",
+                      re.IGNORECASE)
+
+Rate = tuple[float, float]
+"""(amount, period in seconds): `10/100ms` is (10.0, 0.1)."""
+
+
+def parse_rate(*, sizes: bool) -> Callable[[Any], Rate | None]:
+    """EMQX's rate values: `infinity` (None: no limit) or AMOUNT/PERIOD such as `1000/s`,
+    `10/100ms` or `500/10s`; with `sizes`, the amount may carry a size unit (`1MB/s`,
+    `64KB/s`, binary units as in `parse_size`)."""
+
+    def parse(raw: Any) -> Rate | None:
+        text = str(raw).strip()
+        if text.lower() == "infinity":
+            return None
+        match = _RATE_RE.match(text)
+        if not match or (match.group(2) and not sizes):
+            example = "'1MB/s', '64KB/s'" if sizes else "'1000/s', '10/100ms'"
+            raise ValueError(f"expected 'infinity' or a rate like {example}, got {raw!r}")
+        number, unit, count, period_unit = match.groups()
+        amount = float(number) * _SIZE_UNITS[(unit or "").lower()]
+        period = float(count or 1) * _DURATION_UNITS[period_unit.lower()]
+        if amount <= 0 or period <= 0:
+            raise ValueError(f"a rate must be above zero (or 'infinity'), got {raw!r}")
+        return amount, period
+
+    return parse
+
+
 def parse_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw

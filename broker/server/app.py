@@ -33,6 +33,7 @@ from broker.node import Node
 from broker.periodic import every
 from broker.server.admission import ListenerGate
 from broker.server.output import OutputBatch
+from broker.server.ratelimit import ClientRates
 from broker.server.tls import reload_certificate, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable.session import DurableSession
@@ -93,16 +94,18 @@ class BrokerApp:
         output = OutputBatch(loop)
         listeners = [
             ("tcp", config["listeners.tcp.default.bind"],
-             partial(MQTTStreamProtocol, node, output, _gate(config, "tcp")), None),
+             partial(MQTTStreamProtocol, node, output, _gate(config, "tcp"),
+                     ClientRates.from_config(config, "tcp")), None),
             ("ws", config["listeners.ws.default.bind"],
              partial(MQTTWebSocketProtocol, node, output, WebSocketOptions.from_config(config),
-                     _gate(config, "ws")),
+                     _gate(config, "ws"), ClientRates.from_config(config, "ws")),
              None),
         ]
         tls = self._tls = tls_context(config)
         if tls is not None:
             listeners.append(("ssl", config["listeners.ssl.default.bind"],
-                              partial(MQTTStreamProtocol, node, output, _gate(config, "ssl")),
+                              partial(MQTTStreamProtocol, node, output, _gate(config, "ssl"),
+                                      ClientRates.from_config(config, "ssl")),
                               tls))
         for name, bind, factory, ssl_context in listeners:
             if bind is None:

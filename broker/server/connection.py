@@ -34,6 +34,7 @@ from broker.mqtt.packets import Connack, Disconnect, Packet, Pubrel, Will
 from broker.node import Node
 from broker.server.handlers import HANDLERS
 from broker.server.output import OutputBatch
+from broker.server.ratelimit import ClientRates
 from broker.server.wire import shared_publish
 from broker.session.session import Delivery, Session
 
@@ -49,6 +50,8 @@ _TOPIC_ALIAS: Final = PropertyId.TOPIC_ALIAS
 # cannot resume each other's pause.
 PAUSE_HOLD: Final = 1
 PAUSE_STORAGE: Final = 2
+PAUSE_RATE: Final = 4  # above `messages_rate` / `bytes_rate` until the bucket refills
+_PUBLISH: Final = PacketType.PUBLISH
 
 
 def _returns_quota(ack: bytes) -> bool:
@@ -74,9 +77,10 @@ class _Waiting:
 class Connection:
     # Slots: ten thousand idle connections should cost little more than their sockets.
     __slots__ = (
-        "_deferred", "_flush_pending", "_held", "_last_rx", "_loop", "_max_waiting",
-        "_max_waiting_bytes", "_out", "_output", "_packet_timeout", "_packet_timer",
-        "_partial_since", "_paused", "_timer", "_waiting", "_waiting_bytes", "acl_cache",
+        "_backlogged", "_deferred", "_flush_pending", "_held", "_last_rx", "_loop",
+        "_max_waiting", "_max_waiting_bytes", "_out", "_output", "_packet_timeout",
+        "_packet_timer", "_partial_since", "_paused", "_rate_timer", "_rates", "_timer",
+        "_waiting", "_waiting_bytes", "acl_cache",
         "claim_stamp",
         "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
         "connected", "decoder", "in_aliases", "incoming_unacked", "keepalive", "node",
@@ -84,7 +88,8 @@ class Connection:
         "version", "will",
     )
 
-    def __init__(self, node: Node, transport: Any, output: OutputBatch) -> None:
+    def __init__(self, node: Node, transport: Any, output: OutputBatch,
+                 rates: ClientRates | None = None) -> None:
         config = node.config
         self.node = node
         self.stats = node.stats
@@ -138,6 +143,12 @@ class Connection:
         self._held: list[Packet] | None = None
         self._loop = asyncio.get_running_loop()
         self._last_rx = self._loop.time()
+        # The listener's `messages_rate` / `bytes_rate` buckets (None: no limit, and no
+        # cost but one attribute check per read), and the timer that ends a throttling.
+        self._rates = rates.limiter(self._last_rx) if rates is not None else None
+        self._rate_timer: asyncio.TimerHandle | None = None
+        # Unsent output passed `force_shutdown.max_heap_size` (the transport said so).
+        self._backlogged = False
         self._timer: asyncio.TimerHandle | None = self._loop.call_later(
             config["mqtt.idle_timeout"], self._idle_timeout
         )
@@ -167,6 +178,33 @@ class Connection:
                 self._packet_timeout, self._check_packet_arrival)
         self._handle(packets, error)
         error = None  # its traceback holds this frame: no cycle left for the collector
+        if self._rates is not None:
+            self._throttle(len(data), packets)
+
+    def _throttle(self, size: int, packets: list[Packet]) -> None:
+        """Charges a read to the rate buckets; in debt, the client is not read until the
+        refill has paid it back (its data waits in the socket, nothing is dropped)."""
+        rates = self._rates
+        assert rates is not None
+        messages = 0
+        if rates.messages is not None:
+            for packet in packets:
+                if packet.type == _PUBLISH:
+                    messages += 1
+        wait, limit = rates.charge(self._loop.time(), messages, size)
+        if wait <= 0.0 or self.closed:
+            return
+        if self._rate_timer is not None:
+            # Already not read, and more debt: the later frames of one WebSocket read.
+            self._rate_timer.cancel()
+        else:
+            self.stats.throttle(limit)
+            self.pause_input(PAUSE_RATE)
+        self._rate_timer = self._loop.call_later(wait, self._end_throttle)
+
+    def _end_throttle(self) -> None:
+        self._rate_timer = None
+        self.resume_input(PAUSE_RATE)
 
     def _handle(self, packets: list[Packet], error: MQTTError | None) -> None:
         handlers = HANDLERS
@@ -369,8 +407,35 @@ class Connection:
             return
         data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
         self._out.clear()
+        if self._backlogged and self._shed():
+            return
         self.stats.bytes_sent += len(data)
         self.transport.write(data)
+
+    def output_backlogged(self, backlogged: bool) -> None:
+        """The transport's unsent output went above `force_shutdown.max_heap_size` (its
+        high-water mark: the listener forwards pause_writing) or back under a quarter of it
+        (resume_writing). Meanwhile each flush checks it first."""
+        self._backlogged = backlogged
+
+    def _shed(self) -> bool:
+        """Closes a client that does not read what it is sent: more output is due and what
+        it was sent before is still above the bound. Checked before writing, not after, so
+        one large write (a resent window of large messages) to a client that reads is not
+        mistaken for one that does not; the bound is exceeded by one write at most. Its
+        unsent output is discarded (a close would wait for the client to read it); a durable
+        session keeps its messages in storage, a memory session its unacknowledged ones."""
+        unsent = self.transport.get_write_buffer_size()
+        bound = self.node.config["force_shutdown.max_heap_size"]
+        if not bound or unsent <= bound:
+            return False
+        self.stats.refuse("max_heap_size")
+        log.warning("closing %s: %d bytes unsent, past force_shutdown.max_heap_size (%d)",
+                    self.client_id or self.peer, unsent, bound)
+        self.closed = True
+        self._cancel_timers()
+        self.transport.abort()
+        return True
 
     def deliver(self, delivery: Delivery) -> None:
         """A message for this client: send now, or queue when the in-flight window is full."""
@@ -399,13 +464,20 @@ class Connection:
         cache = self.acl_cache
         if cache is None:
             return True
-        return self.node.security.allows(cache, self.client_id, self.username, topic, access)
+        security = self.node.security
+        if cache.generation == security.generation and (
+                cache.read if access is Access.READ else cache.write).get(topic):
+            return True  # allowed before: the common case, without a call
+        return security.allows(cache, self.client_id, self.username, topic, access)
 
     def _may_read(self, delivery: Delivery) -> bool:
         """The ACL is asked again for every message delivered: a subscription to a broad
         filter must not carry a topic the client may not read. A refused QoS 1/2 message
         counts as done (a durable session does not keep it pending for ever)."""
-        if self.authorized(delivery.message.topic, Access.READ):
+        cache = self.acl_cache
+        topic = delivery.message.topic
+        if (cache is not None and cache.generation == self.node.security.generation
+                and cache.read.get(topic)) or self.authorized(topic, Access.READ):
             return True
         self.stats.drop("not_authorized")
         if delivery.qos and self.session is not None:
@@ -436,14 +508,29 @@ class Connection:
                 self._send_inflight(session, delivery)
 
     def resend_inflight(self) -> None:
-        """On session resume: unacknowledged PUBLISH again with DUP, released QoS 2 as PUBREL."""
+        """On session resume: unacknowledged PUBLISH again with DUP, released QoS 2 as PUBREL,
+        within the client's Receive Maximum now (MQTT 5.0 section 4.9; it may be smaller than
+        when they were sent). The others go back to the front of the queue, keeping their
+        packet IDs, and leave as the window opens: a client closed for not reading
+        (`force_shutdown.max_heap_size`) is not sent its whole backlog at once again."""
         session = self.session
         assert session is not None
-        for packet_id, delivery in list(session.inflight.items()):
+        inflight = session.inflight
+        room = self.send_window
+        later: list[int] = []
+        for packet_id, delivery in list(inflight.items()):
             if packet_id in session.awaiting_comp:
                 self.send_packet(Pubrel(packet_id))
-            else:
+            elif room > 0:
                 self.send_publish(delivery, packet_id, True)
+            else:
+                later.append(packet_id)
+                continue
+            room -= 1
+        for packet_id in reversed(later):
+            delivery = inflight.pop(packet_id)
+            delivery.packet_id = packet_id
+            session.queue.appendleft(delivery)
 
     def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> None:
         message = delivery.message
@@ -543,6 +630,9 @@ class Connection:
 
     def _cancel_timers(self) -> None:
         self._cancel_timer()
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
         if self._packet_timer is not None:
             self._packet_timer.cancel()
             self._packet_timer = None

@@ -32,6 +32,7 @@ from broker.node import Node
 from broker.server.admission import ListenerGate
 from broker.server.connection import Connection
 from broker.server.output import OutputBatch
+from broker.server.ratelimit import ClientRates
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +52,43 @@ def _admitted(node: Node, gate: ListenerGate, transport: asyncio.Transport) -> b
     return False
 
 
-class MQTTStreamProtocol(asyncio.Protocol):
-    __slots__ = ("_connection", "_gate", "_node", "_output")
+def _limit_output(node: Node, transport: asyncio.Transport) -> None:
+    """`force_shutdown.max_heap_size` is the transport's high-water mark: past it the
+    transport calls pause_writing, which the protocol hands to its Connection (0: no bound,
+    and a mark that nothing heeds)."""
+    bound = node.config["force_shutdown.max_heap_size"]
+    transport.set_write_buffer_limits(high=bound or _HIGH_WATER)
 
-    def __init__(self, node: Node, output: OutputBatch, gate: ListenerGate) -> None:
+
+class MQTTStreamProtocol(asyncio.Protocol):
+    __slots__ = ("_connection", "_gate", "_node", "_output", "_rates")
+
+    def __init__(self, node: Node, output: OutputBatch, gate: ListenerGate,
+                 rates: ClientRates | None = None) -> None:
         self._node = node
         self._output = output
         self._gate = gate
+        self._rates = rates
         self._connection: Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         if not _admitted(self._node, self._gate, transport):
             return
-        transport.set_write_buffer_limits(high=_HIGH_WATER)
-        self._connection = Connection(self._node, transport, self._output)
+        _limit_output(self._node, transport)
+        self._connection = Connection(self._node, transport, self._output, self._rates)
 
     def data_received(self, data: bytes) -> None:
         assert self._connection is not None
         self._connection.data_received(data)
+
+    def pause_writing(self) -> None:
+        if self._connection is not None and self._node.config["force_shutdown.max_heap_size"]:
+            self._connection.output_backlogged(True)
+
+    def resume_writing(self) -> None:
+        if self._connection is not None:
+            self._connection.output_backlogged(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._connection is not None:
@@ -120,6 +139,9 @@ class _WebSocketWriter:
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._transport.get_extra_info(name, default)
 
+    def abort(self) -> None:
+        self._transport.abort()
+
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size()
 
@@ -135,11 +157,12 @@ class _WebSocketWriter:
 
 class MQTTWebSocketProtocol(asyncio.Protocol):
     def __init__(self, node: Node, output: OutputBatch, options: WebSocketOptions,
-                 gate: ListenerGate) -> None:
+                 gate: ListenerGate, rates: ClientRates | None = None) -> None:
         self._node = node
         self._output = output
         self._options = options
         self._gate = gate
+        self._rates = rates
         self._admitted = False
         self._ws = WSConnection(ConnectionType.SERVER)
         self._transport: asyncio.Transport | None = None
@@ -151,6 +174,7 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
         self._admitted = _admitted(self._node, self._gate, transport)
         if not self._admitted:
             return
+        _limit_output(self._node, transport)
         self._transport = transport
         if self._options.handshake_timeout:
             self._timer = asyncio.get_running_loop().call_later(
@@ -214,8 +238,16 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
             return
         transport.write(self._ws.send(AcceptConnection(subprotocol=subprotocol)))
         writer = _WebSocketWriter(transport, self._ws)
-        self._connection = Connection(self._node, writer, self._output)
+        self._connection = Connection(self._node, writer, self._output, self._rates)
         writer.decoder = self._connection.decoder
+
+    def pause_writing(self) -> None:
+        if self._connection is not None and self._node.config["force_shutdown.max_heap_size"]:
+            self._connection.output_backlogged(True)
+
+    def resume_writing(self) -> None:
+        if self._connection is not None:
+            self._connection.output_backlogged(False)
 
     def _reject(self, transport: asyncio.Transport, status: int) -> None:
         transport.write(self._ws.send(RejectConnection(status_code=status)))
