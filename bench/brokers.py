@@ -64,6 +64,9 @@ class Launch:
     argv: list[str]
     port: int
     http_port: int = 0  # ours: the HTTP API (cluster readiness, metrics)
+    credentials: tuple[str, str] | None = None
+    """User name and password of the readiness probe, for a broker that refuses anonymous
+    clients (security_bench.py)."""
 
 
 def _ours(tmp: Path, settings: dict[str, str] | None = None) -> Launch:
@@ -84,13 +87,32 @@ def _ours(tmp: Path, settings: dict[str, str] | None = None) -> Launch:
     return Launch(argv, port, http_port)
 
 
-def _mosquitto_with(tmp: Path, settings: str) -> Launch:
+def _mosquitto_with(tmp: Path, settings: str,
+                    credentials: tuple[str, str] | None = None) -> Launch:
     if not MOSQUITTO_BIN.exists():
         raise BrokerUnavailable(f"{MOSQUITTO_BIN} not found (apt-get install mosquitto)")
     port = free_port()
     conf = tmp / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n{settings}")
-    return Launch([str(MOSQUITTO_BIN), "-c", str(conf)], port)
+    anonymous = "" if "allow_anonymous" in settings else "allow_anonymous true\n"
+    conf.write_text(f"listener {port} 127.0.0.1\n{anonymous}{settings}")
+    return Launch([str(MOSQUITTO_BIN), "-c", str(conf)], port, credentials=credentials)
+
+
+def ours_with(settings: dict[str, str],
+              credentials: tuple[str, str] | None = None) -> Callable[[Path], Launch]:
+    """A launcher of ours with these settings on top of the benchmark's (`running`)."""
+    def launch(tmp: Path) -> Launch:
+        plain = _ours(tmp, settings)
+        return Launch(plain.argv, plain.port, plain.http_port, credentials)
+
+    return launch
+
+
+def mosquitto_with(settings: str,
+                   credentials: tuple[str, str] | None = None) -> Callable[[Path], Launch]:
+    """A launcher of Mosquitto with these configuration lines (`running`); without an
+    `allow_anonymous` line of their own, anonymous clients are allowed."""
+    return lambda tmp: _mosquitto_with(tmp, settings, credentials)
 
 
 def _mosquitto(tmp: Path) -> Launch:
@@ -184,6 +206,7 @@ class Running:
     worker_pid: int | None = None
     """The process doing the work when `proc` is a wrapper that waits on it (RabbitMQ's start
     script and its beam.smp): the one whose CPU is measured and that must not outlive us."""
+    credentials: tuple[str, str] | None = None  # the readiness probe's (`Launch`)
 
     @property
     def pid(self) -> int:
@@ -223,11 +246,12 @@ def load_cpus() -> set[int]:
     return cpus - {BROKER_CPU} if pinned() else cpus
 
 
-def probe(port: int, client_id: str = "bench-probe", timeout: float = 1.0) -> bool:
+def probe(port: int, client_id: str = "bench-probe", timeout: float = 1.0,
+          credentials: tuple[str, str] | None = None) -> bool:
     """True if the port answers an MQTT 3.1.1 CONNECT with a successful CONNACK."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.sendall(wire.connect(client_id))
+            sock.sendall(wire.connect(client_id, credentials=credentials))
             reply = wire.recv_exact(sock, wire.CONNACK_SIZE)
     except OSError:
         return False
@@ -248,7 +272,7 @@ def _wait_ready(broker: Running, interval: float = 0.05, timeout: float = READY_
                 f"connections:\n{broker.log_tail()}"
             )
         attempt += 1
-        if probe(broker.port, f"bench-probe-{attempt}"):
+        if probe(broker.port, f"bench-probe-{attempt}", credentials=broker.credentials):
             return
         time.sleep(interval)
     raise BrokerUnavailable(
@@ -302,19 +326,21 @@ def restart(broker: Running, sig: int, stop_timeout: float = 120.0) -> tuple[flo
 
 
 @contextlib.contextmanager
-def running(name: str, persistent: bool = False) -> Iterator[Running]:
+def running(name: str, persistent: bool = False,
+            launcher: Callable[[Path], Launch] | None = None) -> Iterator[Running]:
     """Start broker `name`, wait until it accepts MQTT, yield it; stop it and clean up after.
 
     `persistent`: configured to keep persistent sessions and their queues across restarts
-    (PERSISTENT_LAUNCHERS)."""
+    (PERSISTENT_LAUNCHERS). `launcher`: this one instead of the name's (`ours_with`,
+    `mosquitto_with`)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     broker: Running | None = None
     try:
-        launch = (PERSISTENT_LAUNCHERS if persistent else LAUNCHERS)[name](tmp)
+        launch = (launcher or (PERSISTENT_LAUNCHERS if persistent else LAUNCHERS)[name])(tmp)
         log = tmp / "broker.log"
         spawned = time.monotonic()
         broker = Running(name, launch.port, _spawn(launch.argv, tmp, log), tmp, log,
-                         launch.argv)
+                         launch.argv, credentials=launch.credentials)
         _wait_ready(broker, RESTART_POLL)
         broker.ready_s = time.monotonic() - spawned
         yield broker

@@ -12,8 +12,11 @@ acknowledged there, with real LevelDB files; CPU time counts every thread of the
 LevelDB's share is in the figure. The harness waits for each read's messages to arrive before
 it acknowledges them, so batches are `--batch` long (the socket benchmark's are longer).
 
+`--set KEY=VALUE` (repeatable) changes a setting, e.g. `authorization.acl_file=FILE` to see
+what the ACL costs per message (bench/security_bench.py makes a 100-rule file).
+
 Usage: .venv/bin/python bench/pathcost.py [--qos 0|1] [--durable] [--messages N] [--batch N]
-                                          [--repeat N]
+                                          [--repeat N] [--set KEY=VALUE ...]
 """
 
 import argparse
@@ -21,6 +24,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -65,11 +69,13 @@ def _pair(node: Node, sub_t: RecordingTransport, qos: int,
     return sub, pub, pub_t
 
 
-async def measure_durable(messages: int, batch: int) -> float:
+async def measure_durable(messages: int, batch: int,
+                          settings: Sequence[str] = ()) -> float:
     """Microseconds of CPU per message into a persistent session: publisher read, storage,
     read-back, batch record, delivery, subscriber acknowledgement and its record."""
     with tempfile.TemporaryDirectory() as data_dir:
-        config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false"])
+        config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false",
+                                    *settings])
         node = Node(config)
         assert node.ds is not None
         node.ds.start()
@@ -102,10 +108,11 @@ async def measure_durable(messages: int, batch: int) -> float:
         return elapsed / delivered * 1e6
 
 
-async def measure(qos: int, messages: int, batch: int) -> float:
+async def measure(qos: int, messages: int, batch: int, settings: Sequence[str] = ()) -> float:
     """Microseconds of CPU per message, publisher read to subscriber acknowledgement."""
     with tempfile.TemporaryDirectory() as data_dir:
-        config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false"])
+        config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false",
+                                    *settings])
         node = Node(config)
         sub_t = RecordingTransport()
         sub, pub, pub_t = _pair(node, sub_t, qos)
@@ -151,9 +158,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--durable", action="store_true",
                         help="QoS 1 into a persistent session (Durable Storage on disk)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a configuration setting (repeatable)")
     args = parser.parse_args()
-    costs = [asyncio.run(measure_durable(args.messages, args.batch) if args.durable
-                         else measure(args.qos, args.messages, args.batch))
+    costs = [asyncio.run(measure_durable(args.messages, args.batch, args.set) if args.durable
+                         else measure(args.qos, args.messages, args.batch, args.set))
              for _ in range(args.repeat)]
     best = min(costs)
     kind = "durable QoS 1" if args.durable else f"QoS {args.qos}"

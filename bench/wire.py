@@ -29,11 +29,15 @@ MQTT_V311 = 4
 """All brokers are driven with MQTT 3.1.1 so the comparison is like for like."""
 
 
-def connect(client_id: str, keepalive: int = 0, clean: bool = True) -> bytes:
+def connect(client_id: str, keepalive: int = 0, clean: bool = True,
+            credentials: tuple[str, str] | None = None) -> bytes:
     """CONNECT; keepalive 0 so idle benchmark connections never ping. `clean=False` is the
-    3.1.1 persistent session the durable benchmark queues messages for."""
+    3.1.1 persistent session the durable benchmark queues messages for; `credentials` a user
+    name and password (security_bench.py)."""
+    username, password = credentials if credentials is not None else (None, None)
     packet = Connect(client_id=client_id, protocol_level=MQTT_V311, clean_start=clean,
-                     keepalive=keepalive)
+                     keepalive=keepalive, username=username,
+                     password=None if password is None else password.encode())
     return encode(packet, MQTT_V311)
 
 

@@ -1,0 +1,41 @@
+"""Smoke test of bench/security_bench.py at a tiny scale: its figures are only worth something
+if every CONNECT it counts was answered by an accepting CONNACK (on both brokers, with the
+same password file) and if its ACL file has the rules it claims and lets the benchmark's
+clients through."""
+
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from bench import brokers, security_bench
+from broker.auth.acl import Access, parse_acl_file
+
+
+@pytest.mark.parametrize("name", security_bench.ALL_BROKERS)
+def test_connect_round_counts_only_accepted_connections(name: str, tmp_path: Path) -> None:
+    if name == "mosquitto" and not brokers.MOSQUITTO_BIN.exists():
+        pytest.skip("Debian's mosquitto is not installed")
+    users = [("alice", "wonder:land"), ("bob", "builder")]
+    passwords = tmp_path / "passwd"
+    security_bench.make_password_file(passwords, users)
+    launcher = (brokers.ours_with({"authentication.password_file": str(passwords)}, users[0])
+                if name == "ours" else brokers.mosquitto_with(
+                    f"password_file {passwords}\nallow_anonymous false\n"
+                    f"user {pwd.getpwuid(os.getuid()).pw_name}\n", users[0]))
+    good = security_bench.connect_round(name, launcher, 200, 8, users)
+    assert good.ok and good.verified, good.error
+    assert good.details["accepted"] == 200 and good.value is not None and good.value > 0
+    wrong = security_bench.connect_round(name, launcher, 50, 8, [("alice", "wrong")])
+    assert wrong.ok and not wrong.verified
+    assert wrong.details["accepted"] == 0 and wrong.details["refused_or_failed"] == 50
+
+
+def test_the_acl_file_has_its_rules_and_lets_the_benchmark_through(tmp_path: Path) -> None:
+    path = tmp_path / "acl"
+    security_bench.make_acl_file(path, 100)
+    acl = parse_acl_file(path.read_text(), str(path))
+    assert acl.allows("bench-ours-b-pub0", None, "bench/qos1_1to1/000", Access.WRITE)
+    assert acl.allows("bench-ours-b-sub0", None, "bench/qos1_1to1/000", Access.READ)
+    assert not acl.allows("c", None, "tenants/0/0/x", Access.READ)
