@@ -33,6 +33,21 @@ class Setting:
     doc: str
 
 
+def _client_rates(listener: str, label: str) -> tuple[Setting, Setting]:
+    """A listener's per-client rate limits (EMQX's keys and values)."""
+    prefix = f"listeners.{listener}.default."
+    return (
+        Setting(prefix + "messages_rate", "infinity", parse_rate(sizes=False),
+                f"PUBLISH packets one client of the {label} listener may send, as"
+                " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it"
+                " is back under (bursts up to one period's worth), nothing is dropped or"
+                " refused. `infinity` = no limit."),
+        Setting(prefix + "bytes_rate", "infinity", parse_rate(sizes=True),
+                f"Bytes one client of the {label} listener may send, as `SIZE/PERIOD`"
+                " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
+    )
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("node.name", "broker@127.0.0.1", parse_str, "Node name, shown in the API."),
     Setting("node.data_dir", "data", parse_str,
@@ -121,42 +136,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("listeners.tcp.default.max_conn_rate", 0, parse_int(0, 2**31),
             "New connections per second the MQTT over TCP listener accepts (bursts up to one"
             " second's worth); the others are closed at once. 0 = no limit."),
-    Setting("listeners.tcp.default.messages_rate", "infinity", parse_rate(sizes=False),
-            "PUBLISH packets one client of the MQTT over TCP listener may send, as"
-            " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it is back"
-            " under (bursts up to one period's worth), nothing is dropped or refused."
-            " `infinity` = no limit."),
-    Setting("listeners.tcp.default.bytes_rate", "infinity", parse_rate(sizes=True),
-            "Bytes one client of the MQTT over TCP listener may send, as `SIZE/PERIOD`"
-            " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
+    *_client_rates("tcp", "MQTT over TCP"),
     Setting("listeners.ws.default.max_connections", 0, parse_int(0, 2**31),
             "Connections the MQTT over WebSocket listener keeps open at once; one more is closed as"
             " soon as it is accepted, before anything is read. 0 = no limit."),
     Setting("listeners.ws.default.max_conn_rate", 0, parse_int(0, 2**31),
             "New connections per second the MQTT over WebSocket listener accepts (bursts up to one"
             " second's worth); the others are closed at once. 0 = no limit."),
-    Setting("listeners.ws.default.messages_rate", "infinity", parse_rate(sizes=False),
-            "PUBLISH packets one client of the MQTT over WebSocket listener may send, as"
-            " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it is back"
-            " under (bursts up to one period's worth), nothing is dropped or refused."
-            " `infinity` = no limit."),
-    Setting("listeners.ws.default.bytes_rate", "infinity", parse_rate(sizes=True),
-            "Bytes one client of the MQTT over WebSocket listener may send, as `SIZE/PERIOD`"
-            " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
+    *_client_rates("ws", "MQTT over WebSocket"),
     Setting("listeners.ssl.default.max_connections", 0, parse_int(0, 2**31),
             "Connections the MQTT over TLS listener keeps open at once; one more is closed as"
             " soon as it is accepted, before anything is read. 0 = no limit."),
     Setting("listeners.ssl.default.max_conn_rate", 0, parse_int(0, 2**31),
             "New connections per second the MQTT over TLS listener accepts (bursts up to one"
             " second's worth); the others are closed at once. 0 = no limit."),
-    Setting("listeners.ssl.default.messages_rate", "infinity", parse_rate(sizes=False),
-            "PUBLISH packets one client of the MQTT over TLS listener may send, as"
-            " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it is back"
-            " under (bursts up to one period's worth), nothing is dropped or refused."
-            " `infinity` = no limit."),
-    Setting("listeners.ssl.default.bytes_rate", "infinity", parse_rate(sizes=True),
-            "Bytes one client of the MQTT over TLS listener may send, as `SIZE/PERIOD`"
-            " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
+    *_client_rates("ssl", "MQTT over TLS"),
     Setting("dashboard.listeners.http.bind", "0.0.0.0:18083", parse_bind,
             "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
     Setting("dashboard.listeners.http.header_timeout", "10s", parse_duration,

@@ -7,7 +7,10 @@ a violation becomes DISCONNECT with its reason code (v5) or a close (v3).
 """
 
 import asyncio
+import contextlib
 import logging
+import socket
+import struct
 from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Final
@@ -52,6 +55,7 @@ PAUSE_HOLD: Final = 1
 PAUSE_STORAGE: Final = 2
 PAUSE_RATE: Final = 4  # above `messages_rate` / `bytes_rate` until the bucket refills
 _PUBLISH: Final = PacketType.PUBLISH
+_RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 
 
 def _returns_quota(ack: bytes) -> bool:
@@ -434,6 +438,12 @@ class Connection:
                     self.client_id or self.peer, unsent, bound)
         self.closed = True
         self._cancel_timers()
+        # A reset, not a FIN: the kernel drops what it holds for the client too, instead of
+        # keeping it (up to the socket's send buffer) for as long as the client will not read.
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
         self.transport.abort()
         return True
 

@@ -60,7 +60,23 @@ def _limit_output(node: Node, transport: asyncio.Transport) -> None:
     transport.set_write_buffer_limits(high=bound or _HIGH_WATER)
 
 
-class MQTTStreamProtocol(asyncio.Protocol):
+class _OutputBound(asyncio.Protocol):
+    """The transport's write flow control, handed to the Connection (`_limit_output`)."""
+
+    __slots__ = ()
+    _connection: Connection | None
+    _node: Node
+
+    def pause_writing(self) -> None:
+        if self._connection is not None and self._node.config["force_shutdown.max_heap_size"]:
+            self._connection.output_backlogged(True)
+
+    def resume_writing(self) -> None:
+        if self._connection is not None:
+            self._connection.output_backlogged(False)
+
+
+class MQTTStreamProtocol(_OutputBound):
     __slots__ = ("_connection", "_gate", "_node", "_output", "_rates")
 
     def __init__(self, node: Node, output: OutputBatch, gate: ListenerGate,
@@ -81,14 +97,6 @@ class MQTTStreamProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         assert self._connection is not None
         self._connection.data_received(data)
-
-    def pause_writing(self) -> None:
-        if self._connection is not None and self._node.config["force_shutdown.max_heap_size"]:
-            self._connection.output_backlogged(True)
-
-    def resume_writing(self) -> None:
-        if self._connection is not None:
-            self._connection.output_backlogged(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._connection is not None:
@@ -155,7 +163,7 @@ class _WebSocketWriter:
         self._transport.resume_reading()
 
 
-class MQTTWebSocketProtocol(asyncio.Protocol):
+class MQTTWebSocketProtocol(_OutputBound):
     def __init__(self, node: Node, output: OutputBatch, options: WebSocketOptions,
                  gate: ListenerGate, rates: ClientRates | None = None) -> None:
         self._node = node
@@ -240,14 +248,6 @@ class MQTTWebSocketProtocol(asyncio.Protocol):
         writer = _WebSocketWriter(transport, self._ws)
         self._connection = Connection(self._node, writer, self._output, self._rates)
         writer.decoder = self._connection.decoder
-
-    def pause_writing(self) -> None:
-        if self._connection is not None and self._node.config["force_shutdown.max_heap_size"]:
-            self._connection.output_backlogged(True)
-
-    def resume_writing(self) -> None:
-        if self._connection is not None:
-            self._connection.output_backlogged(False)
 
     def _reject(self, transport: asyncio.Transport, status: int) -> None:
         transport.write(self._ws.send(RejectConnection(status_code=status)))

@@ -21,6 +21,7 @@ import paho.mqtt.client as paho_mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from bench.procstat import rss_kib
 from broker.mqtt.codec import encode
 from broker.mqtt.constants import PropertyId
 from broker.mqtt.packets import Connect, Publish, Subscribe, Subscription
@@ -47,11 +48,7 @@ PAHO_INFLIGHT = 20  # paho's default window: at most this many PUBLISHes in one 
 
 def rss(broker: BrokerProcess) -> int:
     assert broker.proc is not None
-    with open(f"/proc/{broker.proc.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    return rss_kib(broker.proc.pid) * 1024
 
 
 def _client(clients: list[PahoClient], port: int, transport: str = "tcp",
@@ -134,7 +131,8 @@ def _never_reading(port: int, topic: str, client_id: str, expiry: int) -> socket
 
 
 def _closed_by_broker(sock: socket.socket) -> bool:
-    """Whether the broker ended the connection (what it had sent is read and discarded)."""
+    """Whether the broker ended the connection (a reset: what it had sent is dropped; what
+    arrived before is read and discarded)."""
     sock.setblocking(False)
     try:
         while sock.recv(1 << 20):
@@ -155,16 +153,17 @@ SLOW = {
 
 def test_a_client_that_never_reads_is_closed_past_max_heap_size(
         start_broker: Callable[..., BrokerProcess], clients: list[PahoClient]) -> None:
-    """1500 QoS 1 messages of 64 KB (94 MB) for a client that reads none: without the bound
-    all of them would wait in the broker for it. It is closed once 16 MB are unsent, and a
-    client that reads gets every message meanwhile."""
+    """3000 QoS 1 messages of 64 KB (188 MB) for a client that reads none: without the
+    bound all of them wait in the broker for it (which then grows by ~3x that). It is closed
+    once 16 MB are unsent, and a client that reads gets every message meanwhile. The broker
+    grows by the bound, the reader's share and the allocator's slack (~55 MB here)."""
     broker = start_broker(**SLOW)
     topic = unique("slow").replace("-", "/")
     slow = _never_reading(broker.tcp, topic, unique("slow"), expiry=0)
     reader = _client(clients, broker.tcp)
     reader.subscribe(topic, 1)
     publisher = _client(clients, broker.tcp)
-    bodies = [b"%05d" % n + b"x" * (64 * 1024 - 5) for n in range(1500)]
+    bodies = [b"%05d" % n + b"x" * (64 * 1024 - 5) for n in range(3000)]
     baseline = peak = rss(broker)
     try:
         # In steps of 50 that the reader has read: it never lags far enough to be closed.
@@ -173,12 +172,12 @@ def test_a_client_that_never_reads_is_closed_past_max_heap_size(
             reader.wait_messages(step + 50, timeout=30)
             peak = max(peak, rss(broker))
         assert broker.metric("mqtt_limit_refusals_total", limit="max_heap_size") == 1
-        assert _closed_by_broker(slow)
+        wait_until(lambda: _closed_by_broker(slow), 10, "the slow client closed")
     finally:
         slow.close()
     assert payloads(reader.wait_messages(len(bodies))) == bodies
     growth = peak - baseline
-    assert growth < 64 * MB, f"the broker grew by {growth / MB:.0f} MB"
+    assert growth < 96 * MB, f"the broker grew by {growth / MB:.0f} MB"
     assert "past force_shutdown.max_heap_size" in broker.log_text()
     with raw_connect(broker.tcp, unique("after"), keepalive=30)[0] as other:
         other.sendall(PINGREQ)
@@ -200,7 +199,7 @@ def test_a_closed_slow_durable_session_keeps_its_messages(
         _publish_all(publisher, topic, bodies, timeout=120)
         wait_until(lambda: broker.metric("mqtt_limit_refusals_total",
                                          limit="max_heap_size") == 1, 30, "the slow client closed")
-        assert _closed_by_broker(slow)
+        wait_until(lambda: _closed_by_broker(slow), 10, "the slow client closed")
     finally:
         slow.close()
     back = PahoClient(broker.tcp, client_id)
@@ -282,7 +281,9 @@ def test_a_burst_of_bad_connects_does_not_keep_a_good_client_out(
             took = time.monotonic() - started
             good.disconnect()
             assert took < 3.0, f"a good client needed {took:.2f} s during the burst"
-            assert burst.answered > before, "the burst was not running meanwhile"
+            # Served while the burst went on (it may take a few ms: then no bad CONNECT
+            # need have been answered in between).
+            wait_until(lambda n=before: burst.answered > n, 10, "the burst still running")
     refused = broker.metric("mqtt_auth_failures_total", reason="bad_password")
     assert refused >= 1000
     assert broker.proc is not None and broker.proc.poll() is None
