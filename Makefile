@@ -9,7 +9,7 @@ APT_PACKAGES := mosquitto mosquitto-clients openssl gcc libc6-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
-.PHONY: install native run test lint bench image clean k8s-testbed simulate fuzz
+.PHONY: install native run test lint bench image clean k8s-testbed simulate fuzz chaos
 
 install: $(STAMP) $(APT_STAMP) native
 
@@ -72,6 +72,13 @@ fuzz: $(STAMP)
 	echo "fuzz seed $$seed (again: make fuzz SEED=$$seed)"; \
 	$(PY) -m fuzz.decoder --seed $$seed --seconds $(FUZZ_SECONDS) && \
 	$(PY) -m fuzz.network --seed $$seed --packets $(PACKETS)
+
+# The long fault run (tools/chaos.py; tests/cluster/jepsen/ runs each fault once): CYCLES
+# random faults (100 by default) on 3 real nodes under a checked workload; SEED=... replays
+# a run's choices, REPLICATED=1 adds the faults that need replicated Durable Storage,
+# BACKEND=raft runs on it (durable_storage.messages.backend = builtin_raft).
+chaos: $(STAMP)
+	$(PY) tools/chaos.py --cycles $(or $(CYCLES),100) $(if $(SEED),--seed $(SEED)) $(if $(REPLICATED),--replicated) $(if $(BACKEND),--backend $(BACKEND))
 
 bench: install
 	bench/setup.sh
