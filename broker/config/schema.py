@@ -33,10 +33,16 @@ class Setting:
     doc: str
 
 
-def _client_rates(listener: str, label: str) -> tuple[Setting, Setting]:
-    """A listener's per-client rate limits (EMQX's keys and values)."""
+def _listener_limits(listener: str, label: str) -> tuple[Setting, ...]:
+    """A listener's connection limits and per-client rate limits (EMQX's keys and values)."""
     prefix = f"listeners.{listener}.default."
     return (
+        Setting(prefix + "max_connections", 0, parse_int(0, 2**31),
+                f"Connections the {label} listener keeps open at once; one more is closed as"
+                " soon as it is accepted, before anything is read. 0 = no limit."),
+        Setting(prefix + "max_conn_rate", 0, parse_int(0, 2**31),
+                f"New connections per second the {label} listener accepts (bursts up to one"
+                " second's worth); the others are closed at once. 0 = no limit."),
         Setting(prefix + "messages_rate", "infinity", parse_rate(sizes=False),
                 f"PUBLISH packets one client of the {label} listener may send, as"
                 " `COUNT/PERIOD` (`1000/s`, `10/100ms`); a client above it is not read until it"
@@ -130,27 +136,9 @@ SETTINGS: tuple[Setting, ...] = (
             " Common Name, `dn` the whole subject (RFC 4514, e.g. `CN=dev1,O=Acme`). Such a"
             " client is authenticated by its certificate (no password checked, as Mosquitto's"
             " `use_identity_as_username`) and the ACL file names it as a user."),
-    Setting("listeners.tcp.default.max_connections", 0, parse_int(0, 2**31),
-            "Connections the MQTT over TCP listener keeps open at once; one more is closed as"
-            " soon as it is accepted, before anything is read. 0 = no limit."),
-    Setting("listeners.tcp.default.max_conn_rate", 0, parse_int(0, 2**31),
-            "New connections per second the MQTT over TCP listener accepts (bursts up to one"
-            " second's worth); the others are closed at once. 0 = no limit."),
-    *_client_rates("tcp", "MQTT over TCP"),
-    Setting("listeners.ws.default.max_connections", 0, parse_int(0, 2**31),
-            "Connections the MQTT over WebSocket listener keeps open at once; one more is closed as"
-            " soon as it is accepted, before anything is read. 0 = no limit."),
-    Setting("listeners.ws.default.max_conn_rate", 0, parse_int(0, 2**31),
-            "New connections per second the MQTT over WebSocket listener accepts (bursts up to one"
-            " second's worth); the others are closed at once. 0 = no limit."),
-    *_client_rates("ws", "MQTT over WebSocket"),
-    Setting("listeners.ssl.default.max_connections", 0, parse_int(0, 2**31),
-            "Connections the MQTT over TLS listener keeps open at once; one more is closed as"
-            " soon as it is accepted, before anything is read. 0 = no limit."),
-    Setting("listeners.ssl.default.max_conn_rate", 0, parse_int(0, 2**31),
-            "New connections per second the MQTT over TLS listener accepts (bursts up to one"
-            " second's worth); the others are closed at once. 0 = no limit."),
-    *_client_rates("ssl", "MQTT over TLS"),
+    *_listener_limits("tcp", "MQTT over TCP"),
+    *_listener_limits("ws", "MQTT over WebSocket"),
+    *_listener_limits("ssl", "MQTT over TLS"),
     Setting("dashboard.listeners.http.bind", "0.0.0.0:18083", parse_bind,
             "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
     Setting("dashboard.listeners.http.header_timeout", "10s", parse_duration,
