@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from bench.procstat import rss_kib
 from broker.mqtt.codec import Decoder
 from broker.mqtt.constants import MQTT_5
 from broker.mqtt.errors import MQTTError
@@ -127,14 +128,6 @@ class Report:
 
 def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{name} {count:,}" for name, count in counter.most_common())
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def open_fds(pid: int) -> int:

@@ -22,22 +22,12 @@ from tests.integration.clients import (
     unique,
     wait_until,
 )
-from tests.support.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.integration
 
 RECEIVE_MAXIMUM = 32  # mqtt.max_inflight's default, advertised in CONNACK
 RECEIVE_MAXIMUM_EXCEEDED = 0x93
 MB = 1024 * 1024
-
-
-def rss(broker: BrokerProcess) -> int:
-    assert broker.proc is not None
-    with open(f"/proc/{broker.proc.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def durable_subscriber(port: int, topic: str) -> None:
@@ -65,7 +55,7 @@ def test_qos1_flood_into_a_durable_session_is_bounded(start_broker) -> None:
     durable_subscriber(broker.tcp, topic)
     count, payload = 16_000, b"x" * 16_384
     flood = publishes(topic, count, payload, 4)
-    baseline = rss(broker)
+    baseline = broker.rss()
 
     flooder, _ = raw_connect(broker.tcp, unique("flooder"), keepalive=0)
     flooder.settimeout(120)
@@ -86,7 +76,7 @@ def test_qos1_flood_into_a_durable_session_is_bounded(start_broker) -> None:
     try:
         sender.start()
         while not sent.wait(0.05):
-            peak = max(peak, rss(broker))
+            peak = max(peak, broker.rss())
             if not served_during_flood:
                 # The flooded broker still answers someone else at once.
                 other, _ = raw_connect(broker.tcp, unique("other"), keepalive=30)
@@ -96,7 +86,7 @@ def test_qos1_flood_into_a_durable_session_is_bounded(start_broker) -> None:
                     assert recv_packet(other) == PINGRESP
                 served_during_flood = True
         assert not errors, errors
-        peak = max(peak, rss(broker))
+        peak = max(peak, broker.rss())
         # Every message was stored and acknowledged, in order.
         decoder, acks = Decoder(version=4), []
         flooder.settimeout(30)
@@ -110,7 +100,7 @@ def test_qos1_flood_into_a_durable_session_is_bounded(start_broker) -> None:
     growth = peak - baseline
     assert growth < 80 * MB, f"broker grew by {growth / MB:.0f} MB during the flood"
     # After the publisher left, the broker is no bigger than the bound allowed during it.
-    wait_until(lambda: rss(broker) - baseline < 80 * MB, timeout=10,
+    wait_until(lambda: broker.rss() - baseline < 80 * MB, timeout=10,
                what="the broker's memory to return under the bound")
 
 

@@ -21,7 +21,6 @@ import paho.mqtt.client as paho_mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from bench.procstat import rss_kib
 from broker.mqtt.codec import encode
 from broker.mqtt.constants import PropertyId
 from broker.mqtt.packets import Connect, Publish, Subscribe, Subscription
@@ -44,11 +43,6 @@ pytestmark = pytest.mark.integration
 MB = 1024 * 1024
 COUNT = 200
 PAHO_INFLIGHT = 20  # paho's default window: at most this many PUBLISHes in one read
-
-
-def rss(broker: BrokerProcess) -> int:
-    assert broker.proc is not None
-    return rss_kib(broker.proc.pid) * 1024
 
 
 def _client(clients: list[PahoClient], port: int, transport: str = "tcp",
@@ -164,13 +158,13 @@ def test_a_client_that_never_reads_is_closed_past_max_heap_size(
     reader.subscribe(topic, 1)
     publisher = _client(clients, broker.tcp)
     bodies = [b"%05d" % n + b"x" * (64 * 1024 - 5) for n in range(3000)]
-    baseline = peak = rss(broker)
+    baseline = peak = broker.rss()
     try:
         # In steps of 50 that the reader has read: it never lags far enough to be closed.
         for step in range(0, len(bodies), 50):
             _publish_all(publisher, topic, bodies[step:step + 50], timeout=30)
             reader.wait_messages(step + 50, timeout=30)
-            peak = max(peak, rss(broker))
+            peak = max(peak, broker.rss())
         assert broker.metric("mqtt_limit_refusals_total", limit="max_heap_size") == 1
         wait_until(lambda: _closed_by_broker(slow), 10, "the slow client closed")
     finally:

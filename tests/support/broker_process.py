@@ -14,6 +14,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.procstat import rss_kib
+
 _LISTENER = re.compile(r"(?:listener (\w+)|(HTTP) API) on [\d.]+:(\d+)")
 _STARTED = "started"
 
@@ -67,6 +69,11 @@ class BrokerProcess:
 
     def log_text(self) -> str:
         return "\n".join(self.log_lines)
+
+    def rss(self) -> int:
+        """The broker process's resident set (VmRSS), in bytes."""
+        assert self.proc is not None
+        return rss_kib(self.proc.pid) * 1024
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample of /metrics (0 when absent: a counter never incremented)."""
