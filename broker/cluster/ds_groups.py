@@ -98,7 +98,7 @@ class DsGroups:
         raft = self._raft
         if raft is None:
             return
-        joined = self._metadata_joined()
+        joined = self._metadata.joined
         for group, machine in self.machines.items():
             if group not in raft.host.groups:
                 continue
@@ -109,9 +109,6 @@ class DsGroups:
             if (machine.applied_index - machine.flushed_index >= self._snapshot_interval
                     or machine.unflushed_bytes >= self._segment_bytes):
                 raft.compact(group, machine.flush())
-
-    def _metadata_joined(self) -> bool:
-        return self._metadata.core() is not None and self._metadata.joined
 
     @staticmethod
     def _name(group: int) -> str:
@@ -125,13 +122,13 @@ class DsGroups:
 
     # ---- writes (Replication, for the shards) ------------------------------------------------
     async def store(self, shard: int, messages: list[TTV]) -> None:
-        serial = self._serials[shard] = self._serials.get(shard, 0) + 1
+        clock = now_us()
         # The serial must grow across restarts too: the clock's microseconds do.
-        serial = self._serials[shard] = max(serial, now_us())
-        data = cmd.encode_store(now_us(), self.me, serial, messages)
-        machine = self.machines[shard_group(shard)]
-        await self._commit(shard_group(shard), data,
-                           lambda: machine.proposing(data, messages))
+        serial = self._serials[shard] = max(self._serials.get(shard, 0) + 1, clock)
+        data = cmd.encode_store(clock, self.me, serial, messages)
+        group = shard_group(shard)
+        machine = self.machines[group]
+        await self._commit(group, data, lambda: machine.proposing(data, messages))
 
     async def rotate(self, shard: int) -> None:
         await self._commit(shard_group(shard), cmd.encode_rotate(now_us()))

@@ -97,7 +97,8 @@ class Shard:
         self.bytes = 0
         self.flush_seconds = 0.0
         self.replication: Replication | None = None
-        self._writers: dict[str, int] = {}
+        # builtin_raft: each writer's last STORE serial applied (a retry's copy is skipped).
+        self._writers: dict[str, int] = json.loads(self.current.db.get(WRITERS_KEY) or b"{}")
         self.duplicates = 0  # STOREs applied already (a writer's retry), skipped
 
     @classmethod
@@ -212,9 +213,7 @@ class Shard:
     # ---- builtin_raft: applying the shard's log ----------------------------------------------
     def applied(self) -> tuple[int, int]:
         """(index, term) of the last command applied, as LevelDB holds it (0, 0: none)."""
-        db = self.current.db
-        raw = db.get(APPLIED_KEY)
-        self._writers = json.loads(db.get(WRITERS_KEY) or b"{}")
+        raw = self.current.db.get(APPLIED_KEY)
         return _APPLIED.unpack(raw) if raw else (0, 0)
 
     def apply_store(self, store: Store, index: int, term: int) -> None:
