@@ -215,7 +215,6 @@ class ShardMachine(_Machine):
         sealed: list[tuple[Path, int, int]] = []
         db: plyvel.DB | None = None
         batch: Any = None  # the open slab's LevelDB write batch
-        path = fresh
         for kind, body in _records(data):
             if kind == _SLAB_RECORD:
                 if db is not None:
@@ -229,7 +228,7 @@ class ShardMachine(_Machine):
                     sealed.append((path, generation, sealed_at))
             elif kind == _PAIR_RECORD and batch is not None:
                 batch.put(*_split_pair(body))
-        if db is None:  # an empty shard: one empty current generation
+        if db is None:  # a shard always has a current generation: this one is garbled
             raise cmd.BadCommand("a shard snapshot without a generation")
         batch.put(APPLIED_KEY, _APPLIED.pack(index, term))
         batch.put(SNAPSHOT_KEY, meta)
