@@ -12,12 +12,32 @@ MQTT_3_1_1: Final = 4
 MQTT_5: Final = 5
 PROTOCOL_NAMES: Final = {MQTT_3_1: "MQIsdp", MQTT_3_1_1: "MQTT", MQTT_5: "MQTT"}
 
-# First bytes (type << 4 | flags) of the acknowledgements, which the hot path encodes and
-# inspects without packet objects; PUBREL's flags are fixed at 0b0010 (MQTT-3.6.1-1).
+# First bytes (type << 4 | flags), which the codec and the hot path write and match without
+# packet objects. The flags are fixed (MQTT-2.1.3-1) but for PUBLISH's, which carry QoS,
+# RETAIN and DUP; PUBREL, SUBSCRIBE and UNSUBSCRIBE have 0b0010.
+CONNECT_BYTE: Final = 0x10
+CONNACK_BYTE: Final = 0x20
+PUBLISH_BYTE: Final = 0x30
 PUBACK_BYTE: Final = 0x40
 PUBREC_BYTE: Final = 0x50
 PUBREL_BYTE: Final = 0x62
 PUBCOMP_BYTE: Final = 0x70
+SUBSCRIBE_BYTE: Final = 0x82
+SUBACK_BYTE: Final = 0x90
+UNSUBSCRIBE_BYTE: Final = 0xA2
+UNSUBACK_BYTE: Final = 0xB0
+PINGREQ_BYTE: Final = 0xC0
+PINGRESP_BYTE: Final = 0xD0
+DISCONNECT_BYTE: Final = 0xE0
+AUTH_BYTE: Final = 0xF0
+
+# CONNECT flags (3.1.2.3); the will QoS takes bits 3 and 4.
+CONNECT_RESERVED: Final = 0x01
+CONNECT_CLEAN_START: Final = 0x02
+CONNECT_WILL: Final = 0x04
+CONNECT_WILL_RETAIN: Final = 0x20
+CONNECT_PASSWORD: Final = 0x40
+CONNECT_USERNAME: Final = 0x80
 
 MAX_PACKET_ID: Final = 0xFFFF
 MAX_VARINT: Final = 268_435_455

@@ -14,7 +14,22 @@ in the wrong direction, filter syntax) are left to the connection.
 from collections.abc import Callable
 from typing import Final, NoReturn
 
-from broker.mqtt.constants import MQTT_3_1, MQTT_3_1_1, MQTT_5, PacketType, PropertyId, ReasonCode
+from broker.mqtt.constants import (
+    CONNECT_BYTE,
+    CONNECT_CLEAN_START,
+    CONNECT_PASSWORD,
+    CONNECT_RESERVED,
+    CONNECT_USERNAME,
+    CONNECT_WILL,
+    CONNECT_WILL_RETAIN,
+    MQTT_3_1,
+    MQTT_3_1_1,
+    MQTT_5,
+    PUBACK_BYTE,
+    PacketType,
+    PropertyId,
+    ReasonCode,
+)
 from broker.mqtt.errors import (
     MalformedPacket,
     MQTTError,
@@ -507,13 +522,13 @@ class Decoder:
                     if not topic or "+" in topic or "#" in topic or "\x00" in topic:
                         _bad_topic(topic, props, version)  # type: ignore[arg-type]
                     append(publish(topic, buf[p:end], qos, retain, dup, packet_id, props))
-                elif b0 == 0x40 and rl == 2:
+                elif b0 == PUBACK_BYTE and rl == 2:
                     # PUBACK without reason code, the answer to every QoS 1 delivery.
                     packet_id = (buf[start] << 8) | buf[start + 1]
                     if not packet_id:
                         raise MalformedPacket("packet identifier 0")
                     append(puback(packet_id))
-                elif b0 == 0x10:
+                elif b0 == CONNECT_BYTE:
                     append(self._decode_connect(_Reader(buf, start, end)))
                     version = self.version
                     v5 = version == MQTT_5
@@ -592,16 +607,16 @@ class Decoder:
             raise UnsupportedProtocolVersion(f"unsupported protocol {name[:16]!r} level {level}")
         v5 = level == MQTT_5
         flags = r.u8()
-        if flags & 0x01:
+        if flags & CONNECT_RESERVED:
             raise MalformedPacket("reserved CONNECT flag set")
-        will_flag = flags & 0x04
+        will_flag = flags & CONNECT_WILL
         will_qos = (flags >> 3) & 3
-        will_retain = bool(flags & 0x20)
+        will_retain = bool(flags & CONNECT_WILL_RETAIN)
         if not will_flag and (will_qos or will_retain):
             raise MalformedPacket("will QoS/retain set without will flag")
         if will_qos == 3:
             raise MalformedPacket("will QoS 3")
-        if not v5 and flags & 0x40 and not flags & 0x80:
+        if not v5 and flags & CONNECT_PASSWORD and not flags & CONNECT_USERNAME:
             raise MalformedPacket("password flag without user name flag")
         keepalive = r.u16()
         props = r.props(ALLOWED_PROPERTIES[PacketType.CONNECT]) if v5 else {}
@@ -617,9 +632,10 @@ class Decoder:
                     f"invalid will topic {will_topic!r}", ReasonCode.TOPIC_NAME_INVALID
                 )
             will = Will(will_topic, r.binary(), will_qos, will_retain, will_props)
-        username = r.string() if flags & 0x80 else None
-        password = r.binary() if flags & 0x40 else None
+        username = r.string() if flags & CONNECT_USERNAME else None
+        password = r.binary() if flags & CONNECT_PASSWORD else None
         r.done()
         return Connect(
-            client_id, level, bool(flags & 0x02), keepalive, username, password, will, props
+            client_id, level, bool(flags & CONNECT_CLEAN_START), keepalive, username, password,
+            will, props,
         )

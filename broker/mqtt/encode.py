@@ -15,15 +15,31 @@ from struct import error as StructError
 from typing import Any, Final
 
 from broker.mqtt.constants import (
+    AUTH_BYTE,
+    CONNACK_BYTE,
+    CONNECT_BYTE,
+    CONNECT_CLEAN_START,
+    CONNECT_PASSWORD,
+    CONNECT_USERNAME,
+    CONNECT_WILL,
+    CONNECT_WILL_RETAIN,
+    DISCONNECT_BYTE,
     MQTT_3_1,
     MQTT_3_1_1,
     MQTT_5,
+    PINGREQ_BYTE,
+    PINGRESP_BYTE,
     PROTOCOL_NAMES,
     PUBACK_BYTE,
     PUBCOMP_BYTE,
+    PUBLISH_BYTE,
     PUBREC_BYTE,
     PUBREL_BYTE,
+    SUBACK_BYTE,
     SUBACK_FAILURE_V3,
+    SUBSCRIBE_BYTE,
+    UNSUBACK_BYTE,
+    UNSUBSCRIBE_BYTE,
     ConnackCodeV3,
     ReasonCode,
 )
@@ -79,9 +95,9 @@ def encode_publish(
     """
     t = topic.encode()
     tl = len(t)
-    first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
+    first = PUBLISH_BYTE | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
     props = b""
-    if version == 5:
+    if version == MQTT_5:
         props = encode_properties(properties) if properties else _EMPTY_PROPS
     if qos:
         if qos > 2 or not packet_id or packet_id > 0xFFFF:
@@ -152,7 +168,7 @@ def connack_code_v3(reason_code: int) -> int:
 
 def _enc_connect(p: Connect, version: int) -> bytes:
     """CONNECT; the protocol level written is `version` (p.protocol_level is informational)."""
-    flags = 0x02 if p.clean_start else 0
+    flags = CONNECT_CLEAN_START if p.clean_start else 0
     will = p.will
     parts = [
         encode_string(PROTOCOL_NAMES[version]),
@@ -163,35 +179,35 @@ def _enc_connect(p: Connect, version: int) -> bytes:
     if will is not None:
         if not 0 <= will.qos <= 2:
             raise ValueError(f"bad will qos {will.qos}")
-        flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+        flags |= CONNECT_WILL | (will.qos << 3) | (CONNECT_WILL_RETAIN if will.retain else 0)
         parts += (
             _props(will.properties, version),
             encode_string(will.topic),
             encode_binary(will.payload),
         )
     if p.username is not None:
-        flags |= 0x80
+        flags |= CONNECT_USERNAME
         parts.append(encode_string(p.username))
     elif p.password is not None and version != MQTT_5:
         raise ValueError("v3.1.1 forbids a password without a user name")
     if p.password is not None:
-        flags |= 0x40
+        flags |= CONNECT_PASSWORD
         parts.append(encode_binary(p.password))
     parts[1] = bytes((version, flags)) + p.keepalive.to_bytes(2, "big")
-    return _packet(0x10, *parts)
+    return _packet(CONNECT_BYTE, *parts)
 
 
 def _enc_connack(p: Connack, version: int) -> bytes:
     flags = 1 if p.session_present else 0
     if version != MQTT_5:
-        return bytes((0x20, 2, flags, connack_code_v3(p.reason_code)))
-    return _packet(0x20, bytes((flags, p.reason_code)), encode_properties(p.properties))
+        return bytes((CONNACK_BYTE, 2, flags, connack_code_v3(p.reason_code)))
+    return _packet(CONNACK_BYTE, bytes((flags, p.reason_code)), encode_properties(p.properties))
 
 
 
 
 def encode_ack(first: int, packet_id: int, reason_code: int, version: int) -> bytes:
-    """PUBACK (0x40) / PUBREC (0x50) / PUBREL (0x62) / PUBCOMP (0x70) without properties,
+    """PUBACK / PUBREC / PUBREL / PUBCOMP (`first`: PUBACK_BYTE ...) without properties,
     without building a packet object: one of these answers every QoS 1/2 message."""
     if version != MQTT_5 or reason_code == 0:
         return _pack_BBH(first, 2, packet_id)
@@ -243,7 +259,7 @@ def _enc_subscribe(p: Subscribe, version: int) -> bytes:
                 | (s.retain_handling << 4)
             )
         parts.append(encode_string(s.topic_filter) + bytes((opts,)))
-    return _packet(0x82, *parts)
+    return _packet(SUBSCRIBE_BYTE, *parts)
 
 
 def _enc_suback(p: Suback, version: int) -> bytes:
@@ -252,12 +268,12 @@ def _enc_suback(p: Suback, version: int) -> bytes:
         codes = bytes(p.reason_codes)
     else:
         codes = bytes(c if c < 0x80 else SUBACK_FAILURE_V3 for c in p.reason_codes)
-    return _packet(0x90, _pack_H(p.packet_id), _props(p.properties, version), codes)
+    return _packet(SUBACK_BYTE, _pack_H(p.packet_id), _props(p.properties, version), codes)
 
 
 def _enc_unsubscribe(p: Unsubscribe, version: int) -> bytes:
     return _packet(
-        0xA2,
+        UNSUBSCRIBE_BYTE,
         _pack_H(p.packet_id),
         _props(p.properties, version),
         *(encode_string(f) for f in p.topic_filters),
@@ -267,27 +283,27 @@ def _enc_unsubscribe(p: Unsubscribe, version: int) -> bytes:
 def _enc_unsuback(p: Unsuback, version: int) -> bytes:
     """UNSUBACK; v3 has no payload (reason codes and properties are dropped)."""
     if version != MQTT_5:
-        return b"\xb0\x02" + _pack_H(p.packet_id)
+        return _pack_BBH(UNSUBACK_BYTE, 2, p.packet_id)
     return _packet(
-        0xB0, _pack_H(p.packet_id), encode_properties(p.properties), bytes(p.reason_codes)
+        UNSUBACK_BYTE, _pack_H(p.packet_id), encode_properties(p.properties), bytes(p.reason_codes)
     )
 
 
 def _enc_pingreq(p: Pingreq, version: int) -> bytes:
-    return b"\xc0\x00"
+    return bytes((PINGREQ_BYTE, 0))
 
 
 def _enc_pingresp(p: Pingresp, version: int) -> bytes:
-    return b"\xd0\x00"
+    return bytes((PINGRESP_BYTE, 0))
 
 
 def _enc_disconnect(p: Disconnect, version: int) -> bytes:
     """DISCONNECT; v3 is the bare header, v5 uses the shortest form allowed (3.14.2.1)."""
     if version != MQTT_5 or (p.reason_code == 0 and not p.properties):
-        return b"\xe0\x00"
+        return bytes((DISCONNECT_BYTE, 0))
     if not p.properties:
-        return bytes((0xE0, 1, p.reason_code))
-    return _packet(0xE0, bytes((p.reason_code,)), encode_properties(p.properties))
+        return bytes((DISCONNECT_BYTE, 1, p.reason_code))
+    return _packet(DISCONNECT_BYTE, bytes((p.reason_code,)), encode_properties(p.properties))
 
 
 def _enc_auth(p: Auth, version: int) -> bytes:
@@ -296,8 +312,8 @@ def _enc_auth(p: Auth, version: int) -> bytes:
     if version != MQTT_5:
         raise ValueError("AUTH does not exist before MQTT 5")
     if p.reason_code == 0 and not p.properties:
-        return b"\xf0\x00"
-    return _packet(0xF0, bytes((p.reason_code,)), encode_properties(p.properties))
+        return bytes((AUTH_BYTE, 0))
+    return _packet(AUTH_BYTE, bytes((p.reason_code,)), encode_properties(p.properties))
 
 
 _ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {

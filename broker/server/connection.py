@@ -19,6 +19,7 @@ from broker.auth.acl import Access
 from broker.auth.security import AclCache
 from broker.mqtt.codec import Decoder, encode, encode_publish
 from broker.mqtt.constants import (
+    MQTT_3_1_1,
     MQTT_5,
     PUBACK_BYTE,
     PUBCOMP_BYTE,
@@ -100,7 +101,7 @@ class Connection:
         self.transport = transport
         self.peer = self._peername(transport)
         self.decoder = Decoder(max_packet_size=config["mqtt.max_packet_size"])
-        self.version = 4
+        self.version = MQTT_3_1_1
         self.connected = False
         self.closed = False
         self.client_id = ""
@@ -320,7 +321,7 @@ class Connection:
             # Before CONNACK a v5 client learns the reason from a CONNACK (MQTT 5.0 section
             # 3.2.2.2); v3.1.1 allows a CONNACK only for an unacceptable protocol level, any
             # other bad CONNECT is closed silently (MQTT-3.1.4-1).
-            self.version = self.decoder.version or 4
+            self.version = self.decoder.version or MQTT_3_1_1
             self.send_packet(Connack(False, error.reason_code))
             self.close()
         else:
