@@ -157,154 +157,234 @@ def reconcile(kube: Kube, namespace: str, name: str, post: Post, ask: Ask,
     body = kube.get(path(c.API_VERSION, c.KIND, namespace, name))
     if body is None or body["metadata"].get("deletionTimestamp"):
         return Outcome("")  # the garbage collector removes the children
-    emit = functools.partial(post, body)
-    requested = Cluster.from_body(body)
-    previous = body.get("status") or {}
-    created_shards = (previous.get("placement") or {}).get("nShards", requested.n_shards)
-    # The brokers fix n_shards when the database is created: keep it, report the edit.
-    cluster = dataclasses.replace(requested, n_shards=created_shards)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _Pass(kube, body, functools.partial(post, body), ask, ask_sealed).run()
 
-    statefulset = kube.get(path("apps/v1", "StatefulSet", namespace, name))
-    current = statefulset["spec"]["replicas"] if statefulset else 0
-    known = sites.merge_known(
-        _data(kube.get(path("v1", "ConfigMap", namespace, c.sites_map_name(name)))),
-        previous.get("siteIds"))
-    ids = sites.assign(known, max(cluster.replicas, current))
-    kube.apply(manifests.config_map(cluster, c.sites_map_name(name), sites.as_data(ids)))
-    fresh = [f"{ordinal} -> {site}" for ordinal, site in ids.items() if ordinal not in known]
-    if fresh:
-        emit("Normal", "SitesAssigned", "site IDs by pod ordinal: " + ", ".join(fresh))
 
-    config_text = broker_config.render_toml(broker_config.settings(cluster))
-    kube.apply(manifests.config_map(cluster, c.config_map_name(name),
-                                    {c.CONFIG_FILE: config_text}))
-    cookie_lost = ensure_cookie(kube, cluster, statefulset, emit)
-    credentials, key_problem = ensure_api_key(kube, cluster, emit)
-    kube.apply(manifests.headless_service(cluster))
-    kube.apply(manifests.client_service(cluster))
-    pdb_version = "policy/v1" if kube.served("policy/v1") else "policy/v1beta1"
-    kube.apply(manifests.pod_disruption_budget(cluster, pdb_version))
-    if cluster.service_monitor and kube.served("monitoring.coreos.com/v1"):
-        kube.apply(manifests.service_monitor(cluster))
+@dataclass
+class _Placement:
+    staying: list[str]  # sites of the ordinals below spec.replicas
+    leaving: list[str]  # sites of the ordinals being scaled away
+    shards: placement.Placement
+    revision: int
+    pending: list[dict[str, Any]]  # transitions the brokers have not settled
 
-    pods = status.pod_views(kube.list("v1", "Pod", namespace, c.selector_labels(name)), name)
-    by_site = {site: ordinal for ordinal, site in ids.items()}
-    reports: dict[str, SiteReport] = {}
 
-    def report(site: str) -> SiteReport:
-        if site not in reports:
-            pod = pods.get(by_site[site])
-            reports[site] = ask(pod.ip if pod else None, cluster.http_port, site, credentials)
-        return reports[site]
+class _Pass:
+    """One reconcile, as the steps `run` takes in order. An object, so that what every step
+    reads (the spec, the previous status, the StatefulSet's size, the pods, the brokers'
+    answers, asked once per site) is read once and named once."""
 
-    staying = [ids[ordinal] for ordinal in range(cluster.replicas)]
-    leaving = [ids[ordinal] for ordinal in range(cluster.replicas, current)]
-    plan_data = _data(kube.get(path("v1", "ConfigMap", namespace, c.placement_map_name(name))))
-    old_doc = json.loads(plan_data[c.PLACEMENT_FILE]) if plan_data else {"revision": 0}
-    old_shards = placement.from_data(old_doc.get("shards", {}))
-    shards = placement.plan(old_shards, staying, cluster.n_shards, cluster.replication_factor)
-    revision, pending = old_doc["revision"], list(old_doc.get("transitions", []))
-    if shards != old_shards:
-        changes = placement.transitions(old_shards, shards)
-        # The first plan creates shards; only later revisions move replicas between brokers.
-        pending = [change.as_dict() for change in changes] if revision else []
-        revision += 1
-        copies = sum(len(change.add) for change in changes)
-        emit("Normal", "PlacementChanged",
-             f"revision {revision}: {len(changes)} shard(s) change, {copies} replica(s) to copy"
-             f" onto sites {', '.join(staying)}")
-    members = set(staying) | set(leaving)
-    pending = [t for t in pending if not settled(
-        placement.Transition.from_dict(t),
-        {s: report(s) for s in (*t["add"], *t["remove"]) if s in members}, members)]
-    kube.apply(manifests.config_map(cluster, c.placement_map_name(name), {
-        c.PLACEMENT_FILE: manifests.placement_document(
-            revision, cluster, staying, leaving, placement.as_data(shards), pending)}))
+    def __init__(self, kube: Kube, body: Mapping[str, Any], emit: Callable[[str, str, str], None],
+                 ask: Ask, ask_sealed: AskSealed) -> None:
+        self.kube, self.emit, self.ask, self.ask_sealed = kube, emit, ask, ask_sealed
+        self.requested = Cluster.from_body(body)
+        self.previous: Mapping[str, Any] = body.get("status") or {}
+        self.conditions: Sequence[Mapping[str, Any]] = self.previous.get("conditions") or []
+        self.created_shards = (self.previous.get("placement") or {}).get(
+            "nShards", self.requested.n_shards)
+        # The brokers fix n_shards when the database is created: keep it, report the edit.
+        self.cluster = dataclasses.replace(self.requested, n_shards=self.created_shards)
+        self.now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace, name = self.cluster.namespace, self.cluster.name
+        self.statefulset = kube.get(path("apps/v1", "StatefulSet", namespace, name))
+        self.current: int = self.statefulset["spec"]["replicas"] if self.statefulset else 0
+        self.pods: dict[int, status.PodView] = {}
+        self.ids: dict[int, str] = {}
+        self.credentials: Credentials = None
+        self.reports: dict[str, SiteReport] = {}
+        self.lost_secrets: list[tuple[str, str]] = []  # (condition reason, what is wrong)
+        self.spark_status: dict[str, Any] | None = None  # null: no Spark section, none in status
 
-    replicas, drain = cluster.replicas, None
-    if cluster.replicas < current:
-        verdict = drain_verdict([report(site) for site in leaving],
+    def run(self) -> Outcome:
+        self.ids = self.assign_sites()
+        config_text = self.apply_children()
+        self.pods = status.pod_views(self.kube.list(
+            "v1", "Pod", self.cluster.namespace, c.selector_labels(self.cluster.name)),
+            self.cluster.name)
+        plan = self.place()
+        replicas, drain = self.scale(plan.leaving)
+        self.kube.apply(manifests.statefulset(self.cluster, replicas, config_text))
+        spark_conditions = self.spark(replicas, plan.shards)
+        return self.write_status(plan, replicas, drain, [
+            self.degraded(), *spark_conditions])
+
+    def report(self, site: str) -> SiteReport:
+        if site not in self.reports:
+            ordinal = next(o for o, s in self.ids.items() if s == site)
+            pod = self.pods.get(ordinal)
+            self.reports[site] = self.ask(pod.ip if pod else None, self.cluster.http_port,
+                                          site, self.credentials)
+        return self.reports[site]
+
+    def assign_sites(self) -> dict[int, str]:
+        """Site IDs for every ordinal up to the larger of spec and StatefulSet, published
+        before any pod that reads them starts."""
+        cluster, kube = self.cluster, self.kube
+        map_name = c.sites_map_name(cluster.name)
+        known = sites.merge_known(
+            _data(kube.get(path("v1", "ConfigMap", cluster.namespace, map_name))),
+            self.previous.get("siteIds"))
+        ids = sites.assign(known, max(cluster.replicas, self.current))
+        kube.apply(manifests.config_map(cluster, map_name, sites.as_data(ids)))
+        fresh = [f"{ordinal} -> {site}" for ordinal, site in ids.items() if ordinal not in known]
+        if fresh:
+            self.emit("Normal", "SitesAssigned", "site IDs by pod ordinal: " + ", ".join(fresh))
+        return ids
+
+    def apply_children(self) -> str:
+        """The config, the Secrets, the Services, the PodDisruptionBudget and the
+        ServiceMonitor. Returns the rendered broker.toml."""
+        cluster, kube = self.cluster, self.kube
+        config_text = broker_config.render_toml(broker_config.settings(cluster))
+        kube.apply(manifests.config_map(cluster, c.config_map_name(cluster.name),
+                                        {c.CONFIG_FILE: config_text}))
+        cookie_lost = ensure_cookie(kube, cluster, self.statefulset, self.emit)
+        self.credentials, key_problem = ensure_api_key(kube, cluster, self.emit)
+        self.lost_secrets = [(reason, problem) for reason, problem in (
+            ("CookieMissing", cookie_lost), ("ApiKeyUnusable", key_problem)) if problem]
+        kube.apply(manifests.headless_service(cluster))
+        kube.apply(manifests.client_service(cluster))
+        pdb_version = "policy/v1" if kube.served("policy/v1") else "policy/v1beta1"
+        kube.apply(manifests.pod_disruption_budget(cluster, pdb_version))
+        if cluster.service_monitor and kube.served("monitoring.coreos.com/v1"):
+            kube.apply(manifests.service_monitor(cluster))
+        return config_text
+
+    def place(self) -> _Placement:
+        """Plans shard replicas over the staying sites, keeping the most of the published
+        plan, and publishes it with the transitions the brokers have not yet settled."""
+        cluster, kube, ids = self.cluster, self.kube, self.ids
+        staying = [ids[ordinal] for ordinal in range(cluster.replicas)]
+        leaving = [ids[ordinal] for ordinal in range(cluster.replicas, self.current)]
+        map_name = c.placement_map_name(cluster.name)
+        plan_data = _data(kube.get(path("v1", "ConfigMap", cluster.namespace, map_name)))
+        old_doc = json.loads(plan_data[c.PLACEMENT_FILE]) if plan_data else {"revision": 0}
+        old_shards = placement.from_data(old_doc.get("shards", {}))
+        shards = placement.plan(old_shards, staying, cluster.n_shards,
+                                cluster.replication_factor)
+        revision, pending = old_doc["revision"], list(old_doc.get("transitions", []))
+        if shards != old_shards:
+            changes = placement.transitions(old_shards, shards)
+            # The first plan creates shards; only later revisions move replicas between
+            # brokers.
+            pending = [change.as_dict() for change in changes] if revision else []
+            revision += 1
+            copies = sum(len(change.add) for change in changes)
+            self.emit("Normal", "PlacementChanged",
+                      f"revision {revision}: {len(changes)} shard(s) change, {copies}"
+                      f" replica(s) to copy onto sites {', '.join(staying)}")
+        members = set(staying) | set(leaving)
+        pending = [t for t in pending if not settled(
+            placement.Transition.from_dict(t),
+            {s: self.report(s) for s in (*t["add"], *t["remove"]) if s in members}, members)]
+        kube.apply(manifests.config_map(cluster, map_name, {
+            c.PLACEMENT_FILE: manifests.placement_document(
+                revision, cluster, staying, leaving, placement.as_data(shards), pending)}))
+        return _Placement(staying, leaving, shards, revision, pending)
+
+    def scale(self, leaving: list[str]) -> tuple[int, dict[str, Any] | None]:
+        """The StatefulSet's size: down only once the leaving brokers are drained (or the
+        spec does not ask to wait for them). Returns (replicas, the drain still waited for)."""
+        cluster, current = self.cluster, self.current
+        if cluster.replicas > current and self.statefulset is not None:
+            self.emit("Normal", "ScaledUp", f"StatefulSet {current} -> {cluster.replicas}")
+        if cluster.replicas >= current:
+            return cluster.replicas, None
+        verdict = drain_verdict([self.report(site) for site in leaving],
                                 cluster.require_drain_confirmation)
-        old_drain = previous.get("drain") or {}
+        old_drain = self.previous.get("drain") or {}
         if old_drain.get("sites") != leaving:
-            emit("Normal", "DrainStarted",
-                 f"moving shard replicas off sites {', '.join(leaving)} before scaling"
-                 f" {current} -> {cluster.replicas}")
+            self.emit("Normal", "DrainStarted",
+                      f"moving shard replicas off sites {', '.join(leaving)} before scaling"
+                      f" {current} -> {cluster.replicas}")
         kind = "Normal" if verdict.reason == "DrainConfirmed" else "Warning"
         if verdict.proceed:
-            emit(kind, verdict.reason, verdict.message)
-            emit("Normal", "ScaledDown", f"StatefulSet {current} -> {cluster.replicas}")
-        else:
-            replicas = current
-            drain = {"sites": leaving, "from": current, "to": cluster.replicas,
-                     "reason": verdict.reason, "message": verdict.message}
-            if old_drain.get("message") != verdict.message:
-                emit(kind, verdict.reason, verdict.message)
-    elif cluster.replicas > current and statefulset is not None:
-        emit("Normal", "ScaledUp", f"StatefulSet {current} -> {cluster.replicas}")
-    kube.apply(manifests.statefulset(cluster, replicas, config_text))
+            self.emit(kind, verdict.reason, verdict.message)
+            self.emit("Normal", "ScaledDown", f"StatefulSet {current} -> {cluster.replicas}")
+            return cluster.replicas, None
+        if old_drain.get("message") != verdict.message:
+            self.emit(kind, verdict.reason, verdict.message)
+        return current, {"sites": leaving, "from": current, "to": cluster.replicas,
+                         "reason": verdict.reason, "message": verdict.message}
 
-    conditions = previous.get("conditions") or []
-    spark_conditions = []
-    spark_status: dict[str, Any] | None = None  # null: no Spark section, none in status
-    if cluster.spark is not None:
-        members = {site: ordinal for ordinal, site in ids.items() if ordinal < replicas}
-        spark_status, ok, reason, message = reconcile_spark(
-            kube, cluster, spark.Settings.from_spec(cluster.spark),
-            previous.get("spark") or {}, pods,
+    def degraded(self) -> dict[str, Any]:
+        """The Degraded condition: spec problems and unusable Secrets, each news one
+        Warning."""
+        found = problems(self.cluster)
+        if self.requested.n_shards != self.created_shards:
+            found.append(f"spec.durableStorage.nShards cannot change after creation: it stays"
+                         f" {self.created_shards}")
+        reason = (self.lost_secrets[0][0] if self.lost_secrets
+                  else "InvalidSpec" if found else "SpecValid")
+        found += [problem for _, problem in self.lost_secrets]
+        condition = status.condition(self.conditions, "Degraded", bool(found), reason,
+                                     "; ".join(found) or "no problems found", self.now)
+        if found and _changed(self.conditions, condition):
+            self.emit("Warning", reason, condition["message"])
+        return condition
+
+    def spark(self, replicas: int, shards: placement.Placement) -> list[dict[str, Any]]:
+        """The SparkJobs condition, after launching and collecting applications; none
+        without a Spark section."""
+        cluster = self.cluster
+        if cluster.spark is None:
+            return []
+        members = {site: ordinal for ordinal, site in self.ids.items() if ordinal < replicas}
+        self.spark_status, ok, reason, message = reconcile_spark(
+            self.kube, cluster, spark.Settings.from_spec(cluster.spark),
+            self.previous.get("spark") or {}, self.pods,
             {shard: [members[site] for site in holders if site in members]
              for shard, holders in shards.items()},
-            emit, ask_sealed, credentials)
-        spark_condition = status.condition(conditions, "SparkJobs", ok, reason, message, now)
-        if not ok and _changed(conditions, spark_condition):
-            emit("Warning", reason, message)
-        spark_conditions.append(spark_condition)
+            self.emit, self.ask_sealed, self.credentials)
+        condition = status.condition(self.conditions, "SparkJobs", ok, reason, message,
+                                     self.now)
+        if not ok and _changed(self.conditions, condition):
+            self.emit("Warning", reason, message)
+        return [condition]
 
-    found = problems(cluster)
-    if requested.n_shards != created_shards:
-        found.append(f"spec.durableStorage.nShards cannot change after creation: it stays"
-                     f" {created_shards}")
-    reason = ("CookieMissing" if cookie_lost else "ApiKeyUnusable" if key_problem
-              else "InvalidSpec" if found else "SpecValid")
-    found += [problem for problem in (cookie_lost, key_problem) if problem]
-    degraded = status.condition(conditions, "Degraded", bool(found), reason,
-                                "; ".join(found) or "no problems found", now)
-    if found and _changed(conditions, degraded):
-        emit("Warning", reason, degraded["message"])
-    ready = sum(1 for ordinal, pod in pods.items() if ordinal < replicas and pod.ready)
-    settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
-    # Pending transitions are worth asking about again only while some broker answers;
-    # otherwise the next pod event (a broker becoming ready) brings the operator back.
-    answering = any(report.reachable for report in reports.values())
-    waiting = drain["message"] if drain else (
-        f"{len(pending)} replica transition(s) pending" if pending and answering else "")
-    kube.patch_status(namespace, name, status.merge_patch(previous, {
-        "observedGeneration": cluster.generation,
-        "replicas": replicas,
-        "readyReplicas": ready,
-        "selector": ",".join(f"{k}={v}" for k, v in sorted(c.selector_labels(name).items())),
-        "phase": status.phase(ready, cluster.replicas, drain is not None, bool(found)),
-        "siteCount": len(staying),
-        "siteIds": sites.as_data(ids),
-        "sites": status.sites(ids, max(replicas, cluster.replicas), pods, name),
-        "placement": {"revision": revision, "nShards": cluster.n_shards,
-                      "replicationFactor": cluster.replication_factor,
-                      "shards": placement.as_data(shards),
-                      "loads": placement.loads(shards, staying)},
-        "transitions": pending,
-        "drain": drain,
-        "spark": spark_status,
-        "conditions": [
-            status.condition(conditions, "Ready", settled_all,
-                             "AllSitesReady" if settled_all else "NotReady",
-                             f"{ready}/{cluster.replicas} brokers ready", now),
-            status.condition(conditions, "Progressing", not settled_all or bool(pending),
-                             drain["reason"] if drain else (
-                                 "TransitionsPending" if pending else "Reconciled"),
-                             waiting or f"{len(pending)} replica transition(s) pending", now),
-            degraded,
-            *spark_conditions,
-        ],
-    }))
-    return Outcome(waiting, polls=cluster.spark is not None)
+    def write_status(self, plan: _Placement, replicas: int, drain: dict[str, Any] | None,
+                     conditions: list[dict[str, Any]]) -> Outcome:
+        """Status from what this pass saw; the Ready and Progressing conditions lead
+        `conditions`. Returns why the next pass must come soon."""
+        cluster, pending = self.cluster, plan.pending
+        ready = sum(1 for ordinal, pod in self.pods.items() if ordinal < replicas and pod.ready)
+        settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
+        # Pending transitions are worth asking about again only while some broker answers;
+        # otherwise the next pod event (a broker becoming ready) brings the operator back.
+        answering = any(report.reachable for report in self.reports.values())
+        waiting = drain["message"] if drain else (
+            f"{len(pending)} replica transition(s) pending" if pending and answering else "")
+        degraded = any(cond["type"] == "Degraded" and cond["status"] == "True"
+                       for cond in conditions)
+        self.kube.patch_status(cluster.namespace, cluster.name, status.merge_patch(
+            self.previous, {
+                "observedGeneration": cluster.generation,
+                "replicas": replicas,
+                "readyReplicas": ready,
+                "selector": ",".join(f"{k}={v}" for k, v in sorted(
+                    c.selector_labels(cluster.name).items())),
+                "phase": status.phase(ready, cluster.replicas, drain is not None, degraded),
+                "siteCount": len(plan.staying),
+                "siteIds": sites.as_data(self.ids),
+                "sites": status.sites(self.ids, max(replicas, cluster.replicas), self.pods,
+                                      cluster.name),
+                "placement": {"revision": plan.revision, "nShards": cluster.n_shards,
+                              "replicationFactor": cluster.replication_factor,
+                              "shards": placement.as_data(plan.shards),
+                              "loads": placement.loads(plan.shards, plan.staying)},
+                "transitions": pending,
+                "drain": drain,
+                "spark": self.spark_status,
+                "conditions": [
+                    status.condition(self.conditions, "Ready", settled_all,
+                                     "AllSitesReady" if settled_all else "NotReady",
+                                     f"{ready}/{cluster.replicas} brokers ready", self.now),
+                    status.condition(
+                        self.conditions, "Progressing", not settled_all or bool(pending),
+                        drain["reason"] if drain else (
+                            "TransitionsPending" if pending else "Reconciled"),
+                        waiting or f"{len(pending)} replica transition(s) pending", self.now),
+                    *conditions,
+                ],
+            }))
+        return Outcome(waiting, polls=cluster.spark is not None)
