@@ -32,6 +32,12 @@ class Transition:
         return cls(int(data["shard"]), tuple(data["add"]), tuple(data["remove"]))
 
 
+def replicas_per_shard(replication_factor: int, sites: int) -> int:
+    """The factor applied: at most one replica per site, so a factor above the number of
+    sites (a cluster started small) is capped, as the brokers cap it, not refused."""
+    return min(replication_factor, sites)
+
+
 def plan(previous: Mapping[int, Sequence[str]], sites: Sequence[str], n_shards: int,
          replication_factor: int) -> Placement:
     """The balanced plan that keeps the most replicas of `previous`, as a min-cost flow.
@@ -44,7 +50,7 @@ def plan(previous: Mapping[int, Sequence[str]], sites: Sequence[str], n_shards: 
     """
     if not sites:
         return {}
-    width = min(replication_factor, len(sites))
+    width = replicas_per_shard(replication_factor, len(sites))
     share, extra = divmod(width * n_shards, len(sites))
     source, hub, sink = 0, 1, 2
     first_site = 3 + n_shards

@@ -41,13 +41,8 @@ class Outcome:
 
 def problems(cluster: Cluster) -> list[str]:
     """What the CRD schema cannot reject (cross-field rules), each naming its field."""
-    found = [f"spec.config.{key} is managed by the operator and ignored"
-             for key in broker_config.ignored_keys(cluster)]
-    if cluster.replication_factor > cluster.replicas:
-        found.append(
-            f"spec.durableStorage.replicationFactor ({cluster.replication_factor}) exceeds"
-            f" spec.replicas ({cluster.replicas}): shards get {cluster.replicas} replicas")
-    return found
+    return [f"spec.config.{key} is managed by the operator and ignored"
+            for key in broker_config.ignored_keys(cluster)]
 
 
 def _changed(conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
@@ -206,7 +201,7 @@ class _Pass:
         self.kube.apply(manifests.statefulset(self.cluster, replicas, config_text))
         spark_conditions = self.spark(replicas, plan.shards)
         return self.write_status(plan, replicas, drain, [
-            self.degraded(), *spark_conditions])
+            self.degraded(), self.replication(len(plan.staying)), *spark_conditions])
 
     def report(self, site: str) -> SiteReport:
         if site not in self.reports:
@@ -341,6 +336,23 @@ class _Pass:
         if not ok and _changed(self.conditions, condition):
             self.emit("Warning", reason, message)
         return [condition]
+
+    def replication(self, sites: int) -> dict[str, Any]:
+        """The ReplicationCapped condition: a factor above the number of sites is accepted
+        (a cluster may start with one pod and grow) and applied as far as the sites allow,
+        as the brokers do; the condition says how far, and a Normal Event each change."""
+        factor = self.cluster.replication_factor
+        applied = placement.replicas_per_shard(factor, sites)
+        capped = applied < factor
+        message = (f"spec.durableStorage.replicationFactor is {factor} and there are {sites}"
+                   f" site(s): each shard keeps {applied} replica(s) until there are {factor}"
+                   if capped else f"each shard keeps {factor} replica(s)")
+        condition = status.condition(self.conditions, "ReplicationCapped", capped,
+                                     "FewerSitesThanFactor" if capped else "FactorApplied",
+                                     message, self.now)
+        if capped and _changed(self.conditions, condition):
+            self.emit("Normal", "ReplicationCapped", message)
+        return condition
 
     def write_status(self, plan: _Placement, replicas: int, drain: dict[str, Any] | None,
                      conditions: list[dict[str, Any]]) -> Outcome:

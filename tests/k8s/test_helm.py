@@ -59,7 +59,6 @@ def test_lint_and_template(testbed: Testbed) -> None:
 @pytest.mark.parametrize(("values", "complaint"), [
     (["cluster.replicas=0"], "cluster.replicas"),
     (["cluster.durableStorage.nShards=5000"], "nShards"),
-    (["cluster.replicas=2"], "replicationFactor (3) must not exceed cluster.replicas (2)"),
     (["cluster.listeners.rpcPort=0"], "rpcPort"),
     (["cluster.clusterDomain=Not_A.Domain"], "clusterDomain"),
 ])
@@ -69,6 +68,34 @@ def test_invalid_values_fail_naming_the_value(
     result = helm(testbed, "template", "rel", str(CHART), *args, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_install_below_the_replication_factor(
+        testbed: Testbed, namespace: str, operator_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, replicas: int) -> None:
+    """The first thing people try: fewer pods than the default factor of 3. The chart
+    installs, its notes say what the factor becomes, and the operator runs the cluster with
+    the condition saying the same."""
+    installed = helm(testbed, "install", "rel", str(CHART), "--namespace", namespace,
+                     "--set", f"cluster.replicas={replicas}", "--set", "operator.resyncSeconds=1")
+    assert (f"Replication factor 3 with {replicas} pod(s): each shard keeps {replicas}"
+            f" replica(s)") in installed.stdout, installed.stdout
+    assert testbed.get("mqc", "rel", namespace)["spec"]["replicas"] == replicas
+    monkeypatch.setenv("KUBECONFIG", str(service_account_kubeconfig(
+        testbed, namespace, "rel-operator", tmp_path / "operator.kubeconfig")))
+
+    def conditions() -> dict[str, dict[str, str]]:
+        status = testbed.get("mqc", "rel", namespace).get("status") or {}
+        return {c["type"]: c for c in status.get("conditions", [])}
+
+    with run_operator(namespace):
+        eventually(lambda: (s := testbed.find("statefulset", "rel", namespace)) and s[
+            "spec"]["replicas"] == replicas, what=f"StatefulSet of {replicas}")
+        capped = eventually(lambda: conditions().get("ReplicationCapped"))
+    assert capped["status"] == "True", capped
+    assert conditions()["Degraded"]["status"] == "False"
+    helm(testbed, "uninstall", "rel", "--namespace", namespace, "--wait")
 
 
 def test_install_upgrade_scales_uninstall_collects(

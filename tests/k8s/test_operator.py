@@ -237,27 +237,57 @@ def test_apply_creates_owned_children_status_events_and_metrics(
     assert "Handler 'on_change' succeeded" in runner.output
 
 
-def test_replication_factor_above_replicas_is_reported_naming_the_field(
+def conditions_of(testbed: Testbed, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status_of(testbed, namespace, name).get("conditions", [])}
+
+
+def test_spec_problems_are_reported_naming_the_field(
         testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
     with operator():
-        testbed.apply(cluster_manifest("small", replicas=2,
-                                       durableStorage={"replicationFactor": 3, "nShards": 4},
+        testbed.apply(cluster_manifest("odd", replicas=2, durableStorage={"nShards": 4},
                                        config={"node.site_id": "X"}), namespace)
-        status = eventually(lambda: status_of(testbed, namespace, "small").get("placement"))
-        degraded = {c["type"]: c for c in status_of(testbed, namespace, "small")["conditions"]}
-        testbed.kubectl("patch", "mqc", "small", "-n", namespace, "--type=merge",
+        degraded = eventually(lambda: conditions_of(testbed, namespace, "odd").get("Degraded"))
+        testbed.kubectl("patch", "mqc", "odd", "-n", namespace, "--type=merge",
                         "-p", '{"spec": {"durableStorage": {"nShards": 8}}}')
-        message = eventually(lambda: "nShards cannot change" in (m := {
-            c["type"]: c for c in status_of(testbed, namespace, "small")["conditions"]}[
-            "Degraded"]["message"]) and m)
-        config = testbed.get("configmap", "small-config", namespace)["data"]["broker.toml"]
-    assert degraded["Degraded"]["status"] == "True"
-    assert "spec.durableStorage.replicationFactor (3) exceeds" in degraded["Degraded"]["message"]
-    assert "spec.config.node.site_id is managed" in degraded["Degraded"]["message"]
-    assert all(len(members) == 2 for members in status["shards"].values())
+        message = eventually(lambda: "nShards cannot change" in (m := conditions_of(
+            testbed, namespace, "odd")["Degraded"]["message"]) and m)
+        config = testbed.get("configmap", "odd-config", namespace)["data"]["broker.toml"]
+    assert degraded["status"] == "True"
+    assert "spec.config.node.site_id is managed" in degraded["message"]
     assert "it stays 4" in message and "n_shards = 4" in config
-    assert len(status_of(testbed, namespace, "small")["placement"]["shards"]) == 4
-    assert "InvalidSpec" in event_reasons(testbed, namespace, "small")
+    assert len(status_of(testbed, namespace, "odd")["placement"]["shards"]) == 4
+    assert "InvalidSpec" in event_reasons(testbed, namespace, "odd")
+
+
+def test_replication_factor_above_replicas_is_capped_and_said(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    """One pod with the default factor 3 is a valid start, not a problem: each shard gets
+    the one replica there is room for, a condition says so, and scaling up to the factor
+    clears it."""
+    with operator():
+        testbed.apply(cluster_manifest("small", replicas=1, durableStorage={"nShards": 4}),
+                      namespace)
+        capped = eventually(lambda: conditions_of(testbed, namespace, "small").get(
+            "ReplicationCapped"))
+        status = status_of(testbed, namespace, "small")
+        degraded = conditions_of(testbed, namespace, "small")["Degraded"]
+        testbed.kubectl("patch", "mqc", "small", "-n", namespace, "--type=merge",
+                        "-p", '{"spec": {"replicas": 3}}')
+        full = eventually(lambda: (c := conditions_of(testbed, namespace, "small")[
+            "ReplicationCapped"])["status"] == "False" and c, what="factor applied")
+        shards = status_of(testbed, namespace, "small")["placement"]["shards"]
+        config = testbed.get("configmap", "small-config", namespace)["data"]["broker.toml"]
+    assert capped["status"] == "True" and capped["reason"] == "FewerSitesThanFactor"
+    assert "each shard keeps 1 replica(s) until there are 3" in capped["message"]
+    assert degraded["status"] == "False", degraded
+    assert status["phase"] != "Degraded"
+    assert all(len(members) == 1 for members in status["placement"]["shards"].values())
+    assert sts_replicas(testbed, namespace, "small") == 3
+    assert full["reason"] == "FactorApplied"
+    assert all(len(members) == 3 for members in shards.values())
+    assert "replication_factor = 3" in config
+    assert "ReplicationCapped" in event_reasons(testbed, namespace, "small")
+    assert "InvalidSpec" not in event_reasons(testbed, namespace, "small")
 
 
 def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(
