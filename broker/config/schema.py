@@ -145,6 +145,20 @@ SETTINGS: tuple[Setting, ...] = (
             "Time an HTTP connection may take to send a request's headers: the first from"
             " connecting, a later one from the previous response (keep-alive). 0: no bound on"
             " the first, no keep-alive."),
+    Setting("dashboard.default_username", "admin", parse_str,
+            "User name of the web dashboard at `/` (EMQX's key); an API key's name and secret"
+            " log in too, with the key's role."),
+    Setting("dashboard.default_password", "public", parse_str,
+            "Password of `default_username`. The default `public` is accepted only while the"
+            " HTTP listener binds loopback: on any other bind the dashboard refuses every"
+            " login but an API key's until another password is set."),
+    Setting("dashboard.default_password_file", "", parse_str,
+            "File holding the password (e.g. a mounted Kubernetes Secret), read at start-up"
+            " when set; it wins over `default_password`. A missing or empty file stops"
+            " start-up."),
+    Setting("dashboard.token_expired_time", "60m", parse_duration,
+            "Lifetime of a dashboard login: its token is refused once this has passed since"
+            " login (or after logout)."),
     Setting("api_key.bootstrap_file", "", parse_str,
             "EMQX's API key file: `KEY:SECRET` or `KEY:SECRET:ROLE` lines, role"
             " `administrator` (the default: anything) or `viewer` (GET only). Every"

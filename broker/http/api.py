@@ -40,7 +40,9 @@ def client_view(node: Node, session: Session) -> dict[str, Any]:
     }
 
 
-def _page(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
+def _page(request: web.Request, items: list[dict[str, Any]],
+          finish: Callable[[list[dict[str, Any]]], None] | None = None) -> web.Response:
+    """`finish` completes the page's items only (what is costly to work out for all)."""
     try:
         page = max(1, int(request.query.get("page", "1")))
         limit = max(1, min(10_000, int(request.query.get("limit", "100"))))
@@ -49,8 +51,11 @@ def _page(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
             {"code": "BAD_REQUEST", "message": "page and limit must be integers"}, status=400
         )
     start = (page - 1) * limit
+    data = items[start:start + limit]
+    if finish is not None:
+        finish(data)
     return web.json_response({
-        "data": items[start:start + limit],
+        "data": data,
         "meta": {"page": page, "limit": limit, "count": len(items)},
     })
 
@@ -177,7 +182,16 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     app = web.Application()
     app[NODE_KEY] = node
     app[REGISTRY_KEY] = registry
-    install_auth(app, node.config, registry)  # also guards the routes added after this
+    # The modules of the dashboard's endpoints use this one's keys and helpers.
+    from broker.http.clients_admin import add_client_admin_routes
+    from broker.http.dashboard import add_dashboard_routes
+    from broker.http.dashboard.login import Logins
+    from broker.http.monitor_api import add_monitor_routes
+    from broker.http.retainer_api import add_retainer_routes
+
+    logins = Logins(node.config)
+    # Also guards the routes added after this.
+    logins.keys = install_auth(app, node.config, registry, logins)
     app.router.add_get("/status", status)
     app.router.add_get("/api/v5/status", status)
     app.router.add_get("/api/v5/ready", ready)
@@ -188,4 +202,8 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     app.router.add_post("/api/v5/ds/storages/{db}/generations", ds_seal)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v5/prometheus/stats", metrics)
+    add_dashboard_routes(app, logins)
+    add_client_admin_routes(app)
+    add_retainer_routes(app)
+    add_monitor_routes(app)
     return app

@@ -23,6 +23,11 @@ Open whatever the keys: `/status`, `/api/v5/status` and `/api/v5/ready`, because
 probes cannot send credentials and these tell only that the node runs and whether it has
 joined; `/metrics` (and `/api/v5/prometheus/stats`) unless `prometheus.enable_basic_auth`.
 
+The web dashboard's logins (broker/http/dashboard/) pass the same check: a token sent as
+`Authorization: Bearer TOKEN` carries its login's role, so a viewer key logged in to the
+dashboard can read but not kick; an expired or logged-out token is 401. The dashboard's
+page, assets and login endpoint are open, its data comes from the endpoints guarded here.
+
 Kubernetes' API server removes the `Authorization` header from a request it proxies to a
 pod (it was the API server's own credential), so the key is also accepted as
 `X-Api-Key: KEY:SECRET`: that is how `kubectl mqtt` reaches a broker through the pod proxy.
@@ -38,7 +43,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
@@ -65,6 +70,24 @@ _CHALLENGE: Final = 'Basic realm="broker", charset="UTF-8"'
 class ApiKeyFileError(SecurityFileError):
     """A bootstrap file that cannot be used; `broker run` reports it like the other security
     files and does not start."""
+
+
+class Logins(Protocol):
+    """The dashboard's logins (broker/http/dashboard/login.py), asked here so a token passes
+    the same role check as a key."""
+
+    def public(self, path: str) -> bool:
+        """The login page and its assets: served to anyone."""
+        ...
+
+    def role(self, token: str) -> str | None:
+        """The role of a live token; None once expired or logged out."""
+        ...
+
+
+def bearer_token(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,20 +191,28 @@ class ApiKeys:
         self.failures[reason] = self.failures.get(reason, 0) + 1
         return _refusal(status, code, message)
 
-    def middleware(self, metrics_need_key: bool) -> Middleware:
+    def middleware(self, metrics_need_key: bool, logins: Logins) -> Middleware:
         @web.middleware
         async def require_key(request: web.Request, handler: Handler) -> web.StreamResponse:
             path = request.path
-            if path in OPEN_PATHS or (path in METRICS_PATHS and not metrics_need_key):
+            if (path in OPEN_PATHS or logins.public(path)
+                    or (path in METRICS_PATHS and not metrics_need_key)):
                 return await handler(request)
+            token = bearer_token(request)
             given = credentials(request)
-            if given is None:
+            if token is not None:
+                role = logins.role(token)
+                if role is None:
+                    return self._refuse("token_expired", 401, "TOKEN_TIME_OUT",
+                                        "the dashboard login expired or was logged out")
+            elif given is None:
                 return self._refuse("missing", 401, "BAD_API_KEY_OR_SECRET",
                                     "an API key is required (HTTP Basic: KEY:SECRET)")
-            role = self.role(*given)
-            if role is None:
-                return self._refuse("rejected", 401, "BAD_API_KEY_OR_SECRET",
-                                    "Check api_key/api_secret")
+            else:
+                role = self.role(*given)
+                if role is None:
+                    return self._refuse("rejected", 401, "BAD_API_KEY_OR_SECRET",
+                                        "Check api_key/api_secret")
             if role != ADMINISTRATOR and request.method not in _READ_METHODS:
                 return self._refuse("forbidden", 403, "FORBIDDEN",
                                     f"a {role} key may only read (GET)")
@@ -191,12 +222,13 @@ class ApiKeys:
 
     def metrics(self) -> list[Sample]:
         return [("mqtt_http_auth_failures_total", "counter",
-                 "HTTP API requests refused: no key (missing), a wrong one (rejected), or a"
-                 " viewer's change (forbidden)", {"reason": reason}, float(count))
+                 "HTTP API requests refused: no key (missing), a wrong one (rejected), a"
+                 " dashboard token expired or logged out (token_expired), or a viewer's"
+                 " change (forbidden)", {"reason": reason}, float(count))
                 for reason, count in self.failures.items()]
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -226,7 +258,7 @@ def load_api_keys(config: Config) -> ApiKeys | None:
     if configured:
         return ApiKeys(Path(configured))
     host = config["dashboard.listeners.http.bind"][0]
-    if _loopback(host):
+    if loopback(host):
         log.warning("the HTTP API is open to every local process (%s, no"
                     " api_key.bootstrap_file)%s", host,
                     ": /metrics too, whatever prometheus.enable_basic_auth"
@@ -240,10 +272,13 @@ def load_api_keys(config: Config) -> ApiKeys | None:
     return ApiKeys(path)
 
 
-def install(app: web.Application, config: Config, registry: CollectorRegistry) -> None:
-    """Puts the key check in front of every route of `app`, unless the API stays open."""
+def install(app: web.Application, config: Config, registry: CollectorRegistry,
+            logins: Logins) -> ApiKeys | None:
+    """Puts the key check in front of every route of `app`, unless the API stays open;
+    returns the keys in force (they log in to the dashboard too)."""
     keys = load_api_keys(config)
     if keys is None:
-        return
-    app.middlewares.append(keys.middleware(config["prometheus.enable_basic_auth"]))
+        return None
+    app.middlewares.append(keys.middleware(config["prometheus.enable_basic_auth"], logins))
     add_samples(registry, keys.metrics)
+    return keys
