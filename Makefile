@@ -9,7 +9,7 @@ APT_PACKAGES := mosquitto mosquitto-clients openssl gcc libc6-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
-.PHONY: install native run test lint bench image clean k8s-testbed simulate fuzz chaos
+.PHONY: install native run test lint bench image clean k8s-testbed simulate fuzz chaos lock
 
 install: $(STAMP) $(APT_STAMP) native
 
@@ -17,11 +17,27 @@ install: $(STAMP) $(APT_STAMP) native
 native: $(STAMP) $(APT_STAMP)
 	$(PY) tools/build_native.py
 
-$(STAMP): pyproject.toml
+# What `make install` installs is requirements.lock: every package the project and its
+# extras need, each at one version with its hashes (pip refuses any other file), so a machine
+# set up next year gets what the tests passed with. pyproject.toml keeps the ranges the code
+# supports. To move to newer versions within them: `make lock` (pip-compile in a venv of its
+# own; --upgrade), then `make test`, then commit pyproject.toml and requirements.lock together.
+# A new dependency goes into pyproject.toml first, then `make lock`.
+LOCK := requirements.lock
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,spark,native,fuzz]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
+
+LOCK_TOOLS := $(VENV)/lock-tools
+lock:
+	$(PYTHON) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install --quiet pip-tools
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_TOOLS)/bin/pip-compile --quiet --upgrade \
+		--generate-hashes --allow-unsafe --all-build-deps --strip-extras \
+		--no-emit-index-url --no-emit-find-links --extra test,spark,native,fuzz \
+		-o $(LOCK) pyproject.toml
 
 # Debian packages the tests and benchmarks drive: mosquitto_pub/sub, the mosquitto peer,
 # openssl for the TLS test's throwaway certificate, and a Java runtime for PySpark; a C
