@@ -128,11 +128,16 @@ class Node:
                               replaced: bool) -> None:
         """Replicated storage: writes to the `sessions` database, from any node, applied
         here. Subscriptions of durable sessions become this node's durable filters, so a
-        message published here is stored when any node's durable session wants it."""
+        message published here is stored when any node's durable session wants it. A
+        session held here that another node claimed leaves."""
         if replaced:
             self.durable_filters = TopicTrie()
+        site = self.durable.store.site if self.durable is not None else ""
         for key, value in writes:
             kind, client_id = records.split_key(key)
+            if kind == b"m" and value is not None and client_id in self.sessions.sessions \
+                    and records.Meta.from_bytes(value).site != site:
+                self.sessions.claimed_elsewhere(client_id)
             if kind != b"s":
                 continue
             topic_filter = key[len(records.prefix(b"s", client_id)):].decode()

@@ -32,7 +32,7 @@ from broker.cluster.proposer import CommitTimeout
 from broker.config.loader import Config
 from broker.ds import DurableStorage
 from broker.ds import replication_layer as cmd
-from broker.ds.replication_shard import KVMachine, ShardMachine
+from broker.ds.replication_shard import Admit, KVMachine, ShardMachine
 from broker.ds.shard import now_us
 from broker.ds.ttv import TTV
 from broker.raft.core import LEADER, ROLE_NAMES
@@ -52,7 +52,8 @@ def shard_group(shard: int) -> int:
 
 class DsGroups:
     def __init__(self, config: Config, ds: DurableStorage, metadata: MetadataGroup,
-                 on_session_writes: Callable[[list[cmd.KVWrite], bool], None]) -> None:
+                 on_session_writes: Callable[[list[cmd.KVWrite], bool], None],
+                 admit: Admit) -> None:
         self._ds = ds
         self._metadata = metadata
         self.me = metadata.me
@@ -61,7 +62,7 @@ class DsGroups:
         self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
         self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
         self.machines: dict[int, Machine] = {
-            SESSIONS_GROUP: KVMachine(ds.sessions, on_session_writes)}
+            SESSIONS_GROUP: KVMachine(ds.sessions, on_session_writes, admit)}
         for shard in ds.messages.shards:
             self.machines[shard_group(shard.index)] = ShardMachine(
                 ds.messages, shard.index, ds.messages.reopen_shard)
@@ -137,7 +138,7 @@ class DsGroups:
         await self._commit(shard_group(shard), cmd.encode_drop(cutoff))
 
     async def _store_sessions(self, writes: list[cmd.KVWrite]) -> None:
-        await self._commit(SESSIONS_GROUP, cmd.encode_kv(writes))
+        await self._commit(SESSIONS_GROUP, cmd.encode_kv(self.me, writes))
 
     async def _commit(self, group: int, data: bytes,
                       proposing: Callable[[], None] | None = None) -> None:
@@ -152,16 +153,19 @@ class DsGroups:
                 f"{self._name(group)}: not committed within {self._timeout:g} s (no leader"
                 " reachable: this node is on a minority's side?)") from None
 
-    async def sync_sessions(self) -> bool:
-        """True once this node's replica of `sessions` holds everything committed before
-        the call (an empty command committed through the log and applied here); False
-        after the commit timeout (the local replica may be behind)."""
+    async def sync(self) -> bool:
+        """True once this node's replicas hold everything committed before the call, in
+        `sessions` and in every shard (a barrier committed through each group's log and
+        applied here), so a session that moves here finds its state and the messages its
+        in-flight window names; False after the commit timeout (a replica may be behind:
+        this node is cut off from a majority)."""
         try:
             async with asyncio.timeout(self._timeout):
-                await self._metadata.commit(SESSIONS_GROUP, cmd.encode_kv([]))
+                await asyncio.gather(*(self._metadata.commit(group, cmd.BARRIER_COMMAND)
+                                       for group in self.machines))
         except TimeoutError:
-            log.warning("sessions: nothing committed within %g s; the local replica may be"
-                        " behind", self._timeout)
+            log.warning("Durable Storage: a barrier not committed within %g s; this node's"
+                        " replicas may be behind", self._timeout)
             return False
         return True
 

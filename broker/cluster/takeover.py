@@ -110,12 +110,11 @@ class Takeover:
         rpc.register("client.connected", self._converge)
         cluster.on_peer_up(self._peer_up)
 
-    def needed(self, client_id: str, want_session: bool) -> bool:
-        """A claim round only when another node could hold the ID, or its durable session
-        is in the replicated storage and not in this node's memory."""
-        return bool(self._cluster.links) or (
-            self.replicated is not None and want_session
-            and client_id not in self._node.sessions.sessions)
+    def needed(self) -> bool:
+        """A claim round only when another node could hold the ID, or, with replicated
+        storage, its durable session may be in the replicas (with any node's claim on it:
+        even a session in this node's memory waits for this node's replica to catch up)."""
+        return bool(self._cluster.links) or self.replicated is not None
 
     def stamp(self) -> Stamp:
         self._clock = max(time.time_ns(), self._clock + 1)
@@ -163,22 +162,28 @@ class Takeover:
             return outcome
         if subscriptions is not None:
             outcome.session = await self._move_in(client_id, holder, subscriptions)
-        elif self.replicated is not None and want_session:
-            await self._resume(client_id)
+        elif self.replicated is not None and not await self._resume(client_id, want_session):
+            outcome.refuse = ReasonCode.SERVER_UNAVAILABLE
+            return outcome
         if claim.superseded:  # a newer CONNECT of the ID came while we moved it
             self.stats.lost_race += 1
             outcome.refuse = ReasonCode.SERVER_BUSY
         return outcome
 
-    async def _resume(self, client_id: str) -> None:
-        """Replicated storage: the ID's durable session, if another node stored one."""
-        if client_id in self._node.sessions.sessions:
-            return
+    async def _resume(self, client_id: str, want_session: bool) -> bool:
+        """Replicated storage: once this node's replicas caught up, the ID's durable session
+        is here, claimed from the node that stored it if need be (also for a Clean Start,
+        which then ends it: this node must own it to delete it). When this node cannot catch
+        up (cut off from a majority), a client that wants its session is refused (False): it
+        had better go to another node than get a state this node may have missed changes
+        of; a Clean Start goes on (a session stored elsewhere stays there)."""
         assert self.replicated is not None
-        await self.replicated.sync_sessions()
+        if not await self.replicated.sync():
+            return not want_session
         if client_id not in self._node.sessions.sessions and \
                 self._node.load_durable_session(client_id):
             self.stats.resumed += 1
+        return True
 
     async def _move_in(self, client_id: str, holder: str, subscriptions: Any) -> Session | None:
         try:

@@ -10,14 +10,18 @@ replicas hold the same keys without the leader shipping cooked batches:
                                            messages of one shard, from one writer
     ROTATE   := clock:u64                  seal the current generation if it holds data
     DROP     := cutoff:u64                 drop sealed generations that ended before cutoff
-    KV       := count:u32  (klen:u32 key  vlen:i32 value)*       sessions writes (vlen -1:
-                                                                delete)
+    KV       := wlen:u16 writer  count:u32  (klen:u32 key  vlen:i32 value)*
+                                           sessions writes (vlen -1: delete), from one writer
+    BARRIER  := (nothing)                  changes nothing: once it is applied here, so is
+                                           everything committed before it was proposed
 
 `clock` is the proposing node's clock (microseconds): the cooker's "now". `writer` (a site)
 numbers its STOREs per shard (`serial`); a replica skips a STORE whose serial it applied
 already: a writer that lost the answer to a forwarded command retries it, and the log may
 then hold it twice (Raft's client sessions, dissertation section 6.3). TTV values are
-ttv.py's format with timestamp 0 (the cooker assigns it). A command that cannot be decoded
+ttv.py's format with timestamp 0 (the cooker assigns it). The sessions database admits a
+KV command's writes by their `writer` (a node may change only the sessions it owns: see
+broker/session/durable/ownership.py). A command that cannot be decoded
 is skipped by every replica alike (BadCommand), so the replicas stay the same.
 """
 
@@ -31,11 +35,14 @@ STORE: Final = 1
 ROTATE: Final = 2
 DROP: Final = 3
 KV: Final = 4
+BARRIER: Final = 5
+BARRIER_COMMAND: Final = bytes((BARRIER,))
 
 _U32: Final = struct.Struct(">I")
 _I32: Final = struct.Struct(">i")
 _KIND_U64: Final = struct.Struct(">BQ")
 _STORE_HEAD: Final = struct.Struct(">BQQH")
+_KV_HEAD: Final = struct.Struct(">BH")
 
 KVWrite = tuple[bytes, bytes | None]  # None deletes
 
@@ -69,8 +76,9 @@ def encode_drop(cutoff: int) -> bytes:
     return _KIND_U64.pack(DROP, cutoff)
 
 
-def encode_kv(writes: Sequence[KVWrite]) -> bytes:
-    parts = [bytes((KV,)), _U32.pack(len(writes))]
+def encode_kv(writer: str, writes: Sequence[KVWrite]) -> bytes:
+    name = writer.encode()
+    parts = [_KV_HEAD.pack(KV, len(name)), name, _U32.pack(len(writes))]
     for key, value in writes:
         parts += (_U32.pack(len(key)), key)
         if value is None:
@@ -78,6 +86,10 @@ def encode_kv(writes: Sequence[KVWrite]) -> bytes:
         else:
             parts += (_I32.pack(len(value)), value)
     return b"".join(parts)
+
+
+def is_barrier(data: bytes) -> bool:
+    return data == BARRIER_COMMAND
 
 
 def kind_of(data: bytes) -> int:
@@ -119,10 +131,14 @@ def decode_store(data: bytes, messages: list[TTV] | None = None) -> Store:
     return Store(clock, writer, serial, messages)
 
 
-def decode_kv(data: bytes) -> list[KVWrite]:
+def decode_kv(data: bytes) -> tuple[str, list[KVWrite]]:
+    """The writer and its writes."""
     try:
-        (count,) = _U32.unpack_from(data, 1)
-        offset = 5
+        _, wlen = _KV_HEAD.unpack_from(data)
+        offset = _KV_HEAD.size + wlen
+        writer = data[_KV_HEAD.size:offset].decode()
+        (count,) = _U32.unpack_from(data, offset)
+        offset += 4
         writes: list[KVWrite] = []
         for _ in range(count):
             (klen,) = _U32.unpack_from(data, offset)
@@ -137,6 +153,8 @@ def decode_kv(data: bytes) -> list[KVWrite]:
             if offset > len(data) or len(key) != klen:
                 raise BadCommand("write past the end of the command")
             writes.append((key, value))
-    except struct.error as error:
+    except (struct.error, UnicodeDecodeError) as error:
         raise BadCommand(f"KV command: {error}") from None
-    return writes
+    if offset != len(data):
+        raise BadCommand("bytes after the last write of a KV command")
+    return writer, writes

@@ -92,7 +92,7 @@ class _Machine:
         self._proposed = (data, messages)
 
     def apply(self, entry: Entry) -> None:
-        if entry.kind == NORMAL:
+        if entry.kind == NORMAL and not cmd.is_barrier(entry.data):
             self.unflushed_bytes += len(entry.data)
             try:
                 self._apply(entry)
@@ -248,14 +248,23 @@ class ShardMachine(_Machine):
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
 
 
+Admit = Callable[[str, list[cmd.KVWrite], Callable[[bytes], bytes | None]],
+                 list[cmd.KVWrite]]
+
+
 class KVMachine(_Machine):
     """The sessions database; `on_writes` hears every applied write (durable routes), with
-    True when a snapshot replaced everything."""
+    True when a snapshot replaced everything. `admit` picks, from a command's writes, those
+    its writer may make given the replica's state (the database knows no owners: sessions
+    do), so every replica drops the same ones."""
 
     def __init__(self, kv: KVStore,
-                 on_writes: Callable[[list[cmd.KVWrite], bool], None] | None = None) -> None:
+                 on_writes: Callable[[list[cmd.KVWrite], bool], None] | None = None,
+                 admit: Admit | None = None) -> None:
         self.kv = kv
         self.on_writes = on_writes
+        self.admit = admit
+        self.refused_writes = 0
         raw = kv.raw_get(APPLIED_KEY)
         super().__init__(_APPLIED.unpack(raw) if raw else (0, 0))
 
@@ -266,7 +275,11 @@ class KVMachine(_Machine):
         data = entry.data
         if cmd.kind_of(data) != cmd.KV:
             raise cmd.BadCommand(f"command kind {data[0]} in the sessions database")
-        writes = cmd.decode_kv(data)
+        writer, writes = cmd.decode_kv(data)
+        if self.admit is not None:
+            admitted = self.admit(writer, writes, self.kv.raw_get)
+            self.refused_writes += len(writes) - len(admitted)
+            writes = admitted
         self.kv.apply(writes, (APPLIED_KEY, _APPLIED.pack(entry.index, entry.term)))
         if self.on_writes is not None:
             self.on_writes(writes, False)

@@ -36,6 +36,7 @@ from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
 from broker.server.tls import reload_certificate, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
+from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
 from broker.sys_topics import SysTopics, remove_client_written
 
@@ -64,7 +65,7 @@ class BrokerApp:
                 raise ValueError("durable_storage.messages.backend = builtin_raft needs"
                                  " retainer.enable = true (the metadata Raft group)")
             self.ds_groups = DsGroups(config, self.node.ds, self.metadata,
-                                      self.node.durable_state_applied)
+                                      self.node.durable_state_applied, ownership.admitted)
             self.node.replicated_ds = True
             self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []
@@ -164,9 +165,9 @@ class BrokerApp:
 
     async def _restore_replicated(self) -> None:
         """Replicated storage: this node's durable sessions come back once its replica of
-        `sessions` holds everything committed (one of them may have moved meanwhile)."""
+        replicas hold everything committed (one of them may have moved meanwhile)."""
         assert self.ds_groups is not None
-        while not await self.ds_groups.sync_sessions():
+        while not await self.ds_groups.sync():
             pass
         restored = self.node.restore_durable_sessions()
         log.info("restored %d durable sessions from the replicated storage", restored)

@@ -99,6 +99,7 @@ class SessionManager:
         session.restore_subscriptions(stored)
         session.loaded = False
         session.protocol = meta.protocol
+        session.epoch = meta.epoch
         session.disconnected_at = lost_at if meta.connected or meta.disconnected_at is None \
             else meta.disconnected_at
         self.sessions[session.client_id] = session
@@ -106,13 +107,31 @@ class SessionManager:
 
     def load(self, client_id: str) -> DurableSession | None:
         """A durable session another node owned (replicated storage: it moves here with
-        its client, that node being gone or having released it), from this node's replica.
-        Its will was that node's to publish."""
+        its client, that node being gone or having released it), from this node's replica,
+        claimed: the meta names this node with the next epoch, so the replicas refuse what
+        the node that held it may still write (ownership.py). Its will was that node's to
+        publish."""
         assert self._durable is not None
         stored = self._durable.store.load(client_id, subscriptions=True)
         if stored is None:
             return None
-        return self._stored(stored, time.time())
+        session = self._stored(stored, time.time())
+        session.epoch = stored.meta.epoch + 1
+        self._save_meta(session, session.protocol, False, None)
+        return session
+
+    def claimed_elsewhere(self, client_id: str) -> None:
+        """Another node's claim of a session held here was applied (this node was frozen or
+        cut off while its client moved): the session and its connection, if any, go; what
+        they would still write the replicas refuse."""
+        session = self.sessions.get(client_id)
+        if not isinstance(session, DurableSession):
+            return
+        log.warning("durable session %s was claimed by another node: ending it here",
+                    client_id)
+        if session.connection is not None:
+            session.connection.take_over(ReasonCode.SESSION_TAKEN_OVER)
+        self.release(session)
 
     def release(self, session: Session) -> None:
         """The durable session resumes on another node (replicated storage): it leaves
@@ -195,7 +214,7 @@ class SessionManager:
         session.protocol = version
         meta = records.Meta(session.expiry_interval, version, connected,
                             None if connected else time.time(), will,
-                            self._durable.store.site)
+                            self._durable.store.site, session.epoch)
         self._durable.store.write_soon([(records.meta_key(session.client_id), meta.to_bytes())])
 
     def collect_garbage(self, now: float | None = None) -> int:

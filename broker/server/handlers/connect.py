@@ -89,7 +89,7 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
         certified = certificate_user(conn.transport, identity)
         if certified is not None:  # the verified certificate is the credential
             conn.username, authenticate = certified, False
-    claim = takeover is not None and takeover.needed(client_id, not packet.clean_start)
+    claim = takeover is not None and takeover.needed()
     if authenticate or claim:
         # A password to check off the loop, or other nodes that may hold the ID: the client's
         # next packets wait, in order, for the CONNACK (`hold_input`).

@@ -5,7 +5,8 @@ transactions of one session never conflict with each other:
 
     h\\0<site>                               a node's heartbeat (wall clock seconds)
     m\\0<client id>                          meta: expiry, protocol, connection state, will,
-                                            the site of the node that owns it
+                                            the site of the node that owns it and its
+                                            ownership epoch (ownership.py)
     s\\0<client id>\\0<filter>                a subscription: options and start time
     p\\0<client id>\\0<filter>\\0<stream>      read position in a stream (or "done")
     b\\0<client id>\\0<seqno>                 a batch sent but not fully acknowledged
@@ -141,13 +142,14 @@ class Meta:
     disconnected_at: float | None  # wall clock, seconds
     will: Will | None = None
     site: str = ""  # the node that owns the session: it alone restores it at start-up
+    epoch: int = 0  # grows each time the session moves to another node (ownership.py)
 
     def to_bytes(self) -> bytes:
         return dumps({
             "expiry": self.expiry_interval, "proto": self.protocol, "connected": self.connected,
             "disconnected_at": self.disconnected_at,
             "will": will_to_json(self.will) if self.will is not None else None,
-            "site": self.site,
+            "site": self.site, "epoch": self.epoch,
         })
 
     @classmethod
@@ -156,7 +158,7 @@ class Meta:
         will = value.get("will")
         return cls(value["expiry"], value["proto"], value["connected"],
                    value["disconnected_at"], will_from_json(will) if will else None,
-                   value.get("site", ""))
+                   value.get("site", ""), value.get("epoch", 0))
 
 
 def will_to_json(will: Will) -> dict[str, Any]:

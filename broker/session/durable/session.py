@@ -106,6 +106,7 @@ class DurableSession(Session):
         self.loaded = True
         self.protocol = 4  # MQTT version of the last connection, kept with the state
         self.disconnected_at: float | None = None
+        self.epoch = 0  # ownership epoch of this node's hold on the session (ownership.py)
 
     # ---- state from the store ----------------------------------------------------------
     def restore_subscriptions(self, stored: StoredSession) -> None:

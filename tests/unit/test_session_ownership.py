@@ -1,0 +1,95 @@
+"""Fencing of durable sessions in the replicated `sessions` database: a node that lost a
+session to another node's claim can no longer change it, whatever it still writes."""
+
+import pytest
+
+from broker.ds import replication_layer as cmd
+from broker.session.durable import records as r
+from broker.session.durable.ownership import admitted
+
+Store = dict[bytes, bytes]
+
+
+def meta(site: str, epoch: int, connected: bool = False) -> bytes:
+    return r.Meta(60, 5, connected, None, None, site, epoch).to_bytes()
+
+
+def apply(store: Store, writer: str, writes: list[tuple[bytes, bytes | None]]) -> list[bytes]:
+    """What a replica does with one KV command; returns the admitted keys."""
+    _, decoded = cmd.decode_kv(cmd.encode_kv(writer, writes))
+    kept = admitted(writer, decoded, store.get)
+    for key, value in kept:
+        if value is None:
+            store.pop(key, None)
+        else:
+            store[key] = value
+    return [key for key, _ in kept]
+
+
+POSITION = r.position_key("c", "t/#", r.Stream("messages", 0, 1, 2))
+
+
+def test_the_owner_changes_its_session() -> None:
+    store: Store = {}
+    assert apply(store, "A", [(r.meta_key("c"), meta("A", 0)), (POSITION, b"1")]) == [
+        r.meta_key("c"), POSITION]
+    assert apply(store, "A", [(POSITION, b"2")]) == [POSITION]
+    assert store[POSITION] == b"2"
+
+
+def test_a_claim_fences_off_the_previous_owner() -> None:
+    store: Store = {r.meta_key("c"): meta("A", 3), POSITION: b"5"}
+    assert apply(store, "B", [(r.meta_key("c"), meta("B", 4))]) == [r.meta_key("c")]
+    # A, frozen while the client moved, wakes and writes what it had: all refused.
+    assert apply(store, "A", [(POSITION, b"1"), (r.meta_key("c"), meta("A", 3))]) == []
+    assert apply(store, "A", [(r.meta_key("c"), None)]) == []
+    assert r.Meta.from_bytes(store[r.meta_key("c")]).site == "B"
+    assert store[POSITION] == b"5"
+    assert apply(store, "B", [(POSITION, b"9")]) == [POSITION]
+
+
+def test_of_two_claims_with_one_epoch_the_first_applied_wins() -> None:
+    store: Store = {r.meta_key("c"): meta("A", 1)}
+    assert apply(store, "B", [(r.meta_key("c"), meta("B", 2)), (POSITION, b"b")]) != []
+    assert apply(store, "C", [(r.meta_key("c"), meta("C", 2)), (POSITION, b"c")]) == []
+    assert store[POSITION] == b"b"
+
+
+def test_an_owner_of_an_older_epoch_is_refused_even_on_the_same_node() -> None:
+    store: Store = {r.meta_key("c"): meta("A", 5)}
+    assert apply(store, "A", [(r.meta_key("c"), meta("A", 4))]) == []
+
+
+def test_the_owner_deletes_its_session_in_one_command() -> None:
+    store: Store = {r.meta_key("c"): meta("A", 1), POSITION: b"1"}
+    assert sorted(apply(store, "A", [(r.meta_key("c"), None), (POSITION, None)])) == sorted(
+        [r.meta_key("c"), POSITION])
+    assert store == {}
+
+
+def test_state_of_a_session_with_no_meta_is_refused() -> None:
+    """Left by a node fenced off after the session ended: it would be read back as the
+    in-flight state of the next session of that client ID."""
+    assert apply({}, "A", [(POSITION, b"1")]) == []
+
+
+@pytest.mark.parametrize("key", [r.heartbeat_key("A"), r.LEGACY_HEARTBEAT_KEY])
+def test_keys_of_no_session_are_admitted(key: bytes) -> None:
+    assert apply({}, "A", [(key, b"1.0")]) == [key]
+
+
+def test_a_session_from_before_replication_belongs_to_its_writer() -> None:
+    store: Store = {r.meta_key("c"): meta("", 0)}
+    assert apply(store, "A", [(POSITION, b"1"), (r.meta_key("c"), meta("A", 0))]) == [
+        POSITION, r.meta_key("c")]
+
+
+def test_barrier_and_kv_commands_round_trip() -> None:
+    assert cmd.is_barrier(cmd.BARRIER_COMMAND)
+    assert not cmd.is_barrier(cmd.encode_kv("A", []))
+    assert cmd.decode_kv(cmd.encode_kv("site-é", [(b"k", None), (b"l", b"v")])) == (
+        "site-é", [(b"k", None), (b"l", b"v")])
+    data = cmd.encode_kv("A", [(b"k", b"v")])
+    for bad in (data[:-1], data + b"\x00", data[:2] + b"\xff" + data[3:]):
+        with pytest.raises(cmd.BadCommand):
+            cmd.decode_kv(bad)
