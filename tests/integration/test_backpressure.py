@@ -12,15 +12,14 @@ import pytest
 
 from broker.mqtt.codec import Decoder, encode
 from broker.mqtt.packets import Disconnect, Puback, Publish
-from tests.integration.clients import (
+from tests.integration.clients import unique, wait_until
+from tests.support.raw_mqtt import (
     PINGREQ,
     PINGRESP,
     raw_connect,
     raw_subscribe,
     read_until_closed,
     recv_packet,
-    unique,
-    wait_until,
 )
 
 pytestmark = pytest.mark.integration

@@ -24,19 +24,10 @@ from paho.mqtt.packettypes import PacketTypes
 from broker.mqtt.codec import encode
 from broker.mqtt.constants import PropertyId
 from broker.mqtt.packets import Connect, Publish, Subscribe, Subscription
-from tests.integration.clients import (
-    PINGREQ,
-    PINGRESP,
-    PahoClient,
-    payloads,
-    props,
-    raw_connect,
-    recv_packet,
-    unique,
-    wait_until,
-)
+from tests.integration.clients import PahoClient, payloads, props, unique, wait_until
 from tests.protocol.test_tls import self_signed
 from tests.support.broker_process import BrokerProcess
+from tests.support.raw_mqtt import PINGREQ, PINGRESP, raw_connect, recv_packet
 
 pytestmark = pytest.mark.integration
 

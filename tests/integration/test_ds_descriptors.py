@@ -12,8 +12,9 @@ import urllib.request
 
 import pytest
 
-from tests.integration.clients import HOST, TIMEOUT, scrape_metrics, unique, wait_offline
+from tests.integration.clients import scrape_metrics, unique, wait_offline
 from tests.support.broker_process import BrokerProcess
+from tests.support.raw_mqtt import HOST, TIMEOUT
 
 pytestmark = pytest.mark.integration
 

@@ -10,15 +10,8 @@ import time
 
 import pytest
 
-from tests.integration.clients import (
-    KEEP_ALIVE_TIMEOUT,
-    PINGREQ,
-    PINGRESP,
-    raw_connect,
-    read_until_closed,
-    recv_packet,
-    unique,
-)
+from tests.integration.clients import KEEP_ALIVE_TIMEOUT, unique
+from tests.support.raw_mqtt import PINGREQ, PINGRESP, raw_connect, read_until_closed, recv_packet
 
 pytestmark = pytest.mark.integration
 

@@ -14,22 +14,18 @@ from tests.integration.clients import (
     NO_MATCHING_SUBSCRIBERS,
     NO_SUBSCRIPTION_EXISTED,
     PAYLOAD_FORMAT_INVALID,
-    PINGREQ,
-    PINGRESP,
     SUCCESS,
     TOPIC_FILTER_INVALID,
     api_client,
     payloads,
     publish_props,
-    raw_connect,
-    raw_subscribe,
-    recv_packet,
     scrape_metrics,
     unique,
     wait_offline,
     wait_until,
 )
 from tests.support.broker_process import BrokerProcess
+from tests.support.raw_mqtt import PINGREQ, PINGRESP, raw_connect, raw_subscribe, recv_packet
 
 pytestmark = pytest.mark.integration
 

@@ -14,14 +14,8 @@ import time
 import h11
 import pytest
 
-from tests.integration.clients import (
-    HOST,
-    KEEP_ALIVE_TIMEOUT,
-    raw_connect,
-    read_until_closed,
-    scrape_metrics,
-    unique,
-)
+from tests.integration.clients import KEEP_ALIVE_TIMEOUT, scrape_metrics, unique
+from tests.support.raw_mqtt import HOST, raw_connect, read_until_closed
 
 pytestmark = pytest.mark.integration
 

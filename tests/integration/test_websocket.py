@@ -9,7 +9,8 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, CloseConnection
 from wsproto.events import Request as WsRequest
 
-from tests.integration.clients import BOTH, PahoClient, raw_connect_packet, unique
+from tests.integration.clients import BOTH, PahoClient, unique
+from tests.support.raw_mqtt import raw_connect_packet
 
 pytestmark = pytest.mark.integration
 
