@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import procstat, wire
 
@@ -357,7 +358,8 @@ LOOPBACK_DIST = "-kernel inet_dist_use_interface {127,0,0,1}"
 """Erlang distribution listens on every address unless told otherwise."""
 
 
-def _http_json(port: int, path: str) -> dict[str, object]:
+def http_json(port: int, path: str) -> dict[str, Any]:
+    """A JSON object from ours' HTTP API on loopback (an empty one for any other JSON)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
         body = json.loads(response.read())
     return body if isinstance(body, dict) else {}
@@ -377,10 +379,11 @@ def _until(ready: Callable[[], bool], members: list[Running], what: str,
 
 
 def _ours_cluster(tmp: Path, nodes: int, members: list[Running],
-                  helpers: list[subprocess.Popen[bytes]]) -> None:
+                  helpers: list[subprocess.Popen[bytes]], settings: dict[str, str]) -> None:
     """Ours as in tests/cluster: static seeds naming every node, a fresh cookie per run, the
     inter-node listener on loopback; ready once every node has a link to each other one
-    (its readiness probe alone also turns 200 when it gave up on a seed)."""
+    (its readiness probe alone also turns 200 when it gave up on a seed). `settings` go on
+    top (replication_bench.py: the replicated backend)."""
     rpc_ports = [free_port() for _ in range(nodes)]
     names = [f"bench{i + 1}@127.0.0.1" for i in range(nodes)]
     seeds = ",".join(f"{n}:{p}" for n, p in zip(names, rpc_ports, strict=True))
@@ -391,7 +394,7 @@ def _ours_cluster(tmp: Path, nodes: int, members: list[Running],
         launch = _ours(node_tmp, {
             "node.name": name, "node.cookie": cookie, "rpc.listen_address": "127.0.0.1",
             "rpc.tcp_server_port": str(rpc_port), "cluster.discovery_strategy": "static",
-            "cluster.static.seeds": seeds,
+            "cluster.static.seeds": seeds, **settings,
         })
         log = node_tmp / "broker.log"
         members.append(Running("ours", launch.port, _spawn(launch.argv, node_tmp, log),
@@ -404,7 +407,7 @@ def _ours_cluster(tmp: Path, nodes: int, members: list[Running],
 
         def linked(m: Running = member) -> bool:
             try:
-                return _http_json(m.http_port, "/api/v5/ready").get("peers") == nodes - 1
+                return http_json(m.http_port, "/api/v5/ready").get("peers") == nodes - 1
             except (OSError, ValueError):  # not listening yet, or 503 (an HTTPError)
                 return False
 
@@ -443,10 +446,11 @@ def _beam(script: subprocess.Popen[bytes]) -> int | None:
 
 
 def _rabbitmq_cluster(tmp: Path, nodes: int, members: list[Running],
-                      helpers: list[subprocess.Popen[bytes]]) -> None:
+                      helpers: list[subprocess.Popen[bytes]], settings: dict[str, str]) -> None:
     """RabbitMQ 3.10 nodes with the MQTT plugin, each with its own ports, data, log and
     config, run as user rabbitmq (which owns the temp dir), joined to the first node the
-    documented way: stop_app, join_cluster, start_app."""
+    documented way: stop_app, join_cluster, start_app. `settings` are more rabbitmq.conf
+    lines (replication_bench.py: `mqtt.durable_queue_type = quorum`)."""
     if not (RABBITMQ_BIN / "rabbitmq-server").exists():
         raise BrokerUnavailable("rabbitmq-server is not installed: run bench/setup.sh")
     account = pwd.getpwnam(RABBITMQ_USER)
@@ -464,6 +468,7 @@ def _rabbitmq_cluster(tmp: Path, nodes: int, members: list[Running],
         (node_tmp / "rabbitmq.conf").write_text(
             f"mqtt.listeners.tcp.default = 127.0.0.1:{mqtt_port}\n"
             "mqtt.allow_anonymous = true\n"
+            + "".join(f"{key} = {value}\n" for key, value in settings.items())
         )
         (node_tmp / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
         launches.append((node, mqtt_port, {
@@ -514,7 +519,8 @@ def _wait_port(port: int, what: str, proc: subprocess.Popen[bytes], log: Path) -
 
 
 CLUSTER_LAUNCHERS: dict[
-    str, Callable[[Path, int, list[Running], list[subprocess.Popen[bytes]]], None]
+    str, Callable[[Path, int, list[Running], list[subprocess.Popen[bytes]], dict[str, str]],
+                  None]
 ] = {
     "ours": _ours_cluster,
     "rabbitmq": _rabbitmq_cluster,
@@ -544,15 +550,17 @@ def _stop_members(members: list[Running]) -> None:
 
 
 @contextlib.contextmanager
-def running_cluster(name: str, nodes: int) -> Iterator[list[Running]]:
+def running_cluster(name: str, nodes: int,
+                    settings: dict[str, str] | None = None) -> Iterator[list[Running]]:
     """Start an `nodes`-node cluster of broker `name` on loopback, yield its members once
     every node accepts MQTT and the cluster is formed; stop every process started (by PID,
-    also on failure) and remove the temp dir."""
+    also on failure) and remove the temp dir. `settings`: more configuration, in the
+    broker's own keys, for every node."""
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-cluster-"))
     members: list[Running] = []
     helpers: list[subprocess.Popen[bytes]] = []
     try:
-        CLUSTER_LAUNCHERS[name](tmp, nodes, members, helpers)
+        CLUSTER_LAUNCHERS[name](tmp, nodes, members, helpers, settings or {})
         yield members
     finally:
         _stop_members(members)

@@ -18,6 +18,7 @@ divided by the messages that went through in it. Writes bench/cluster_results.js
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -39,6 +40,7 @@ from bench.scenarios import (
     Fleet,
     Timing,
     check_broker,
+    split,
     wait_until,
 )
 
@@ -55,6 +57,8 @@ its sockets every loadgen.COALESCE (10 ms), so the cap bounds the rate at cap / 
 250 keeps a node's subscribers under ours' mqtt.max_mqueue_len (1000) even if all of them
 fall 3 x behind the average, as a third of the subscribers can at 3 nodes."""
 PAIRS = 3
+PUB_PROCS = 2
+"""Generator processes of a placement with many publishers, as scenario d of run.py."""
 ROUTES_TIMEOUT = 15.0
 CROSS_TARGET = 0.5
 
@@ -65,6 +69,9 @@ class Placement:
     title: str
     qos: int
     subscribers: tuple[int, ...]  # the node of each subscriber connection
+    publishers: int = 1  # > 1: one topic each, under a wildcard every subscriber has
+    window: int = WINDOW  # QoS 1 unacknowledged PUBLISHes per publisher connection
+    clean: bool = True  # False: persistent sessions (replication_bench.py)
 
     @property
     def remote_nodes(self) -> int:
@@ -82,13 +89,21 @@ def placements(nodes: int) -> tuple[Placement, ...]:
     )
 
 
-def metric(member: Running, name: str) -> float:
-    """Sum of a family's samples, all labels, from ours' /metrics."""
+def metrics(member: Running, *names: str) -> dict[str, float]:
+    """Sums of families' samples, all labels, from one read of ours' /metrics."""
     url = f"http://127.0.0.1:{member.http_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.split("{", 1)[0].split(" ", 1)[0] == name)
+    sums = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        if (name := line.split("{", 1)[0].split(" ", 1)[0]) in sums:
+            sums[name] += float(line.rsplit(" ", 1)[1])
+    return sums
+
+
+def metric(member: Running, name: str) -> float:
+    """Sum of a family's samples, all labels, from ours' /metrics."""
+    return metrics(member, name)[name]
 
 
 def _routes_settled(publisher: Running, remote_nodes: int, watch: Callable[[], None]) -> None:
@@ -136,29 +151,41 @@ def _per_message(seconds: float, messages: float) -> float | None:
     return round(seconds / messages * 1e6, 2) if messages else None
 
 
-def measure(pl: Placement, members: list[Running], timing: Timing, label: str) -> dict[str, Any]:
-    """One round: subscribers connect to their nodes and subscribe, the publisher connects to
+def measure(pl: Placement, members: list[Running], timing: Timing, label: str,
+            window: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
+    """One round: subscribers connect to their nodes and subscribe, the publishers connect to
     node 0, all go; rates and CPU over the window after the warm-up, then counts verified as
-    in run.py (QoS 1: delivered == acknowledged x subscribers; QoS 0: shortfall is `lost`)."""
+    in run.py (QoS 1: delivered == acknowledged x subscribers; QoS 0: shortfall is `lost`).
+    `window` is entered for the measured window alone (replication_bench.py's latency
+    probe records only then)."""
     publisher, cluster = members[0], CLUSTERS[members[0].name]
     topic = f"bench/cluster/{label}"
-    layout = wire.publish_layout(topic, PAYLOAD, pl.qos)
+    topics = ([topic] if pl.publishers == 1 else
+              [f"{topic}/{i:03d}" for i in range(pl.publishers)])
+    layout = wire.publish_layout(topics[0], PAYLOAD, pl.qos)
     subscribers = len(pl.subscribers)
     by_node: dict[int, list[str]] = {}
     for i, node in enumerate(pl.subscribers):
         by_node.setdefault(node, []).append(f"bench-{label}-sub{i}")
     sub_nodes = sorted(by_node)
-    specs: list[Spec] = [SubscriberSpec(members[node].port, by_node[node], topic, pl.qos, layout)
+    topic_filter = topic if pl.publishers == 1 else f"{topic}/+"
+    specs: list[Spec] = [SubscriberSpec(members[node].port, by_node[node], topic_filter, pl.qos,
+                                        layout, clean=pl.clean)
                          for node in sub_nodes]
     # The gate compares what was sent with the subscribers' average progress, so one of n
     # subscribers may fall up to n x max_lag behind: QoS 1's cap is shared out so that no
     # subscriber's backlog reaches ours' mqtt.max_mqueue_len (1000), past which a clean
     # session's oldest queued message is dropped (`both` lost a few hundred at 800 each).
     max_lag = QOS1_MAX_LAG // subscribers if pl.qos else FANOUT_MAX_LAG
-    specs.append(PublisherSpec(publisher.port, [f"bench-{label}-pub"], [topic], PAYLOAD, pl.qos,
-                               subscribers=subscribers, max_lag=max_lag,
-                               window=WINDOW if pl.qos else 0,
-                               chunk=min(500, max(1, max_lag // 4))))
+    pub_ids = ([f"bench-{label}-pub"] if pl.publishers == 1 else
+               [f"bench-{label}-pub{i}" for i in range(pl.publishers)])
+    by_id = dict(zip(pub_ids, topics, strict=True))
+    parts = split(pub_ids, PUB_PROCS)
+    specs += [PublisherSpec(publisher.port, ids, [by_id[i] for i in ids], PAYLOAD, pl.qos,
+                            subscribers=subscribers, max_lag=max_lag, peers=len(parts),
+                            window=pl.window if pl.qos else 0,
+                            chunk=min(500, max(1, max_lag // 4)))
+              for ids in parts]
     sub_slots, pub_slots = range(len(sub_nodes)), range(len(sub_nodes), len(specs))
     fleet = Fleet(specs)
     sh = fleet.shared
@@ -185,7 +212,8 @@ def measure(pl: Placement, members: list[Running], timing: Timing, label: str) -
         sh.phase.value = GO
         pause(timing.warmup)
         before = _snapshot(members, fleet)
-        pause(timing.duration)
+        with window or contextlib.nullcontext():
+            pause(timing.duration)
         after = _snapshot(members, fleet)
         sh.phase.value = STOP
         wait_until(lambda: all(sh.finished[s] for s in pub_slots), lambda: sum(sh.acked),
@@ -241,7 +269,7 @@ def _median(values: Sequence[float]) -> float:
     return sorted(values)[(len(values) - 1) // 2]
 
 
-def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The round with the median rate, whole, so its CPU figures describe the rate shown;
     verified only if every round was."""
     middle = dict(sorted(rounds, key=lambda r: r["msgs_per_s"])[(len(rounds) - 1) // 2])
@@ -262,7 +290,7 @@ def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     good = {key: [r for r in cells if "error" not in r] for key, cells in rounds.items()}
     for key, cells in good.items():
         if cells:
-            out[key] = _median_round(cells)
+            out[key] = median_round(cells)
     derived: dict[str, list[float]] = {"cross_over_same": [], "forward_us": [], "hop_us": []}
     for same, cross, both in zip(rounds["same"], rounds["cross"], rounds["both"], strict=True):
         if any("error" in cell for cell in (same, cross, both)):
@@ -300,7 +328,7 @@ def run_cluster(name: str, nodes: int, timing: Timing, pairs: int) -> dict[str, 
             schedule = [(pair, pl) for pair in range(pairs) for pl in shape
                         if pl.key != "fanout"] + [(0, shape[-1])]
             for pair, pl in schedule:
-                cell = _round(pl, members, timing, f"{config}-{pl.key}-{pair + 1}")
+                cell = run_round(pl, members, timing, f"{config}-{pl.key}-{pair + 1}")
                 rounds[pl.key].append(cell)
     except Exception as exc:
         failed = {"error": f"{type(exc).__name__}: {exc}"}
@@ -314,11 +342,13 @@ def run_cluster(name: str, nodes: int, timing: Timing, pairs: int) -> dict[str, 
     return summary
 
 
-def _round(pl: Placement, members: list[Running], timing: Timing,
-           label: str) -> dict[str, Any]:
+def run_round(pl: Placement, members: list[Running], timing: Timing, label: str,
+              window: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
+    """`measure`, printed as it ends; a round that fails is returned as {"error": ...}
+    unless a node died, which ends the cluster's rounds (the exception)."""
     print(f"  {label:<22}", end=" ", flush=True)
     try:
-        cell = measure(pl, members, timing, label)
+        cell = measure(pl, members, timing, label, window)
     except Exception as exc:
         if dead := [m for m in members if not m.alive()]:
             raise RuntimeError(f"{dead[0].node} died: {exc}") from exc
