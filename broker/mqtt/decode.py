@@ -602,8 +602,12 @@ class Decoder:
                 f"second CONNECT, unsupported protocol {name[:16]!r} level {level}",
                 ReasonCode.PROTOCOL_ERROR)
         else:
-            # Answerable with a v3.1.1 CONNACK (return code 1), which every client parses.
-            self.version = MQTT_3_1_1
+            # Refused with a CONNACK 0x84 in the form the client reads: level 5 under a
+            # wrong name is a v5 client (MQTT 5.0 section 3.1.2.1 lets the server close or
+            # answer; a v3.1.1 CONNACK's return code 1 would read as "granted QoS 1" to a v5
+            # client), anything else gets the v3.1.1 form (return code 1), which every
+            # client parses.
+            self.version = MQTT_5 if level == MQTT_5 else MQTT_3_1_1
             raise UnsupportedProtocolVersion(f"unsupported protocol {name[:16]!r} level {level}")
         v5 = level == MQTT_5
         flags = r.u8()

@@ -67,6 +67,14 @@ def test_unsupported_protocol_level_gets_connack_return_code_1(client: Client) -
     assert raw.closed_by_broker()
 
 
+def test_v5_connect_with_a_wrong_protocol_name_gets_a_v5_connack_0x84(client: Client) -> None:
+    """Not the v3.1.1 CONNACK (20 02 00 01), which a v5 client reads as "granted QoS 1"."""
+    raw = client(5)
+    raw.send_raw(b"\x10\x0e\x00\x04MQTX\x05\x02\x00\x3c\x00\x00\x01x")
+    assert raw.sock.recv(16) == b"\x20\x03\x00\x84\x00"  # CONNACK 0x84, no properties
+    assert raw.closed_by_broker()
+
+
 def test_v311_empty_client_id_with_persistent_session_is_rejected(client: Client) -> None:
     raw = client(4)
     connack = raw.connect("", clean_start=False)

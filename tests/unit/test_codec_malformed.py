@@ -385,7 +385,9 @@ def test_accepted(version: int | None, data: bytes, packet: Packet) -> None:
     ("data", "version"),
     [
         (connect_v(6), MQTT_3_1_1),
-        (connect_v(5, name="MQIsdp"), MQTT_3_1_1),
+        (connect_v(5, name="MQIsdp"), MQTT_5),  # refused in the form a v5 client reads
+        (connect_v(5, name="MQTX"), MQTT_5),
+        (connect_v(4, name="MQTX"), MQTT_3_1_1),
         (connect_v(0x83), MQTT_3_1_1),
         (c5(0x01), MQTT_5),  # level known before the flags were found bad
         (connect_v(3, 0x01, "MQIsdp", s("c")), MQTT_3_1),
@@ -405,6 +407,14 @@ def test_unsupported_version_is_raised_before_rest_is_checked() -> None:
     with pytest.raises(UnsupportedProtocolVersion):
         decoder.feed(pkt(0x10, s("MQTT"), b"\x06\xff\xff"))
     assert encode(Connack(False, R.UNSUPPORTED_PROTOCOL_VERSION), decoder.version) == h("20020001")  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_wrong_protocol_name_at_level_5_is_refused_in_v5_form() -> None:
+    decoder = Decoder()
+    with pytest.raises(UnsupportedProtocolVersion):
+        decoder.feed(connect_v(5, name="MQTX"))
+    assert decoder.version == MQTT_5
+    assert encode(Connack(False, R.UNSUPPORTED_PROTOCOL_VERSION), MQTT_5) == h("2003008400")
 
 
 def test_packet_too_large_on_header_alone() -> None:
