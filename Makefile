@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_STAMP := $(VENV)/.apt-installed
-APT_PACKAGES := mosquitto mosquitto-clients openssl gcc libc6-dev
+APT_PACKAGES := mosquitto mosquitto-clients openssl gcc libc6-dev prometheus chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS ?=
 
@@ -41,10 +41,11 @@ lock:
 
 # Debian packages the tests and benchmarks drive: mosquitto_pub/sub, the mosquitto peer,
 # openssl for the TLS test's throwaway certificate, and a Java runtime for PySpark; a C
-# compiler and the interpreter's headers for the native build.
+# compiler and the interpreter's headers for the native build; Prometheus (and promtool)
+# scraping a live broker, and chromium for the dashboard's browser tests (Playwright).
 PY_HEADERS_OK = $(PY) -c "import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
 $(APT_STAMP): $(STAMP)
-	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ] || ! command -v openssl >/dev/null || ! command -v java >/dev/null || ! command -v gcc >/dev/null || ! $(PY_HEADERS_OK); then \
+	@if ! command -v mosquitto_sub >/dev/null || [ ! -x /usr/sbin/mosquitto ] || ! command -v openssl >/dev/null || ! command -v java >/dev/null || ! command -v gcc >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null || ! $(PY_HEADERS_OK); then \
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(APT_PACKAGES) \
 			$$(command -v java >/dev/null || echo openjdk-17-jre-headless) \
