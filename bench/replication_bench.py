@@ -41,10 +41,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 if __package__ in (None, ""):  # run as a script: make `bench` and `broker` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -79,27 +78,23 @@ SETTLE_TIMEOUT = 60.0
 POLL = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
+class Config(NamedTuple):
     key: str
+    title: str
     broker: str
     nodes: int
-    settings: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def replicated(self) -> bool:
-        """Ours with Raft groups whose leaders the bench must look up."""
-        return self.settings is REPLICATED
-
-    @property
-    def title(self) -> str:
-        storage = ("builtin_raft RF 3" if self.replicated else "builtin_local"
-                   if self.broker == "ours" else "quorum queues")
-        return f"{self.broker} x{self.nodes} {storage}"
+    settings: dict[str, str]
 
 
-CONFIGS = (Config("ours1", "ours", 1), Config("ours3", "ours", 3, REPLICATED),
-           Config("rabbitmq1", "rabbitmq", 1, QUORUM), Config("rabbitmq3", "rabbitmq", 3, QUORUM))
+def replicated(config: Config) -> bool:
+    """Ours with Raft groups, whose leaders the bench looks up."""
+    return config.settings is REPLICATED
+
+
+CONFIGS = (Config("ours1", "ours x1 builtin_local", "ours", 1, {}),
+           Config("ours3", "ours x3 builtin_raft RF 3", "ours", 3, REPLICATED),
+           Config("rabbitmq1", "rabbitmq x1 quorum queues", "rabbitmq", 1, QUORUM),
+           Config("rabbitmq3", "rabbitmq x3 quorum queues", "rabbitmq", 3, QUORUM))
 PLACEMENTS = (
     Placement("1to1", "durable QoS 1, 1 -> 1", 1, (0,), clean=False),
     Placement("100to1", "durable QoS 1, 100 -> 1", 1, (0,), publishers=100, window=5,
@@ -321,7 +316,7 @@ def run_config(config: Config, timing: Timing, rounds: int,
     started = time.monotonic()
     try:
         with brokers.running_cluster(config.broker, config.nodes, config.settings) as members:
-            if config.replicated:
+            if replicated(config):
                 wait_led(members)
             print(f"{config.title}: up in {time.monotonic() - started:.1f}s "
                   f"(pids {[m.pid for m in members]})", flush=True)
@@ -329,7 +324,7 @@ def run_config(config: Config, timing: Timing, rounds: int,
                 for pl in PLACEMENTS:
                     cells[pl.key].append(throughput_round(
                         pl, members, timing, f"{config.key}-{pl.key}-{n + 1}"))
-            if config.replicated and failovers:
+            if replicated(config) and failovers:
                 out["failover"] = failover(members, failovers)
     except Exception as exc:
         failed = {"error": f"{type(exc).__name__}: {exc}"}
@@ -506,7 +501,7 @@ def one_run(configs: list[Config], timing: Timing, rounds: int, failovers: int,
     started = time.monotonic()
     results = {c.key: run_config(c, timing, rounds, failovers) for c in configs}
     run: dict[str, Any] = {"results": results, "ratios": ratios(results)}
-    if any(c.replicated for c in configs) and catch_up_messages:
+    if any(replicated(c) for c in configs) and catch_up_messages:
         run["catch_up"] = []
         for variant, settings in CATCH_UP_VARIANTS:
             try:
