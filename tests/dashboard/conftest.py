@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
+from tests.integration.clients import PahoClient, unique
 from tests.support.broker_process import BrokerProcess
 
 ADMIN_KEY = ("ops", "admin-secret-1")
@@ -59,6 +60,15 @@ def call(port: int, path: str, method: str = "GET", *, token: str | None = None,
     if not raw:
         return status, None
     return status, json.loads(raw) if kind == "application/json" else raw.decode()
+
+
+def paho(clients: list[PahoClient], broker: BrokerProcess, client_id: str | None = None,
+         **connect: Any) -> PahoClient:
+    """A connected paho v5 client, closed at teardown (`clients`)."""
+    client = PahoClient(broker.tcp, client_id or unique("paho"))
+    clients.append(client)
+    client.connect(**connect)
+    return client
 
 
 def login(port: int, username: str = "admin", password: str = "public") -> str:
@@ -132,3 +142,14 @@ def dashboard(browser: Browser) -> Iterator[Callable[[BrokerProcess], Dashboard]
     yield open_tab
     for context in contexts:
         context.close()
+
+
+@pytest.fixture
+def logged_in(dashboard_broker: Callable[..., BrokerProcess],
+              dashboard: Callable[[BrokerProcess], Dashboard]) -> tuple[BrokerProcess, Dashboard]:
+    """A broker, and a tab logged in to it as the administrator."""
+    broker = dashboard_broker()
+    tab = dashboard(broker)
+    tab.log_in()
+    expect(tab.page.locator("#app")).to_be_visible()
+    return broker, tab

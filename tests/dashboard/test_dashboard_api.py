@@ -13,13 +13,21 @@ from broker.config.loader import load_config
 from broker.http.auth import ApiKeys
 from broker.http.dashboard import add_dashboard_routes
 from broker.http.dashboard.login import Logins, PasswordFileError
-from tests.dashboard.conftest import ADMIN_KEY, VIEWER_KEY, call, login
-from tests.integration.clients import PahoClient, unique, wait_until
+from tests.dashboard.conftest import ADMIN_KEY, VIEWER_KEY, call, login, paho
+from tests.integration.clients import PahoClient, wait_until
 from tests.support.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.integration
 
 Start = Callable[..., BrokerProcess]
+Admin = tuple[BrokerProcess, int, str]
+
+
+@pytest.fixture
+def admin(dashboard_broker: Start) -> Admin:
+    """A broker, its HTTP port and an administrator's dashboard token."""
+    broker = dashboard_broker()
+    return broker, broker.ports["http"], login(broker.ports["http"])
 
 
 def test_wrong_user_or_password_get_the_same_401(dashboard_broker: Start) -> None:
@@ -77,9 +85,7 @@ def test_a_viewer_key_logs_in_read_only(dashboard_broker: Start,
                                         clients: list[PahoClient]) -> None:
     broker = dashboard_broker()
     port = broker.ports["http"]
-    client = PahoClient(broker.tcp, unique("v"))
-    clients.append(client)
-    client.connect()
+    client = paho(clients, broker)
     token = login(port, *VIEWER_KEY)
     assert call(port, "/api/v5/me", token=token) == (200, {"role": "viewer"})
     assert call(port, "/api/v5/clients", token=token)[0] == 200
@@ -90,13 +96,9 @@ def test_a_viewer_key_logs_in_read_only(dashboard_broker: Start,
 
 
 def test_kick_ends_the_session_and_a_gone_client_gets_a_clear_404(
-        dashboard_broker: Start, clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    port = broker.ports["http"]
-    token = login(port)
-    client = PahoClient(broker.tcp, unique("k"))
-    clients.append(client)
-    client.connect(session_expiry=3600)
+        admin: Admin, clients: list[PahoClient]) -> None:
+    broker, port, token = admin
+    client = paho(clients, broker, session_expiry=3600)
     client.subscribe("k/#", 1)
     status, subscriptions = call(port, f"/api/v5/clients/{client.client_id}/subscriptions",
                                  token=token)
@@ -109,19 +111,13 @@ def test_kick_ends_the_session_and_a_gone_client_gets_a_clear_404(
 
 
 def test_durable_sessions_count_what_an_offline_one_missed(
-        dashboard_broker: Start, clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    port = broker.ports["http"]
-    token = login(port)
-    away = PahoClient(broker.tcp, unique("away"))
-    clients.append(away)
-    away.connect(session_expiry=120)
+        admin: Admin, clients: list[PahoClient]) -> None:
+    broker, port, token = admin
+    away = paho(clients, broker, session_expiry=120)
     away.subscribe("m/+", 1)
     away.subscribe("m/a", 1)  # overlapping: a message on m/a is due twice
     away.disconnect()
-    publisher = PahoClient(broker.tcp, unique("pub"))
-    clients.append(publisher)
-    publisher.connect()
+    publisher = paho(clients, broker)
     for topic in ("m/a", "m/b", "other"):
         publisher.publish(topic, b"x", qos=1)
     status, body = call(port, "/api/v5/durable_sessions?connected=false", token=token)
@@ -131,14 +127,9 @@ def test_durable_sessions_count_what_an_offline_one_missed(
     assert 0 < view["expires_at"] - view["now"] <= 120
 
 
-def test_retained_messages_get_and_delete(dashboard_broker: Start,
-                                          clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    port = broker.ports["http"]
-    token = login(port)
-    publisher = PahoClient(broker.tcp, unique("r"))
-    clients.append(publisher)
-    publisher.connect()
+def test_retained_messages_get_and_delete(admin: Admin, clients: list[PahoClient]) -> None:
+    broker, port, token = admin
+    publisher = paho(clients, broker)
     publisher.publish("r/a b/c", b"\x00\xff", qos=1, retain=True)
     status, body = call(port, "/api/v5/mqtt/retainer/messages?topic=r/%23", token=token)
     assert status == 200 and [m["topic"] for m in body["data"]] == ["r/a b/c"]

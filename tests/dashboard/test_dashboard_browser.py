@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.conftest import Dashboard, call
+from tests.dashboard.conftest import VIEWER_KEY, Dashboard, call, paho
 from tests.integration.clients import PahoClient, publish_props, unique
 from tests.support.broker_process import BrokerProcess
 
@@ -21,14 +21,7 @@ ADMINISTRATIVE_ACTION = 0x98
 XSS = "<img src=x onerror=alert(1)>"
 
 OpenDashboard = Callable[[BrokerProcess], Dashboard]
-
-
-def paho(clients: list[PahoClient], broker: BrokerProcess, client_id: str | None = None,
-         **connect: object) -> PahoClient:
-    client = PahoClient(broker.tcp, client_id or unique("paho"))
-    clients.append(client)
-    client.connect(**connect)  # type: ignore[arg-type]
-    return client
+LoggedIn = tuple[BrokerProcess, Dashboard]
 
 
 def test_wrong_credentials_are_refused_without_saying_which_half(
@@ -42,11 +35,8 @@ def test_wrong_credentials_are_refused_without_saying_which_half(
 
 
 def test_log_in_watch_a_client_connect_live_and_log_out(
-        dashboard_broker: Callable[..., BrokerProcess], dashboard: OpenDashboard,
-        clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    tab = dashboard(broker)
-    tab.log_in()
+        logged_in: LoggedIn, clients: list[PahoClient]) -> None:
+    broker, tab = logged_in
     expect(tab.page.locator("[data-card=Connections]")).to_have_text("0")
     tab.view("clients")
     client = paho(clients, broker)
@@ -63,11 +53,8 @@ def test_log_in_watch_a_client_connect_live_and_log_out(
 
 
 def test_durable_session_goes_offline_and_its_missed_count_grows(
-        dashboard_broker: Callable[..., BrokerProcess], dashboard: OpenDashboard,
-        clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    tab = dashboard(broker)
-    tab.log_in()
+        logged_in: LoggedIn, clients: list[PahoClient]) -> None:
+    broker, tab = logged_in
     tab.view("clients")
     topic = unique("dur").replace("-", "/")
     durable = paho(clients, broker, session_expiry=3600)
@@ -87,11 +74,8 @@ def test_durable_session_goes_offline_and_its_missed_count_grows(
     expect(row.locator("td.missed")).to_have_text("7")
 
 
-def test_kick_a_client(dashboard_broker: Callable[..., BrokerProcess],
-                       dashboard: OpenDashboard, clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    tab = dashboard(broker)
-    tab.log_in()
+def test_kick_a_client(logged_in: LoggedIn, clients: list[PahoClient]) -> None:
+    broker, tab = logged_in
     tab.view("clients")
     victim = paho(clients, broker, session_expiry=3600)
     row = tab.client_row(victim.client_id)
@@ -102,12 +86,26 @@ def test_kick_a_client(dashboard_broker: Callable[..., BrokerProcess],
     expect(row).to_have_count(0)  # the session went too (EMQX's kick)
 
 
-def test_publish_and_receive_on_the_websocket_page(
+def test_a_viewer_key_sees_everything_and_changes_nothing(
         dashboard_broker: Callable[..., BrokerProcess], dashboard: OpenDashboard,
         clients: list[PahoClient]) -> None:
     broker = dashboard_broker()
     tab = dashboard(broker)
-    tab.log_in()
+    tab.log_in(*VIEWER_KEY)
+    expect(tab.page.locator("#who")).to_have_text("viewer")
+    tab.view("clients")
+    client = paho(clients, broker)
+    row = tab.client_row(client.client_id)
+    expect(row).to_contain_text("connected")
+    expect(row.get_by_role("button", name="Kick")).to_be_hidden()
+    tab.view("storage")
+    expect(tab.page.locator("#db-messages")).to_be_visible()
+    expect(tab.page.locator("#seal")).to_be_hidden()
+
+
+def test_publish_and_receive_on_the_websocket_page(
+        logged_in: LoggedIn, clients: list[PahoClient]) -> None:
+    broker, tab = logged_in
     tab.view("websocket")
     page = tab.page
     topic = unique("ws").replace("-", "/")
@@ -134,11 +132,8 @@ def test_publish_and_receive_on_the_websocket_page(
 
 
 def test_view_and_delete_a_retained_message(
-        dashboard_broker: Callable[..., BrokerProcess], dashboard: OpenDashboard,
-        clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    tab = dashboard(broker)
-    tab.log_in()
+        logged_in: LoggedIn, clients: list[PahoClient]) -> None:
+    broker, tab = logged_in
     topic = unique("ret").replace("-", "/")
     paho(clients, broker).publish(topic, b"kept", qos=1, retain=True,
                                   properties=publish_props(UserProperty=[("site", "north")]))
@@ -157,11 +152,8 @@ def test_view_and_delete_a_retained_message(
 
 
 def test_client_id_topic_payload_and_user_property_render_as_text(
-        dashboard_broker: Callable[..., BrokerProcess], dashboard: OpenDashboard,
-        clients: list[PahoClient]) -> None:
-    broker = dashboard_broker()
-    tab = dashboard(broker)
-    tab.log_in()
+        logged_in: LoggedIn, clients: list[PahoClient]) -> None:
+    broker, tab = logged_in
     tab.view("clients")
     hostile = paho(clients, broker, XSS, session_expiry=600)
     topic = f"xss/<b>{unique('t')}</b>"
