@@ -57,6 +57,9 @@ PAUSE_STORAGE: Final = 2
 PAUSE_RATE: Final = 4  # above `messages_rate` / `bytes_rate` until the bucket refills
 _PUBLISH: Final = PacketType.PUBLISH
 _RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+# How long an ended connection's input is still read (and dropped) before the socket goes,
+# so that a client still sending can read the reason it was sent (`Connection.close`).
+CLOSE_LINGER: Final = 2.0
 
 
 def _returns_quota(ack: bytes) -> bool:
@@ -609,17 +612,36 @@ class Connection:
         self.close()
 
     def take_over(self, reason_code: int) -> None:
-        """Another connection claims our client ID: hand the session over right now."""
+        """Another connection claims our client ID: the session is handed over as the
+        connection closes, right now."""
         self.disconnect(reason_code)
-        self._release_session()
 
     def close(self) -> None:
+        """Ends the connection; its session is released now, the socket a little later.
+
+        Closing a socket with unread input makes the kernel answer with a reset, and a
+        client still sending (a burst past its Receive Maximum) gets the reset before it
+        has read our last packet, which its kernel then throws away: the client sees EPIPE
+        or ECONNRESET, never the DISCONNECT's or CONNACK's reason. So our side is shut for
+        writing once the output has left (a FIN after the last packet), what the client
+        still sends is read and dropped, and the socket closes when the client closes its
+        side, or after CLOSE_LINGER. TLS has no half-close (asyncio's TLS close sends
+        close_notify and waits for the peer's): it closes as before."""
         if self.closed:
             return
         self.flush()
         self.closed = True
         self._cancel_timers()
-        self.transport.close()
+        self.node.connections.discard(self)
+        self._release_session()
+        transport = self.transport
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self._paused:
+            transport.resume_reading()  # data_received drops what a closed one reads
+        self._loop.call_later(CLOSE_LINGER, transport.abort)
 
     def connection_lost(self) -> None:
         """Called by the transport adapter once the socket is gone, whatever the reason."""

@@ -134,7 +134,7 @@ class _WebSocketWriter:
     def write(self, data: bytes) -> None:
         self._transport.write(self._ws.send(BytesMessage(data=data)))
 
-    def close(self) -> None:
+    def _send_close_frame(self) -> None:
         decoder = self.decoder
         too_big = decoder is not None and isinstance(decoder.error, PacketTooLarge)
         try:
@@ -142,7 +142,19 @@ class _WebSocketWriter:
             self._transport.write(self._ws.send(CloseConnection(code=code)))
         except Exception:  # the peer may already have closed the WebSocket
             log.debug("websocket close frame not sent", exc_info=True)
+
+    def close(self) -> None:
+        self._send_close_frame()
         self._transport.close()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+    def write_eof(self) -> None:
+        """The Close frame, then the TCP half-close; the socket goes when the client's
+        Close frame answers (`MQTTWebSocketProtocol._on_event`) or the peer closes."""
+        self._send_close_frame()
+        self._transport.write_eof()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._transport.get_extra_info(name, default)
@@ -202,6 +214,8 @@ class MQTTWebSocketProtocol(_OutputBound):
     def data_received(self, data: bytes) -> None:
         transport = self._transport
         assert transport is not None
+        if self._connection is not None and self._connection.closed:
+            return  # drained while the close lingers: no frame is answered after our Close
         try:
             self._ws.receive_data(data)
             for event in self._ws.events():

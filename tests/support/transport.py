@@ -25,3 +25,6 @@ class RecordingTransport:
 
     def is_closing(self) -> bool:
         return False
+
+    def can_write_eof(self) -> bool:
+        return False
