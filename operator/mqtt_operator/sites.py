@@ -11,8 +11,10 @@ from collections.abc import Callable, Mapping
 
 
 def new_site_id() -> str:
-    """16 upper-case hex digits, the shape of EMQX site IDs."""
-    return secrets.token_hex(8).upper()
+    """16 lower-case hex digits: the form a broker gives itself when nothing names its site
+    (broker/ds/site.py), so one cluster never mixes two spellings. IDs assigned before in
+    upper case are kept as they are: a pod's data dir and its peers hold them verbatim."""
+    return secrets.token_hex(8)
 
 
 def assign(known: Mapping[int, str], width: int,

@@ -1,6 +1,9 @@
 """Site IDs per ordinal: stable across scale down/up and across lost state."""
 
+import re
+from pathlib import Path
 
+from broker.ds.site import ensure_site_id
 from mqtt_operator import sites
 
 
@@ -19,9 +22,18 @@ def test_a_colliding_random_id_is_drawn_again() -> None:
     assert sites.assign({}, 2, lambda: next(ids)) == {0: "A", 1: "B"}
 
 
-def test_random_ids_look_like_emqx_sites() -> None:
+def test_random_ids_have_the_form_a_standalone_broker_gives_itself(tmp_path: Path) -> None:
     site = sites.new_site_id()
-    assert len(site) == 16 and site == site.upper() and int(site, 16) >= 0
+    generated = ensure_site_id(tmp_path, "")
+    assert len(site) == len(generated) == 16
+    assert re.fullmatch("[0-9a-f]{16}", site) and re.fullmatch("[0-9a-f]{16}", generated)
+
+
+def test_ids_assigned_in_upper_case_before_are_kept() -> None:
+    """Never rewritten: the pod's data dir holds its ID as it was first given."""
+    known = sites.merge_known({"0": "0A1B2C3D4E5F6071"}, None)
+    assert sites.assign(known, 2, lambda: "00112233aabbccdd") == {
+        0: "0A1B2C3D4E5F6071", 1: "00112233aabbccdd"}
 
 
 def test_published_map_wins_and_status_restores_what_the_map_lost() -> None:
