@@ -7,25 +7,23 @@ another node is named as such, and one that is gone gets a 404 that says so.
 
 `GET /api/v5/durable_sessions` lists this node's durable sessions with what the dashboard
 shows beside `/api/v5/clients`: when an offline one expires and how many stored messages
-match its subscriptions since its client left (`missed_cnt`), counted by reading Durable
-Storage up to MISSED_CAP per session, only for the page asked for.
+match its subscriptions since its client left (`missed_cnt`, broker/http/missed.py: up to
+MISSED_CAP per session, `missed_capped` past it), counted for the page asked for only.
 """
 
 import time
-from functools import partial
 from typing import Any, Final
 
 from aiohttp import web
 
-from broker.ds import DurableStorage
 from broker.http.api import GATHER_KEY, NODE_KEY, _page, local_subscriptions
+from broker.http.missed import MissedCounts
 from broker.mqtt.constants import ReasonCode
-from broker.node import Node
 from broker.session.durable.session import DurableSession
 
 MISSED_CAP: Final = 10_000
+MISSED_KEY: Final = web.AppKey("missed_counts", MissedCounts)
 NEVER_EXPIRES: Final = 0xFFFFFFFF
-_READ_BATCH: Final = 1000
 
 
 def _not_found(client_id: str, message: str) -> web.Response:
@@ -65,28 +63,6 @@ async def client_subscriptions(request: web.Request) -> web.Response:
     return web.json_response(found)
 
 
-def missed(ds: DurableStorage, session: DurableSession, cap: int = MISSED_CAP) -> int:
-    """Stored messages matching the session's subscriptions since its client left (each
-    subscription counted apart, as each gets its own delivery), up to `cap`."""
-    if session.disconnected_at is None:
-        return 0
-    away_since = int(session.disconnected_at * 1_000_000)
-    count = 0
-    for topic_filter in list(session.subscriptions):
-        subscribed_at = session.since.get(topic_filter)
-        if subscribed_at is None:
-            continue  # a shared subscription: routed live, never stored for the session
-        start = max(away_since, subscribed_at)
-        for stream in ds.get_streams("messages", topic_filter, start):
-            iterator = ds.make_iterator(stream, topic_filter, start)
-            while iterator is not None and count < cap:
-                iterator, batch = ds.next(iterator, min(_READ_BATCH, cap - count))
-                count += len(batch)
-                if not batch:
-                    break
-    return count
-
-
 def _expires_at(session: DurableSession) -> float | None:
     if (session.connection is not None or session.disconnected_at is None
             or session.expiry_interval == NEVER_EXPIRES):
@@ -114,26 +90,31 @@ async def durable_sessions(request: web.Request) -> web.Response:
     at MISSED_CAP."""
     node = request.app[NODE_KEY]
     wanted = request.query.get("connected")
+    durable = [s for s in node.sessions.sessions.values() if isinstance(s, DurableSession)]
     sessions = sorted(
-        (s for s in node.sessions.sessions.values() if isinstance(s, DurableSession)
-         and (wanted is None or (s.connection is not None) == (wanted == "true"))),
+        (s for s in durable
+         if wanted is None or (s.connection is not None) == (wanted == "true")),
         key=lambda s: s.client_id)
-    return _page(request, [_view(node.config["node.name"], s) for s in sessions],
-                 partial(_count_missed, node))
+    counts = request.app.get(MISSED_KEY)
+    if counts is not None:
+        counts.forget_all_but({s.client_id for s in durable if s.connection is None})
+    by_id = {s.client_id: s for s in sessions}
 
+    def finish(items: list[dict[str, Any]]) -> None:
+        """Counted for the page's sessions only; `now` beside `expires_at` so the page
+        counts down by the broker's clock, not its own."""
+        now = time.time()
+        for item in items:
+            count = counts.count(by_id[item["clientid"]]) if counts is not None else 0
+            item.update(missed_cnt=count, missed_capped=count >= MISSED_CAP, now=now)
 
-def _count_missed(node: Node, items: list[dict[str, Any]]) -> None:
-    """`now` beside `expires_at`: the page counts down by the broker's clock, not its own."""
-    now = time.time()
-    for item in items:
-        session = node.sessions.sessions.get(item["clientid"])
-        count = 0
-        if node.ds is not None and isinstance(session, DurableSession) and not item["connected"]:
-            count = missed(node.ds, session)
-        item.update(missed_cnt=count, missed_capped=count >= MISSED_CAP, now=now)
+    return _page(request, [_view(node.config["node.name"], s) for s in sessions], finish)
 
 
 def add_client_admin_routes(app: web.Application) -> None:
+    ds = app[NODE_KEY].ds
+    if ds is not None:
+        app[MISSED_KEY] = MissedCounts(ds, MISSED_CAP)
     app.router.add_delete("/api/v5/clients/{clientid}", kick)
     app.router.add_get("/api/v5/clients/{clientid}/subscriptions", client_subscriptions)
     app.router.add_get("/api/v5/durable_sessions", durable_sessions)
