@@ -39,6 +39,9 @@ CONNECT_WILL_RETAIN: Final = 0x20
 CONNECT_PASSWORD: Final = 0x40
 CONNECT_USERNAME: Final = 0x80
 
+# Reason codes from this one on report a failure (MQTT 5.0 section 2.4).
+FIRST_FAILURE_CODE: Final = 0x80
+
 MAX_PACKET_ID: Final = 0xFFFF
 MAX_VARINT: Final = 268_435_455
 MAX_UINT32: Final = 0xFFFF_FFFF

@@ -24,6 +24,7 @@ from broker.mqtt.constants import (
     CONNECT_WILL,
     CONNECT_WILL_RETAIN,
     DISCONNECT_BYTE,
+    FIRST_FAILURE_CODE,
     MQTT_3_1,
     MQTT_3_1_1,
     MQTT_5,
@@ -263,11 +264,11 @@ def _enc_subscribe(p: Subscribe, version: int) -> bytes:
 
 
 def _enc_suback(p: Suback, version: int) -> bytes:
-    """SUBACK; v3 collapses every failure code (>= 0x80) to 0x80."""
+    """SUBACK; v3 collapses every failure code to its one (0x80)."""
     if version == MQTT_5:
         codes = bytes(p.reason_codes)
     else:
-        codes = bytes(c if c < 0x80 else SUBACK_FAILURE_V3 for c in p.reason_codes)
+        codes = bytes(c if c < FIRST_FAILURE_CODE else SUBACK_FAILURE_V3 for c in p.reason_codes)
     return _packet(SUBACK_BYTE, _pack_H(p.packet_id), _props(p.properties, version), codes)
 
 

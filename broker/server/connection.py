@@ -19,6 +19,7 @@ from broker.auth.acl import Access
 from broker.auth.security import AclCache
 from broker.mqtt.codec import Decoder, encode, encode_publish
 from broker.mqtt.constants import (
+    FIRST_FAILURE_CODE,
     MQTT_3_1_1,
     MQTT_5,
     PUBACK_BYTE,
@@ -67,7 +68,7 @@ def _returns_quota(ack: bytes) -> bool:
     client back one unit of its send quota (MQTT 5.0 section 4.9)."""
     b0 = ack[0]
     return b0 in (PUBACK_BYTE, PUBCOMP_BYTE) or (
-        b0 == PUBREC_BYTE and len(ack) > 4 and ack[4] >= 0x80)
+        b0 == PUBREC_BYTE and len(ack) > 4 and ack[4] >= FIRST_FAILURE_CODE)
 
 
 class _Waiting:

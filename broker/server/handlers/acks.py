@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING, Final
 
 from broker.mqtt.codec import encode_ack
-from broker.mqtt.constants import PUBCOMP_BYTE, PUBREL_BYTE, ReasonCode
+from broker.mqtt.constants import FIRST_FAILURE_CODE, PUBCOMP_BYTE, PUBREL_BYTE, ReasonCode
 from broker.mqtt.packets import Puback, Pubcomp, Pubrec, Pubrel
 from broker.session.durable.session import DurableSession
 
@@ -29,7 +29,7 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
     if delivery is None or delivery.qos != 2:
         conn.send(encode_ack(PUBREL_BYTE, packet.packet_id, _NOT_FOUND, conn.version))
         return
-    if packet.reason_code >= 0x80:
+    if packet.reason_code >= FIRST_FAILURE_CODE:
         # The receiver refused the message: the flow ends here (MQTT 5.0 section 4.3.3).
         session.finish(packet.packet_id)
         conn.drain()
