@@ -195,8 +195,11 @@ class MetadataGroup:
                 index = await self._rpc.call(leader, "raft_propose", {
                     "group": group, "epoch": self._epoch_of(group),
                     "data": base64.b64encode(data).decode()}, timeout=self._attempt_timeout)
-                # Committed: retrying now would store it twice. Shown here once applied.
-                await self._until(self._applied(group, index), self._attempt_timeout)
+                # Committed: retrying now would store it twice. Shown here once applied,
+                # however long this node's replica lags (the caller bounds the wait).
+                applied = self._applied(group, index)
+                while not applied():
+                    await self._until(applied, self._attempt_timeout)
                 return
             except (NotLeader, CommandLost, RpcError, TimeoutError) as error:
                 log.debug("group %d: command not committed yet (%s): retrying", group, error)

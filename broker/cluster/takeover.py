@@ -174,15 +174,28 @@ class Takeover:
         """Replicated storage: once this node's replicas caught up, the ID's durable session
         is here, claimed from the node that stored it if need be (also for a Clean Start,
         which then ends it: this node must own it to delete it). When this node cannot catch
-        up (cut off from a majority), a client that wants its session is refused (False): it
-        had better go to another node than get a state this node may have missed changes
-        of; a Clean Start goes on (a session stored elsewhere stays there)."""
+        up (cut off from a majority) or another node claimed the session first, a client
+        that wants its session is refused (False): it had better go to another node than
+        get a state this node may have missed changes of; a Clean Start goes on when this
+        node cannot catch up (a session stored elsewhere stays there)."""
         assert self.replicated is not None
         if not await self.replicated.sync():
             return not want_session
-        if client_id not in self._node.sessions.sessions and \
-                self._node.load_durable_session(client_id):
-            self.stats.resumed += 1
+        sessions = self._node.sessions
+        if client_id in sessions.sessions:
+            return True
+        claimed = await sessions.claim(client_id)
+        if claimed is None:
+            return True
+        # After the claim: what the previous owner wrote last names messages the shards
+        # had committed before, which this node's replicas must hold before it reads.
+        if not claimed or not await self.replicated.sync():
+            return False
+        if client_id in sessions.sessions:
+            return True
+        if not self._node.load_durable_session(client_id):
+            return False  # another node claimed it meanwhile (a CONNECT its client gave up)
+        self.stats.resumed += 1
         return True
 
     async def _move_in(self, client_id: str, holder: str, subscriptions: Any) -> Session | None:

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from broker.ds import TTV
@@ -105,20 +106,32 @@ class SessionManager:
         self.sessions[session.client_id] = session
         return session
 
+    async def claim(self, client_id: str) -> bool | None:
+        """Replicated storage: makes this node the owner of the ID's stored durable session
+        (its meta names this node with the next epoch; ownership.py), once the claim is
+        committed and applied here. From then on every replica refuses what the node that
+        held it writes, so the state read after the claim (`load`) is the last one that
+        node could write. None: no session is stored; False: another node's claim came
+        first."""
+        assert self._durable is not None
+        store = self._durable.store
+        meta = store.meta(client_id)
+        if meta is None:
+            return None
+        claim = replace(meta, site=store.site, epoch=meta.epoch + 1, connected=False,
+                        will=None, disconnected_at=time.time())
+        await store.write([(records.meta_key(client_id), claim.to_bytes())])
+        now = store.meta(client_id)
+        return now is not None and (now.site, now.epoch) == (claim.site, claim.epoch)
+
     def load(self, client_id: str) -> DurableSession | None:
-        """A durable session another node owned (replicated storage: it moves here with
-        its client, that node being gone or having released it), from this node's replica,
-        claimed: the meta names this node with the next epoch, so the replicas refuse what
-        the node that held it may still write (ownership.py). Its will was that node's to
-        publish."""
+        """A durable session this node claimed (`claim`), from its replica. Its will was
+        the previous owner's to publish."""
         assert self._durable is not None
         stored = self._durable.store.load(client_id, subscriptions=True)
-        if stored is None:
+        if stored is None or stored.meta.site != self._durable.store.site:
             return None
-        session = self._stored(stored, time.time())
-        session.epoch = stored.meta.epoch + 1
-        self._save_meta(session, session.protocol, False, None)
-        return session
+        return self._stored(stored, time.time())
 
     def claimed_elsewhere(self, client_id: str) -> None:
         """Another node's claim of a session held here was applied (this node was frozen or
@@ -142,7 +155,7 @@ class SessionManager:
         session.will = None
         del self.sessions[session.client_id]
         if isinstance(session, DurableSession):
-            session.stop_reading()
+            session.leave()
 
     def open(self, connection: Any, client_id: str, clean_start: bool, expiry: int) -> tuple[
         Session, bool

@@ -191,6 +191,13 @@ class DurableSession(Session):
             self._refresh = None
         self._open_room()
 
+    def leave(self) -> None:
+        """The session goes to another node: reading stops, and batches whose record is
+        still being written are never sent from here (that node replays them)."""
+        self.stop_reading()
+        self._recording.clear()
+        self._unsent = 0
+
     # ---- subscriptions -----------------------------------------------------------------
     def subscribe(self, topic_filter: str, options: SubscriptionOptions, since: int) -> Write:
         """Only this filter's streams are looked up: a SUBSCRIBE of n filters costs n

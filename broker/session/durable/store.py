@@ -81,17 +81,21 @@ class SessionStore:
             _attach_acks(stored)
         return list(found.values())
 
+    def meta(self, client_id: str) -> r.Meta | None:
+        self._turn.flush_now()
+        raw = self._ds.sessions.get(r.meta_key(client_id))
+        return None if raw is None else r.Meta.from_bytes(raw)
+
     def load(self, client_id: str, subscriptions: bool = False) -> StoredSession | None:
         """The session's meta and what it had in flight; not its read positions
         (`load_positions`, per filter as its readers start: with many thousands of filters,
         reading them all at once would stall the node while the client reconnects), and its
         subscriptions only when asked (known since start-up, `load_all`, unless the session
         comes from another node)."""
-        self._turn.flush_now()
-        raw = self._ds.sessions.get(r.meta_key(client_id))
-        if raw is None:
+        meta = self.meta(client_id)
+        if meta is None:
             return None
-        stored = StoredSession(client_id, r.Meta.from_bytes(raw))
+        stored = StoredSession(client_id, meta)
         for kind in ((b"s", *_IN_FLIGHT_KINDS) if subscriptions else _IN_FLIGHT_KINDS):
             for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
                 self._add(stored, kind, key, value)
