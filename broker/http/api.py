@@ -14,6 +14,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from broker.ds import DurableStorage
 from broker.http.auth import install as install_auth
+from broker.metrics import add_samples
 from broker.node import Node
 from broker.session.session import Session
 
@@ -190,6 +191,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     from broker.http.retainer_api import add_retainer_routes
 
     logins = Logins(node.config)
+    add_samples(registry, logins.metrics)
     # Also guards the routes added after this.
     logins.keys = install_auth(app, node.config, registry, logins)
     app.router.add_get("/status", status)

@@ -78,13 +78,15 @@ def login(port: int, username: str = "admin", password: str = "public") -> str:
     return str(body["token"])
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: Playwright's sync driver holds an event loop on the main
+# thread while it runs, and pytest-asyncio's tests cannot start theirs beside it.
+@pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as driver:
         yield driver
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     executable = shutil.which("chromium")
     assert executable, "Debian's chromium is missing: make install brings it"

@@ -31,7 +31,8 @@ def admin(dashboard_broker: Start) -> Admin:
 
 
 def test_wrong_user_or_password_get_the_same_401(dashboard_broker: Start) -> None:
-    port = dashboard_broker().ports["http"]
+    broker = dashboard_broker()
+    port = broker.ports["http"]
     wrong_password = call(port, "/api/v5/login", "POST",
                           body={"username": "admin", "password": "nope"})
     wrong_user = call(port, "/api/v5/login", "POST",
@@ -39,6 +40,9 @@ def test_wrong_user_or_password_get_the_same_401(dashboard_broker: Start) -> Non
     assert wrong_password == wrong_user == (
         401, {"code": "BAD_USERNAME_OR_PWD", "message": "Auth failed"})
     assert call(port, "/api/v5/login", "POST", body={"username": 1})[0] == 400
+    assert broker.metric("mqtt_dashboard_logins_total", result="rejected") == 2
+    login(port)
+    assert broker.metric("mqtt_dashboard_logins_total", result="ok") == 1
 
 
 def test_data_endpoints_need_a_live_token(dashboard_broker: Start) -> None:

@@ -153,8 +153,14 @@ def test_promtool_accepts_the_metrics_of_a_busy_broker(
     with pytest.raises(urllib.error.HTTPError):  # an auth failure, counted
         urllib.request.urlopen(f"http://127.0.0.1:{broker.ports['http']}/api/v5/clients",
                                timeout=10)
+    login = urllib.request.Request(
+        f"http://127.0.0.1:{broker.ports['http']}/api/v5/login", method="POST",
+        data=b'{"username": "admin", "password": "public"}')
+    urllib.request.urlopen(login, timeout=10).close()
     text = _scrape(broker)
-    assert "mqtt_messages_dropped_total{" in text and "mqtt_http_auth_failures_total" in text
+    for family in ("mqtt_messages_dropped_total{", "mqtt_http_auth_failures_total",
+                   "mqtt_dashboard_logins_total", "raft_wal_fsync_seconds_bucket"):
+        assert family in text, family
     checked = subprocess.run([_tool("promtool"), "check", "metrics"], input=text,
                              capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -29,6 +29,7 @@ from aiohttp import web
 from broker.auth.security import SecurityFileError
 from broker.config.loader import Config
 from broker.http.auth import ADMINISTRATOR, ApiKeys, bearer_token, loopback
+from broker.metrics import Sample
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Logins:
         self.ttl: float = config["dashboard.token_expired_time"]
         self.keys: ApiKeys | None = None  # set once auth.install has loaded them
         self._tokens: dict[str, Login] = {}
+        self.attempts: dict[str, int] = {}  # login attempts by result, for /metrics
         host = config["dashboard.listeners.http.bind"]
         self.password_refused = (self._password == DEFAULT_PASSWORD
                                  and host is not None and not loopback(host[0]))
@@ -114,6 +116,15 @@ class Logins:
     def revoke(self, token: str) -> bool:
         return self._tokens.pop(token, None) is not None
 
+    def attempted(self, result: str) -> None:
+        self.attempts[result] = self.attempts.get(result, 0) + 1
+
+    def metrics(self) -> list[Sample]:
+        return [("mqtt_dashboard_logins_total", "counter",
+                 "Dashboard login attempts: accepted (ok), wrong credentials (rejected), or the"
+                 " default password off loopback (disabled)", {"result": result}, float(count))
+                for result, count in self.attempts.items()]
+
 
 LOGINS_KEY: Final = web.AppKey("logins", Logins)
 _FAILED: Final = {"code": "BAD_USERNAME_OR_PWD", "message": "Auth failed"}
@@ -132,6 +143,7 @@ async def login(request: web.Request) -> web.Response:
             {"code": "BAD_REQUEST", "message": "expected JSON {username, password}"}, status=400)
     role = logins.key_role(username, password)
     if role is None and logins.password_refused:
+        logins.attempted("disabled")
         return web.json_response({
             "code": "LOGIN_DISABLED",
             "message": "the default dashboard password is refused off loopback: set"
@@ -139,7 +151,10 @@ async def login(request: web.Request) -> web.Response:
         }, status=403)
     role = role or logins.user_role(username, password)
     if role is None:
+        logins.attempted("rejected")
         return web.json_response(_FAILED, status=401)
+    logins.attempted("ok")
+    log.info("dashboard: %s logged in (%s)", username, role)
     return web.json_response({
         "token": logins.issue(username, role), "role": role, "username": username,
         "expires_in": int(logins.ttl),

@@ -42,7 +42,7 @@ export class LineChart {
     this.series.forEach(({ label, color }, i) => {
       const list = this.values[i];
       ctx.strokeStyle = color;
-      ctx.lineWidth = 2;
+      ctx.lineWidth = i === 0 ? 3 : 1.5;  // the first under the others: equal rates stay visible
       ctx.beginPath();
       list.forEach((value, j) => {
         const x = left + plot * (j + this.points - list.length) / (this.points - 1);
