@@ -87,7 +87,8 @@ async function api(method, path, body) {
     throw new Unauthorized();
   }
   const text = await response.text();
-  const data = text ? JSON.parse(text) : null;
+  const json = (response.headers.get("Content-Type") || "").includes("json");
+  const data = json && text ? JSON.parse(text) : null;
   if (!response.ok) throw new Error(data?.message || `${method} ${path}: ${response.status}`);
   return data;
 }
@@ -336,7 +337,29 @@ async function storage() {
     const generations = el("table", { id: `db-${db.name}` });
     table(generations, head, rows);
     return el("div", {}, title, el("div", { class: "scroll" }, generations));
-  }));
+  }), await sites());
+}
+
+// Replica placement: EMQX's /api/v5/ds/sites, served with replicated storage only (a 404
+// otherwise: every shard is then on its own node's disk, and nothing is shown).
+async function sites() {
+  let placement;
+  try {
+    const ids = await api("GET", "/api/v5/ds/sites");
+    placement = await Promise.all(ids.map((id) =>
+      api("GET", `/api/v5/ds/sites/${encodeURIComponent(id)}`)));
+  } catch (error) {
+    if (error instanceof Unauthorized) throw error;
+    return "";
+  }
+  const held = (site) => site.shards.map((s) =>
+    `${s.storage} ${s.id}${s.transition ? ` (${s.transition})` : ""}`).join(", ");
+  const placed = el("table", { id: "sites" });
+  table(placed, ["Site", "Node", "State", "Replicas it holds"], placement.map((site) =>
+    el("tr", {}, cell(site.site), cell(site.node), cell(site.up ? "up" : "down"),
+      cell(held(site), "id"))));
+  return el("div", {}, el("h2", {}, "Sites and replica placement"),
+    el("div", { class: "scroll" }, placed));
 }
 
 $("seal").addEventListener("click", async () => {
