@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.conftest import Cluster, Node
 from tests.integration.clients import PahoClient, unique, wait_until
 from tests.support.broker_process import BrokerProcess
 
@@ -63,16 +64,17 @@ class Prometheus:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Callable[[int], Prometheus]]:
-    """prometheus(http_port): Prometheus scraping that broker every second."""
+def prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
+    """prometheus(*http_ports): Prometheus scraping those brokers every second."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(target: int) -> Prometheus:
+    def start(*targets: int) -> Prometheus:
         config = tmp_path / "prometheus.yml"
+        listed = ", ".join(f"'127.0.0.1:{port}'" for port in targets)
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             "scrape_configs:\n"
-            f"  - job_name: broker\n    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n")
+            f"  - job_name: broker\n    static_configs: [{{targets: [{listed}]}}]\n")
         port = _free_port()
         proc = subprocess.Popen(
             [_tool("prometheus"), f"--config.file={config}",
@@ -112,7 +114,7 @@ def _scrape(broker: BrokerProcess) -> str:
 
 
 def test_prometheus_scrapes_a_live_broker_and_answers_for_its_series(
-        broker: BrokerProcess, prometheus: Callable[[int], Prometheus],
+        broker: BrokerProcess, prometheus: Callable[..., Prometheus],
         clients: list[PahoClient]) -> None:
     publisher = PahoClient(broker.tcp, unique("prom"))
     clients.append(publisher)
@@ -133,6 +135,39 @@ def test_prometheus_scrapes_a_live_broker_and_answers_for_its_series(
                if line and not line.startswith("#")}
     wait_until(lambda: exposed <= server.names(), timeout=20,
                what="Prometheus to store every series /metrics exposes")
+
+
+@pytest.fixture
+def three_nodes(tmp_path: Path) -> Iterator[list[Node]]:
+    """A running three-node cluster (tests/cluster's helpers), killed at teardown."""
+    cluster = Cluster(tmp_path / "cluster")
+    try:
+        nodes = cluster.start(3)
+        cluster.all_running(nodes)
+        yield nodes
+    finally:
+        cluster.stop_all()
+
+
+def test_prometheus_scrapes_every_node_of_a_three_node_cluster(
+        three_nodes: list[Node], prometheus: Callable[..., Prometheus],
+        clients: list[PahoClient]) -> None:
+    nodes = three_nodes
+    for node in nodes:
+        publisher = PahoClient(node.process.tcp, unique(node.name))
+        clients.append(publisher)
+        publisher.connect()
+        publisher.publish(unique("prom/c").replace("-", "/"), b"x", qos=1)
+    server = prometheus(*(node.http for node in nodes))
+    wait_until(lambda: server.query('count(up{job="broker"} == 1) == 3'), timeout=20,
+               what="all three nodes to be up")
+    members = wait_until(lambda: server.query("mqtt_cluster_members == 3"), timeout=20,
+                         what="every node to report three members")
+    assert len(members) == 3
+    received = wait_until(
+        lambda: server.query('sum(mqtt_messages_received_total{qos="1"}) >= 3'), timeout=20,
+        what="each node's publish to be scraped")
+    assert float(received[0]["value"][1]) == 3
 
 
 def test_promtool_accepts_the_metrics_of_a_busy_broker(
