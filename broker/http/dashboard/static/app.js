@@ -26,12 +26,19 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
+// What each table shows now, so a refresh that changes nothing leaves the rows (and a
+// click or a selection in them) alone.
+const shown = new WeakMap();
+
 function table(target, headers, rows) {
-  const head = el("tr", {}, ...headers.map((h) => el("th", {}, h)));
-  const body = rows.length ? rows
-    : [el("tr", {}, el("td", { colspan: headers.length }, "nothing here"))];
+  const head = el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h))));
+  const body = el("tbody", {}, ...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: headers.length }, "nothing here"))]));
   const node = typeof target === "string" ? $(target) : target;
-  node.replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
+  const markup = head.outerHTML + body.outerHTML;
+  if (shown.get(node) === markup) return;
+  shown.set(node, markup);
+  node.replaceChildren(head, body);
 }
 
 function cell(value, cls) {
@@ -209,6 +216,9 @@ async function clients() {
   });
   table("clients", ["Client ID", "Node", "State", "Protocol", "Session", "Expires in",
     "In flight", "Missed", "Subs", ""], rows);
+  $("client-count").textContent = all.meta.count > all.data.length
+    ? `${all.meta.count} sessions, the first ${all.data.length} by client ID listed`
+    : `${all.meta.count} sessions`;
   if (shownClient !== null) await clientSubscriptions();
 }
 
