@@ -8,7 +8,6 @@ for, so those waits poll its query API.
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import urllib.error
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import Cluster, Node
+from tests.cluster.conftest import Cluster, Node, free_port
 from tests.integration.clients import PahoClient, unique, wait_until
 from tests.support.broker_process import BrokerProcess
 
@@ -34,12 +33,6 @@ def _tool(name: str) -> str:
     path = shutil.which(name)
     assert path, f"Debian's {name} is missing: make install brings the prometheus package"
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -75,7 +68,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             "scrape_configs:\n"
             f"  - job_name: broker\n    static_configs: [{{targets: [{listed}]}}]\n")
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [_tool("prometheus"), f"--config.file={config}",
              f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
