@@ -27,7 +27,9 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from broker.cluster.bootstrap import GroupRecord
+from broker.cluster.group_members import NO_TARGET
 from broker.cluster.metadata import MetadataGroup
+from broker.cluster.placement import Placement, Target
 from broker.cluster.proposer import CommitTimeout
 from broker.config.loader import Config
 from broker.ds import DurableStorage
@@ -70,6 +72,8 @@ class DsGroups:
         ds.sessions.replicate = self._store_sessions
         self._serials: dict[int, int] = {}  # shard -> this node's last STORE serial
         self._raft: RaftNode | None = None
+        # The operator's placement file, when there is one (set by the app's watcher).
+        self.placement: Placement | None = None
         self._stopping = False
         self.timed_out = 0
         metadata.hosted.append(self)
@@ -106,10 +110,17 @@ class DsGroups:
             core = raft.core(group)
             if core.role == LEADER and joined:
                 self._metadata.change_membership(core, self._name(group),
-                                                 self.replication_factor)
+                                                 self.replication_factor, self._target(group))
             if (machine.applied_index - machine.flushed_index >= self._snapshot_interval
                     or machine.unflushed_bytes >= self._segment_bytes):
                 raft.compact(group, machine.flush())
+
+    def _target(self, group: int) -> Target:
+        placement = self.placement
+        if placement is None:
+            return NO_TARGET
+        shard = None if group == SESSIONS_GROUP else group - SHARD_GROUP_BASE
+        return placement.target(shard, self._metadata.member_sites())
 
     @staticmethod
     def _name(group: int) -> str:
@@ -174,6 +185,36 @@ class DsGroups:
         self._stopping = True
 
     # ---- observability --------------------------------------------------------------------
+    def sites(self) -> list[str]:
+        return sorted(self._metadata.member_sites())
+
+    async def site(self, site: str) -> dict[str, Any] | None:
+        """`GET /api/v5/ds/sites/{site}` in EMQX's shape, from each group's configuration
+        as its leader knows it: a site holds a shard where it votes (a learner's copy only
+        serves local reads and is not counted, as the operator's drain asks about the
+        replicas the placement names); `transition` "leaving" for a vote the placement
+        takes away. None for a site that is not a member."""
+        spelled = {name.lower(): name for name in self._metadata.member_sites()}
+        site = spelled.get(site.lower(), "")
+        if not site:
+            return None
+        shards: list[dict[str, Any]] = []
+        voters = await self._metadata.leaders_voters(list(self.machines))
+        for group, sites in sorted(voters.items()):
+            if site not in sites:
+                continue
+            entry: dict[str, Any] = {
+                "storage": "sessions" if group == SESSIONS_GROUP else "messages",
+                "id": str(0 if group == SESSIONS_GROUP else group - SHARD_GROUP_BASE),
+                "status": "up"}
+            target = self._target(group)
+            if site in target.excluded or (target.voters is not None
+                                           and site not in target.voters):
+                entry["transition"] = "leaving"
+            shards.append(entry)
+        return {"site": site, "node": self._metadata.name_of(site),
+                "up": self._metadata.is_up(site), "shards": shards}
+
     def status(self) -> list[dict[str, Any]]:
         raft = self._raft
         groups = []

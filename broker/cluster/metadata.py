@@ -30,6 +30,7 @@ from typing import Any, Final, Protocol
 
 from broker.cluster import group_members
 from broker.cluster.bootstrap import MEMBER, UNKNOWN, Attempt, Bootstrap, GroupRecord
+from broker.cluster.placement import Target
 from broker.cluster.proposer import Batch, Proposer
 from broker.cluster.raft_transport import RaftTransport
 from broker.cluster.rpc import Rpc, RpcError
@@ -107,7 +108,8 @@ class MetadataGroup:
                              ("raft_decided", self._rpc_decided),
                              ("raft_status", self._rpc_status),
                              ("raft_propose", self._rpc_propose),
-                             ("raft_epoch", self._rpc_epoch)):
+                             ("raft_epoch", self._rpc_epoch),
+                             ("raft_voters", self._rpc_voters)):
             rpc.register(name, method)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -323,16 +325,22 @@ class MetadataGroup:
             assert self._raft is not None
             self._raft.compact(GROUP, machine.flush())
 
+    def member_sites(self) -> set[str]:
+        """Every member of the cluster, running or down, this node included."""
+        return set(self._cluster.membership.members) | {self.me}
+
     def change_membership(self, core: RaftGroup, name: str,
-                          voter_cap: int = group_members.VOTER_CAP) -> None:
+                          voter_cap: int = group_members.VOTER_CAP,
+                          target: Target = group_members.NO_TARGET) -> None:
         """The next step of a led group towards the cluster's member list (at most
-        `voter_cap` voters, the other members learners)."""
+        `voter_cap` voters, the other members learners) and `target`'s voters."""
         members = self._cluster.membership
         last = core.log.last_index
         caught_up = {site for site, pr in core.progress.items()
                      if pr.match + core.catch_up_entries >= last}
         change = group_members.next_change(core.log.config, self.me, set(members.running()),
-                                           set(members.members), caught_up, voter_cap)
+                                           set(members.members), caught_up, voter_cap,
+                                           target)
         if change is None:
             return
         kind, site = change
@@ -475,6 +483,39 @@ class MetadataGroup:
                          json.dumps(self.bootstrap.to_json(), indent=1).encode())
 
     # ---- observability --------------------------------------------------------------------
+    async def leaders_voters(self, groups: list[int]) -> dict[int, frozenset[str]]:
+        """Each group's voters as its leader knows them (a removed member never learns of
+        its removal: it stops hearing from the group), this node's own view where no
+        leader answers within a second."""
+        asked: dict[str, list[int]] = {}
+        voters: dict[int, frozenset[str]] = {}
+        for group in groups:
+            core = self.core(group)
+            if core is None:
+                continue
+            voters[group] = frozenset(core.log.config.voters)
+            if core.leader is not None and core.leader != self.me:
+                asked.setdefault(core.leader, []).append(group)
+        for leader, led in asked.items():
+            try:
+                answer = await self._rpc.call(leader, "raft_voters", led, timeout=1.0)
+            except RpcError:
+                continue
+            for group, sites in dict(answer).items():
+                voters[int(group)] = frozenset(sites)
+        return voters
+
+    def _rpc_voters(self, params: Any) -> dict[str, list[str]]:
+        answer = {}
+        for group in params:
+            core = self.core(int(group))
+            if core is not None and core.role == LEADER:
+                answer[str(group)] = sorted(core.log.config.voters)
+        return answer
+
+    def is_up(self, site: str) -> bool:
+        return site == self.me or site in self._cluster.membership.running()
+
     def name_of(self, site: str) -> str:
         if site == self.me:
             return self._cluster.me.node

@@ -257,6 +257,11 @@ SETTINGS: tuple[Setting, ...] = (
             " database is created."),
     Setting("durable_storage.messages.replication_factor", 3, parse_int(1, 15),
             "Replicas of each shard in a cluster (capped by the number of sites)."),
+    Setting("durable_storage.messages.placement_file", "/etc/mqtt/placement/placement.json",
+            parse_str,
+            "`builtin_raft`: the operator's shard placement (watched; docs/operator-contract.md"
+            " section 3). Each shard votes on the sites it names, sites it lists as leaving are"
+            " removed from every group; without the file voters come from the member list."),
     Setting("durable_storage.messages.layout.wildcard_thresholds", "[100, 10]",
             parse_int_list(1),
             "LTS: distinct values a topic level may take at each depth before it becomes a"

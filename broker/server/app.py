@@ -13,10 +13,12 @@ import ssl
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from aiohttp import web
 
 from broker import COMPILED_MODULES
+from broker.cluster import placement
 from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
 from broker.cluster.routing import ClusterRouting
@@ -27,6 +29,7 @@ from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.http.api import make_app
 from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
+from broker.http.ds_sites_api import add_ds_site_routes
 from broker.http.header_timeout import HeaderTimeout
 from broker.metrics import add_samples, make_registry
 from broker.node import Node
@@ -72,6 +75,7 @@ class BrokerApp:
         self._http: web.AppRunner | None = None
         self._http_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._placement_seen: tuple[int, ...] | None = None
         self._tls: ssl.SSLContext | None = None
         self.ports: dict[str, int] = {}
 
@@ -127,6 +131,8 @@ class BrokerApp:
             if self.metadata is not None:
                 add_samples(registry, self.metadata.metrics)
                 add_raft_routes(web_app, self.metadata)
+            if self.ds_groups is not None:
+                add_ds_site_routes(web_app, self.ds_groups)
             # A kept-alive connection's next request has as long as a new one's first.
             header_timeout = config["dashboard.listeners.http.header_timeout"]
             self._http = web.AppRunner(web_app, access_log=None, keepalive_timeout=header_timeout)
@@ -143,6 +149,10 @@ class BrokerApp:
         await self.cluster.start()
         if self.ds_groups is not None:
             self._tasks.append(asyncio.create_task(self._restore_replicated()))
+            watch = partial(self._watch_placement, self.ds_groups,
+                            Path(config["durable_storage.messages.placement_file"]),
+                            config["durable_storage.messages.n_shards"])
+            self._every(PLACEMENT_POLL, watch, at_once=True)
         node.security.start()
         if node.ds is not None:
             node.ds.start()
@@ -162,6 +172,26 @@ class BrokerApp:
         # As in EMQX, the first round comes one interval after start, and rounds count in
         # the node's metrics like any message (no_subscribers drops, 3 retained messages).
         self._every(config["sys_topics.sys_msg_interval"], sys_topics.publish)
+
+    def _watch_placement(self, groups: DsGroups, path: Path, n_shards: int) -> None:
+        """A stat per poll; the file is read again when it changed (kubelet swaps a
+        ConfigMap's files by a symlink, which changes the inode)."""
+        try:
+            stat = path.stat()
+            seen: tuple[int, ...] | None = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            seen = None
+        if seen == self._placement_seen:
+            return
+        self._placement_seen = seen
+        try:
+            groups.placement = placement.read(path, n_shards)
+        except placement.PlacementError as error:
+            log.error("placement file %s not followed: %s", path, error)
+            return
+        if groups.placement is not None:
+            log.info("following placement revision %d from %s", groups.placement.revision,
+                     path)
 
     async def _restore_replicated(self) -> None:
         """Replicated storage: this node's durable sessions come back once its replica of
@@ -240,6 +270,7 @@ def _gate(config: Config, listener: str) -> ListenerGate:
 # allocates short-lived objects in bursts, freed by reference counting, and each collection
 # walked all of them for nothing (~5% of the CPU per durable message, bench/pathcost.py).
 _GC_THRESHOLDS = (50_000, 20, 20)
+PLACEMENT_POLL = 2.0  # seconds: kubelet itself refreshes a ConfigMap volume within ~1 min
 
 
 def _tune_collector() -> None:
