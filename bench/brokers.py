@@ -311,6 +311,12 @@ RESTART_POLL = 0.01
 """Probe interval while timing a restart: the figure is only as precise as this."""
 
 
+def respawn(broker: Running) -> None:
+    """Start a broker whose process has exited again, on the same data and ports, without
+    waiting for it (replication_bench.py watches an emptied node catch up meanwhile)."""
+    broker.proc = _spawn(broker.argv, broker.tmp, broker.log)
+
+
 def restart(broker: Running, sig: int, stop_timeout: float = 120.0) -> tuple[float, float]:
     """Stop the broker with `sig`, start it again on the same data and ports; returns
     (seconds until the old process exited, seconds from the new one's start to its first
@@ -320,7 +326,7 @@ def restart(broker: Running, sig: int, stop_timeout: float = 120.0) -> tuple[flo
     started = time.monotonic()
     _stop(broker.proc, sig, stop_timeout)
     stopped = time.monotonic()
-    broker.proc = _spawn(broker.argv, broker.tmp, broker.log)
+    respawn(broker)
     _wait_ready(broker, RESTART_POLL)
     broker.ready_s = time.monotonic() - stopped
     return stopped - started, broker.ready_s

@@ -76,6 +76,7 @@ failover time is known to about this plus one round trip."""
 FAILOVER_LIMIT = 60.0
 SETTLE_TIMEOUT = 60.0
 POLL = 0.05
+PARTS = ("throughput", "failover", "catch-up")
 
 
 class Config(NamedTuple):
@@ -298,6 +299,12 @@ def throughput_round(pl: Placement, members: list[Running], timing: Timing,
     if "error" in cell:
         return cell
     cell.update(window.figures(cell["window_s"]))
+    if len(members) > 1 and node.name == "ours":
+        # A durable session's state (acknowledgements, stream positions) is written through
+        # the `sessions` group: kept to compare rounds whose leader was here or elsewhere.
+        status = raft_status(node)
+        cell["sessions_leader_on_node1"] = any(
+            g["name"] == "sessions" and g["leader"] == status["site"] for g in status["groups"])
     print(f"  {'':<22} PUBACK p50 {cell.get('puback_p50_ms')} ms, p99 "
           f"{cell.get('puback_p99_ms')} ms ({cell['puback_samples']} probes)"
           + (f"; WAL entries/fsync per node {cell['wal_entries_per_fsync']}"
@@ -410,12 +417,30 @@ def _commits(members: list[Running]) -> dict[int, int]:
     return out
 
 
+def _answers(member: Running) -> bool:
+    try:
+        raft_status(member)
+    except OSError:  # not listening yet
+        return False
+    return True
+
+
 def _applied(member: Running, target: dict[int, int]) -> bool:
     try:
         groups = {g["id"]: g["applied"] for g in raft_status(member)["groups"]}
     except OSError:  # not listening yet
         return False
     return all(groups.get(group, -1) >= index for group, index in target.items())
+
+
+def _membership(member: Running, old_site: str) -> dict[str, int]:
+    """In how many of the groups `member` hosts its (new) site votes, and its old site
+    (the data dir that was wiped) still does, as it sees them at the end of the round."""
+    status = raft_status(member)
+    groups = status["groups"]
+    return {"groups": len(groups),
+            "new_site_voter_in": sum(status["site"] in g["voters"] for g in groups),
+            "old_site_voter_in": sum(old_site in g["voters"] for g in groups)}
 
 
 def _size(path: Path) -> int:
@@ -439,25 +464,28 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
         wait_for(lambda: all(_applied(m, target) for m in members), members,
                  "every node applied the messages")
         victim, source = members[2], members[1]
+        old_site = raft_status(victim)["site"]
         os.kill(victim.pid, signal.SIGKILL)
         victim.proc.wait()
         data = victim.tmp / "data"
         shutil.rmtree(data)
         data.mkdir()
         started = time.monotonic()
-        _, connack_s = brokers.restart(victim, signal.SIGKILL)
+        brokers.respawn(victim)
+        up = wait_for(lambda: _answers(victim), members, "the emptied node's HTTP API")
         done = wait_for(lambda: _applied(victim, target), members,
                         "the new replica caught up", 600)
-        seconds = done - started
+        connack = wait_for(lambda: brokers.probe(victim.port), members, "its first CONNACK")
         copy = victim.tmp.parent / "copy"
         copy_started = time.monotonic()
         subprocess.run(["cp", "-r", str(source.tmp / "data"), str(copy)], check=True)
         copy_s = time.monotonic() - copy_started
         out.update({
-            "start_to_connack_s": round(connack_s, 3),
-            "caught_up_s": round(seconds, 3),
-            "after_connack_s": round(seconds - connack_s, 3),
-            "catch_up_msgs_per_s": round(messages / max(seconds - connack_s, POLL)),
+            "up_s": round(up - started, 3),
+            "caught_up_s": round(done - started, 3),
+            "transfer_s": round(done - up, 3),
+            "first_connack_s": round(connack - started, 3),
+            "catch_up_msgs_per_s": round(messages / max(done - up, POLL)),
             "source_data_mib": round(_size(source.tmp / "data") / 2**20, 1),
             "replica_data_mib": round(_size(data) / 2**20, 1),
             "copy_s": round(copy_s, 3),
@@ -468,8 +496,9 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
         shutil.rmtree(copy)
         drained = durable_bench.drain(victim, 1, messages)
         out.update({"drain_" + k.removeprefix("drain_"): v for k, v in drained.items()})
+        out.update(_membership(victim, old_site))
         out["catch_up_over_copy"] = round(out["catch_up_msgs_per_s"] / out["copy_msgs_per_s"], 4)
-    print(f"-> {out['after_connack_s']} s after the first CONNACK "
+    print(f"-> {out['transfer_s']} s from its HTTP API's first answer "
           f"({out['catch_up_msgs_per_s']:,} msgs/s); cp -r {out['copy_s']} s; "
           f"drained {out['drain_delivered']} of {messages}", flush=True)
     return out
@@ -499,7 +528,8 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | No
 def one_run(configs: list[Config], timing: Timing, rounds: int, failovers: int,
             catch_up_messages: int) -> dict[str, Any]:
     started = time.monotonic()
-    results = {c.key: run_config(c, timing, rounds, failovers) for c in configs}
+    results = {c.key: run_config(c, timing, rounds, failovers) for c in configs
+               if rounds or (failovers and replicated(c))}
     run: dict[str, Any] = {"results": results, "ratios": ratios(results)}
     if any(replicated(c) for c in configs) and catch_up_messages:
         run["catch_up"] = []
@@ -527,7 +557,7 @@ def table(run: dict[str, Any]) -> str:
     pairs = [(a, b, target) for a, b, target in RATIOS if a in results and b in results]
     rows = [["measure", *(results[c]["config"] for c in results),
              *(f"{a}/{b}" for a, b, _ in pairs), "target"]]
-    for pl in PLACEMENTS:
+    for pl in [pl for pl in PLACEMENTS if any(pl.key in c for c in results.values())]:
         for name, label in FIGURES:
             row = [f"{pl.title}: {label}"]
             for config in results.values():
@@ -544,7 +574,7 @@ def table(run: dict[str, Any]) -> str:
             row = [f"{pl.title}: {label}"]
             row += [_text((config.get(pl.key) or {}).get(name)) for config in results.values()]
             rows.append([*row, *([""] * len(pairs)), ""])
-    lines = report.align(rows)
+    lines = report.align(rows) if len(rows) > 1 else []
     if any(" *" in cell for row in rows for cell in row):
         lines.append("* counts did not add up (lost, duplicates or unacknowledged: see the JSON)")
     for key, config in results.items():
@@ -566,8 +596,9 @@ def table(run: dict[str, Any]) -> str:
             continue
         lines.append(
             f"catch-up ({cu['variant']}), {cu['messages']:,} messages, "
-            f"{cu['source_data_mib']} MiB: new replica {cu['after_connack_s']} s after its "
-            f"first CONNACK ({cu['start_to_connack_s']} s to start) = "
+            f"{cu['source_data_mib']} MiB: new replica {cu['transfer_s']} s after its "
+            f"HTTP API answered ({cu['up_s']} s to start, first CONNACK {cu['first_connack_s']}"
+            f" s) = "
             f"{cu['catch_up_msgs_per_s']:,} msgs/s; cp -r {cu['copy_s']} s = "
             f"{cu['copy_msgs_per_s']:,} msgs/s; ratio {cu['catch_up_over_copy']:.3f}x; "
             f"drained from it {cu['drain_delivered']:,} of {cu['messages']:,}")
@@ -583,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failovers", type=int, help="shard leaders killed per run (5)")
     parser.add_argument("--catch-up-messages", type=int,
                         help="messages a new replica catches up (50000)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="comma-separated subset of: " + ",".join(PARTS))
     parser.add_argument("--quick", action="store_true",
                         help="one run, one 1 s round each, one kill, 5000 messages: a smoke run")
     brokers.add_arguments(parser, ALL_BROKERS, RESULTS, pinning=False)
@@ -598,13 +631,20 @@ def main(argv: list[str] | None = None) -> int:
     runs, rounds = pick(args.runs, 2, 1), pick(args.rounds, 3, 1)
     failovers = pick(args.failovers, 5, 1)
     messages = pick(args.catch_up_messages, 50_000, 5_000)
+    parts = {part.strip() for part in args.parts.split(",") if part.strip()}
+    if unknown := parts - set(PARTS):
+        raise SystemExit(f"unknown part(s) {sorted(unknown)}; choose from {', '.join(PARTS)}")
+    rounds, failovers, messages = (rounds if "throughput" in parts else 0,
+                                   failovers if "failover" in parts else 0,
+                                   messages if "catch-up" in parts else 0)
     configs = [c for c in CONFIGS if c.broker in names]
     versions = {b: brokers.version(b) for b in names}
     print(f"brokers: {versions}; {runs} run(s) of {rounds} round(s), window {timing.duration}s "
           f"after {timing.warmup}s; no CPU pinning; load average {os.getloadavg()[0]:.2f}")
     env = report.environment(versions, timing, brokers.load_cpus())
     env.pop("idle_connections")
-    env.update({"configs": {c.key: c.title for c in configs}, "runs": runs, "rounds": rounds,
+    env.update({"configs": {c.key: c.title for c in configs}, "parts": sorted(parts),
+                "runs": runs, "rounds": rounds,
                 "failovers": failovers, "catch_up_messages": messages,
                 "probe_interval_s": PROBE_INTERVAL, "publisher_window": cluster_bench.WINDOW,
                 "qos1_max_lag": cluster_bench.QOS1_MAX_LAG,
