@@ -30,6 +30,7 @@ def test_quick_run_verifies_throughput_failover_and_catch_up(tmp_path: Path) -> 
             assert cell["puback_samples"] > 0
             assert 0 < cell["puback_p50_ms"] <= cell["puback_p99_ms"] <= cell["puback_max_ms"]
     for pl in replication_bench.PLACEMENTS:
+        assert isinstance(results["ours3"][pl.key]["sessions_leader_on_node1"], bool)
         # every node of RF 3 wrote log entries, each fsync at least one
         per_node = results["ours3"][pl.key]["wal_entries_per_fsync"]
         assert len(per_node) == 3 and all(n is not None and n >= 1 for n in per_node), per_node
@@ -45,6 +46,8 @@ def test_quick_run_verifies_throughput_failover_and_catch_up(tmp_path: Path) -> 
         assert cu["published"] == MESSAGES
         assert cu["drain_delivered"] == MESSAGES and cu["drain_sessions_present"] == 1, cu
         assert cu["replica_data_mib"] > 0 and cu["copy_s"] > 0
+        assert 0 < cu["up_s"] <= cu["caught_up_s"] and cu["transfer_s"] >= 0
+        assert cu["groups"] == 2 + replication_bench.N_SHARDS  # it hosts every group
     assert run["catch_up"][1]["snapshot_indexes"] > 0  # its logs were compacted
     assert "ours3/ours1" in replication_bench.table(run)
 
