@@ -105,6 +105,13 @@ def _time(us: int | None) -> str:
 
 def format_info(info: dict[str, Any]) -> str:
     lines = ["SITE", f"  {info['site_id']} (this node)"]
+    if info.get("sites"):  # builtin_raft: the shards each site votes in
+        lines += ["", f"  {'SITE':<18}{'NODE':<28}{'UP':<5}SHARDS (messages; * leaving)"]
+        for site in info["sites"]:
+            held = [shard["id"] + ("*" if shard.get("transition") == "leaving" else "")
+                    for shard in site["shards"] if shard["storage"] == "messages"]
+            lines.append(f"  {site['site']:<18}{site['node']:<28}"
+                         f"{'yes' if site['up'] else 'no':<5}{' '.join(held) or '-'}")
     for db in info["databases"]:
         lines.append("")
         if "shards" not in db:
@@ -125,6 +132,18 @@ def format_info(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _sites(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """builtin_raft's sites and the shards they hold; none from a node with node-local
+    storage (404)."""
+    try:
+        sites = _http(args, "/api/v5/ds/sites")
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return []
+        raise
+    return [_http(args, f"/api/v5/ds/sites/{site}") for site in sites]
+
+
 def ds_command(args: argparse.Namespace) -> int:
     try:
         if args.action == "seal":
@@ -136,6 +155,7 @@ def ds_command(args: argparse.Namespace) -> int:
             info = asyncio.run(_offline_info(Path(args.data_dir)))
         else:
             info = _http(args, "/api/v5/ds/storages")
+            info["sites"] = _sites(args)
     except (urllib.error.URLError, OSError, plyvel.Error) as error:
         where = args.data_dir or args.url
         print(f"broker ctl: cannot read durable storage at {where}: {error}", file=sys.stderr)

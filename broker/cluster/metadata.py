@@ -488,21 +488,29 @@ class MetadataGroup:
         its removal: it stops hearing from the group), this node's own view where no
         leader answers within a second."""
         asked: dict[str, list[int]] = {}
+        leaderless: list[int] = []
         voters: dict[int, frozenset[str]] = {}
         for group in groups:
             core = self.core(group)
             if core is None:
                 continue
             voters[group] = frozenset(core.log.config.voters)
-            if core.leader is not None and core.leader != self.me:
+            if core.leader is None:  # a removed node's case: whoever leads answers
+                leaderless.append(group)
+            elif core.leader != self.me:
                 asked.setdefault(core.leader, []).append(group)
+        answers = [await self._rpc.multicall("raft_voters", leaderless, 1.0)] if leaderless \
+            else []
         for leader, led in asked.items():
             try:
-                answer = await self._rpc.call(leader, "raft_voters", led, timeout=1.0)
+                answers.append({leader: await self._rpc.call(leader, "raft_voters", led,
+                                                             timeout=1.0)})
             except RpcError:
                 continue
-            for group, sites in dict(answer).items():
-                voters[int(group)] = frozenset(sites)
+        for answer in (one for batch in answers for one in batch.values()):
+            if isinstance(answer, dict):
+                for group, sites in answer.items():
+                    voters[int(group)] = frozenset(sites)
         return voters
 
     def _rpc_voters(self, params: Any) -> dict[str, list[str]]:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.cluster.test_replicated_ds import REPLICATED, _client, _groups_led
-from tests.integration.clients import PahoClient, unique, wait_until
+from tests.integration.clients import PahoClient, run_cli, unique, wait_until
 
 N_SHARDS = 4
 
@@ -52,6 +52,12 @@ def test_a_leaving_site_is_drained_and_reports_no_shard(
     for group in http_json(nodes[0].http, "/api/v5/raft")["groups"]:
         if group["name"] != "metadata":
             assert sites[2] not in group["voters"] + group["learners"], group
+    shown = run_cli("ctl", "ds", "info", "--url", f"http://127.0.0.1:{nodes[0].http}")
+    assert shown.returncode == 0, shown.stderr
+    rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines()
+            if line.strip() and line.split()[0] in sites}
+    assert rows[sites[0]][2:] == ["yes", "0", "1", "2", "3"]
+    assert rows[sites[2]][2:] == ["yes", "-"]
 
     # The two that stay are a majority of every group: durable publishes are acknowledged.
     subscriber = _client(clients, nodes[0], unique("sub"))

@@ -6,9 +6,8 @@ node) and `builtin_raft` (replicated).
 
 With `builtin_local` the faults it survives pass; those that need replicated Durable Storage
 (a session's node lost, a minority that must not acknowledge) are strict xfails: they run,
-and an unexpected pass fails, saying the mark should go. With `builtin_raft` every test is
-expected to pass; they are non-strict xfails for now, for the issues they found (see
-RAFT_KNOWN_ISSUES), which strike at random.
+and an unexpected pass fails, saying the mark should go. With `builtin_raft` every test
+must pass.
 
 Subscribers' sessions start on the node of their first connection (`homes`): the faults
 that must pass with `builtin_local` hit the other nodes.
@@ -35,18 +34,11 @@ NEEDS_REPLICATION = pytest.mark.xfail(
     strict=True, reason="needs replicated Durable Storage (issue 18): with builtin_local a"
     " durable session and its messages live on one node")
 
-# Found by these tests on builtin_raft, intermittently (so not strict): remove once fixed.
-RAFT_KNOWN_ISSUES = pytest.mark.xfail(
-    strict=False, reason="builtin_raft: a durable session that moves to another node loses"
-    " QoS 2 deliveries in flight at the move (PUBLISH sent, PUBREL not) when that node's"
-    " replica of the messages shard has not applied them yet, and after a partition or a"
-    " frozen node sends messages the client already acknowledged again without DUP")
-
 BOTH = pytest.mark.parametrize("storage", [
-    pytest.param(LOCAL, id="local"), pytest.param(RAFT, id="raft", marks=RAFT_KNOWN_ISSUES)])
+    pytest.param(LOCAL, id="local"), pytest.param(RAFT, id="raft")])
 REPLICATED = pytest.mark.parametrize("storage", [
     pytest.param(LOCAL, id="local", marks=NEEDS_REPLICATION),
-    pytest.param(RAFT, id="raft", marks=RAFT_KNOWN_ISSUES)])
+    pytest.param(RAFT, id="raft")])
 
 # A freeze shorter than failure detection: peers keep the node's links and routes.
 SLOW_DETECTION = {"node.dist_net_ticktime": "10s"}
