@@ -208,6 +208,8 @@ class Running:
     """The process doing the work when `proc` is a wrapper that waits on it (RabbitMQ's start
     script and its beam.smp): the one whose CPU is measured and that must not outlive us."""
     credentials: tuple[str, str] | None = None  # the readiness probe's (`Launch`)
+    env: dict[str, str] | None = None  # how `proc` was started, to start it again
+    user: str | None = None
 
     @property
     def pid(self) -> int:
@@ -314,7 +316,8 @@ RESTART_POLL = 0.01
 def respawn(broker: Running) -> None:
     """Start a broker whose process has exited again, on the same data and ports, without
     waiting for it (replication_bench.py watches an emptied node catch up meanwhile)."""
-    broker.proc = _spawn(broker.argv, broker.tmp, broker.log)
+    broker.proc = _spawn(broker.argv, broker.tmp, broker.log, broker.env, broker.user)
+    broker.worker_pid = None  # a wrapper's worker is looked up again (`restart`)
 
 
 def restart(broker: Running, sig: int, stop_timeout: float = 120.0) -> tuple[float, float]:
@@ -326,8 +329,11 @@ def restart(broker: Running, sig: int, stop_timeout: float = 120.0) -> tuple[flo
     started = time.monotonic()
     _stop(broker.proc, sig, stop_timeout)
     stopped = time.monotonic()
+    wrapped = broker.worker_pid is not None
     respawn(broker)
     _wait_ready(broker, RESTART_POLL)
+    if wrapped:
+        broker.worker_pid = _beam(broker.proc)
     broker.ready_s = time.monotonic() - stopped
     return stopped - started, broker.ready_s
 
@@ -431,7 +437,7 @@ def _rabbitmq_env(tmp: Path, epmd_port: int) -> dict[str, str]:
             "RABBITMQ_CTL_ERL_ARGS": LOOPBACK_DIST}
 
 
-def _rabbitmqctl(env: dict[str, str], tmp: Path, node: str, *args: str) -> None:
+def _rabbitmqctl(env: dict[str, str], tmp: Path, node: str, *args: str) -> str:
     argv = [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node, *args]
     try:
         done = subprocess.run(argv, env=env, cwd=tmp, user=RABBITMQ_USER, group=RABBITMQ_USER,
@@ -441,6 +447,14 @@ def _rabbitmqctl(env: dict[str, str], tmp: Path, node: str, *args: str) -> None:
     if done.returncode:
         raise BrokerUnavailable(f"{' '.join(argv)} exited with {done.returncode}: "
                                 f"{(done.stdout + done.stderr).strip()[-500:]}")
+    return done.stdout
+
+
+def rabbitmqctl(member: Running, *args: str) -> str:
+    """`rabbitmqctl` against a member of a RabbitMQ cluster (`running_cluster`): its
+    output."""
+    assert member.env is not None, "not a RabbitMQ cluster member"
+    return _rabbitmqctl(member.env, member.tmp, member.node, *args)
 
 
 def _beam(script: subprocess.Popen[bytes]) -> int | None:
@@ -496,7 +510,8 @@ def _rabbitmq_cluster(tmp: Path, nodes: int, members: list[Running],
         log = node_tmp / "broker.log"
         members.append(Running("rabbitmq", mqtt_port,
                                _spawn(argv, node_tmp, log, node_env, RABBITMQ_USER),
-                               node_tmp, log, argv, node=node))
+                               node_tmp, log, argv, node=node, env=node_env,
+                               user=RABBITMQ_USER))
     deadline = time.monotonic() + CLUSTER_READY_TIMEOUT
     for member in members:
         def found(m: Running = member) -> bool:

@@ -17,10 +17,12 @@ fresh cluster whose clients all connect to its first node:
   probe publishes one QoS 1 message at a time (every PROBE_INTERVAL) to a topic an offline
   persistent session holds: its PUBLISH -> PUBACK times are the latency percentiles. Ours
   also reports, per node, Raft log entries per write-ahead-log fsync in the window.
-Then, ours RF 3 only:
-  failover: kill -9 of the node leading the shard of a probe publishing from another node;
-            the time from the kill to the first PUBACK of a PUBLISH sent after it; the node is
-            restarted and the next round kills the leader of another shard;
+Then, on the 3-node clusters:
+  failover: kill -9 of the node leading what a probe on another node publishes to (ours: the
+            shard of its client ID; RabbitMQ: its subscriber's quorum queue); the time from
+            the kill to the first PUBACK of a PUBLISH sent after it; the node is restarted
+            and the next round kills another leader;
+and on ours RF 3 only:
   catch-up: on a fresh cluster, N messages stored, one node killed, its data dir wiped and
             the node started again: the time until its replica has applied every entry
             committed before (new site, joined as a learner), against `cp -r` of a surviving
@@ -31,6 +33,7 @@ Writes bench/replication_results.json (every run).
 """
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -41,6 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -331,7 +335,11 @@ def run_config(config: Config, timing: Timing, rounds: int,
                 for pl in PLACEMENTS:
                     cells[pl.key].append(throughput_round(
                         pl, members, timing, f"{config.key}-{pl.key}-{n + 1}"))
-            if replicated(config) and failovers:
+            if config.broker == "rabbitmq":  # evidence that the sessions' queues are quorum
+                listing = json.loads(brokers.rabbitmqctl(
+                    members[0], "-q", "list_queues", "name", "type", "--formatter", "json"))
+                out["queue_types"] = sorted({q["type"] for q in listing})
+            if config.nodes > 1 and failovers:
                 out["failover"] = failover(members, failovers)
     except Exception as exc:
         failed = {"error": f"{type(exc).__name__}: {exc}"}
@@ -348,7 +356,66 @@ def run_config(config: Config, timing: Timing, rounds: int,
     return out
 
 
-# ---- failover (ours RF 3) ----------------------------------------------------------------
+# ---- failover (ours RF 3, RabbitMQ x3) ----------------------------------------------------
+
+@dataclass(slots=True)
+class Target:
+    """One failover round's roles: the probe publishes to `node` as `probe_id` on `topic`,
+    whose messages only `victim` leads (ours: the shard's leader; RabbitMQ: the quorum
+    queue's); `leader()` names the leader as seen from `node` (after the kill: the new
+    one), `settled()` waits until the cluster is whole again after the victim's restart."""
+
+    node: Running
+    victim: Running
+    probe_id: str
+    topic: str
+    what: dict[str, Any]
+    leader: Callable[[], str | None]
+    settled: Callable[[], None]
+
+
+def ours_target(members: list[Running], n: int) -> Target:
+    """The probe on node n % 3, its client ID one whose shard another node leads."""
+    node = members[n % len(members)]
+    me, leaders = raft_status(node)["site"], shard_leaders(node)
+    sites = {raft_status(m)["site"]: m for m in members}
+    probe_id = next(c for c in (f"bench-failover-{n}-{i}" for i in range(1000))
+                    if leaders.get(shard_of(c, N_SHARDS)) not in (None, me))
+    shard = shard_of(probe_id, N_SHARDS)
+    topic = f"bench/failover/{n}"
+    durable_subscription(node.port, f"bench-failover-{n}-sub", topic)
+
+    def leader() -> str | None:
+        site = shard_leaders(node).get(shard)
+        return sites[site].node if site in sites else site
+
+    return Target(node, sites[str(leaders[shard])], probe_id, topic, {"shard": shard},
+                  leader, lambda: wait_led(members))
+
+
+def rabbitmq_target(members: list[Running], n: int) -> Target:
+    """The session's quorum queue declared on node n % 3 (RabbitMQ 3.10 puts a quorum
+    queue's leader on the declaring node), the probe on the next node."""
+    declared, node = members[n % len(members)], members[(n + 1) % len(members)]
+    session, topic = f"bench-failover-{n}-sub", f"bench/failover/{n}"
+    durable_subscription(declared.port, session, topic)
+    queue = f"mqtt-subscription-{session}qos1"
+
+    def leader() -> str | None:
+        listing = json.loads(brokers.rabbitmqctl(node, "-q", "list_queues", "name", "leader",
+                                                 "--formatter", "json"))
+        return next((q["leader"] for q in listing if q["name"] == queue), None)
+
+    victim = next(m for m in members if m.node == leader())
+    if victim is node:
+        raise RuntimeError(f"{queue} is led by the probe's node {node.node}")
+
+    def settled() -> None:
+        brokers.rabbitmqctl(victim, "await_online_nodes", str(len(members)))
+
+    return Target(node, victim, f"bench-failover-{n}-pub", topic, {"queue": queue}, leader,
+                  settled)
+
 
 def failover(members: list[Running], kills: int) -> dict[str, Any]:
     """`kills` times `failover_once`, the probe on each node in turn; p50 and max."""
@@ -359,27 +426,19 @@ def failover(members: list[Running], kills: int) -> dict[str, Any]:
 
 
 def failover_once(members: list[Running], n: int) -> dict[str, Any]:
-    """A probe on node n % nodes publishes to a shard another node leads; that node is
+    """A probe publishes through one node to messages another node leads; that node is
     killed (-9): seconds from the kill to the first PUBACK of a PUBLISH sent after it. The
     node is started again on its data and the cluster settles before the next kill."""
-    node = members[n % len(members)]
-    me, leaders = raft_status(node)["site"], shard_leaders(node)
-    sites = {raft_status(m)["site"]: m for m in members}
-    probe_id = next(c for c in (f"bench-failover-{n}-{i}" for i in range(1000))
-                    if leaders.get(shard_of(c, N_SHARDS)) not in (None, me))
-    shard = shard_of(probe_id, N_SHARDS)
-    victim = sites[str(leaders[shard])]
+    target = (ours_target if members[0].name == "ours" else rabbitmq_target)(members, n)
+    node, victim = target.node, target.victim
     survivors = [m for m in members if m is not victim]
-    topic = f"bench/failover/{n}"
-    durable_subscription(node.port, f"bench-failover-{n}-sub", topic)
-    print(f"  failover {n + 1}: shard {shard}, kill -9 {victim.node} (probe on {node.node})",
+    print(f"  failover {n + 1}: {target.what}, kill -9 {victim.node} (probe on {node.node})",
           end=" ", flush=True)
-    with Probe(node.port, probe_id, topic, FAILOVER_PROBE_INTERVAL) as probe:
+    with Probe(node.port, target.probe_id, target.topic, FAILOVER_PROBE_INTERVAL) as probe:
         probe.recording = True
         time.sleep(1.0)  # acknowledgements flowing before the kill
         probe.check()
-        before = len(probe.samples)
-        if not before:
+        if not probe.samples:
             raise RuntimeError(f"failover probe: no PUBACK in 1 s from {node.node}")
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -388,13 +447,11 @@ def failover_once(members: list[Running], n: int) -> dict[str, Any]:
         probe.check()
         first = probe.first_ack_after(killed)
         assert first is not None
-    new_leader = shard_leaders(node).get(shard)
+    cell = {**target.what, "killed": victim.node, "probe_node": node.node,
+            "failover_s": round(first - killed, 3), "new_leader": target.leader()}
     _, restart_s = brokers.restart(victim, signal.SIGKILL)
-    wait_led(members)
-    cell = {"shard": shard, "killed": victim.node, "probe_node": node.node,
-            "failover_s": round(first - killed, 3),
-            "new_leader": sites[new_leader].node if new_leader in sites else new_leader,
-            "restart_to_connack_s": round(restart_s, 3)}
+    target.settled()
+    cell["restart_to_connack_s"] = round(restart_s, 3)
     print(f"-> first PUBACK after {cell['failover_s']} s; new leader {cell['new_leader']}",
           flush=True)
     return cell
@@ -520,8 +577,12 @@ FIGURES = (("msgs_per_s", "msgs/s"), ("puback_p50_ms", "PUBACK p50 (ms)"),
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per pair of RATIOS, the figures of FIGURES per placement and, where both ran it,
+    the failover time's p50."""
     return {f"{a}/{b}": {f"{pl.key}.{name}": ratio(results, a, b, pl.key, name)
                          for pl in PLACEMENTS for name, _ in FIGURES}
+            | ({"failover_p50_s": ratio(results, a, b, "failover", "failover_p50_s")}
+               if "failover" in results[a] and "failover" in results[b] else {})
             for a, b, _ in RATIOS if a in results and b in results}
 
 
@@ -529,7 +590,7 @@ def one_run(configs: list[Config], timing: Timing, rounds: int, failovers: int,
             catch_up_messages: int) -> dict[str, Any]:
     started = time.monotonic()
     results = {c.key: run_config(c, timing, rounds, failovers) for c in configs
-               if rounds or (failovers and replicated(c))}
+               if rounds or (failovers and c.nodes > 1)}
     run: dict[str, Any] = {"results": results, "ratios": ratios(results)}
     if any(replicated(c) for c in configs) and catch_up_messages:
         run["catch_up"] = []
@@ -587,7 +648,7 @@ def table(run: dict[str, Any]) -> str:
                          f"{report.BUSY_MACHINE} CPUs busy (shared machine)")
         if fo := config.get("failover"):
             times = [k.get("failover_s") for k in fo["kills"]]
-            lines.append(f"{key} failover, kill -9 of a shard leader -> first PUBACK: p50 "
+            lines.append(f"{key} failover, kill -9 of the leader -> first PUBACK: p50 "
                          f"{_text(fo['failover_p50_s'])} s, max {_text(fo['failover_max_s'])} s"
                          f" over {len(times)} kills {times}")
     for cu in run.get("catch_up", []):
@@ -611,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="rounds of each placement per run (3)")
     parser.add_argument("--duration", type=float, help="measured window per round (5 s)")
     parser.add_argument("--warmup", type=float, help="unmeasured ramp-up per round (2 s)")
-    parser.add_argument("--failovers", type=int, help="shard leaders killed per run (5)")
+    parser.add_argument("--failovers", type=int, help="leaders killed per 3-node cluster (5)")
     parser.add_argument("--catch-up-messages", type=int,
                         help="messages a new replica catches up (50000)")
     parser.add_argument("--parts", default=",".join(PARTS),
