@@ -52,6 +52,11 @@ def shard_group(shard: int) -> int:
     return SHARD_GROUP_BASE + shard
 
 
+def _shard_of(group: int) -> int | None:
+    """The `messages` shard a group holds; None for `sessions`."""
+    return None if group == SESSIONS_GROUP else group - SHARD_GROUP_BASE
+
+
 class DsGroups:
     def __init__(self, config: Config, ds: DurableStorage, metadata: MetadataGroup,
                  on_session_writes: Callable[[list[cmd.KVWrite], bool], None],
@@ -119,14 +124,12 @@ class DsGroups:
         placement = self.placement
         if placement is None:
             return NO_TARGET
-        shard = None if group == SESSIONS_GROUP else group - SHARD_GROUP_BASE
-        return placement.target(shard, self._metadata.member_sites())
+        return placement.target(_shard_of(group), self._metadata.member_sites())
 
     @staticmethod
     def _name(group: int) -> str:
-        if group == SESSIONS_GROUP:
-            return "sessions"
-        return f"messages shard {group - SHARD_GROUP_BASE}"
+        shard = _shard_of(group)
+        return "sessions" if shard is None else f"messages shard {shard}"
 
     def leads(self, shard: int) -> bool:
         core = self._metadata.core(shard_group(shard))
@@ -164,16 +167,18 @@ class DsGroups:
                 f"{self._name(group)}: not committed within {self._timeout:g} s (no leader"
                 " reachable: this node is on a minority's side?)") from None
 
-    async def sync(self) -> bool:
+    async def sync(self, sessions: bool = True) -> bool:
         """True once this node's replicas hold everything committed before the call, in
-        `sessions` and in every shard (a barrier committed through each group's log and
-        applied here), so a session that moves here finds its state and the messages its
-        in-flight window names; False after the commit timeout (a replica may be behind:
-        this node is cut off from a majority)."""
+        `sessions` (unless `sessions` is False: a caller that just committed there) and in
+        every shard (a barrier committed through each group's log and applied here), so a
+        session that moves here finds its state and the messages its in-flight window
+        names; False after the commit timeout (a replica may be behind: this node is cut
+        off from a majority)."""
+        groups = [group for group in self.machines if sessions or group != SESSIONS_GROUP]
         try:
             async with asyncio.timeout(self._timeout):
                 await asyncio.gather(*(self._metadata.commit(group, cmd.BARRIER_COMMAND)
-                                       for group in self.machines))
+                                       for group in groups))
         except TimeoutError:
             log.warning("Durable Storage: a barrier not committed within %g s; this node's"
                         " replicas may be behind", self._timeout)
@@ -203,10 +208,9 @@ class DsGroups:
         for group, sites in sorted(voters.items()):
             if site not in sites:
                 continue
-            entry: dict[str, Any] = {
-                "storage": "sessions" if group == SESSIONS_GROUP else "messages",
-                "id": str(0 if group == SESSIONS_GROUP else group - SHARD_GROUP_BASE),
-                "status": "up"}
+            shard = _shard_of(group)
+            entry: dict[str, Any] = {"storage": "sessions" if shard is None else "messages",
+                                     "id": str(shard or 0), "status": "up"}
             target = self._target(group)
             if site in target.excluded or (target.voters is not None
                                            and site not in target.voters):

@@ -499,15 +499,15 @@ class MetadataGroup:
                 leaderless.append(group)
             elif core.leader != self.me:
                 asked.setdefault(core.leader, []).append(group)
-        answers = [await self._rpc.multicall("raft_voters", leaderless, 1.0)] if leaderless \
-            else []
+        answers: list[Any] = []
+        if leaderless:
+            answers += (await self._rpc.multicall("raft_voters", leaderless, 1.0)).values()
         for leader, led in asked.items():
             try:
-                answers.append({leader: await self._rpc.call(leader, "raft_voters", led,
-                                                             timeout=1.0)})
+                answers.append(await self._rpc.call(leader, "raft_voters", led, timeout=1.0))
             except RpcError:
                 continue
-        for answer in (one for batch in answers for one in batch.values()):
+        for answer in answers:
             if isinstance(answer, dict):
                 for group, sites in answer.items():
                     voters[int(group)] = frozenset(sites)

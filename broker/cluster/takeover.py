@@ -29,9 +29,10 @@ holds their messages: a CONNECT elsewhere that wants one back is refused with 0x
 node's address (Server Reference) for MQTT 5, 3 (server unavailable) for 3.1.1. With
 replicated storage (`builtin_raft`) every node has a replica, so the session follows its
 client: the node that holds it ends the connection, writes its state through the log and
-forgets it (`released`); the claiming node waits until its replica of `sessions` holds
-everything committed, then loads the session from it. A node that does not answer (dead,
-or cut off) is passed over the same way: its sessions are in the replicas.
+forgets it (`released`); the claiming node waits for a barrier through every group, claims
+the session (ownership.py: from then on the replicas refuse the old holder's writes), waits
+for the shards again, then loads the session from its replicas. A node that does not answer
+(dead, or cut off) is passed over the same way: the claim fences it off.
 """
 
 import asyncio
@@ -187,9 +188,10 @@ class Takeover:
         claimed = await sessions.claim(client_id)
         if claimed is None:
             return True
-        # After the claim: what the previous owner wrote last names messages the shards
-        # had committed before, which this node's replicas must hold before it reads.
-        if not claimed or not await self.replicated.sync():
+        # After the claim (applied here, so `sessions` is current): what the previous
+        # owner wrote last names messages the shards had committed before, which this
+        # node's replicas must hold before it reads.
+        if not claimed or not await self.replicated.sync(sessions=False):
             return False
         if client_id in sessions.sessions:
             return True
