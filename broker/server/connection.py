@@ -639,7 +639,11 @@ class Connection:
         if not transport.can_write_eof():
             transport.close()
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # the peer is gone already (ENOTCONN): nothing left to linger for
+            transport.abort()
+            return
         if self._paused:
             transport.resume_reading()  # data_received drops what a closed one reads
         self._loop.call_later(CLOSE_LINGER, transport.abort)
