@@ -503,7 +503,7 @@ class Connection:
         """QoS 1/2: take a packet ID, remember the delivery until acknowledged, send it."""
         packet_id = delivery.packet_id or session.next_packet_id()
         session.inflight[packet_id] = delivery
-        self.send_publish(delivery, packet_id, False)
+        self.send_publish(delivery, packet_id, delivery.sent)
 
     def drain(self) -> None:
         """Moves queued messages into the in-flight window as it opens up."""
@@ -545,6 +545,7 @@ class Connection:
         for packet_id in reversed(later):
             delivery = inflight.pop(packet_id)
             delivery.packet_id = packet_id
+            delivery.sent = True
             session.queue.appendleft(delivery)
 
     def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> None:

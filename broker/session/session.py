@@ -41,6 +41,9 @@ class Delivery:
     # A durable session's record of the batch this delivery belongs to, where its
     # acknowledgement is counted: carried here rather than looked up by packet identifier.
     batch: Any = None
+    # Sent before (a resend deferred until the client's window has room, or replayed after a
+    # restart or a move): it goes out with DUP, whenever it goes (MQTT-3.3.1-1).
+    sent: bool = False
 
     def __init__(self, message: Message, qos: int, retain: bool,
                  subscription_ids: tuple[int, ...] = (), packet_id: int = 0,
@@ -53,6 +56,7 @@ class Delivery:
         self.subscription_ids = subscription_ids
         self.packet_id = packet_id
         self.batch = batch
+        self.sent = False
 
 
 class Session:

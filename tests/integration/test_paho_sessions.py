@@ -167,6 +167,26 @@ def test_v5_resume_resends_inflight_before_queued(paho_client, shared_broker, to
         (b"queued 0", False), (b"queued 1", False), (b"queued 2", False)]
 
 
+def test_v5_resends_past_a_smaller_receive_maximum_still_carry_dup(paho_client, shared_broker,
+                                                                    topic) -> None:
+    """Three unacknowledged, then the client comes back allowing one in flight: the two the
+    window defers are resends too (MQTT-3.3.1-1), DUP set when they finally go."""
+    client_id = unique("window")
+    sub = paho_client(client_id, session_expiry=60, manual_ack=True)
+    sub.subscribe(f"{topic}/w", 1)
+    pub = paho_client()
+    for n in range(3):
+        pub.publish(f"{topic}/w", f"sent {n}".encode(), 1)
+    sub.wait_messages(3)
+    sub.disconnect()
+    wait_offline(shared_broker.ports["http"], client_id)
+    back = paho_client(client_id, clean_start=False, session_expiry=60,
+                       properties=props(PacketTypes.CONNECT, ReceiveMaximum=1))
+    received = back.wait_messages(3)
+    assert [(m.payload, m.dup) for m in received] == [
+        (b"sent 0", True), (b"sent 1", True), (b"sent 2", True)]
+
+
 def test_v5_disconnect_extending_zero_expiry_is_protocol_error(paho_client, shared_broker,
                                                               topic) -> None:
     watcher = paho_client()

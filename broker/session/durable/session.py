@@ -141,6 +141,7 @@ class DurableSession(Session):
             ids = (options.identifier,) if options and options.identifier is not None else ()
             packet_id = r.packet_id_of(seqno)
             delivery = Delivery(message_from_ttv(ttv), qos, retain, ids, packet_id, pending)
+            delivery.sent = True  # recorded, so perhaps received: DUP even when sent later
             window = self.connection.send_window if self.connection is not None else 0
             if seqno in released or len(self.inflight) < window:
                 self.inflight[packet_id] = delivery
