@@ -1,4 +1,4 @@
-"""The broker.toml the operator renders for every pod (contract v3, docs/operator-contract.md).
+"""The broker.toml the operator renders for every pod (contract v4, docs/operator-contract.md).
 
 Only keys `broker run` accepts appear here; a test loads the rendered file with the broker's
 own loader, so a renamed or removed broker key fails the build instead of a rollout. Per-pod
@@ -39,8 +39,10 @@ MANAGED_KEYS = frozenset({
     "durable_sessions.batch_size",
     "durable_sessions.message_retention_period",
     "durable_sessions.session_gc_interval",
+    "durable_storage.messages.backend",
     "durable_storage.messages.n_shards",
     "durable_storage.messages.replication_factor",
+    "durable_storage.messages.placement_file",
 })
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -79,8 +81,10 @@ def settings(cluster: Cluster) -> dict[str, Scalar]:
         "durable_sessions.batch_size": int(sessions["batchSize"]),
         "durable_sessions.message_retention_period": str(sessions["messageRetentionPeriod"]),
         "durable_sessions.session_gc_interval": str(sessions["sessionGcInterval"]),
+        "durable_storage.messages.backend": "builtin_raft",
         "durable_storage.messages.n_shards": cluster.n_shards,
         "durable_storage.messages.replication_factor": cluster.replication_factor,
+        "durable_storage.messages.placement_file": f"{constants.PLACEMENT_DIR}/{constants.PLACEMENT_FILE}",
     })
     return values
 
