@@ -488,9 +488,17 @@ class RaftGroup:
                 return
             entries = log.slice(pr.next, self.max_append_bytes) if prev < log.last_index else []
             if not entries and pr.state == REPLICATE:
+                if pr.commit_sent < self.commit:
+                    # Only the commit index is news. Sent now rather than with the next
+                    # heartbeat: a follower applies (and answers a command forwarded
+                    # through it) a heartbeat interval sooner.
+                    self._messages.append((peer, AppendEntries(
+                        self.group, self.term, prev, prev_term, self.commit, [])))
+                    pr.commit_sent = self.commit
                 return
             self._messages.append((peer, AppendEntries(
                 self.group, self.term, prev, prev_term, self.commit, entries)))
+            pr.commit_sent = self.commit
             if pr.state == PROBE:
                 pr.probe_sent = True
             elif entries:
@@ -575,6 +583,7 @@ class RaftGroup:
         if index <= self.commit or self.log.term_at(index) != self.term:
             return
         self.commit = index
+        self._to_replicate.update(dict.fromkeys(self.progress))  # tell the followers
         if not self._committed_in_term:
             self._committed_in_term = True
         if self.id not in voters and self.log.pending_config_index() <= index:
@@ -585,8 +594,10 @@ class RaftGroup:
 
     def _broadcast_heartbeat(self) -> None:
         for peer, pr in self.progress.items():
+            commit = min(pr.match, self.commit)
+            pr.commit_sent = max(pr.commit_sent, commit)
             self._messages.append((peer, Heartbeat(
-                self.group, self.term, min(pr.match, self.commit), self._heartbeat_seq)))
+                self.group, self.term, commit, self._heartbeat_seq)))
 
     def _on_heartbeat(self, sender: str, m: Heartbeat) -> None:
         if self.role != FOLLOWER:

@@ -16,8 +16,8 @@ MAX_INFLIGHT: Final = 64
 
 
 class Progress:
-    __slots__ = ("active", "heartbeat_seq", "inflight", "match", "next", "probe_sent",
-                 "snapshot_index", "snapshot_ticks", "state")
+    __slots__ = ("active", "commit_sent", "heartbeat_seq", "inflight", "match", "next",
+                 "probe_sent", "snapshot_index", "snapshot_ticks", "state")
 
     def __init__(self, next_index: int) -> None:
         self.match = 0
@@ -27,6 +27,7 @@ class Progress:
         self.inflight: deque[int] = deque()  # last index of each unacknowledged append
         self.active = True  # heard from within the current check-quorum period
         self.heartbeat_seq = 0  # highest heartbeat sequence acknowledged
+        self.commit_sent = 0  # the highest commit index the follower was told
         self.snapshot_index = 0  # the snapshot being sent (0: none chosen yet)
         self.snapshot_ticks = 0  # ticks since the snapshot transfer last moved
 

@@ -232,3 +232,14 @@ def test_survivors_elect_a_new_leader_within_two_election_timeouts(seed: int) ->
         if any(core.role == LEADER for core in survivors):
             return
     raise AssertionError("no new leader within two election timeouts")
+
+
+def test_followers_learn_a_new_commit_index_without_waiting_for_a_heartbeat() -> None:
+    """A command forwarded through a follower is answered once that follower applies it: the
+    commit index must reach it as soon as the leader has it, not a heartbeat later."""
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    index, _ = leader.propose(b"x")
+    cluster.settle()  # no tick: no heartbeat goes out
+    assert leader.commit >= index
+    assert all(cluster.cores[n].commit >= index for n in ("b", "c"))
