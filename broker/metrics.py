@@ -5,19 +5,70 @@ thousands of messages a second that is a visible share of the budget, so the bro
 attributes of `Stats` and a custom collector reads them only when /metrics is fetched.
 """
 
+import asyncio
+import bisect
+import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.ds import DurableStorage
 
+# A histogram's value: cumulative (upper bound, count) buckets ending with "+Inf", and the sum.
+Histogram = tuple[list[tuple[str, float]], float]
+Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
+
+# Upper bounds of mqtt_durable_write_seconds: a local fsync takes milliseconds, a Raft
+# commit one round trip more, and a write past seconds holds its publishers' PUBACKs.
+WRITE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0, 10.0)
+
+
+class DurableWrites:
+    """How long messages handed to Durable Storage wait until they are durable, and how many
+    batches failed: what publishers of QoS 1/2 wait on before their PUBACK. Timed per batch
+    (every message of one event-loop turn shares one future), so the hot path pays one
+    identity check per message and one callback per batch."""
+
+    __slots__ = ("_last", "counts", "failed", "seconds")
+
+    def __init__(self) -> None:
+        self._last: asyncio.Future[None] | None = None
+        self.counts = [0] * (len(WRITE_BUCKETS) + 1)  # per bound, then beyond the last
+        self.seconds = 0.0
+        self.failed = 0
+
+    def watch(self, stored: asyncio.Future[None]) -> None:
+        if stored is self._last:
+            return
+        self._last = stored
+        started = time.perf_counter()
+        stored.add_done_callback(lambda done: self._done(done, started))
+
+    def _done(self, stored: asyncio.Future[None], started: float) -> None:
+        if stored.cancelled():
+            return  # the broker stops: nothing was refused
+        if stored.exception() is not None:
+            self.failed += 1
+            return
+        elapsed = time.perf_counter() - started
+        self.seconds += elapsed
+        self.counts[bisect.bisect_left(WRITE_BUCKETS, elapsed)] += 1
+
+    def histogram(self) -> Histogram:
+        bounds = [*map(str, WRITE_BUCKETS), "+Inf"]
+        return list(zip(bounds, map(float, itertools.accumulate(self.counts)),
+                        strict=True)), self.seconds
+
 
 class Stats:
     __slots__ = (
         "bytes_received", "bytes_sent", "connections_total", "durable_persisted",
-        "durable_replayed", "messages_dropped", "messages_received", "messages_sent",
-        "packets_malformed", "refused", "throttled", "timed_out",
+        "durable_replayed", "durable_writes", "messages_dropped", "messages_received",
+        "messages_sent", "packets_malformed", "refused", "throttled", "timed_out",
     )
 
     def __init__(self) -> None:
@@ -30,6 +81,7 @@ class Stats:
         self.packets_malformed = 0
         self.durable_persisted = 0  # messages stored for durable sessions
         self.durable_replayed = 0  # unacknowledged deliveries resent after a resume
+        self.durable_writes = DurableWrites()
         self.timed_out: dict[str, int] = {}  # connections closed for slowness, by stage
         self.refused: dict[str, int] = {}  # requests refused by a limit, by limit
         self.throttled: dict[str, int] = {}  # reads paused by a rate limit, by limit
@@ -52,7 +104,7 @@ class _StatsCollector(Collector):
         self._stats = stats
         self._gauges = gauges
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[Family]:
         stats = self._stats
         for name, values, doc in (
             ("mqtt_messages_received", stats.messages_received, "PUBLISH received from clients"),
@@ -108,16 +160,25 @@ class _StatsCollector(Collector):
             "Unacknowledged deliveries resent when a durable session resumed",
             value=stats.durable_replayed,
         )
+        writes = stats.durable_writes
+        histogram = HistogramMetricFamily(
+            "mqtt_durable_write_seconds",
+            "Time from messages being handed to Durable Storage until they are durable (what"
+            " a QoS 1/2 PUBACK waits for), per batch of one event-loop turn")
+        buckets, seconds = writes.histogram()
+        histogram.add_metric([], buckets=buckets, sum_value=seconds)
+        yield histogram
+        yield CounterMetricFamily(
+            "mqtt_durable_write_errors",
+            "Batches of messages Durable Storage failed to store: their publishers get no"
+            " PUBACK and are disconnected", value=writes.failed)
         for name, (doc, gauge) in self._gauges().items():
             yield GaugeMetricFamily(name, doc, value=gauge)
 
 
-# A histogram's value: cumulative (upper bound, count) buckets ending with "+Inf", and the sum.
-Histogram = tuple[list[tuple[str, float]], float]
 # (name, "counter" | "gauge" | "histogram", help, labels, value): what a component reports
 # without importing prometheus_client.
 Sample = tuple[str, str, str, dict[str, str], float | Histogram]
-Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
 
 
 class _SamplesCollector(Collector):

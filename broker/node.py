@@ -220,7 +220,9 @@ class Node:
         """Stores the message once in DS for the durable sessions that match it."""
         assert self.persister is not None
         self.stats.durable_persisted += 1
-        return self.persister.add(message)
+        stored = self.persister.add(message)
+        self.stats.durable_writes.watch(stored)
+        return stored
 
     def _retain(self, message: Message) -> Awaitable[None] | None:
         """Sets (empty payload: clears) the topic's retained message: through the metadata
@@ -276,6 +278,13 @@ class Node:
                 self.router.unsubscribe(session.client_id, topic_filter, options.share_group)
         session.subscriptions.clear()
 
+    @property
+    def joined(self) -> bool:
+        """Whether the node has tried to join every peer discovery named (a single node, or
+        `manual` discovery, at once): readiness, on Kubernetes."""
+        cluster = self.cluster_routing.cluster if self.cluster_routing is not None else None
+        return cluster is None or cluster.joined
+
     def gauges(self) -> dict[str, tuple[str, float]]:
         sessions = self.sessions.sessions.values()
         durable = [s for s in sessions if isinstance(s, DurableSession)]
@@ -304,6 +313,10 @@ class Node:
                 "Durable session changes (acknowledgements, subscriptions) not yet on disk",
                 self.durable.store.unsettled if self.durable is not None else 0,
             ),
+            "mqtt_cluster_joined": (
+                "1 once this node has tried to join every peer discovery named (what"
+                " /api/v5/ready answers; a pod is Ready only then), 0 before",
+                int(self.joined)),
             "mqtt_durable_checkpoint_lag": (
                 "Deliveries recorded but not yet acknowledged, all durable sessions",
                 sum(s.backlog() for s in durable),

@@ -141,7 +141,7 @@ async def ready(request: web.Request) -> web.Response:
     (a single node, or `manual` discovery, is ready at once)."""
     node = request.app[NODE_KEY]
     cluster = node.cluster_routing.cluster if node.cluster_routing is not None else None
-    joined = cluster is None or cluster.joined
+    joined = node.joined
     body = {"node": node.config["node.name"], "joined": joined,
             "peers": len(cluster.links) if cluster is not None else 0}
     return web.json_response(body, status=200 if joined else 503)
