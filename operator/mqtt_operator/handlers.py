@@ -116,6 +116,7 @@ def _run(trigger: str, namespace: str, name: str, memo: kopf.Memo,
         except Exception:
             metrics.FAILURES.labels(trigger).inc()
             raise
+    metrics.report(namespace, name, outcome.state)
     if outcome.polls:
         memo.poller.context = memo.poller.context or contextvars.copy_context()
         memo.poller.clusters.add((namespace, name))

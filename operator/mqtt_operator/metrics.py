@@ -1,6 +1,13 @@
-"""The operator's own Prometheus metrics, served on their own port (not the brokers')."""
+"""The operator's own Prometheus metrics, served on their own port (not the brokers').
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+Per-cluster gauges carry `mqttcluster` and `mqttcluster_namespace` rather than `namespace`:
+Prometheus gives every series scraped from the operator the operator pod's own `namespace`,
+which would otherwise overwrite the cluster's (the operator may watch every namespace).
+"""
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry()
 RECONCILES = Counter("mqtt_operator_reconciles_total",
@@ -15,3 +22,40 @@ WAITING = Counter("mqtt_operator_reconcile_waits_total",
 DURATION = Histogram("mqtt_operator_reconcile_duration_seconds",
                      "Wall time of one reconcile", registry=REGISTRY,
                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+_CLUSTER = ["mqttcluster_namespace", "mqttcluster"]
+SPEC_REPLICAS = Gauge("mqtt_operator_cluster_spec_replicas",
+                      "spec.replicas of the MQTTCluster: the brokers it should have",
+                      _CLUSTER, registry=REGISTRY)
+READY_REPLICAS = Gauge("mqtt_operator_cluster_ready_replicas",
+                       "Broker pods among the first spec.replicas that are Ready, i.e. joined"
+                       " (status.readyReplicas)", _CLUSTER, registry=REGISTRY)
+TRANSITIONS = Gauge("mqtt_operator_replica_transitions_pending",
+                    "Shard replica moves of the placement that the brokers have not confirmed",
+                    _CLUSTER, registry=REGISTRY)
+DRAINING = Gauge("mqtt_operator_drain_pending",
+                 "1 while a scale down waits for the leaving sites to hand their shards over",
+                 _CLUSTER, registry=REGISTRY)
+
+_GAUGES = (SPEC_REPLICAS, READY_REPLICAS, TRANSITIONS, DRAINING)
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What one reconcile saw of a cluster, for the per-cluster gauges."""
+
+    spec_replicas: int
+    ready_replicas: int
+    transitions: int
+    draining: bool
+
+
+def report(namespace: str, name: str, state: ClusterState | None) -> None:
+    """Sets the cluster's gauges; None (the cluster is gone) removes them."""
+    if state is None:
+        for gauge in _GAUGES:
+            gauge.remove(namespace, name)  # a label set never set is no error
+        return
+    values = (state.spec_replicas, state.ready_replicas, state.transitions, int(state.draining))
+    for gauge, value in zip(_GAUGES, values, strict=True):
+        gauge.labels(namespace, name).set(value)

@@ -22,6 +22,7 @@ from mqtt_operator import broker_config, manifests, placement, sites, spark, spa
 from mqtt_operator import constants as c
 from mqtt_operator.brokers import Credentials, SiteReport, drain_verdict, settled
 from mqtt_operator.kube import Kube, path
+from mqtt_operator.metrics import ClusterState
 from mqtt_operator.spec import Cluster
 
 # (the MQTTCluster, Normal | Warning, reason, message) -> an Event about it
@@ -37,6 +38,7 @@ AskSealed = Callable[[str | None, int, Credentials], frozenset[tuple[int, int]] 
 class Outcome:
     waiting: str  # why the reconcile must run again soon; empty when settled
     polls: bool = False  # Spark jobs: brokers seal generations without any Kubernetes event
+    state: ClusterState | None = None  # for the operator's gauges; None: the cluster is gone
 
 
 def problems(cluster: Cluster) -> list[str]:
@@ -399,4 +401,5 @@ class _Pass:
                     *conditions,
                 ],
             }))
-        return Outcome(waiting, polls=cluster.spark is not None)
+        return Outcome(waiting, polls=cluster.spark is not None, state=ClusterState(
+            cluster.replicas, ready, len(pending), drain is not None))

@@ -35,7 +35,7 @@ def test_lint_and_template(testbed: Testbed) -> None:
     rendered = list(yaml.safe_load_all(helm(testbed, "template", "rel", str(CHART),
                                             "--namespace", "ns").stdout))
     kinds = sorted(doc["kind"] for doc in rendered if doc)
-    assert kinds == ["Deployment", "MQTTCluster", "Role", "RoleBinding", "Service",
+    assert kinds == ["ConfigMap", "Deployment", "MQTTCluster", "Role", "RoleBinding", "Service",
                      "ServiceAccount"]  # nothing cluster-wide unless operator.clusterWide
     cluster = next(doc for doc in rendered if doc and doc["kind"] == "MQTTCluster")
     assert cluster["metadata"] == {**cluster["metadata"], "name": "rel", "namespace": "ns"}
