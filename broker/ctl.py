@@ -144,7 +144,60 @@ def _sites(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [_http(args, f"/api/v5/ds/sites/{site}") for site in sites]
 
 
+_REPLICA_ACTIONS = ("join", "leave", "set-replicas", "forget")
+_DB_ONLY = ("broker ctl: only the `messages` database has replicas to place (`sessions` is"
+            " held by every member)")
+
+
+def _replica_request(action: str, operands: list[str]) -> tuple[str, str, Any] | str:
+    """(method, path, body) for a replica verb, or what is wrong with its operands."""
+    if action == "forget":
+        if len(operands) != 1:
+            return "broker ctl: ds forget SITE"
+        return "DELETE", f"/api/v5/ds/sites/{urllib.parse.quote(operands[0])}", None
+    if len(operands) < 2 or (action != "set-replicas" and len(operands) != 2):
+        return f"broker ctl: ds {action} DB SITE" + ("..." if action == "set-replicas" else "")
+    db, sites = operands[0], operands[1:]
+    if db != "messages":
+        return _DB_ONLY
+    path = "/api/v5/ds/storages/messages/replicas"
+    if action == "set-replicas":
+        return "PUT", path, sites
+    return ("PUT" if action == "join" else "DELETE"), f"{path}/{urllib.parse.quote(sites[0])}", None
+
+
+def ds_replica_command(args: argparse.Namespace) -> int:
+    request = _replica_request(args.action, args.operands)
+    if isinstance(request, str):
+        print(request, file=sys.stderr)
+        return 2
+    method, path, body = request
+    try:
+        answer = _http(args, path, method=method, body=body)
+    except urllib.error.HTTPError as error:
+        try:
+            message = json.loads(error.read()).get("message", error.reason)
+        except ValueError:
+            message = error.reason
+        if error.code == 404 and args.action != "forget":
+            message = "this node does not replicate its Durable Storage (builtin_local)"
+        print(f"broker ctl: ds {args.action}: {message}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as error:
+        print(f"broker ctl: cannot reach {args.url}: {error}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(answer, indent=1))
+    elif args.action == "forget":
+        print(f"forgot site {answer['forgotten']}")
+    else:
+        print("sites holding messages' votes: " + " ".join(answer))
+    return 0
+
+
 def ds_command(args: argparse.Namespace) -> int:
+    if args.action in _REPLICA_ACTIONS:
+        return ds_replica_command(args)
     try:
         if args.action == "seal":
             info = _http(args, "/api/v5/ds/storages/messages/generations", method="POST")
@@ -291,8 +344,11 @@ def add_parser(commands: Any) -> None:
     _add_api_options(cluster)
     cluster.add_argument("-o", "--output", choices=["text", "json"], default="text")
     cluster.set_defaults(func=_calls_api(cluster_command))
-    ds = topics.add_parser("ds", help="Durable Storage: info, seal")
-    ds.add_argument("action", choices=["info", "seal"])
+    ds = topics.add_parser("ds", help="Durable Storage: info, seal, join, leave,"
+                           " set-replicas, forget")
+    ds.add_argument("action", choices=["info", "seal", *_REPLICA_ACTIONS])
+    ds.add_argument("operands", nargs="*", metavar="DB|SITE",
+                    help="join|leave DB SITE, set-replicas DB SITE..., forget SITE")
     _add_api_options(ds)
     ds.add_argument("--data-dir", help="read a stopped node's data dir instead (info only)")
     ds.add_argument("-o", "--output", choices=["text", "json"], default="text")

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+from broker.cluster import ds_replicas
 from broker.cluster.bootstrap import GroupRecord
 from broker.cluster.group_members import NO_TARGET
 from broker.cluster.metadata import MetadataGroup
@@ -121,10 +122,32 @@ class DsGroups:
                 raft.compact(group, machine.flush())
 
     def _target(self, group: int) -> Target:
+        members = self._metadata.member_sites()
         placement = self.placement
-        if placement is None:
+        if placement is not None:
+            return placement.target(_shard_of(group), members)
+        if _shard_of(group) is None:
             return NO_TARGET
-        return placement.target(_shard_of(group), self._metadata.member_sites())
+        return ds_replicas.target(self._chosen(), members)
+
+    # ---- the administrator's replica sites (broker ctl ds join|leave|set-replicas) ----------
+    def _chosen(self) -> frozenset[str] | None:
+        return ds_replicas.decode(self._ds.sessions.get(ds_replicas.KEY))
+
+    def replicas(self) -> list[str]:
+        return ds_replicas.replicas(self._chosen(), self._metadata.member_sites())
+
+    async def change_replicas(self, change: Callable[[frozenset[str] | None, set[str]],
+                                                     frozenset[str]]) -> list[str]:
+        """Commits `change(current choice, members)` (which raises ReplicasRefused for a
+        request it cannot carry out) and returns the sites that may now vote."""
+        if self.placement is not None:
+            raise ds_replicas.ReplicasRefused(
+                "the operator's placement file decides where the shards are"
+                " (durable_storage.messages.placement_file): change the MQTTCluster instead")
+        chosen = change(self._chosen(), self._metadata.member_sites())
+        await self._ds.sessions.write_soon({ds_replicas.KEY: ds_replicas.encode(chosen)})
+        return self.replicas()
 
     @staticmethod
     def _name(group: int) -> str:
@@ -188,6 +211,21 @@ class DsGroups:
     def stop(self) -> None:
         """Writes from now on fail at once (the links are down: none could commit)."""
         self._stopping = True
+
+    def forget(self, site: str) -> str:
+        """`broker ctl ds forget SITE`: a site whose node and data are gone for good stops
+        counting as a replica now rather than after `cluster.autoclean`, so the groups it
+        voted in regain their full fault tolerance. Refused for a site that is up (its
+        data is not gone: `leave` moves its votes away) and for this node's own."""
+        site = ds_replicas.spell(site, self._metadata.member_sites())
+        if site == self.me:
+            raise ds_replicas.ReplicasRefused("a node cannot forget its own site")
+        if self._metadata.is_up(site):
+            raise ds_replicas.ReplicasRefused(
+                f"site {site} is up: forget only a site that is gone for good (to move its"
+                f" votes away, `broker ctl ds leave messages {site}`)")
+        self._metadata.forget(site)
+        return site
 
     # ---- observability --------------------------------------------------------------------
     def sites(self) -> list[str]:

@@ -5,8 +5,9 @@ is not a member is added as a learner (it replicates, it does not vote); a learn
 caught up is promoted while there are fewer than `voter_cap` voters (VOTER_CAP for the
 metadata group, the replication factor for Durable Storage's); a member the cluster no
 longer lists (it left, was force-removed, or was down past `cluster.autoclean`) is removed.
-Removals come first, so a freed voter's place goes to a learner. With a placement
-(placement.py) Durable Storage's shards vote where it says, and leaving sites are removed.
+Removals come first, so a freed voter's place goes to a learner. With a target
+(the operator's placement.py, or an administrator's ds_replicas.py) Durable Storage's shards
+vote where it says, and leaving sites are removed.
 One change at a time: the core accepts the next once the previous one committed.
 
 Beyond VOTER_CAP voters a commit waits for more acknowledgements and elections get slower,
@@ -48,6 +49,9 @@ def next_change(config: Config, leader: str, running: set[str], known: set[str],
     if ready and len(config.voters) < voter_cap:
         return PROMOTE, min(ready)
     extra = config.voters - wanted if wanted is not None else set()
-    if extra and ready:  # a voter the placement does not name makes room (back as learner)
+    if extra and (ready or not wanted - config.voters):
+        # A voter the target does not name gives up its vote (and comes back as a learner):
+        # once a named learner can take its place, or at once when no named site is waiting
+        # for one (the target shrinks the voters).
         return REMOVE, min(extra)
     return None

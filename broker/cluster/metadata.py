@@ -521,6 +521,11 @@ class MetadataGroup:
                 answer[str(group)] = sorted(core.log.config.voters)
         return answer
 
+    def forget(self, site: str) -> bool:
+        """Removes `site` from the cluster on every node that hears; each group's leader
+        then removes it from the group (group_members.next_change)."""
+        return self._cluster.force_leave(site)
+
     def is_up(self, site: str) -> bool:
         return site == self.me or site in self._cluster.membership.running()
 

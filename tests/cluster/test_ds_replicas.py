@@ -1,0 +1,73 @@
+"""`broker ctl ds join | leave | set-replicas | forget` on real builtin_raft nodes, without
+an operator: a site that leaves `messages` stops voting in its shards but keeps a learner's
+copy (its durable sessions still read locally), joins again, and a site gone for good is
+forgotten, which only a site that is down may be."""
+
+from tests.cluster.conftest import Cluster, Node, http_json
+from tests.cluster.test_ds_placement import N_SHARDS, _held
+from tests.cluster.test_replicated_ds import REPLICATED, _client, _groups_led
+from tests.integration.clients import PahoClient, run_cli, unique, wait_until
+
+EVERYTHING = sorted([("sessions", "0")] + [("messages", str(i)) for i in range(N_SHARDS)])
+
+
+def _ctl(node: Node, *args: str) -> tuple[int, str]:
+    done = run_cli("ctl", "ds", *args, "--url", f"http://127.0.0.1:{node.http}")
+    return done.returncode, done.stdout + done.stderr
+
+
+def _in_groups(node: Node, site: str) -> set[str]:
+    """Where `node` sees `site` in the DS groups: 'voter', 'learner' or both."""
+    seen = set()
+    for group in http_json(node.http, "/api/v5/raft")["groups"]:
+        if group["name"].startswith("messages"):
+            seen |= {"voter"} if site in group["voters"] else set()
+            seen |= {"learner"} if site in group["learners"] else set()
+    return seen
+
+
+def test_leave_join_and_forget_a_site(cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = cluster.start(3, **REPLICATED)
+    cluster.all_running(nodes)
+    _groups_led(nodes, 2 + N_SHARDS)
+    sites = [http_json(node.http, "/api/v5/raft")["site"] for node in nodes]
+    wait_until(lambda: all(_held(nodes[0], site) == EVERYTHING for site in sites), 20,
+               "every site voting in every group")
+
+    code, out = _ctl(nodes[0], "leave", "messages", sites[2].upper())
+    assert code == 0 and out.split(": ")[1].split() == sorted(sites[:2]), out
+    wait_until(lambda: _in_groups(nodes[0], sites[2]) == {"learner"}, 30,
+               "the leaving site a learner in every shard")
+    assert _held(nodes[0], sites[2]) == [("sessions", "0")]
+    assert http_json(nodes[1].http, "/api/v5/ds/storages/messages/replicas") == sorted(
+        sites[:2])
+
+    # Two voters are a majority; the learner's durable session reads its local copy.
+    subscriber = _client(clients, nodes[2], unique("sub"))
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    topic = unique("left").replace("-", "/")
+    subscriber.subscribe(topic, qos=1)
+    publisher = _client(clients, nodes[0], unique("pub"))
+    publisher.connect()
+    assert publisher.publish(topic, b"voters elsewhere", qos=1) == 0
+    assert subscriber.wait_messages(1)[0].payload == b"voters elsewhere"
+
+    code, out = _ctl(nodes[1], "join", "messages", sites[2])
+    assert code == 0, out
+    wait_until(lambda: _held(nodes[0], sites[2]) == EVERYTHING, 30, "the site voting again")
+
+    code, out = _ctl(nodes[0], "set-replicas", "messages", sites[0], "0000nosuchsite")
+    assert code == 1 and "not a member" in out, out
+    code, out = _ctl(nodes[0], "join", "sessions", sites[2])
+    assert code == 2 and "only the `messages` database" in out, out
+    code, out = _ctl(nodes[0], "forget", sites[2])
+    assert code == 1 and "is up" in out, out
+
+    nodes[2].process.kill()
+    cluster.wait_statuses(nodes[:2], {nodes[2].node_name: "stopped"})
+    code, out = _ctl(nodes[0], "forget", sites[2])
+    assert code == 0 and sites[2] in out, out
+    wait_until(lambda: all(not _in_groups(node, sites[2]) for node in nodes[:2]), 30,
+               "the forgotten site in no group on either survivor")
+    assert sites[2] not in http_json(nodes[1].http, "/api/v5/ds/sites")
+    assert publisher.publish(topic, b"after forget", qos=1) == 0
