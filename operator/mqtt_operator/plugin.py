@@ -1,22 +1,21 @@
 """`kubectl mqtt`: a cluster's sites, shards and pending transitions, from its status, and
-its members as the brokers see them.
+what its brokers see: members, clients, durable sessions, generations.
 
 kubectl runs any `kubectl-mqtt` on PATH as `kubectl mqtt`; `sites` and `shards` read the
 MQTTCluster the operator maintains (no broker access needed), in the layout of `emqx ctl ds
-info` so EMQX users read it at a glance. `nodes` asks one broker (`GET /api/v5/nodes`)
-through the API server's pod proxy: it works from wherever kubectl does, pod network or
-not, with no port-forward. The brokers want an API key: the viewer key of the cluster's
-Secret `<name>-api-key`, so the user needs `get` on that Secret and on `pods/proxy`. It
-travels as `X-Api-Key`, because the API server removes `Authorization` from what it proxies.
+info` so EMQX users read it at a glance. `nodes`, `clients`, `sessions` and `generations`
+ask the brokers' HTTP API through the API server's pod proxy (plugin_ask.py): `nodes` and
+`clients` one broker, which answers for the whole cluster; `sessions` and `generations`
+every broker, since each answers for the durable sessions it hosts and the shard replicas
+it holds.
 """
 
 import argparse
-import base64
-import binascii
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
@@ -26,14 +25,14 @@ from kubernetes.config.config_exception import ConfigException
 
 from mqtt_operator import constants as c
 from mqtt_operator.kube import Kube, client_from_environment, path
-
-
-class PluginError(Exception):
-    pass
-
+from mqtt_operator.plugin_ask import Brokers, PluginError, why
 
 _NODE_KEYS = frozenset({"node", "site", "node_status"})  # what every /api/v5/nodes entry has
-KEY_HEADER = "X-Api-Key"  # the brokers' other way to take a key (broker/http/auth.py)
+CLIENTS_PATH = "/api/v5/clients"
+SESSIONS_PATH = "/api/v5/durable_sessions"
+STORAGES_PATH = "/api/v5/ds/storages"
+_ALL = {"limit": "10000"}  # the brokers' largest page
+_PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
 
 def _default_namespace() -> str:
@@ -43,14 +42,6 @@ def _default_namespace() -> str:
     except (ConfigException, OSError):
         return "default"
     return str((active or {}).get("context", {}).get("namespace") or "default")
-
-
-def _why(error: ApiException) -> str:
-    """The API server's own message (e.g. why it cannot proxy to a pod), else the reason."""
-    try:
-        return str(json.loads(error.body or "")["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(error.reason)
 
 
 def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
@@ -66,78 +57,10 @@ def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
             raise PluginError(
                 f"no access to MQTTCluster {namespace}/{name} ({error.status} {error.reason});"
                 f" check: kubectl auth can-i get {c.PLURAL} -n {namespace}") from None
-        raise PluginError(f"API server error {error.status}: {_why(error)}") from None
+        raise PluginError(f"API server error {error.status}: {why(error)}") from None
     except urllib3.exceptions.HTTPError as error:
         raise PluginError(f"cannot reach the API server: {error}") from None
     return dict(body)
-
-
-def api_key(kube: Kube, namespace: str, cluster: str) -> str | None:
-    """KEY:SECRET of the cluster's viewer key; None when there is no Secret (a cluster of
-    contract v2, whose brokers ask for no key)."""
-    name = c.api_key_secret_name(cluster)
-    try:
-        secret = kube.get(path("v1", "Secret", namespace, name))
-    except ApiException as error:
-        if error.status in (401, 403):
-            raise PluginError(
-                f"no access to Secret {namespace}/{name}, the brokers' API key ({error.status}"
-                f" {error.reason}); check: kubectl auth can-i get secret/{name} -n {namespace}"
-            ) from None
-        raise PluginError(f"API server error {error.status}: {_why(error)}") from None
-    if secret is None:
-        return None
-    data = secret.get("data") or {}
-    try:
-        return ":".join(base64.b64decode(data[key], validate=True).decode()
-                        for key in (c.API_KEY_USERNAME, c.API_KEY_PASSWORD))
-    except (KeyError, binascii.Error, UnicodeDecodeError):
-        raise PluginError(f"Secret {namespace}/{name} has no {c.API_KEY_USERNAME} and"
-                          f" {c.API_KEY_PASSWORD}: no key to ask the brokers with") from None
-
-
-def _from_api_server(error: ApiException) -> bool:
-    """Whether the API server itself refused (its answers are Status objects), rather than
-    the broker behind the proxy (whose answers are EMQX's `{"code", "message"}`)."""
-    try:
-        return bool(json.loads(error.body or "").get("kind") == "Status")
-    except (ValueError, AttributeError):
-        return True
-
-
-def ask_nodes(kube: Kube, body: Mapping[str, Any], key: str | None
-              ) -> tuple[str, list[dict[str, Any]]]:
-    """(the pod that answered, its `GET /api/v5/nodes`): Ready pods first, then the others,
-    since a broker that has not joined yet still answers, and a cluster whose pods never
-    become Ready is when the members' view is wanted most."""
-    namespace, port = body["metadata"]["namespace"], body["spec"]["listeners"]["httpPort"]
-    members = (body.get("status") or {}).get("sites") or []
-    if not members:
-        raise PluginError("no status yet: is the operator running?")
-    failures = []
-    for site in sorted(members, key=lambda site: site["state"] != "up"):  # stable: by ordinal
-        pod = site["pod"]
-        url = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{c.NODES_PATH}"
-        try:
-            answer = kube.request("GET", url, headers={KEY_HEADER: key} if key else None)
-        except ApiException as error:
-            if error.status in (401, 403) and _from_api_server(error):
-                raise PluginError(
-                    f"no access to pod {namespace}/{pod} through the API server's proxy"
-                    f" ({error.status} {error.reason}); check: kubectl auth can-i get"
-                    f" pods --subresource=proxy -n {namespace}") from None
-            failures.append(f"{pod}: {error.status} {_why(error)}")
-            continue
-        except ValueError as error:  # not JSON
-            failures.append(f"{pod}: unreadable answer: {error}")
-            continue
-        except urllib3.exceptions.HTTPError as error:
-            raise PluginError(f"cannot reach the API server: {error}") from None
-        if isinstance(answer, list) and all(isinstance(node, dict) and node.keys() >= _NODE_KEYS
-                                            for node in answer):
-            return pod, answer
-        failures.append(f"{pod}: unreadable answer: not a list of nodes")
-    raise PluginError(f"no broker answered GET {c.NODES_PATH}: " + "; ".join(failures))
 
 
 def _shard_key(shard: str) -> str:
@@ -224,35 +147,179 @@ def as_json(body: Mapping[str, Any], what: str) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
+
+def _is_nodes(answer: Any) -> bool:
+    return isinstance(answer, list) and all(
+        isinstance(node, dict) and node.keys() >= _NODE_KEYS for node in answer)
+
+
+def _is_page(answer: Any) -> bool:
+    """EMQX's paging envelope of client-like items (`data` + `meta`)."""
+    return (isinstance(answer, dict) and isinstance(answer.get("meta"), dict)
+            and isinstance(answer.get("data"), list)
+            and all(isinstance(item, dict) and "clientid" in item for item in answer["data"]))
+
+
+def _is_storages(answer: Any) -> bool:
+    return isinstance(answer, dict) and isinstance(answer.get("databases"), list)
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_clients(pod: str, page: Mapping[str, Any]) -> str:
+    """`emqx ctl clients list` as a table: connected clients and the sessions kept for
+    those away, of every node."""
+    clients = page["data"]
+    rows = [("CLIENT ID", "NODE", "STATE", "PROTO", "DURABLE", "SUBS", "INFLIGHT", "QUEUED")]
+    rows += [(item["clientid"], item["node"],
+              "connected" if item.get("connected") else "disconnected",
+              _PROTOCOLS.get(item.get("proto_ver") or 0, "-"),
+              "yes" if item.get("durable") else "no", _count(item.get("subscriptions_cnt")),
+              _count(item.get("inflight_cnt")), _count(item.get("mqueue_len")))
+             for item in clients]
+    lines = [f"CLIENTS (as {pod} sees them):", *_table(rows)]
+    total = page["meta"].get("count", len(clients))
+    if total > len(clients):
+        lines.append(f"(the first {len(clients)} of {total})")
+    return "\n".join(lines) + "\n"
+
+
+def _expires_in(session: Mapping[str, Any]) -> str:
+    """Counted by the broker's clock (`now` beside `expires_at`), not this machine's."""
+    if session.get("connected"):
+        return "-"
+    if session.get("expires_at") is None:
+        return "never"
+    return _uptime(max(0, int((session["expires_at"] - session["now"]) * 1000)))
+
+
+def merged_sessions(answers: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return sorted((item for page in answers.values() for item in page["data"]),
+                  key=lambda item: (item["clientid"], item["node"]))
+
+
+def render_sessions(sessions: Sequence[Mapping[str, Any]]) -> str:
+    """Durable sessions of every broker; MISSED: stored messages matching an away
+    session's subscriptions since its client left ("+": the broker stopped counting)."""
+    rows = [("CLIENT ID", "NODE", "STATE", "EXPIRES IN", "SUBS", "INFLIGHT", "LAG", "MISSED")]
+    rows += [(item["clientid"], item["node"],
+              "connected" if item.get("connected") else "disconnected", _expires_in(item),
+              _count(item.get("subscriptions_cnt")), _count(item.get("inflight_cnt")),
+              _count(item.get("checkpoint_lag")),
+              _count(item.get("missed_cnt")) + ("+" if item.get("missed_capped") else ""))
+             for item in sessions]
+    return "\n".join(["DURABLE SESSIONS:", *_table(rows)]) + "\n"
+
+
+def merged_generations(answers: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (shard, generation, state) of the messages database, with the pods
+    that hold it: the brokers holding a shard's replicas report the same generations (a
+    replica still catching up may report a generation as current that others sealed)."""
+    merged: dict[tuple[int, int, str], dict[str, Any]] = {}
+    for pod, storages in answers.items():
+        for database in storages["databases"]:
+            if database.get("name") != c.DB:
+                continue
+            for shard in database.get("shards") or []:
+                for generation in shard.get("generations") or []:
+                    key = (shard["shard"], generation["generation"], generation["state"])
+                    entry = merged.setdefault(key, {"shard": shard["shard"], **generation,
+                                                    "pods": []})
+                    entry["pods"].append(pod)
+    return [merged[key] for key in sorted(merged)]
+
+
+def _time(microseconds: int | None) -> str:
+    if not microseconds:
+        return "-"
+    return datetime.fromtimestamp(microseconds / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def render_generations(generations: Sequence[Mapping[str, Any]]) -> str:
+    """Like the generations of `emqx ctl ds info`: time range, size and the pods holding
+    each; sealed ones are what Spark jobs read."""
+    rows = [("SHARD", "GENERATION", "STATE", "SINCE", "UNTIL", "MESSAGES", "BYTES", "PODS")]
+    rows += [(_shard_key(str(g["shard"])), str(g["generation"]), g["state"],
+              _time(g.get("since")), _time(g.get("until")), _count(g.get("messages")),
+              _count(g.get("bytes")), " ".join(g["pods"])) for g in generations]
+    return "\n".join(["GENERATIONS:", *_table(rows)]) + "\n"
+
+
+def _dump(document: Mapping[str, Any]) -> str:
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def _from_one(brokers: Brokers, cluster: str, json_output: bool, url: str,
+              valid: Callable[[Any], bool], query: Mapping[str, str] | None,
+              render: Callable[[str, Any], str], field: str) -> str:
+    pod, answer = brokers.first(url, valid, query)
+    return (_dump({"cluster": cluster, "pod": pod, field: answer}) if json_output
+            else render(pod, answer))
+
+
+def _from_each(brokers: Brokers, cluster: str, json_output: bool, url: str,
+               valid: Callable[[Any], bool], merge: Callable[[Any], list[dict[str, Any]]],
+               render: Callable[[list[dict[str, Any]]], str], field: str) -> str:
+    """Pods that did not answer are named on stderr (and under `unanswered`): what they
+    host is missing from the list."""
+    answers, failures = brokers.each(url, valid, _ALL)
+    for failure in failures:
+        print(f"warning: not listed: {failure}", file=sys.stderr)
+    items = merge(answers)
+    return (_dump({"cluster": cluster, field: items, "unanswered": failures}) if json_output
+            else render(items))
+
+
+def ask_brokers(kube: Kube, body: Mapping[str, Any], verb: str, json_output: bool) -> str:
+    brokers, cluster = Brokers(kube, body), body["metadata"]["name"]
+    if verb == "nodes":
+        return _from_one(brokers, cluster, json_output, c.NODES_PATH, _is_nodes, None,
+                         render_nodes, "nodes")
+    if verb == "clients":
+        return _from_one(brokers, cluster, json_output, CLIENTS_PATH, _is_page, _ALL,
+                         render_clients, "clients")
+    if verb == "sessions":
+        return _from_each(brokers, cluster, json_output, SESSIONS_PATH, _is_page,
+                          merged_sessions, render_sessions, "sessions")
+    return _from_each(brokers, cluster, json_output, STORAGES_PATH, _is_storages,
+                      merged_generations, render_generations, "generations")
+
+
+_VERBS = {
+    "sites": "sites with pod and up/down, shards, transitions",
+    "shards": "shards with their replica sites, replicas per site",
+    "nodes": "cluster members as a broker sees them (pod proxy)",
+    "clients": "connected clients and kept sessions, as a broker sees them (pod proxy)",
+    "sessions": "durable sessions of every broker: expiry, lag, missed messages (pod proxy)",
+    "generations": "generations of every shard replica: state, time range, size (pod proxy)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="kubectl mqtt", description="Inspect MQTTCluster sites and shard placement")
+        prog="kubectl mqtt", description="Inspect an MQTTCluster and what its brokers see")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command, text in (("sites", "sites with pod and up/down, shards, transitions"),
-                          ("shards", "shards with their replica sites, replicas per site"),
-                          ("nodes", "cluster members as a broker sees them (pod proxy)")):
+    for command, text in _VERBS.items():
         sub = commands.add_parser(command, help=text)
         sub.add_argument("name", help="MQTTCluster name")
         sub.add_argument("-n", "--namespace", help="namespace (default: the context's)")
         sub.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = parser.parse_args(argv)
+    json_output = args.output == "json"
     try:
         kube = Kube(client_from_environment())
         body = fetch(kube, args.namespace or _default_namespace(), args.name)
-        if args.command == "nodes":
-            pod, nodes = ask_nodes(kube, body, api_key(kube, body["metadata"]["namespace"],
-                                                       args.name))
+        if args.command in ("sites", "shards"):
+            output = (as_json(body, args.command) if json_output else
+                      (render_sites if args.command == "sites" else render_shards)(body))
+        else:
+            output = ask_brokers(kube, body, args.command, json_output)
     except (PluginError, ConfigException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if args.command == "nodes":
-        sys.stdout.write(json.dumps({"cluster": args.name, "pod": pod, "nodes": nodes},
-                                    indent=2, sort_keys=True) + "\n"
-                         if args.output == "json" else render_nodes(pod, nodes))
-    elif args.output == "json":
-        sys.stdout.write(as_json(body, args.command))
-    else:
-        sys.stdout.write((render_sites if args.command == "sites" else render_shards)(body))
+    sys.stdout.write(output)
     return 0
 
 
