@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.conftest import Cluster, http_json
+from tests.cluster.conftest import Cluster, Node, http_json
 from tests.k8s.conftest import (
     Testbed,
     api_key_of,
@@ -98,6 +98,24 @@ def free_port_on(*hosts: str) -> int:
             return port
 
 
+def two_pod_brokers(testbed: Testbed, namespace: str, brokers: Cluster, **settings: str
+                    ) -> tuple[int, Node, Node]:
+    """(HTTP port, n1, n2) for MQTTCluster `web` of two pods, applied here: web-0 is n1 at
+    pod IP .2, web-1 is n2 at pod IP .1, both with the bootstrap file of the operator's API
+    key Secret and its viewer key (not started). The operator must be running."""
+    port = free_port_on("127.0.0.1", "127.0.0.2")
+    testbed.apply(cluster_manifest("web", replicas=2, listeners={"httpPort": port},
+                                   durableStorage={"replicationFactor": 2}), namespace)
+    secret = eventually(lambda: testbed.find("secret", "web-api-key", namespace))
+    keys = brokers.tmp_path / "api_keys"  # what the pods mount
+    keys.write_text(base64.b64decode(secret["data"]["api_keys"]).decode())
+    n1, n2 = brokers.make(2, **settings, **{"api_key.bootstrap_file": str(keys)})
+    for node, host in ((n1, "127.0.0.2"), (n2, "127.0.0.1")):
+        node.settings["dashboard.listeners.http.bind"] = f"{host}:{port}"
+        node.api_key = api_key_of(testbed, namespace, "web")
+    return port, n1, n2
+
+
 def nodes_table(testbed: Testbed, namespace: str) -> tuple[str, dict[str, list[str]]]:
     """(the first line, node -> its row's other cells) of `kubectl mqtt nodes`."""
     done = mqtt(testbed, "nodes", "web", "-n", namespace)
@@ -109,22 +127,13 @@ def nodes_table(testbed: Testbed, namespace: str) -> tuple[str, dict[str, list[s
 
 def test_nodes_asks_a_broker_through_the_pod_proxy_ready_pods_first(
         testbed: Testbed, namespace: str, operator: Callable[[], Any], tmp_path: Path) -> None:
-    port = free_port_on("127.0.0.1", "127.0.0.2")
     brokers = Cluster(tmp_path)
     try:
         with operator():
-            testbed.apply(cluster_manifest("web", replicas=2, listeners={"httpPort": port},
-                                           durableStorage={"replicationFactor": 2}), namespace)
-            secret = eventually(lambda: testbed.find("secret", "web-api-key", namespace))
-            keys = tmp_path / "api_keys"  # what the pods mount
-            keys.write_text(base64.b64decode(secret["data"]["api_keys"]).decode())
-            key = api_key_of(testbed, namespace, "web")
-            n1, n2 = brokers.make(2, **{"api_key.bootstrap_file": str(keys)})
+            port, n1, n2 = two_pod_brokers(testbed, namespace, brokers)
             # web-1 (ready) is n2 at pod IP .1, web-0 (running, not ready) is n1 at pod IP .2
-            n1.settings["dashboard.listeners.http.bind"] = f"127.0.0.2:{port}"
-            n2.settings["dashboard.listeners.http.bind"] = f"127.0.0.1:{port}"
+            key = api_key_of(testbed, namespace, "web")
             for node in (n1, n2):
-                node.api_key = key
                 node.start()
             brokers.wait_statuses([n2], {n1.node_name: "running", n2.node_name: "running"})
             sites = {node["node"]: node["site"]

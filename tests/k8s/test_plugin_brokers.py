@@ -2,7 +2,6 @@
 API server and its pod proxy, against two real broker processes clustered with replicated
 Durable Storage and the API keys of the operator's Secret, as pods would run them."""
 
-import base64
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -15,13 +14,11 @@ from tests.cluster.conftest import Cluster, Node, http_json
 from tests.integration.clients import PahoClient, unique
 from tests.k8s.conftest import (
     Testbed,
-    api_key_of,
-    cluster_manifest,
     eventually,
     pod_ip,
     set_pod_ready,
 )
-from tests.k8s.test_plugin import free_port_on, mqtt
+from tests.k8s.test_plugin import mqtt, two_pod_brokers
 
 REPLICATED = {"durable_storage.messages.backend": "builtin_raft", "durable_storage.n_sites": "2",
               "durable_storage.messages.n_shards": "2",
@@ -50,19 +47,11 @@ def web(testbed: Testbed, namespace: str, operator: Callable[[], Any],
     """MQTTCluster `web` of two pods: web-0 is broker n1 at pod IP .2, web-1 is n2 at pod
     IP .1, both Ready, reached through the pod proxy; the operator is stopped again once
     it has made the Secret and the pods."""
-    port = free_port_on("127.0.0.1", "127.0.0.2")
     brokers = Cluster(tmp_path)
     try:
         with operator():
-            testbed.apply(cluster_manifest("web", replicas=2, listeners={"httpPort": port},
-                                           durableStorage={"replicationFactor": 2}), namespace)
-            secret = eventually(lambda: testbed.find("secret", "web-api-key", namespace))
-            keys = tmp_path / "api_keys"  # what the pods mount
-            keys.write_text(base64.b64decode(secret["data"]["api_keys"]).decode())
-            n1, n2 = brokers.make(2, **REPLICATED, **{"api_key.bootstrap_file": str(keys)})
-            for node, host in ((n1, "127.0.0.2"), (n2, "127.0.0.1")):
-                node.settings["dashboard.listeners.http.bind"] = f"{host}:{port}"
-                node.api_key = api_key_of(testbed, namespace, "web")
+            _, n1, n2 = two_pod_brokers(testbed, namespace, brokers, **REPLICATED)
+            for node in (n1, n2):
                 node.start()
             brokers.all_running([n1, n2])
             for pod, host in (("web-0", 2), ("web-1", 1)):
