@@ -4,13 +4,20 @@
 the data dir); `static` parses `cluster.static.seeds`; `dns` asks DNS every few seconds, so
 a Kubernetes headless Service (with `publishNotReadyAddresses`, so peers are listed before
 they are Ready) is the member list's source: A records on `rpc.tcp_server_port`, or SRV
-records with their own ports. A failed lookup gives no seeds this round, never an error:
-the links already up stay up.
+records with their own ports. `k8s` (EMQX's strategy of that name) reads the same
+Service's Endpoints from the Kubernetes API with the pod's service account: no cluster DNS
+needed, and no DNS cache between a new pod and its peers. A failed lookup gives no seeds
+this round, never an error: the links already up stay up.
 """
 
 import logging
+import os
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import aiohttp
 import dns.asyncresolver
 import dns.exception
 import dns.rdatatype
@@ -23,6 +30,14 @@ log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 
+# Where Kubernetes mounts a pod's service account: its token (re-read for every lookup, as
+# the kubelet rotates it) and the cluster's CA.
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# The Endpoints port whose number a peer listens on (the operator's headless Service names
+# the inter-node port so); like an SRV record, it travels with each pod during a rollout
+# that changes the port. Without one, peers listen on `rpc.tcp_server_port`.
+RPC_PORT_NAME = "rpc"
+
 
 @dataclass(frozen=True, slots=True)
 class Discovery:
@@ -31,6 +46,7 @@ class Discovery:
     dns_name: str = ""
     record_type: str = "a"
     nameservers: tuple[tuple[str, int | None], ...] = ()
+    k8s: "K8sEndpoints | None" = None
 
     @classmethod
     def from_config(cls, config: Config) -> "Discovery":
@@ -39,6 +55,7 @@ class Discovery:
             tuple(split_node_name(name) for name in config["cluster.static.seeds"]),
             config["cluster.dns.name"], config["cluster.dns.record_type"],
             config["cluster.dns.nameservers"],
+            K8sEndpoints.from_config(config),
         )
 
     async def seeds(self, default_port: int) -> list[Address]:
@@ -50,6 +67,8 @@ class Discovery:
             except (dns.exception.DNSException, OSError) as error:
                 log.warning("cluster discovery: looking up %s (%s) failed: %s", self.dns_name,
                             self.record_type.upper(), error)
+        if self.strategy == "k8s" and self.k8s is not None:
+            return await self.k8s.seeds(default_port)
         return []
 
     async def _resolve(self, default_port: int) -> list[Address]:
@@ -69,3 +88,78 @@ class Discovery:
                 continue
             addresses += [(r.address, default_port) for r in answer]
         return sorted(addresses)
+
+
+@dataclass(frozen=True, slots=True)
+class K8sEndpoints:
+    """The peers in the Endpoints of `cluster.k8s.service_name`, as EMQX's `k8s` strategy
+    finds them: every address of every subset, ready or not (a peer is not Ready before it
+    has joined, so a Service without `publishNotReadyAddresses` still lists it under
+    `notReadyAddresses`), named as `cluster.k8s.address_type` says."""
+
+    apiserver: str
+    service_name: str
+    namespace: str
+    address_type: str = "ip"
+    suffix: str = "pod.local"
+    account_dir: Path = SERVICE_ACCOUNT_DIR
+    timeout: float = 3.0
+
+    @classmethod
+    def from_config(cls, config: Config) -> "K8sEndpoints":
+        return cls(config["cluster.k8s.apiserver"] or in_cluster_apiserver(),
+                   config["cluster.k8s.service_name"], config["cluster.k8s.namespace"],
+                   config["cluster.k8s.address_type"], config["cluster.k8s.suffix"])
+
+    @property
+    def url(self) -> str:
+        return (f"{self.apiserver.rstrip('/')}/api/v1/namespaces/{self.namespace}"
+                f"/endpoints/{self.service_name}")
+
+    async def seeds(self, default_port: int) -> list[Address]:
+        try:
+            return self.addresses(await self._get(), default_port)
+        except (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("cluster discovery: reading %s failed: %r", self.url, error)
+            return []
+
+    async def _get(self) -> dict[str, Any]:
+        token_file = self.account_dir / "token"
+        headers = {"Accept": "application/json"}
+        if token_file.exists():
+            headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        ca_file = self.account_dir / "ca.crt"
+        context = ssl.create_default_context(cafile=ca_file if ca_file.exists() else None)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session, \
+                session.get(self.url, ssl=context) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}: {(await response.text())[:200]}")
+            body: dict[str, Any] = await response.json()
+            return body
+
+    def addresses(self, endpoints: dict[str, Any], default_port: int) -> list[Address]:
+        found: set[Address] = set()
+        for subset in endpoints.get("subsets") or []:
+            port = next((p["port"] for p in subset.get("ports") or []
+                         if p.get("name") == RPC_PORT_NAME), default_port)
+            for address in [*(subset.get("addresses") or []),
+                            *(subset.get("notReadyAddresses") or [])]:
+                found.add((self._host(address), int(port)))
+        return sorted(found)
+
+    def _host(self, address: dict[str, Any]) -> str:
+        if self.address_type == "dns":
+            dashed = address["ip"].replace(".", "-").replace(":", "-")
+            return f"{dashed}.{self.namespace}.{self.suffix}"
+        if self.address_type == "hostname":
+            return f"{address['hostname']}.{self.service_name}.{self.namespace}.{self.suffix}"
+        return str(address["ip"])
+
+
+def in_cluster_apiserver() -> str:
+    """The API server a pod runs under, from the variables Kubernetes sets in every pod
+    (what client libraries' in-cluster configuration uses): no DNS name to resolve."""
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"

@@ -76,10 +76,12 @@ SETTINGS: tuple[Setting, ...] = (
             " quarter of it."),
     Setting("cluster.name", "mqttcl", parse_str,
             "Cluster name: nodes with different names never join, whatever their cookies."),
-    Setting("cluster.discovery_strategy", "manual", parse_choice("manual", "static", "dns"),
+    Setting("cluster.discovery_strategy", "manual",
+            parse_choice("manual", "static", "dns", "k8s"),
             "How a node finds its peers: `manual` (`broker ctl cluster join`, and the members"
-            " remembered in the data dir), `static` (`cluster.static.seeds`) or `dns`"
-            " (`cluster.dns.*`, e.g. a Kubernetes headless Service)."),
+            " remembered in the data dir), `static` (`cluster.static.seeds`), `dns`"
+            " (`cluster.dns.*`, e.g. a Kubernetes headless Service) or `k8s` (the Endpoints"
+            " of a Service, from the Kubernetes API: `cluster.k8s.*`)."),
     Setting("cluster.static.seeds", "[]", parse_node_list,
             "Nodes to join, as `NAME@HOST` or `NAME@HOST:PORT` (without a port:"
             " `rpc.tcp_server_port`). Listing every node, this one included, is fine."),
@@ -90,6 +92,21 @@ SETTINGS: tuple[Setting, ...] = (
             " `srv`: SRV records give host and port."),
     Setting("cluster.dns.nameservers", "[]", parse_address_list,
             "DNS servers (`HOST` or `HOST:PORT`) to ask instead of the system's resolver."),
+    Setting("cluster.k8s.apiserver", "", parse_str,
+            "Kubernetes API server for `discovery_strategy = k8s`. Empty = the one the pod"
+            " runs under, from `KUBERNETES_SERVICE_HOST`/`_PORT` (EMQX's default,"
+            " `https://kubernetes.default.svc:443`, needs cluster DNS). The pod's service"
+            " account token and CA authenticate; it needs `get` on the Endpoints."),
+    Setting("cluster.k8s.service_name", "", parse_str,
+            "Service whose Endpoints are the cluster's nodes (a headless Service), each on"
+            " its Endpoints port named `rpc`, else on `rpc.tcp_server_port`."),
+    Setting("cluster.k8s.namespace", "default", parse_str,
+            "Namespace of `cluster.k8s.service_name`."),
+    Setting("cluster.k8s.address_type", "ip", parse_choice("ip", "dns", "hostname"),
+            "How a peer is dialled: `ip` (the pod IP), `dns` (`<ip with dashes>.<namespace>."
+            "<suffix>`) or `hostname` (`<hostname>.<service_name>.<namespace>.<suffix>`)."),
+    Setting("cluster.k8s.suffix", "pod.local", parse_str,
+            "Domain suffix of the names `address_type` `dns` and `hostname` build."),
     Setting("cluster.autoclean", "24h", parse_duration,
             "A member down this long is dropped from the member list (it rejoins by itself"
             " when it returns); 0 = never."),

@@ -1,4 +1,4 @@
-"""The broker.toml the operator renders for every pod (contract v4, docs/operator-contract.md).
+"""The broker.toml the operator renders for every pod (contract v5, docs/operator-contract.md).
 
 Only keys `broker run` accepts appear here; a test loads the rendered file with the broker's
 own loader, so a renamed or removed broker key fails the build instead of a rollout. Per-pod
@@ -28,8 +28,9 @@ MANAGED_KEYS = frozenset({
     "api_key.bootstrap_file",
     "cluster.name",
     "cluster.discovery_strategy",
-    "cluster.dns.name",
-    "cluster.dns.record_type",
+    "cluster.k8s.service_name",
+    "cluster.k8s.namespace",
+    "cluster.k8s.address_type",
     "rpc.tcp_server_port",
     "rpc.listen_address",
     "listeners.tcp.default.bind",
@@ -48,14 +49,19 @@ MANAGED_KEYS = frozenset({
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-def peers_srv_name(cluster: Cluster) -> str:
-    """The SRV name Kubernetes DNS gives the headless Service's inter-node port: one record
-    per pod, Ready or not (publishNotReadyAddresses), each with the pod's own DNS name and
-    port. SRV rather than A records because the port travels with each pod: during a
-    rollout that changes spec.listeners.rpcPort, old and new pods still find each other.
-    Fully qualified: the broker's resolver does not apply the pod's search domains."""
-    return (f"_{constants.RPC_PORT_NAME}._tcp.{constants.headless_service_name(cluster.name)}"
-            f".{cluster.namespace}.svc.{cluster.cluster_domain}")
+def discovery(cluster: Cluster) -> dict[str, Scalar]:
+    """Peers from the API: the headless Service's Endpoints (EMQX's `k8s` strategy), read
+    with the pods' own ServiceAccount. Not DNS, which a cluster may lack (or serve late: a
+    new pod's peers would wait out negative caching). Every pod is listed, Ready or not
+    (publishNotReadyAddresses), by IP (`ip`: no name to resolve) and with the port of the
+    named inter-node port, so old and new pods still meet during a rollout that changes
+    spec.listeners.rpcPort."""
+    return {
+        "cluster.discovery_strategy": "k8s",
+        "cluster.k8s.service_name": constants.headless_service_name(cluster.name),
+        "cluster.k8s.namespace": cluster.namespace,
+        "cluster.k8s.address_type": "ip",
+    }
 
 
 def settings(cluster: Cluster) -> dict[str, Scalar]:
@@ -69,9 +75,7 @@ def settings(cluster: Cluster) -> dict[str, Scalar]:
         "node.cookie_file": f"{constants.COOKIE_DIR}/{constants.COOKIE_KEY}",
         "api_key.bootstrap_file": f"{constants.API_KEY_DIR}/{constants.API_KEYS_FILE}",
         "cluster.name": cluster.name,
-        "cluster.discovery_strategy": "dns",
-        "cluster.dns.name": peers_srv_name(cluster),
-        "cluster.dns.record_type": "srv",
+        **discovery(cluster),
         "rpc.tcp_server_port": cluster.rpc_port,
         "rpc.listen_address": "0.0.0.0",
         "listeners.tcp.default.bind": f"0.0.0.0:{cluster.mqtt_port}",
@@ -84,7 +88,8 @@ def settings(cluster: Cluster) -> dict[str, Scalar]:
         "durable_storage.messages.backend": "builtin_raft",
         "durable_storage.messages.n_shards": cluster.n_shards,
         "durable_storage.messages.replication_factor": cluster.replication_factor,
-        "durable_storage.messages.placement_file": f"{constants.PLACEMENT_DIR}/{constants.PLACEMENT_FILE}",
+        "durable_storage.messages.placement_file":
+            f"{constants.PLACEMENT_DIR}/{constants.PLACEMENT_FILE}",
     })
     return values
 

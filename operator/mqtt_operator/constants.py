@@ -11,7 +11,7 @@ KIND = "MQTTCluster"
 PLURAL = "mqttclusters"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-CONTRACT_VERSION = "v4"
+CONTRACT_VERSION = "v5"
 DB = "messages"
 FIELD_MANAGER = "mqtt-operator"
 
@@ -43,7 +43,7 @@ VIEWER_KEY_NAME = "viewer"
 MQTT_PORT_NAME = "mqtt"
 WS_PORT_NAME = "ws"
 HTTP_PORT_NAME = "http"
-RPC_PORT_NAME = "rpc"  # inter-node; also the SRV name brokers discover each other by
+RPC_PORT_NAME = "rpc"  # inter-node; brokers dial the Endpoints port of this name
 
 # The brokers' HTTP API as the contract uses it.
 STATUS_PATH = "/status"
@@ -73,6 +73,12 @@ def api_key_secret_name(cluster: str) -> str:
 
 def headless_service_name(cluster: str) -> str:
     return f"{cluster}-headless"
+
+
+def broker_account_name(cluster: str) -> str:
+    """The brokers' ServiceAccount (and its Role and RoleBinding): peer discovery reads the
+    headless Service's Endpoints with it."""
+    return f"{cluster}-broker"
 
 
 def data_claim_name(cluster: str, ordinal: int) -> str:

@@ -66,9 +66,9 @@ def _service_ports(ports: list[tuple[str, int]]) -> list[Manifest]:
 
 
 def headless_service(cluster: Cluster) -> Manifest:
-    """Stable DNS per pod, also before it is ready: brokers find their peers through its
-    SRV records of the named inter-node port (broker_config.peers_srv_name), and a pod that
-    has not joined yet is not Ready, so only publishNotReadyAddresses lists it."""
+    """The member list: brokers find their peers in its Endpoints (broker_config.discovery),
+    each on its named inter-node port, and a pod that has not joined yet is not Ready, so
+    only publishNotReadyAddresses lists it (as `addresses`, and in DNS where there is DNS)."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _metadata(cluster, c.headless_service_name(cluster.name),
@@ -92,6 +92,29 @@ def client_service(cluster: Cluster) -> Manifest:
             "ports": _service_ports(_client_ports(cluster)),
         },
     }
+
+
+def broker_service_account(cluster: Cluster) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _metadata(cluster, c.broker_account_name(cluster.name))}
+
+
+def broker_role(cluster: Cluster) -> Manifest:
+    """What a broker may do with the API: read its cluster's headless Service's Endpoints
+    (peer discovery), nothing else; named, so not even the namespace's other Endpoints."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _metadata(cluster, c.broker_account_name(cluster.name)),
+            "rules": [{"apiGroups": [""], "resources": ["endpoints"], "verbs": ["get"],
+                       "resourceNames": [c.headless_service_name(cluster.name)]}]}
+
+
+def broker_role_binding(cluster: Cluster) -> Manifest:
+    name = c.broker_account_name(cluster.name)
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _metadata(cluster, name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name,
+                          "namespace": cluster.namespace}]}
 
 
 def cookie_secret(cluster: Cluster, cookie: str) -> Manifest:
@@ -179,6 +202,7 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
     if cluster.resources:
         container["resources"] = dict(cluster.resources)
     pod_spec: Manifest = {
+        "serviceAccountName": c.broker_account_name(cluster.name),
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
         "containers": [container],
         "volumes": [

@@ -229,8 +229,8 @@ class _Pass:
         return ids
 
     def apply_children(self) -> str:
-        """The config, the Secrets, the Services, the PodDisruptionBudget and the
-        ServiceMonitor. Returns the rendered broker.toml."""
+        """The config, the Secrets, the Services, the brokers' ServiceAccount and RBAC, the
+        PodDisruptionBudget and the ServiceMonitor. Returns the rendered broker.toml."""
         cluster, kube = self.cluster, self.kube
         config_text = broker_config.render_toml(broker_config.settings(cluster))
         kube.apply(manifests.config_map(cluster, c.config_map_name(cluster.name),
@@ -241,6 +241,9 @@ class _Pass:
             ("CookieMissing", cookie_lost), ("ApiKeyUnusable", key_problem)) if problem]
         kube.apply(manifests.headless_service(cluster))
         kube.apply(manifests.client_service(cluster))
+        for account in (manifests.broker_service_account, manifests.broker_role,
+                        manifests.broker_role_binding):
+            kube.apply(account(cluster))
         pdb_version = "policy/v1" if kube.served("policy/v1") else "policy/v1beta1"
         kube.apply(manifests.pod_disruption_budget(cluster, pdb_version))
         if cluster.service_monitor and kube.served("monitoring.coreos.com/v1"):

@@ -59,9 +59,8 @@ def test_children_as_the_api_server_stores_them_wire_up_a_cluster(
         testbed.get("configmap", "wired-config", namespace)["data"]["broker.toml"])
     config = load_config(tmp_path / "broker.toml")
     assert (config["cluster.name"], config["cluster.discovery_strategy"],
-            config["cluster.dns.record_type"], config["rpc.tcp_server_port"]) == (
-        "wired", "dns", "srv", 5400)
-    assert config["cluster.dns.name"] == f"_rpc._tcp.wired-headless.{namespace}.svc.cluster.local"
+            config["cluster.k8s.service_name"], config["cluster.k8s.namespace"],
+            config["rpc.tcp_server_port"]) == ("wired", "k8s", "wired-headless", namespace, 5400)
     assert headless["publishNotReadyAddresses"] is True
     assert {"name": "rpc", "port": 5400, "targetPort": "rpc", "protocol": "TCP"} in headless[
         "ports"]

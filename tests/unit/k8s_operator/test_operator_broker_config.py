@@ -4,10 +4,10 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from broker.cluster.discovery import RPC_PORT_NAME
 from broker.config.loader import ConfigError, load_config
 from broker.http.auth import ADMINISTRATOR, VIEWER, ApiKeys
 from mqtt_operator import broker_config, manifests
@@ -44,13 +44,15 @@ def test_rendered_config_loads_with_the_brokers_loader(tmp_path: Path) -> None:
     assert broker_config.ignored_keys(cluster) == ["node.data_dir"]
 
 
-def test_rendered_cluster_keys_form_a_dns_discovered_cluster(tmp_path: Path) -> None:
+def test_rendered_cluster_keys_form_a_k8s_discovered_cluster(tmp_path: Path) -> None:
     cluster = Cluster.from_body(body("web", "prod", listeners={"rpcPort": 5400}))
     config = load_config(write(tmp_path, cluster))
     assert config["cluster.name"] == "web"
-    assert config["cluster.discovery_strategy"] == "dns"
-    assert config["cluster.dns.record_type"] == "srv"
-    assert config["cluster.dns.name"] == "_rpc._tcp.web-headless.prod.svc.cluster.local"
+    assert config["cluster.discovery_strategy"] == "k8s"
+    assert config["cluster.k8s.service_name"] == "web-headless"
+    assert config["cluster.k8s.namespace"] == "prod"
+    assert config["cluster.k8s.address_type"] == "ip"
+    assert config["cluster.k8s.apiserver"] == ""  # the pod's own, from its environment
     assert config["rpc.tcp_server_port"] == 5400
     assert config["rpc.listen_address"] == "0.0.0.0"
     assert config["node.cookie"] == ""  # the cookie itself is never in the file...
@@ -62,7 +64,8 @@ def test_rendered_cluster_keys_form_a_dns_discovered_cluster(tmp_path: Path) -> 
 def test_spec_config_cannot_touch_the_cluster_keys_nor_leak_a_cookie(tmp_path: Path) -> None:
     overrides = {"node.cookie": "leaked-cookie", "node.cookie_file": "/tmp/mine",
                  "cluster.name": "other", "cluster.discovery_strategy": "static",
-                 "cluster.dns.name": "x.example", "cluster.dns.record_type": "a",
+                 "cluster.k8s.service_name": "x", "cluster.k8s.namespace": "y",
+                 "cluster.k8s.address_type": "hostname",
                  "rpc.tcp_server_port": "1", "rpc.listen_address": "127.0.0.1",
                  "cluster.autoclean": "1h"}
     cluster = Cluster.from_body(body("web", config=overrides))
@@ -72,33 +75,29 @@ def test_spec_config_cannot_touch_the_cluster_keys_nor_leak_a_cookie(tmp_path: P
     assert broker_config.ignored_keys(cluster) == sorted(set(overrides) - {"cluster.autoclean"})
     assert (config["cluster.name"], config["cluster.discovery_strategy"],
             config["rpc.tcp_server_port"], config["node.cookie_file"]) == (
-        "web", "dns", 5369, "/etc/mqtt/cookie/cookie")
+        "web", "k8s", 5369, "/etc/mqtt/cookie/cookie")
     assert config["cluster.autoclean"] == 3600  # not managed: tunable through spec.config
 
 
-def kubernetes_dns_srv_name(service: dict[str, Any], port_name: str, domain: str) -> str:
-    """The name Kubernetes DNS (the DNS specification for Services) serves SRV records under
-    for a named port of a headless Service, one per endpoint."""
-    port = next(p for p in service["spec"]["ports"] if p["name"] == port_name)
-    meta = service["metadata"]
-    return f"_{port['name']}._{port['protocol'].lower()}.{meta['name']}.{meta['namespace']}" \
-        f".svc.{domain}"
-
-
-@pytest.mark.parametrize("domain", ["cluster.local", "corp.example"])
-def test_brokers_discover_the_headless_services_inter_node_port(
-        tmp_path: Path, domain: str) -> None:
-    cluster = Cluster.from_body(body("web", "prod", clusterDomain=domain,
-                                     listeners={"rpcPort": 6000}))
+def test_brokers_discover_the_headless_services_inter_node_port(tmp_path: Path) -> None:
+    cluster = Cluster.from_body(body("web", "prod", listeners={"rpcPort": 6000}))
     config = load_config(write(tmp_path, cluster))
     headless = manifests.headless_service(cluster)
-    container = manifests.statefulset(cluster, 3, "")["spec"]["template"]["spec"][
-        "containers"][0]
+    pod = manifests.statefulset(cluster, 3, "")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
     assert headless["spec"]["publishNotReadyAddresses"] is True  # listed before Ready
-    assert config["cluster.dns.name"] == kubernetes_dns_srv_name(headless, "rpc", domain)
-    target = next(p["targetPort"] for p in headless["spec"]["ports"] if p["name"] == "rpc")
+    assert headless["metadata"]["name"] == config["cluster.k8s.service_name"]
+    assert headless["metadata"]["namespace"] == config["cluster.k8s.namespace"]
+    target = next(p["targetPort"] for p in headless["spec"]["ports"]
+                  if p["name"] == RPC_PORT_NAME)  # the Endpoints port the brokers dial
     assert {p["name"]: p["containerPort"] for p in container["ports"]}[target] == config[
-        "rpc.tcp_server_port"]  # each SRV record carries the port the broker listens on
+        "rpc.tcp_server_port"]
+    role, binding = manifests.broker_role(cluster), manifests.broker_role_binding(cluster)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["endpoints"], "verbs": ["get"],
+                              "resourceNames": [headless["metadata"]["name"]]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                    "namespace": "prod"}]
 
 
 def test_the_pod_reads_the_cookie_where_the_config_says_from_the_secret(
