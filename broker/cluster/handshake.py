@@ -15,12 +15,16 @@ and fresh nonces on both sides so a recorded exchange cannot be replayed at all.
 listener proves itself first: a dialer never sends a proof to a node that does not know the
 cookie. A different cluster name is refused before any proof: nodes of two clusters never
 join, whatever their cookies. A site removed from the cluster (force-leave) is refused until
-it dials with `join` set, which only an operator's `broker ctl cluster join` does.
+it dials with `join` set, which only an operator's `broker ctl cluster join` does. A member
+that comes back with another data dir than the one its peers knew (a configured site ID on
+an empty volume) is refused: it would vote in Raft groups having forgotten its votes and the
+entries it acknowledged, which can elect a leader that lacks committed entries.
 """
 
 import hmac
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from hashlib import sha256
@@ -28,17 +32,19 @@ from typing import Any
 
 VERSION = 1
 REASONS = frozenset({"bad cookie", "cluster name mismatch", "version mismatch", "removed",
-                     "not clustering", "malformed", "self"})
+                     "not clustering", "malformed", "self", "reborn"})
 
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a node is (its site ID, stable across restarts and pod IPs) and where it listens."""
+    """Who a node is (its site ID, stable across restarts and pod IPs), where it listens, and
+    which data dir it runs on (its incarnation: "" from a node that predates it)."""
 
     site: str
     node: str
     host: str
     port: int
+    incarnation: str = ""
 
 
 class Refused(Exception):
@@ -77,7 +83,7 @@ def _dump(message: dict[str, Any]) -> bytes:
 def _identity(message: dict[str, Any]) -> Identity:
     try:
         identity = Identity(str(message["site"]), str(message["node"]), str(message["host"]),
-                            int(message["port"]))
+                            int(message["port"]), str(message.get("incarnation", "")))
     except (KeyError, TypeError, ValueError):
         raise Refused("malformed", "identity fields missing") from None
     if not identity.site or not 0 < identity.port < 65536:
@@ -90,7 +96,9 @@ class Handshake:
     and, once `done`, names the authenticated peer."""
 
     def __init__(self, role: Role, me: Identity, cluster: str, cookie: str,
-                 refused_sites: frozenset[str] = frozenset(), refuse_all: str = "") -> None:
+                 refused_sites: frozenset[str] = frozenset(), refuse_all: str = "",
+                 incarnations: Mapping[str, str] | None = None,
+                 unsettled: frozenset[str] = frozenset()) -> None:
         self.role = role
         self.me = me
         self.cluster = cluster
@@ -99,6 +107,8 @@ class Handshake:
         self._peer_nonce = ""
         self._refused_sites = refused_sites
         self._refuse_all = refuse_all
+        self._incarnations = incarnations or {}
+        self._unsettled = unsettled
         self.join = False  # dialer: an explicit join, readmitting a removed site
         self.readmitted = False  # listener: the peer was removed and joined again
         self._state = _State.START if role is Role.DIALER else _State.AWAIT_HELLO
@@ -117,7 +127,7 @@ class Handshake:
 
     def _me(self) -> dict[str, Any]:
         return {"site": self.me.site, "node": self.me.node, "host": self.me.host,
-                "port": self.me.port}
+                "port": self.me.port, "incarnation": self.me.incarnation}
 
     def receive(self, payload: bytes) -> list[bytes]:
         """Replies to send, in order. Raises Refused (after which `refusal()` says what to
@@ -161,6 +171,18 @@ class Handshake:
             raise Refused("self", "a node dialled itself")
         if self._refuse_all:
             raise Refused("not clustering", self._refuse_all)
+        known = self._incarnations.get(peer.site, "")
+        if known and peer.incarnation and peer.incarnation != known:
+            raise Refused("reborn", f"site {peer.site} ({peer.node}) is back without the data"
+                          f" dir it had: its Raft votes and logs are gone. Once its old data"
+                          f" is known lost, `broker ctl ds forget {peer.site}` on a member,"
+                          f" then `broker ctl cluster join` on it")
+        if peer.site in self._unsettled:
+            # Forgotten, not yet out of every Raft group here: readmitted now it would keep
+            # the vote of the data dir it had (perhaps not this one). Once a node that has
+            # seen every removal readmits it, the others drop it from `removed` too.
+            raise Refused("removed", f"site {peer.site} is still being removed from the"
+                          f" Raft groups: retry in a moment")
         if peer.site in self._refused_sites:
             if message.get("join") is not True:
                 raise Refused("removed", f"site {peer.site} was removed from the cluster")

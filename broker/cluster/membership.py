@@ -132,6 +132,10 @@ class Membership:
         """The member list as gossiped: every member we know and ourselves."""
         return [self.me, *(member.identity for member in self.members.values())]
 
+    def incarnations(self) -> dict[str, str]:
+        """Each member's data dir as last seen (a gossiped identity does not change it)."""
+        return {site: m.identity.incarnation for site, m in self.members.items()}
+
     def running(self) -> list[str]:
         return [site for site, m in self.members.items() if m.status is Status.UP]
 
@@ -142,7 +146,9 @@ class Membership:
 
     def restore(self, saved: dict[str, Any], now: float) -> None:
         for item in saved.get("members", []):
-            identity = Identity(item["site"], item["node"], item["host"], int(item["port"]))
+            identity = identity_from_json(item)
+            if identity is None:
+                continue
             if identity.site != self.me.site:
                 self.members.setdefault(identity.site, Member(identity, Status.DOWN, now))
         self.removed.update(saved.get("removed", []))
@@ -150,13 +156,13 @@ class Membership:
 
 def identity_to_json(identity: Identity) -> dict[str, Any]:
     return {"site": identity.site, "node": identity.node, "host": identity.host,
-            "port": identity.port}
+            "port": identity.port, "incarnation": identity.incarnation}
 
 
 def identity_from_json(item: Any) -> Identity | None:
     try:
         return Identity(str(item["site"]), str(item["node"]), str(item["host"]),
-                        int(item["port"]))
+                        int(item["port"]), str(item.get("incarnation", "")))
     except (KeyError, TypeError, ValueError):
         return None
 

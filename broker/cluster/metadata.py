@@ -104,6 +104,7 @@ class MetadataGroup:
         self.hosted: list[HostedGroups] = []
         cluster.on_peer_up(self._link_changed)
         cluster.on_peer_down(self._link_changed)
+        cluster.group_sites = self._group_sites
         for name, method in (("raft_prepare", self._rpc_prepare),
                              ("raft_decided", self._rpc_decided),
                              ("raft_status", self._rpc_status),
@@ -148,6 +149,14 @@ class MetadataGroup:
                              self.machine.applied_index, self.machine.snapshot())
         for hosted in self.hosted:
             hosted.host(self._raft, record)
+
+    def _group_sites(self) -> set[str]:
+        """Every site a group hosted here has as a member."""
+        raft = self._raft
+        if raft is None:
+            return set()
+        return {site for group in raft.host.groups
+                for site in raft.core(group).log.config.members()}
 
     def core(self, group: int = GROUP) -> RaftGroup | None:
         raft = self._raft

@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,7 +33,7 @@ from broker.cluster.membership import (
 from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.ds.files import write_atomically
-from broker.ds.site import ensure_site_id
+from broker.ds.site import ensure_incarnation, ensure_site_id
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,14 @@ class Cluster:
         node_name: str = config["node.name"]
         host, _ = split_node_name(node_name)
         self.me = Identity(ensure_site_id(data_dir / "ds", config["node.site_id"]), node_name,
-                           host, port)
+                           host, port, ensure_incarnation(data_dir / "ds"))
         self._port = port
         self.ticktime: float = config["node.dist_net_ticktime"]
         self.autoclean: float = config["cluster.autoclean"]
         self.discovery = Discovery.from_config(config)
         self.membership = Membership(self.me)
+        # The sites this node's Raft groups list (set by the metadata group, if any).
+        self.group_sites: Callable[[], set[str]] = set
         self.links: dict[str, PeerLink] = {}
         self.stats = ClusterStats()
         self.started_at = time.time()
@@ -117,6 +119,9 @@ class Cluster:
         self._task: asyncio.Task[None] | None = None
         self._dialing: dict[Address, asyncio.Task[None]] = {}
         self._left = False
+        # `broker ctl cluster join`'s target, dialled with `join` until a link is up: a peer
+        # may refuse a removed site for a while (handshake.py: still leaving the groups).
+        self._join_target: Address | None = None
         self._dialled = False
         self._joined = False
         self._restore()
@@ -167,8 +172,7 @@ class Cluster:
         )
         if self._port == 0:  # any free port (tests): advertise the one we got
             self._port = self._server.sockets[0].getsockname()[1]
-            self.me = self.membership.me = Identity(self.me.site, self.me.node, self.me.host,
-                                                    self._port)
+            self.me = self.membership.me = replace(self.me, port=self._port)
         log.info("cluster %s: node %s, site %s", self.name, self.me.node, self.me.site)
         log.info("listener cluster on %s:%d", self._listen, self._port)
         self._task = asyncio.create_task(self._run())
@@ -221,9 +225,14 @@ class Cluster:
             if not self._left:
                 if rounds % max(1, int(5 / interval)) == 0:
                     self.membership.seeds = await self.discovery.seeds(self._port)
-                for address in self.membership.dial_targets(now, set(self.links)):
+                joining = self._join_target is not None
+                targets = self.membership.dial_targets(now, set(self.links))
+                if self._join_target is not None and not self.links:
+                    targets.append(self._join_target)
+                for address in targets:
                     if address not in self._dialing:
-                        self._dialing[address] = asyncio.create_task(self._dial(address))
+                        self._dialing[address] = asyncio.create_task(
+                            self._dial(address, joining))
                 if not self._dialled:
                     if self._dialing:
                         await asyncio.wait(list(self._dialing.values()))
@@ -253,7 +262,9 @@ class Cluster:
     def handshake_for(self, role: Role) -> Handshake:
         return Handshake(role, self.me, self.name, self._cookie,
                          refused_sites=frozenset(self.membership.removed),
-                         refuse_all="this node left the cluster" if self._left else "")
+                         refuse_all="this node left the cluster" if self._left else "",
+                         incarnations=self.membership.incarnations(),
+                         unsettled=frozenset(self.membership.removed & self.group_sites()))
 
     def link_refused(self, link: PeerLink, error: Refused) -> None:
         self._pending.discard(link)
@@ -279,6 +290,7 @@ class Cluster:
         if existing is not None and not existing.closed and not self._replaces(link, existing):
             return False
         self.links[peer.site] = link
+        self._join_target = None
         if existing is not None:
             existing.close()
         new = self.membership.up(peer, self._clock())
@@ -390,7 +402,8 @@ class Cluster:
         """Dial `node` (NAME@HOST[:PORT]) now, even if this node left or was removed."""
         host, port = split_node_name(node)
         self._left = False
-        await self._dial((host, port or self._port), join=True)
+        self._join_target = (host, port or self._port)
+        await self._dial(self._join_target, join=True)
 
     def leave(self) -> None:
         """Tell every peer this node leaves, then stand alone until `join` or a restart."""

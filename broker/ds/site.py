@@ -4,6 +4,11 @@ Random at first start and kept in the data dir, so a pod that comes back on the 
 is the same site. A configured `node.site_id` is taken at first start; later it must agree
 with the stored one, because replicas are placed on sites and a silently changed identity
 would make this node's data look like someone else's.
+
+The incarnation names the data dir itself: random, made with it. A configured site ID
+survives the loss of its volume (the operator gives each pod ordinal the same one), so the
+site alone cannot tell a node that kept its Raft logs and votes from one that came back
+empty; its peers tell them apart by the incarnation (cluster/handshake.py).
 """
 
 import secrets
@@ -12,6 +17,7 @@ from pathlib import Path
 from broker.ds.files import write_atomically
 
 FILE = "site_id"
+INCARNATION_FILE = "incarnation"
 
 
 class SiteIdMismatch(ValueError):
@@ -38,3 +44,17 @@ def ensure_site_id(root: Path, configured: str) -> str:
     root.mkdir(parents=True, exist_ok=True)
     write_atomically(root / FILE, site_id.encode() + b"\n")
     return site_id
+
+
+def ensure_incarnation(root: Path) -> str:
+    path = root / INCARNATION_FILE
+    try:
+        stored = path.read_text().strip()
+    except FileNotFoundError:
+        stored = ""
+    if stored:
+        return stored
+    incarnation = secrets.token_hex(8)
+    root.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, incarnation.encode() + b"\n")
+    return incarnation

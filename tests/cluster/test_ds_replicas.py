@@ -3,6 +3,8 @@ an operator: a site that leaves `messages` stops voting in its shards but keeps 
 copy (its durable sessions still read locally), joins again, and a site gone for good is
 forgotten, which only a site that is down may be."""
 
+import shutil
+
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.cluster.test_ds_placement import N_SHARDS, _held
 from tests.cluster.test_replicated_ds import REPLICATED, _client, _groups_led
@@ -71,3 +73,57 @@ def test_leave_join_and_forget_a_site(cluster: Cluster, clients: list[PahoClient
                "the forgotten site in no group on either survivor")
     assert sites[2] not in http_json(nodes[1].http, "/api/v5/ds/sites")
     assert publisher.publish(topic, b"after forget", qos=1) == 0
+
+
+def test_a_member_back_on_an_empty_data_dir_stays_out_until_forgotten(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """A configured site ID (as the operator gives each pod) on a new, empty volume: the
+    peers refuse it (as that member it would vote having forgotten its votes and what it
+    acknowledged); once an administrator forgets the site, it joins again as a new replica
+    and catches up."""
+    nodes = cluster.make(3, **REPLICATED)
+    sites = [f"00000000000000a{i}" for i in range(3)]
+    for node, site in zip(nodes, sites, strict=True):
+        node.process.settings["node.site_id"] = site
+        node.start()
+    cluster.all_running(nodes)
+    _groups_led(nodes, 2 + N_SHARDS)
+    subscriber = _client(clients, nodes[0], unique("sub"))
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    topic = unique("reborn").replace("-", "/")
+    subscriber.subscribe(topic, qos=1)
+    publisher = _client(clients, nodes[1], unique("pub"))
+    publisher.connect()
+    assert publisher.publish(topic, b"before", qos=1) == 0
+
+    lost = nodes[2]
+    lost.process.kill()
+    shutil.rmtree(lost.process.data_dir)
+    lost.process.start()
+    wait_until(lambda: "reborn" in lost.process.log_text(), 20, "the peers' refusal logged")
+    assert nodes[0].statuses()[lost.node_name] == "stopped"
+    assert sites[2] in _voters_of_every_group(nodes[0])  # its old vote is still counted
+
+    code, out = _ctl(nodes[0], "forget", sites[2])
+    assert code == 0, out
+    wait_until(lambda: sites[2] not in _voters_of_every_group(nodes[0]), 30,
+               "the forgotten site out of every group")
+
+    # One join: the node keeps dialling with it while peers still see the old site leaving.
+    done = run_cli("ctl", "cluster", "join", nodes[0].seed, "--url",
+                   f"http://127.0.0.1:{lost.http}")
+    assert done.returncode == 0, done.stderr
+    cluster.wait_statuses(nodes, {lost.node_name: "running"}, timeout=30)
+    wait_until(lambda: _held(nodes[0], sites[2]) == EVERYTHING, 60,
+               "the new replica caught up and voting again")
+    reader = _client(clients, lost, unique("late"))
+    reader.connect(clean_start=False, session_expiry=3600)
+    reader.subscribe(topic, qos=1)
+    assert publisher.publish(topic, b"after", qos=1) == 0
+    assert [m.payload for m in subscriber.wait_messages(2)] == [b"before", b"after"]
+    assert reader.wait_messages(1)[0].payload == b"after"
+
+
+def _voters_of_every_group(node: Node) -> set[str]:
+    return {site for group in http_json(node.http, "/api/v5/raft")["groups"]
+            for site in group["voters"]}

@@ -86,6 +86,33 @@ def test_other_cluster_name_and_removed_sites_are_refused() -> None:
     assert listener.done and listener.readmitted
 
 
+def test_a_member_back_with_another_data_dir_is_refused_both_ways() -> None:
+    """Its site is configured, its volume new: as that member it would vote having forgotten
+    its votes and the entries it acknowledged."""
+    reborn = Identity("AAAA", "a@h", "h", 1, incarnation="new")
+    for dialer, listener in (
+            (Handshake(Role.DIALER, reborn, "c", "s"),
+             Handshake(Role.LISTENER, B, "c", "s", incarnations={"AAAA": "old"})),
+            (Handshake(Role.DIALER, B, "c", "s", incarnations={"AAAA": "old"}),
+             Handshake(Role.LISTENER, reborn, "c", "s"))):
+        with pytest.raises(Refused) as refused:
+            _run(dialer, listener)
+        assert refused.value.reason == "reborn"
+    # The data dir it had, or one its peers never learned (an older node's ""): welcome.
+    _run(Handshake(Role.DIALER, reborn, "c", "s"),
+         Handshake(Role.LISTENER, B, "c", "s", incarnations={"AAAA": "new"}))
+    _run(Handshake(Role.DIALER, reborn, "c", "s"),
+         Handshake(Role.LISTENER, B, "c", "s", incarnations={"AAAA": ""}))
+
+
+def test_a_site_still_leaving_the_raft_groups_is_refused_even_when_joining() -> None:
+    joining = Handshake(Role.DIALER, A, "c", "s")
+    joining.join = True
+    with pytest.raises(Refused, match="still being removed"):
+        _run(joining, Handshake(Role.LISTENER, B, "c", "s", refused_sites=frozenset({"AAAA"}),
+                                unsettled=frozenset({"AAAA"})))
+
+
 @pytest.mark.parametrize("payload", [b"", b"\xff\xfe", b"[]", b'{"type": "welcome"}',
                                      json.dumps({"type": "hello", "v": 1, "cluster": "c",
                                                  "site": "X", "node": "x@h"}).encode()])
