@@ -48,7 +48,9 @@ def next_change(config: Config, leader: str, running: set[str], known: set[str],
         ready &= wanted
     if ready and len(config.voters) < voter_cap:
         return PROMOTE, min(ready)
-    extra = config.voters - wanted if wanted is not None else set()
+    if wanted is None:
+        return None
+    extra = config.voters - wanted
     if extra and (ready or not wanted - config.voters):
         # A voter the target does not name gives up its vote (and comes back as a learner):
         # once a named learner can take its place, or at once when no named site is waiting
