@@ -20,6 +20,19 @@ def _held(node: Node, site: str) -> list[tuple[str, str]]:
     return sorted((shard["storage"], shard["id"]) for shard in answer["shards"])
 
 
+def durable_pair(clients: list[PahoClient], reading: Node, publishing: Node,
+                 name: str) -> tuple[PahoClient, PahoClient, str]:
+    """A durable subscriber (on `reading`) to a fresh topic and a publisher (on
+    `publishing`): (subscriber, publisher, topic)."""
+    subscriber = _client(clients, reading, unique("sub"))
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    topic = unique(name).replace("-", "/")
+    subscriber.subscribe(topic, qos=1)
+    publisher = _client(clients, publishing, unique("pub"))
+    publisher.connect()
+    return subscriber, publisher, topic
+
+
 def _write(path: Path, doc: dict[str, object]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
@@ -60,12 +73,7 @@ def test_a_leaving_site_is_drained_and_reports_no_shard(
     assert rows[sites[2]][2:] == ["yes", "-"]
 
     # The two that stay are a majority of every group: durable publishes are acknowledged.
-    subscriber = _client(clients, nodes[0], unique("sub"))
-    subscriber.connect(clean_start=False, session_expiry=3600)
-    topic = unique("drained").replace("-", "/")
-    subscriber.subscribe(topic, qos=1)
-    publisher = _client(clients, nodes[1], unique("pub"))
-    publisher.connect()
+    subscriber, publisher, topic = durable_pair(clients, nodes[0], nodes[1], "drained")
     assert publisher.publish(topic, b"after the drain", qos=1) == 0
     assert subscriber.wait_messages(1)[0].payload == b"after the drain"
 

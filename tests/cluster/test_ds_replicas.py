@@ -6,7 +6,7 @@ forgotten, which only a site that is down may be."""
 import shutil
 
 from tests.cluster.conftest import Cluster, Node, http_json
-from tests.cluster.test_ds_placement import N_SHARDS, _held
+from tests.cluster.test_ds_placement import N_SHARDS, _held, durable_pair
 from tests.cluster.test_replicated_ds import REPLICATED, _client, _groups_led
 from tests.integration.clients import PahoClient, run_cli, unique, wait_until
 
@@ -45,12 +45,7 @@ def test_leave_join_and_forget_a_site(cluster: Cluster, clients: list[PahoClient
         sites[:2])
 
     # Two voters are a majority; the learner's durable session reads its local copy.
-    subscriber = _client(clients, nodes[2], unique("sub"))
-    subscriber.connect(clean_start=False, session_expiry=3600)
-    topic = unique("left").replace("-", "/")
-    subscriber.subscribe(topic, qos=1)
-    publisher = _client(clients, nodes[0], unique("pub"))
-    publisher.connect()
+    subscriber, publisher, topic = durable_pair(clients, nodes[2], nodes[0], "left")
     assert publisher.publish(topic, b"voters elsewhere", qos=1) == 0
     assert subscriber.wait_messages(1)[0].payload == b"voters elsewhere"
 
@@ -88,12 +83,7 @@ def test_a_member_back_on_an_empty_data_dir_stays_out_until_forgotten(
         node.start()
     cluster.all_running(nodes)
     _groups_led(nodes, 2 + N_SHARDS)
-    subscriber = _client(clients, nodes[0], unique("sub"))
-    subscriber.connect(clean_start=False, session_expiry=3600)
-    topic = unique("reborn").replace("-", "/")
-    subscriber.subscribe(topic, qos=1)
-    publisher = _client(clients, nodes[1], unique("pub"))
-    publisher.connect()
+    subscriber, publisher, topic = durable_pair(clients, nodes[0], nodes[1], "reborn")
     assert publisher.publish(topic, b"before", qos=1) == 0
 
     lost = nodes[2]
