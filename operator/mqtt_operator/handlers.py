@@ -17,6 +17,7 @@ MQTT_OPERATOR_SPARK_POLL_SECONDS (30: how often clusters with Spark jobs are rec
 """
 
 import contextvars
+import dataclasses
 import functools
 import logging
 import os
@@ -31,7 +32,7 @@ from prometheus_client import start_http_server
 from mqtt_operator import constants as c
 from mqtt_operator import metrics
 from mqtt_operator.brokers import ask_sealed, ask_site
-from mqtt_operator.kube import Kube, client_from_environment
+from mqtt_operator.kube import Kube, client_from_environment, in_cluster_server
 from mqtt_operator.reconcile import reconcile
 
 RESYNC_SECONDS = float(os.environ.get("MQTT_OPERATOR_RESYNC_SECONDS", "10"))
@@ -64,8 +65,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """Same sources as the reconcile's client, read at login time (see kube.py)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """Same sources as the reconcile's client, read at login time (see kube.py). kopf names
+    the in-cluster API server by DNS (kubernetes.default.svc); the address every pod gets in
+    its environment works without cluster DNS too, as the client library's does."""
+    account = kopf.login_with_service_account(**kwargs)
+    server = in_cluster_server()
+    if account is not None and server:
+        return dataclasses.replace(account, server=server)
+    return account or kopf.login_with_kubeconfig(**kwargs)
 
 
 class _Poller:

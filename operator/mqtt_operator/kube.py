@@ -52,6 +52,16 @@ def client_from_environment() -> ApiClient:
     return ApiClient(configuration)
 
 
+def in_cluster_server() -> str | None:
+    """The API server's URL from the variables Kubernetes sets in every pod (None outside
+    one): an IP, so it needs no cluster DNS."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get(
+        "KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
 def path(api_version: str, kind: str, namespace: str, name: str = "") -> str:
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     return f"{prefix}/namespaces/{namespace}/{_PLURALS[kind]}" + (f"/{name}" if name else "")
