@@ -7,20 +7,25 @@ volume, never through the broker.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
+import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyspark
 from pyspark import SparkConf
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 import slabs
 
@@ -29,6 +34,9 @@ COLUMNS = [
     "payload_format", "response_topic", "correlation_data", "message_expiry",
     "user_properties", "shard", "generation", "stream", "structure",
 ]
+# The read columns that differ from the frame's: a timestamp crosses as an integer and
+# becomes a Spark timestamp in the JVM (exact, and no datetimes built in Python).
+_RAW = {"timestamp": "timestamp_us"}
 _SLAB_ERROR = re.compile(r"SlabError: ([^\n]+)")
 
 
@@ -62,24 +70,36 @@ class Report:
 
 
 def read_messages(
-    spark: SparkSession, path: Path, selection: slabs.Selection, strict: bool = False
+    spark: SparkSession, path: Path, selection: slabs.Selection, strict: bool = False,
+    columns: Sequence[str] = COLUMNS,
 ) -> tuple[DataFrame, Report]:
-    """The messages of the sealed slabs under `path` that match `selection` (COLUMNS)."""
+    """The messages of the sealed slabs under `path` that match `selection`, with
+    `columns` (of COLUMNS). Spark cannot prune the columns of a Python function's output,
+    so a job that names the few it uses spares building and copying the others."""
     tasks, skipped = slabs.plan(path, selection)
     if strict:
         corrupt = [s for s in skipped if s.reason.startswith("corrupt")]
         if corrupt:
             raise slabs.ReaderError(f"{corrupt[0].path}: {corrupt[0].reason}")
-    sc = spark.sparkContext
-    problems = sc.accumulator([], _ListParam())
-    report = partial(_report, problems)
-    rdd = sc.parallelize(tasks, max(len(tasks), 1)).mapPartitions(
-        lambda part: slabs.read_tasks(part, selection, strict, report)
-    )
-    frame = spark.createDataFrame(rdd, slabs.RAW_SCHEMA).withColumn(
-        "timestamp", F.expr("timestamp_micros(timestamp_us)")
-    )
-    return frame.select(*COLUMNS), Report(tasks, skipped, problems)
+    problems = spark.sparkContext.accumulator([], _ListParam())
+    # One row per task, one task per partition: each executor task reads its own slab.
+    ids = spark.range(len(tasks), numPartitions=max(len(tasks), 1))
+    schema = pa.schema([slabs.SCHEMA.field(_RAW.get(c, c)) for c in columns])
+    read = partial(_read_partition, tasks, selection, strict, partial(_report, problems), schema)
+    frame = ids.mapInArrow(read, from_arrow_schema(schema))
+    if "timestamp" in columns:
+        frame = frame.withColumn("timestamp", F.expr("timestamp_micros(timestamp_us)"))
+    return frame.select(*columns), Report(tasks, skipped, problems)
+
+
+def _read_partition(
+    tasks: list[slabs.SlabTask], selection: slabs.Selection, strict: bool,
+    report: Callable[[slabs.Skipped], None], schema: pa.Schema,
+    ids: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    for batch in ids:
+        yield from slabs.read_tasks((tasks[i] for i in batch.column(0).to_pylist()),
+                                    selection, strict, report, schema=schema)
 
 
 def _report(problems: Accumulator[list[dict[str, Any]]], skipped: slabs.Skipped) -> None:
@@ -129,6 +149,8 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
     if local:
         conf.setIfMissing("spark.driver.host", "127.0.0.1")
         conf.setIfMissing("spark.ui.enabled", "false")
+        if "PYSPARK_GATEWAY_PORT" not in os.environ:  # else spark-submit started the JVM
+            conf.setIfMissing("spark.driver.extraJavaOptions", _class_data_sharing())
         # The default 200 shuffle partitions cost seconds of task overhead on one machine.
         conf.setIfMissing("spark.sql.shuffle.partitions", "8")
     conf.set("spark.sql.session.timeZone", "UTC")
@@ -138,6 +160,26 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
     for module in ("slabs.py", "slabframe.py"):
         spark.sparkContext.addPyFile(str(here / module))
     return spark
+
+
+def _class_data_sharing() -> str:
+    """JVM options that map the classes Spark loads from an archive instead of finding,
+    reading and verifying them in ~250 jars (AppCDS): a local session and its first job
+    start seconds sooner. The first session writes the archive as its JVM exits; it is
+    kept per Spark version and Java runtime, and the JVM ignores one that does not match
+    its class path. Its logging is off: the warnings of the dump (classes it cannot
+    archive) would go to the job's stdout."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mqtt-spark"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return ""
+    key = hashlib.sha256(f"{pyspark.__version__} {os.path.realpath(java or '')}".encode())
+    archive = cache / f"spark-{key.hexdigest()[:16]}.jsa"
+    option = "SharedArchiveFile" if archive.is_file() else "ArchiveClassesAtExit"
+    return f"-XX:{option}={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import export
 import slabframe
 import slabs
 import stats
+from broker.ds import TTV
 from tests.support.slabdata import (
     N_SHARDS,
     TOPICS,
@@ -159,6 +160,35 @@ def test_spark_submit_while_the_broker_runs(live, tmp_path) -> None:
     assert [line.split(",", 1)[1] for line in lines[1:]] == [
         ",".join(str(r[k]) for k in ("topic", "messages", "bytes", "publishers", "qos0",
                                      "qos1", "qos2")) for r in expected]
+
+
+@pytest.fixture(scope="module")
+def bulk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Two streams of one slab, each several Arrow batches long (slabs._BATCH rows each)
+    and not a whole number of them; every payload is unique."""
+    data_dir = tmp_path_factory.mktemp("spark-bulk") / "data"
+    messages = [TTV(f"bulk/{i % 2}", i.to_bytes(4, "big"), i % 3, False, "one-publisher")
+                for i in range(2 * 2 * slabs._BATCH + 1001)]
+    return data_dir, write_generations(data_dir, [messages], [True])
+
+
+def test_batches_neither_drop_nor_repeat_rows(spark: SparkSession, bulk, tmp_path) -> None:
+    data_dir, expected = bulk
+    assert len({r["stream"] for r in expected}) == 2
+    frame, _ = slabframe.read_messages(spark, data_dir, slabs.Selection())
+    assert collect(frame) == ordered(expected)
+
+    times = sorted(r["timestamp_us"] for r in expected)  # a range ending inside a batch
+    since, until = times[slabs._BATCH // 2], times[3 * slabs._BATCH + 17]
+    frame, _ = slabframe.read_messages(spark, data_dir, slabs.Selection(
+        since=since, until=until))
+    assert collect(frame) == ordered(r for r in expected if since <= r["timestamp_us"] < until)
+
+    summary = stats.main([str(data_dir), "--output", str(tmp_path / "stats")])
+    assert summary["rows"] == {"by_topic": len(_stats(expected, "topic")),
+                               "by_stream": len(_stats(expected, "structure"))}
+    by_topic = spark.read.parquet(str(tmp_path / "stats" / "by_topic"))
+    assert by_topic.selectExpr("sum(messages)").first()[0] == len(expected)
 
 
 @pytest.fixture(scope="module")

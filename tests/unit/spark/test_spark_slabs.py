@@ -4,6 +4,7 @@ verification and row mapping, on slabs written by the DS library."""
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import slabs
@@ -20,9 +21,10 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]
         data_dir, [sample_messages(0, 60), sample_messages(60, 20)], [True, False])
 
 
-def read_all(tasks: list[slabs.SlabTask], selection: slabs.Selection) -> list[tuple]:
+def read_all(tasks: list[slabs.SlabTask], selection: slabs.Selection) -> list[dict]:
     problems: list[slabs.Skipped] = []
-    rows = list(slabs.read_tasks(tasks, selection, False, problems.append))
+    rows = [row for batch in slabs.read_tasks(tasks, selection, False, problems.append)
+            for row in batch.to_pylist()]
     assert problems == []
     return rows
 
@@ -52,23 +54,29 @@ def test_plan_prunes_by_shard_generation_time_and_structure(written) -> None:
     assert slabs.plan(data_dir, slabs.Selection(topic_filter="nothing/+"))[0] == []
 
 
-def test_rows_map_every_column(written) -> None:
+@pytest.mark.parametrize("batch", [7, 8192])  # a stream spans several batches, or one
+def test_rows_map_every_column(written, monkeypatch, batch: int) -> None:
+    monkeypatch.setattr(slabs, "_BATCH", batch)
     data_dir, expected = written
     tasks, _ = slabs.plan(data_dir, slabs.Selection())
-    got = sorted(read_all(tasks, slabs.Selection()), key=lambda r: (r[12], r[1]))
-    columns = [c.split(" ")[0] for c in slabs.RAW_SCHEMA.split(", ") if " " in c]
+    got = sorted(read_all(tasks, slabs.Selection()),
+                 key=lambda r: (r["shard"], r["timestamp_us"]))
+    for row in got:
+        row["user_properties"] = [(kv["key"], kv["value"]) for kv in row["user_properties"]]
     want = sorted((r for r in expected if r["generation"] == 1),
                   key=lambda r: (r["shard"], r["timestamp_us"]))
-    assert [dict(zip(columns, row, strict=True)) for row in got] == want
+    assert got == want
     assert any(r["user_properties"] for r in want) and any(r["correlation_data"] for r in want)
 
 
-def test_rows_of_a_time_range_and_filter(written) -> None:
+@pytest.mark.parametrize("batch", [4, 8192])  # the range ends inside a batch, or not
+def test_rows_of_a_time_range_and_filter(written, monkeypatch, batch: int) -> None:
+    monkeypatch.setattr(slabs, "_BATCH", batch)
     data_dir, expected = written
     times = sorted(r["timestamp_us"] for r in expected if r["generation"] == 1)
     selection = slabs.Selection("plant/+/temp", times[10], times[40])
     tasks, _ = slabs.plan(data_dir, selection)
-    got = sorted((row[0], row[1]) for row in read_all(tasks, selection))
+    got = sorted((row["topic"], row["timestamp_us"]) for row in read_all(tasks, selection))
     assert got == sorted(
         (r["topic"], r["timestamp_us"]) for r in expected
         if r["generation"] == 1 and times[10] <= r["timestamp_us"] < times[40]
@@ -140,3 +148,13 @@ def test_selection_errors() -> None:
 ])
 def test_parse_time(text: str, us: int) -> None:
     assert slabs.parse_time(text) == us
+
+
+def test_batches_hold_only_the_columns_asked_for(written) -> None:
+    data_dir, expected = written
+    tasks, _ = slabs.plan(data_dir, slabs.Selection())
+    schema = pa.schema([slabs.SCHEMA.field("structure"), slabs.SCHEMA.field("qos")])
+    got = [row for batch in slabs.read_tasks(tasks, slabs.Selection(), True, print,
+                                             schema=schema) for row in batch.to_pylist()]
+    assert sorted((r["structure"], r["qos"]) for r in got) == sorted(
+        (r["structure"], r["qos"]) for r in expected if r["generation"] == 1)
