@@ -2,8 +2,9 @@
 
 Random at first start and kept in the data dir, so a pod that comes back on the same volume
 is the same site. A configured `node.site_id` is taken at first start; later it must agree
-with the stored one, because replicas are placed on sites and a silently changed identity
-would make this node's data look like someone else's.
+with the stored one (without regard to case: hexadecimal IDs were once written in upper
+case), because replicas are placed on sites and a silently changed identity would make this
+node's data look like someone else's. The stored spelling is the one used.
 
 The incarnation names the data dir itself: random, made with it. A configured site ID
 survives the loss of its volume (the operator gives each pod ordinal the same one), so the
@@ -34,7 +35,7 @@ def read_site_id(root: Path) -> str | None:
 def ensure_site_id(root: Path, configured: str) -> str:
     stored = read_site_id(root)
     if stored is not None:
-        if configured and configured != stored:
+        if configured and configured.lower() != stored.lower():
             raise SiteIdMismatch(
                 f"node.site_id {configured!r} contradicts the site ID {stored!r} stored in"
                 f" {root / FILE}; keep the stored one or use another data dir"

@@ -22,3 +22,8 @@ def test_contradiction_is_refused_naming_the_key(tmp_path) -> None:
     ensure_site_id(tmp_path, "site-a")
     with pytest.raises(SiteIdMismatch, match=r"node\.site_id 'site-b'.*'site-a'"):
         ensure_site_id(tmp_path, "site-b")
+
+
+def test_the_stored_spelling_wins_over_a_configured_one_in_another_case(tmp_path) -> None:
+    ensure_site_id(tmp_path, "00AB")
+    assert ensure_site_id(tmp_path, "00ab") == "00AB"
