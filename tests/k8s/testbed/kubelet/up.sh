@@ -20,6 +20,9 @@ SERVICE_CIDR=10.0.0.0/24  # ../up.sh's --service-cluster-ip-range
 # localhost, where it listens; a loopback node IP is refused, so this is the one way there.
 NODE=localhost; CGROUP_ROOT=/k8s-testbed
 PAUSE=k8s-testbed.local/pause:3.6
+if kill -0 "$(cat "$N/kubelet.pid" 2>/dev/null)" 2>/dev/null; then
+  echo "a node already runs in $N (down.sh stops it)" >&2; exit 1
+fi
 mkdir -p "$N/cni" "$N/containerd" "$N/kubelet" "$N/pv"
 SOCK="$N/containerd.sock"
 
