@@ -1,0 +1,105 @@
+"""A test bed whose pods run: the control plane of tests/k8s plus a node (kubelet,
+kube-proxy, kube-scheduler, containerd; tests/k8s/testbed/kubelet/) with the images built
+by tools/image imported, so `helm install` starts real operator and broker pods.
+
+One node test bed per machine at a time (kube-proxy owns the host's KUBE-* iptables
+chains): a lock file serialises sessions. Tests marked `slow` run only with K8S_E2E=1
+(`make test-k8s-e2e`); `make test` runs the others.
+"""
+
+import fcntl
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.container.engine import build_images, detect
+from tests.k8s.conftest import (
+    BUILT,
+    CRD,
+    FOREIGN_CRDS,
+    ROOT,
+    TESTBED_SCRIPTS,
+    VENV_BIN,
+    Testbed,
+    _free_port,
+    _run,
+)
+
+NODE_SCRIPTS = TESTBED_SCRIPTS / "kubelet"
+CHART = ROOT / "helm" / "durable-mqtt"
+IMAGE = "durable-mqtt-broker:0.1.0"  # the chart's default: image.repository:appVersion
+LOCK = Path("/run/lock/k8s-testbed-node.lock")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: end to end on the test bed's node "
+                                       "(make test-k8s-e2e)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("K8S_E2E") == "1":
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def _script(path: Path, env: dict[str, str], timeout: float) -> None:
+    done = subprocess.run(["bash", str(path)], env=env, text=True, capture_output=True,
+                          timeout=timeout, check=False)
+    assert done.returncode == 0, f"{path.name} failed:\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    base = {**os.environ, "K8S_TESTBED": str(BUILT)}
+    for script, limit in ((TESTBED_SCRIPTS / "build.sh", 1800), (TESTBED_SCRIPTS / "helm.sh", 300),
+                          (NODE_SCRIPTS / "build.sh", 1800)):  # no-ops once built
+        _script(script, base, limit)
+    build_images(dict(os.environ))
+    engine = detect(dict(os.environ))
+    root = tmp_path_factory.mktemp("node")
+    (root / "bin").symlink_to(BUILT / "bin")
+    (root / "images").mkdir()
+    (root / "images" / "pause.tar").symlink_to(BUILT / "images" / "pause.tar")
+    archive = root / "broker.tar"
+    engine("save", *(["--format", "docker-archive"] if engine.command == "podman" else []),
+           "-o", str(archive), IMAGE, timeout=300)
+    crds = root / "crds.yaml"
+    crds.write_text("\n---\n".join(path.read_text() for path in [CRD, *FOREIGN_CRDS]))
+    proxy_port = _free_port(pair_offset=1)
+    env = {**os.environ, "K8S_TESTBED": str(root), "K8S_PORT": str(_free_port()),
+           "K8S_ETCD_PORT": str(_free_port(pair_offset=10)), "K8S_KCM_PORT": str(_free_port()),
+           "K8S_KUBELET_PORT": str(_free_port()), "K8S_PROXY_PORT": str(proxy_port),
+           "K8S_IMAGES": str(archive), "CRDS": str(crds),
+           "KUBECONFIG": str(root / "run" / "kubeconfig"),
+           "PATH": f"{BUILT / 'bin'}:{VENV_BIN}:{os.environ['PATH']}"}
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            up = _run("up.sh", env, 180)
+            assert up.returncode == 0, f"up.sh failed:\n{up.stderr}"
+            _script(NODE_SCRIPTS / "up.sh", env, 300)
+            yield Testbed(root, root / "run" / "kubeconfig",
+                          {k: v for k, v in env.items() if k != "CRDS"})
+        finally:
+            subprocess.run(["bash", str(NODE_SCRIPTS / "down.sh")], env=env, timeout=300,
+                           check=False, capture_output=True)
+            _run("down.sh", env, 120)
+
+
+@pytest.fixture
+def release(node: Testbed) -> Iterator[tuple[str, str]]:
+    """A namespace for one `helm install` (release `mq`), uninstalled afterwards."""
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    node.kubectl("create", "namespace", namespace)
+    yield namespace, "mq"
+    subprocess.run(["helm", "uninstall", "mq", "-n", namespace, "--wait", "--timeout", "60s"],
+                   env=node.env, capture_output=True, timeout=120, check=False)
+    node.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
