@@ -37,6 +37,7 @@ from broker.periodic import every
 from broker.server.admission import ListenerGate
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
+from broker.server.reactor import create_server
 from broker.server.tls import reload_certificate, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable import ownership
@@ -115,9 +116,9 @@ class BrokerApp:
         for name, bind, factory, ssl_context in listeners:
             if bind is None:
                 continue
-            server = await loop.create_server(
-                factory, bind[0], bind[1], ssl=ssl_context, reuse_address=True, backlog=4096
-            )
+            server = await create_server(
+                loop, factory, bind[0], bind[1], ssl=ssl_context, reuse_address=True,
+                backlog=4096)
             self._servers.append(server)
             self.ports[name] = server.sockets[0].getsockname()[1]
             log.info("listener %s on %s:%d", name, bind[0], self.ports[name])

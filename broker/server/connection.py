@@ -86,14 +86,14 @@ class _Waiting:
 class Connection:
     # Slots: ten thousand idle connections should cost little more than their sockets.
     __slots__ = (
-        "_backlogged", "_deferred", "_flush_pending", "_held", "_last_rx", "_loop",
-        "_max_waiting", "_max_waiting_bytes", "_out", "_output", "_packet_timeout",
-        "_packet_timer", "_partial_since", "_paused", "_rate_timer", "_rates", "_timer",
-        "_waiting", "_waiting_bytes", "acl_cache",
+        "_backlogged", "_deferred", "_flush_pending", "_held", "_in_aliases", "_last_rx",
+        "_loop", "_max_waiting", "_max_waiting_bytes", "_out", "_out_aliases", "_output",
+        "_packet_timeout", "_packet_timer", "_partial_since", "_paused", "_rate_timer",
+        "_rates", "_timer", "_waiting", "_waiting_bytes", "acl_cache",
         "claim_stamp",
         "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
-        "connected", "decoder", "in_aliases", "incoming_unacked", "keepalive", "node",
-        "out_aliases", "peer", "send_window", "session", "stats", "transport", "username",
+        "connected", "decoder", "incoming_unacked", "keepalive", "node",
+        "send_window", "session", "stats", "transport", "username",
         "version", "will",
     )
 
@@ -103,7 +103,6 @@ class Connection:
         self.node = node
         self.stats = node.stats
         self.transport = transport
-        self.peer = self._peername(transport)
         self.decoder = Decoder(max_packet_size=config["mqtt.max_packet_size"])
         self.version = MQTT_3_1_1
         self.connected = False
@@ -123,12 +122,13 @@ class Connection:
         self.send_window = config["mqtt.max_inflight"]
         self.client_max_packet: int | None = None
         self.client_alias_max = 0
-        self.in_aliases: dict[int, str] = {}
-        self.out_aliases: dict[str, int] = {}
-        self._out: list[bytes] = []
-        # Acknowledgements waiting for storage, in the order they must leave; created on
-        # first use (an empty deque is ~600 bytes, times every idle connection).
-        # Packets waiting for a future (or behind ones that wait), grouped by that future.
+        # Topic aliases and unsent output: made on first use, as are other containers
+        # below (an empty dict or list is 56-64 bytes, times every idle connection).
+        self._in_aliases: dict[int, str] | None = None
+        self._out_aliases: dict[str, int] | None = None
+        self._out: list[bytes] | None = None
+        # Acknowledgements waiting for storage, in the order they must leave: packets
+        # waiting for a future (or behind ones that wait), grouped by that future.
         self._deferred: deque[_Waiting] | None = None
         # Flow control of what the client sends. `_waiting` / `_waiting_bytes`: the
         # acknowledgements in `_deferred` and their PUBLISHes' payload bytes; at the
@@ -333,7 +333,11 @@ class Connection:
 
     # ---- output ------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self._flush_soon()
 
     def _flush_soon(self) -> None:
@@ -393,6 +397,8 @@ class Connection:
                     self.fail(MQTTError("storage failed", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
                 return
             if not self.closed:
+                if self._out is None:
+                    self._out = []
                 self._out.extend(group.packets)
                 if self.incoming_unacked:
                     returned = sum(map(_returns_quota, group.packets))
@@ -409,13 +415,12 @@ class Connection:
 
     def flush(self) -> None:
         self._flush_pending = False
-        if not self._out or self.closed or self.transport.is_closing():
+        out, self._out = self._out, None
+        if not out or self.closed or self.transport.is_closing():
             # A transport that failed (the peer reset) is closing before connection_lost
             # runs: writing to it only logs asyncio's "socket.send() raised" warning.
-            self._out.clear()
             return
-        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
-        self._out.clear()
+        data = out[0] if len(out) == 1 else b"".join(out)
         if self._backlogged and self._shed():
             return
         self.stats.bytes_sent += len(data)
@@ -564,12 +569,13 @@ class Connection:
             )
             if delivery.subscription_ids:
                 props[_SUB_IDS] = list(delivery.subscription_ids)
-            alias = self.out_aliases.get(topic) if self.client_alias_max else None
+            aliases = self.out_aliases if self.client_alias_max else None
+            alias = aliases.get(topic) if aliases is not None else None
             if alias is not None:
                 props[_TOPIC_ALIAS] = alias
                 topic = ""
-            elif self.client_alias_max and len(self.out_aliases) < self.client_alias_max:
-                alias = props[_TOPIC_ALIAS] = len(self.out_aliases) + 1
+            elif aliases is not None and len(aliases) < self.client_alias_max:
+                alias = props[_TOPIC_ALIAS] = len(aliases) + 1
             data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
                                   packet_id, props or None, MQTT_5)
         else:
@@ -676,7 +682,23 @@ class Connection:
             self._packet_timer.cancel()
             self._packet_timer = None
 
-    @staticmethod
-    def _peername(transport: Any) -> str:
-        peer = transport.get_extra_info("peername")
+    @property
+    def peer(self) -> str:
+        """The client's address, for logs and the API: formatted when asked, as the
+        transport keeps it anyway."""
+        peer = self.transport.get_extra_info("peername")
         return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    @property
+    def in_aliases(self) -> dict[int, str]:
+        """Topic aliases the client set (MQTT 5.0 section 3.3.2.3.4)."""
+        if self._in_aliases is None:
+            self._in_aliases = {}
+        return self._in_aliases
+
+    @property
+    def out_aliases(self) -> dict[str, int]:
+        """Topic aliases set towards the client, up to its Topic Alias Maximum."""
+        if self._out_aliases is None:
+            self._out_aliases = {}
+        return self._out_aliases
