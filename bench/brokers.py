@@ -82,6 +82,9 @@ def _ours(tmp: Path, settings: dict[str, str] | None = None) -> Launch:
         "--set", f"listeners.ws.default.bind=127.0.0.1:{ws_port}",
         "--set", f"dashboard.listeners.http.bind=127.0.0.1:{http_port}",
         "--set", f"node.data_dir={data_dir}",
+        # The inter-node listener too: on loopback, on a free port (the default 0.0.0.0:5369
+        # would collide with any other broker running on this machine).
+        "--set", "rpc.listen_address=127.0.0.1", "--set", "rpc.tcp_server_port=0",
     ]
     for key, value in (settings or {}).items():
         argv += ["--set", f"{key}={value}"]
