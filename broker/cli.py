@@ -1,7 +1,6 @@
 """The `broker` command: `broker run` starts a node; `broker config docs` prints the reference."""
 
 import argparse
-import asyncio
 import logging
 import sys
 
@@ -22,11 +21,11 @@ def _run(args: argparse.Namespace) -> int:
         level=config["log.console.level"].upper(),
         handlers=[logsafe.handler("%(asctime)s %(levelname)s %(name)s: %(message)s")],
     )
-    from broker.server.app import serve
+    from broker.server.app import run
 
     try:
-        asyncio.run(serve(config))
-    except (SiteIdMismatch, SecurityFileError) as error:
+        run(config)
+    except (SiteIdMismatch, SecurityFileError, ConfigError) as error:
         print(f"broker: cannot start: {error}", file=sys.stderr)
         return 2
     except OSError as error:

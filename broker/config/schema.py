@@ -74,6 +74,11 @@ SETTINGS: tuple[Setting, ...] = (
             "A peer silent for this long (no frame, no heartbeat: frozen, partitioned) is"
             " declared down, its link closed and its routes purged; heartbeats go out every"
             " quarter of it."),
+    Setting("node.event_loop", "asyncio", parse_choice("asyncio", "uvloop"),
+            "The event loop: `asyncio` (the standard library's) or `uvloop` (libuv's: ~5% less"
+            " CPU per QoS 1 message in `bench/run.py` b and d, the same memory). `uvloop` is for"
+            " a node alone: the cluster links need asyncio's transports, so a"
+            " `cluster.discovery_strategy` other than `manual` is refused at start-up."),
     Setting("cluster.name", "mqttcl", parse_str,
             "Cluster name: nodes with different names never join, whatever their cookies."),
     Setting("cluster.discovery_strategy", "manual",

@@ -25,7 +25,7 @@ from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.cluster.takeover import Takeover
-from broker.config.loader import Config
+from broker.config.loader import Config, ConfigError
 from broker.config.values import split_node_name
 from broker.http.api import make_app
 from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
@@ -280,6 +280,20 @@ def _tune_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
+
+
+def run(config: Config) -> None:
+    """`serve` on the event loop `node.event_loop` names."""
+    factory = None
+    if config["node.event_loop"] == "uvloop":
+        if config["cluster.discovery_strategy"] != "manual":
+            raise ConfigError("node.event_loop = uvloop is for a node alone: cluster links"
+                              " need asyncio's transports")
+        import uvloop  # only then: its import is not free, and few nodes ask for it
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve(config))
 
 
 async def serve(config: Config) -> None:

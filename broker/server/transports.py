@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
@@ -88,7 +88,7 @@ class MQTTStreamProtocol(_OutputBound):
         self._connection: Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         if not _admitted(self._node, self._gate, transport):
             return
         _limit_output(self._node, transport)
@@ -190,7 +190,7 @@ class MQTTWebSocketProtocol(_OutputBound):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self._admitted = _admitted(self._node, self._gate, transport)
         if not self._admitted:
             return
