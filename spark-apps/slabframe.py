@@ -151,8 +151,12 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
         conf.setIfMissing("spark.ui.enabled", "false")
         if "PYSPARK_GATEWAY_PORT" not in os.environ:  # else spark-submit started the JVM
             conf.setIfMissing("spark.driver.extraJavaOptions", _class_data_sharing())
-        # The default 200 shuffle partitions cost seconds of task overhead on one machine.
-        conf.setIfMissing("spark.sql.shuffle.partitions", "8")
+        # On one machine a shuffle partition per core: the default 200 cost seconds of task
+        # overhead, and adaptive execution re-plans every stage of jobs that take a second
+        # (and runs each as a job of its own): ~1 s of a warm stats job on local[2].
+        cores = _local_cores(conf.get("spark.master"))
+        conf.setIfMissing("spark.sql.shuffle.partitions", str(cores))
+        conf.setIfMissing("spark.sql.adaptive.enabled", "false")
     conf.set("spark.sql.session.timeZone", "UTC")
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark = SparkSession.builder.appName(app_name).config(conf=conf).getOrCreate()
@@ -160,6 +164,14 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
     for module in ("slabs.py", "slabframe.py"):
         spark.sparkContext.addPyFile(str(here / module))
     return spark
+
+
+def _local_cores(master: str | None) -> int:
+    """The worker threads of a local master: local, local[N], local[*], local[N,F]."""
+    found = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master or "local")
+    if found is None or found.group(1) is None:
+        return 1
+    return os.cpu_count() or 1 if found.group(1) == "*" else int(found.group(1))
 
 
 def _class_data_sharing() -> str:
