@@ -12,6 +12,9 @@ rows, so the stream level is not derived from the topic level.
 
 from typing import Any
 
+from pyspark.sql import Observation
+from pyspark.sql import functions as F
+
 import slabframe
 
 # Two steps: per hour, topic, structure and publisher first, a hash aggregation that leaves
@@ -52,17 +55,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "by_stream": stats.where("by_stream = 1").select("hour", "structure", *_METRICS),
         }
         # The result is small: one sorted file per table, without the sampling job a
-        # global sort would start (each Spark job costs seconds of fixed overhead).
-        counts = dict(stats.groupBy("by_stream").count().collect())
+        # global sort would start, and rows counted as they are written (an observation),
+        # not by a job of their own: each Spark job costs fixed overhead.
+        rows = {}
         for name, table in tables.items():
             table = table.coalesce(1).sortWithinPartitions(*table.columns[:2])
             if args.output:
-                table.write.mode("overwrite").option("header", True).format(args.format).save(
+                written = Observation(name)
+                table.observe(written, F.count(F.lit(1)).alias("rows")).write.mode(
+                    "overwrite").option("header", True).format(args.format).save(
                     f"{args.output}/{name}")
+                rows[name] = written.get["rows"]
             else:
                 table.show(1000, truncate=False)
-        return {"job": "stats", "rows": {"by_topic": counts.get(0, 0),
-                                         "by_stream": counts.get(1, 0)}, **report.to_json()}
+                rows[name] = table.count()
+        return {"job": "stats", "rows": rows, **report.to_json()}
 
 
 if __name__ == "__main__":
