@@ -161,13 +161,11 @@ class StreamTransport(asyncio.Transport):
             return
         buffer = self._buffer
         if buffer is None:
-            try:
-                sent = os.write(self._fd, data)
-            except (BlockingIOError, InterruptedError):
+            sent = self._io(os.write, data)
+            if sent is None:
+                if self._closing:  # failed
+                    return
                 sent = 0
-            except OSError as exc:
-                self._fatal(exc)
-                return
             if sent == len(data):
                 return
             self._buffer = bytearray(memoryview(data)[sent:])
@@ -202,12 +200,8 @@ class StreamTransport(asyncio.Transport):
     def read_ready(self) -> None:
         if self._closing or not self._reading:
             return
-        try:
-            data = os.read(self._fd, _MAX_READ)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._fatal(exc)
+        data = self._io(os.read, _MAX_READ)
+        if data is None:
             return
         try:
             if data:
@@ -224,12 +218,8 @@ class StreamTransport(asyncio.Transport):
         buffer = self._buffer
         if buffer is None:
             return
-        try:
-            sent = os.write(self._fd, buffer)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._fatal(exc)
+        sent = self._io(os.write, buffer)
+        if sent is None:
             return
         del buffer[:sent]
         if buffer:
@@ -245,6 +235,17 @@ class StreamTransport(asyncio.Transport):
             self._socket().shutdown(socket.SHUT_WR)
 
     # ---- inside ----------------------------------------------------------------------------
+    def _io(self, call: Callable[[int, Any], Any], arg: Any) -> Any:
+        """`call(fd, arg)`, os.read or os.write; None if it would block, or if it failed,
+        which closes the transport (`_fatal`)."""
+        try:
+            return call(self._fd, arg)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            self._fatal(exc)
+            return None
+
     def _events(self) -> int:
         return (_READ if self._reading else 0) | (_WRITE if self._buffer is not None else 0)
 

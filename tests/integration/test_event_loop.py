@@ -17,14 +17,13 @@ def test_uvloop_serves_tcp_and_websocket_clients(paho_client, start_broker) -> N
     assert broker.proc is not None
     assert "uvloop/loop." in _mapped(broker.proc.pid)
     topic = unique("uvloop")
-    ws = paho_client(port=broker.ports["ws"], transport="websockets")
-    tcp = paho_client(port=broker.tcp)
-    ws.subscribe(f"{topic}/to-ws", 1)
-    tcp.subscribe(f"{topic}/to-tcp", 2)
-    tcp.publish(f"{topic}/to-ws", b"tcp -> ws", 1)
-    ws.publish(f"{topic}/to-tcp", b"ws -> tcp", 2)
-    assert [m.payload for m in ws.wait_messages(1)] == [b"tcp -> ws"]
-    assert [m.payload for m in tcp.wait_messages(1)] == [b"ws -> tcp"]
+    listener = paho_client(port=broker.tcp)
+    listener.subscribe(f"{topic}/#", 2)
+    sender = paho_client(port=broker.ports["ws"], transport="websockets")
+    for qos in (0, 1, 2):
+        sender.publish(f"{topic}/{qos}", f"qos {qos} over ws".encode(), qos)
+    got = sorted((m.topic, m.payload) for m in listener.wait_messages(3))
+    assert got == [(f"{topic}/{q}", f"qos {q} over ws".encode()) for q in (0, 1, 2)]
 
 
 def test_the_default_loop_is_asyncios(shared_broker) -> None:

@@ -61,19 +61,20 @@ async def served() -> AsyncIterator[tuple[Server, list[Recorder]]]:
 
 
 async def connect(server: Server, protocols: list[Recorder]) -> tuple[
-        asyncio.StreamReader, asyncio.StreamWriter, Recorder]:
+        asyncio.StreamReader, asyncio.StreamWriter, Recorder, StreamTransport]:
+    """A client, and the server side's protocol and transport."""
     port = server.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     while not protocols or protocols[-1].transport is None:
-        await asyncio.sleep(0)  # connection_made runs on the loop's next pass
-    return reader, writer, protocols[-1]
+        await asyncio.sleep(0)  # the server accepts on the loop's next pass
+    transport = protocols[-1].transport
+    assert transport is not None
+    return reader, writer, protocols[-1], transport
 
 
 async def test_a_peer_that_does_not_read_pauses_the_writer_until_it_drains(served) -> None:
     server, protocols = served
-    reader, writer, protocol = await connect(server, protocols)
-    transport = protocol.transport
-    assert transport is not None
+    reader, writer, protocol, transport = await connect(server, protocols)
     transport.set_write_buffer_limits(high=64 * 1024)
     chunk = bytes(range(256)) * 256  # 64 KiB
     sent = 0
@@ -91,9 +92,7 @@ async def test_a_peer_that_does_not_read_pauses_the_writer_until_it_drains(serve
 
 async def test_close_sends_what_is_buffered_then_the_fin(served) -> None:
     server, protocols = served
-    reader, writer, protocol = await connect(server, protocols)
-    transport = protocol.transport
-    assert transport is not None
+    reader, writer, protocol, transport = await connect(server, protocols)
     payload = b"x" * (8 * 1024 * 1024)  # more than the socket buffers take at once
     transport.write(payload)
     assert transport.get_write_buffer_size() > 0
@@ -108,9 +107,7 @@ async def test_close_sends_what_is_buffered_then_the_fin(served) -> None:
 
 async def test_write_eof_half_closes_and_input_still_arrives(served) -> None:
     server, protocols = served
-    reader, writer, protocol = await connect(server, protocols)
-    transport = protocol.transport
-    assert transport is not None
+    reader, writer, protocol, transport = await connect(server, protocols)
     transport.write(b"last words")
     transport.write_eof()
     with pytest.raises(RuntimeError):
@@ -127,16 +124,14 @@ async def test_write_eof_half_closes_and_input_still_arrives(served) -> None:
 
 async def test_paused_reading_holds_input_in_the_socket(served) -> None:
     server, protocols = served
-    _, writer, protocol = await connect(server, protocols)
-    transport = protocol.transport
-    assert transport is not None
+    _, writer, protocol, transport = await connect(server, protocols)
     transport.pause_reading()
     assert not transport.is_reading()
     writer.write(b"waits")
     await writer.drain()
     # Loopback delivers on write: once a second connection's later input has arrived, the
     # epoll has been polled with this input readable.
-    _, other_writer, other = await connect(server, protocols)
+    _, other_writer, other, _ = await connect(server, protocols)
     other_writer.write(b"ping")
     await other.received.wait()
     other_writer.close()
@@ -149,9 +144,7 @@ async def test_paused_reading_holds_input_in_the_socket(served) -> None:
 
 async def test_abort_resets_at_once_and_reports_once(served) -> None:
     server, protocols = served
-    reader, writer, protocol = await connect(server, protocols)
-    transport = protocol.transport
-    assert transport is not None
+    reader, writer, protocol, transport = await connect(server, protocols)
     assert transport.get_extra_info("peername") == writer.get_extra_info("sockname")
     transport.get_extra_info("socket").setsockopt(
         socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
@@ -167,7 +160,7 @@ async def test_abort_resets_at_once_and_reports_once(served) -> None:
 
 async def test_a_reset_by_the_peer_reaches_the_protocol(served) -> None:
     server, protocols = served
-    _, writer, protocol = await connect(server, protocols)
+    _, writer, protocol, _ = await connect(server, protocols)
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     writer.transport.abort()
@@ -179,13 +172,11 @@ async def test_a_closed_listener_refuses_new_clients_and_keeps_its_connections(
 ) -> None:
     server, protocols = served
     port = server.sockets[0].getsockname()[1]
-    reader, writer, protocol = await connect(server, protocols)
+    reader, writer, protocol, transport = await connect(server, protocols)
     server.close()
     await server.wait_closed()
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
-    transport = protocol.transport
-    assert transport is not None
     transport.write(b"still here")
     assert await reader.readexactly(10) == b"still here"
     writer.close()
