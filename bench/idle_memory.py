@@ -1,13 +1,14 @@
 """Where the memory of an idle connection goes: scenario e, with the broker in-process.
 
 Starts the broker in this process (its defaults, loopback listeners, a temp data dir),
-opens N connections from a child process as scenario e does (CONNECT, keepalive 0, clean
-session, then idle), and reports per connection: RSS growth and the objects that appeared,
-by type; with --trace, what tracemalloc traced, by the source file that allocated it
-(tracemalloc's own bookkeeping then inflates the RSS figure). bench/run.py --only e gives
-the comparable figure; this tells which code it belongs to.
+opens N connections from a child process as scenario e does (CONNECT, keepalive 0 unless
+--keepalive says otherwise, clean session, then idle), and reports per connection: RSS
+growth and the objects that appeared, by type; with --trace, what tracemalloc traced, by
+the source file that allocated it (tracemalloc's own bookkeeping then inflates the RSS
+figure). bench/run.py --only e gives the comparable figure; this tells which code it
+belongs to.
 
-    .venv/bin/python bench/idle_memory.py [--connections 10000] [--trace] [--set KEY=VALUE]
+    .venv/bin/python bench/idle_memory.py [--connections 10000] [--keepalive S] [--trace]
 """
 
 import argparse
@@ -37,14 +38,14 @@ from broker.server import app  # noqa: E402
 _READY = b"ready\n"
 
 
-def hold(port: int, count: int) -> None:
+def hold(port: int, count: int, keepalive: int) -> None:
     """The child: opens `count` connections, each up to its CONNACK, says so and waits for
     its stdin to close."""
     held = []
     sel = selectors.DefaultSelector()
     for i in range(count):
         sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(wire.connect(f"idle-memory-{i}"))
+        sock.sendall(wire.connect(f"idle-memory-{i}", keepalive))
         held.append(sock)
         sel.register(sock, selectors.EVENT_READ)
     pending = set(held)
@@ -65,7 +66,7 @@ def _types() -> collections.Counter[str]:
     return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
 
 
-async def measure(settings: list[str], count: int, trace: bool) -> None:
+async def measure(settings: list[str], count: int, keepalive: int, trace: bool) -> None:
     data_dir = tempfile.mkdtemp(prefix="idle-memory-")
     try:
         config = load_config(None, [
@@ -81,6 +82,7 @@ async def measure(settings: list[str], count: int, trace: bool) -> None:
         before = tracemalloc.take_snapshot() if trace else None
         child = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--hold", str(broker.ports["tcp"]), str(count),
+            str(keepalive),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert child.stdout is not None and child.stdin is not None
         if await child.stdout.readline() != _READY:
@@ -114,17 +116,19 @@ async def measure(settings: list[str], count: int, trace: bool) -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["--hold"]:
-        hold(int(sys.argv[2]), int(sys.argv[3]))
+        hold(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=10_000)
+    parser.add_argument("--keepalive", type=int, default=0,
+                        help="the clients' keep-alive, seconds (scenario e: 0)")
     parser.add_argument("--trace", action="store_true", help="tracemalloc, by source file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a broker setting, as `broker run --set`")
     args = parser.parse_args()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the child inherits it
-    asyncio.run(measure(args.set, args.connections, args.trace))
+    asyncio.run(measure(args.set, args.connections, args.keepalive, args.trace))
 
 
 if __name__ == "__main__":

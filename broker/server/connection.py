@@ -40,6 +40,7 @@ from broker.node import Node
 from broker.server.handlers import HANDLERS
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
+from broker.server.wheel import wheel
 from broker.server.wire import shared_publish
 from broker.session.session import Delivery, Session
 
@@ -86,10 +87,10 @@ class _Waiting:
 class Connection:
     # Slots: ten thousand idle connections should cost little more than their sockets.
     __slots__ = (
-        "_backlogged", "_deferred", "_flush_pending", "_held", "_in_aliases", "_last_rx",
-        "_loop", "_max_waiting", "_max_waiting_bytes", "_out", "_out_aliases", "_output",
-        "_packet_timeout", "_packet_timer", "_partial_since", "_paused", "_rate_timer",
-        "_rates", "_timer", "_waiting", "_waiting_bytes", "acl_cache",
+        "_backlogged", "_deferred", "_due", "_flush_pending", "_held", "_in_aliases",
+        "_last_rx", "_loop", "_max_waiting", "_max_waiting_bytes", "_out", "_out_aliases",
+        "_output", "_packet_timeout", "_packet_timer", "_partial_since", "_paused",
+        "_rate_timer", "_rates", "_waiting", "_waiting_bytes", "acl_cache",
         "claim_stamp",
         "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
         "connected", "decoder", "incoming_unacked", "keepalive", "node",
@@ -158,9 +159,8 @@ class Connection:
         self._rate_timer: asyncio.TimerHandle | None = None
         # Unsent output passed `force_shutdown.max_heap_size` (the transport said so).
         self._backlogged = False
-        self._timer: asyncio.TimerHandle | None = self._loop.call_later(
-            config["mqtt.idle_timeout"], self._idle_timeout
-        )
+        # The wheel's slot of this connection's deadline: CONNECT in time, then keep-alive.
+        self._due: int | None = wheel().add(self, config["mqtt.idle_timeout"])
         node.connections.add(self)
         self.stats.connections_total += 1
 
@@ -597,22 +597,31 @@ class Connection:
         self.keepalive = keepalive
         self._cancel_timer()
         if keepalive:
-            limit = keepalive * self.node.config["mqtt.keepalive_multiplier"]
-            self._timer = self._loop.call_later(limit, self._check_keepalive, limit)
+            self._due = wheel().add(self, self._keepalive_limit())
 
-    def _check_keepalive(self, limit: float) -> None:
-        idle = self._loop.time() - self._last_rx
-        if idle < limit:
-            self._timer = self._loop.call_later(limit - idle, self._check_keepalive, limit)
-        elif self._paused:  # we are the ones not reading: not the client's silence
-            self._timer = self._loop.call_later(limit, self._check_keepalive, limit)
-        else:
-            self.fail(MQTTError("keepalive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT))
+    def _keepalive_limit(self) -> float:
+        return self.keepalive * self.node.config["mqtt.keepalive_multiplier"]
 
-    def _idle_timeout(self) -> None:
+    def timer_due(self) -> None:
+        """The wheel: the deadline set last has come. Before CONNECT it was CONNECT's;
+        after, the keep-alive's, checked against the last whole packet received."""
+        self._due = None
+        if self.closed:
+            return
         if not self.connected:
             log.info("closing %s: no CONNECT in time", self.peer)
             self.close()
+            return
+        if not self.keepalive:
+            return
+        limit = self._keepalive_limit()
+        idle = self._loop.time() - self._last_rx
+        if idle < limit:
+            self._due = wheel().add(self, limit - idle)
+        elif self._paused:  # we are the ones not reading: not the client's silence
+            self._due = wheel().add(self, limit)
+        else:
+            self.fail(MQTTError("keepalive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT))
 
     def disconnect(self, reason_code: int) -> None:
         if self.connected and self.version == MQTT_5 and not self.closed:
@@ -669,9 +678,9 @@ class Connection:
             self.node.sessions.detach(session, will)
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._due is not None:
+            wheel().discard(self, self._due)
+            self._due = None
 
     def _cancel_timers(self) -> None:
         self._cancel_timer()
