@@ -23,6 +23,12 @@ def install(node: Testbed, namespace: str, name: str, *settings: str) -> None:
          *(arg for setting in settings for arg in ("--set", setting)))
 
 
+def scale(node: Testbed, namespace: str, name: str, replicas: int) -> None:
+    """What the chart's README says to do: helm upgrade --set cluster.replicas=N."""
+    helm(node, "upgrade", name, str(CHART), "-n", namespace, "--reuse-values",
+         "--set", f"cluster.replicas={replicas}")
+
+
 def brokers(node: Testbed, namespace: str, name: str) -> list[dict[str, Any]]:
     return sorted(node.items("pods", namespace,
                              f"app.kubernetes.io/instance={name},"
