@@ -60,9 +60,11 @@ def describe(node: Testbed, namespace: str) -> str:
     """What went wrong, for a failure message: pods, events, the operator's log tail."""
     pods = node.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
     events = node.kubectl("get", "events", "-n", namespace, check=False).stdout[-3000:]
-    log = node.kubectl("logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator",
-                       "--tail", "30", check=False)
-    return f"{pods}\n{events}\n{log.stdout}{log.stderr}"
+    logs = [node.kubectl("logs", "-n", namespace, "-l", selector, "--tail", "20",
+                         "--prefix", check=False)
+            for selector in ("app.kubernetes.io/component=operator",
+                             "app.kubernetes.io/name=mqtt-broker")]
+    return f"{pods}\n{events}\n" + "\n".join(log.stdout + log.stderr for log in logs)
 
 
 def service_ip(node: Testbed, namespace: str, name: str) -> str:

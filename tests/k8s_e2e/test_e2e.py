@@ -5,6 +5,8 @@ deleted pod that comes back with its site ID and its volume."""
 
 import subprocess
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from tests.k8s_e2e.cluster import (
     service_ip,
     wait_brokers,
 )
+from tests.k8s_e2e.prometheus import prometheus, query, selected_targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -28,6 +31,15 @@ WATCHER = ("-i", "watcher", "-c", "-x", "3600", "-q", "1", "-t", "e2e/#")
 def node_name(pod: dict) -> str:
     meta = pod["metadata"]
     return f"broker@{meta['name']}.mq-headless.{meta['namespace']}.svc"
+
+
+def watch(node: Testbed, namespace: str, host: str) -> None:
+    """The durable session `watcher` subscribes to e2e/# through the Service, and leaves.
+    Its first CONNACK waits for the sessions' Raft group; once it took over 60 s."""
+    try:
+        mosquitto("mosquitto_sub", host, *WATCHER, "-E", timeout=120)
+    except subprocess.TimeoutExpired as error:
+        raise AssertionError(f"{error}\n{describe(node, namespace)}") from error
 
 
 def settled(node: Testbed, namespace: str, name: str, replicas: int) -> bool:
@@ -44,14 +56,16 @@ def test_three_pods_join_meet_across_pods_and_a_deleted_one_returns_as_itself(
     eventually(lambda: settled(node, namespace, name, 3), timeout=180,
                what="replica transitions settled")
     key = api_key(node, namespace, name)
-    for pod in pods:  # every broker sees all three running
-        members = ask(pod, "/api/v5/nodes", key)
-        assert sorted(m["node"] for m in members if m["node_status"] == "running") == sorted(
-            node_name(p) for p in pods), members
+    everyone = sorted(node_name(p) for p in pods)
+    for pod in pods:  # every broker sees all three running (Ready: it tried to join them)
+        eventually(lambda pod=pod: sorted(
+            m["node"] for m in ask(pod, "/api/v5/nodes", key)
+            if m["node_status"] == "running") == everyone, timeout=60,
+            what=f"{pod['metadata']['name']} seeing all three running")
 
     # A durable session through the Service; one QoS 1 message published on each pod.
     host = service_ip(node, namespace, name)
-    mosquitto("mosquitto_sub", host, *WATCHER, "-E")
+    watch(node, namespace, host)
     for pod in pods:
         mosquitto("mosquitto_pub", pod["status"]["podIP"], "-q", "1", "-t",
                   f"e2e/{pod['metadata']['name']}", "-m", pod["metadata"]["name"])
@@ -91,6 +105,23 @@ def test_three_pods_join_meet_across_pods_and_a_deleted_one_returns_as_itself(
         "metadata"]["uid"] == claim
 
 
+def test_prometheus_scrapes_every_pod_the_service_monitor_selects(
+        node: Testbed, release: tuple[str, str], tmp_path: Path) -> None:
+    namespace, name = release
+    install(node, namespace, name, "cluster.replicas=3")
+    pods = wait_brokers(node, namespace, name, 3)
+    monitor = node.get("servicemonitor", name, namespace)
+    targets = selected_targets(node, monitor)
+    assert targets == sorted(f"{p['status']['podIP']}:18083" for p in pods)
+    with prometheus(monitor, targets, tmp_path) as port:
+        def three_up() -> list[dict[str, Any]] | None:
+            found = query(port, "up == 1")
+            return found if len(found) == 3 else None
+        up = eventually(three_up, timeout=60, what="three broker targets up")
+    assert sorted(r["metric"]["instance"] for r in up) == sorted(
+        f"{p['status']['podIP']}:18083" for p in pods)
+
+
 def test_scale_to_five_and_back_drains_and_loses_no_acknowledged_message(
         node: Testbed, release: tuple[str, str]) -> None:
     namespace, name = release
@@ -99,7 +130,7 @@ def test_scale_to_five_and_back_drains_and_loses_no_acknowledged_message(
     eventually(lambda: settled(node, namespace, name, 3), timeout=180,
                what="replica transitions settled")
     host = service_ip(node, namespace, name)
-    mosquitto("mosquitto_sub", host, *WATCHER, "-E")
+    watch(node, namespace, host)
     # mosquitto_pub exits 0 only once every QoS 1 message is acknowledged.
     mosquitto("mosquitto_pub", host, "-q", "1", "-t", "e2e/a", "-l",
               stdin="".join(f"a{i}\n" for i in range(100)))
