@@ -73,7 +73,7 @@ class Containers:
         return int(self.engine("port", name, f"{port}/tcp").stdout.split(":")[-1])
 
     def remove(self, name: str) -> None:
-        self.engine("rm", "-f", name, check=False)
+        self.engine("rm", "-f", "-v", name, check=False)  # -v: its anonymous volumes too
 
     def logs(self, name: str) -> str:
         result = self.engine("logs", name, check=False)
