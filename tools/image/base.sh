@@ -22,7 +22,7 @@ rm -f "$ROOTFS.log"
 if [ -f /etc/apt/sources.list.d/debian.sources ]; then  # updates and security, like the host
   rm -f "$ROOTFS/etc/apt/sources.list"
   cp /etc/apt/sources.list.d/debian.sources "$ROOTFS/etc/apt/sources.list.d/"
-  chroot "$ROOTFS" sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y -q' >/dev/null
+  chroot "$ROOTFS" sh -c 'apt-get -o APT::Sandbox::User=root update -q && DEBIAN_FRONTEND=noninteractive apt-get -o APT::Sandbox::User=root upgrade -y -q' >/dev/null
 fi
 rm -rf "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/cache/apt/*.bin "$ROOTFS"/var/cache/apt/archives/*.deb \
   "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/* "$ROOTFS"/usr/share/locale/*
