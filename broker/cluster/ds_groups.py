@@ -237,9 +237,9 @@ class DsGroups:
         serves local reads and is not counted, as the operator's drain asks about the
         replicas the placement names); `transition` "leaving" for a vote the placement
         takes away. None for a site that is not a member."""
-        spelled = {name.lower(): name for name in self._metadata.member_sites()}
-        site = spelled.get(site.lower(), "")
-        if not site:
+        try:
+            site = ds_replicas.spell(site, self._metadata.member_sites())
+        except ds_replicas.ReplicasRefused:
             return None
         shards: list[dict[str, Any]] = []
         voters = await self._metadata.leaders_voters(list(self.machines))

@@ -225,14 +225,14 @@ class Cluster:
             if not self._left:
                 if rounds % max(1, int(5 / interval)) == 0:
                     self.membership.seeds = await self.discovery.seeds(self._port)
-                joining = self._join_target is not None
+                join_target = self._join_target
                 targets = self.membership.dial_targets(now, set(self.links))
-                if self._join_target is not None and not self.links:
-                    targets.append(self._join_target)
+                if join_target is not None and not self.links:
+                    targets.append(join_target)
                 for address in targets:
                     if address not in self._dialing:
                         self._dialing[address] = asyncio.create_task(
-                            self._dial(address, joining))
+                            self._dial(address, join_target is not None))
                 if not self._dialled:
                     if self._dialing:
                         await asyncio.wait(list(self._dialing.values()))

@@ -25,11 +25,21 @@ class SiteIdMismatch(ValueError):
     pass
 
 
-def read_site_id(root: Path) -> str | None:
+def _read(root: Path, name: str) -> str | None:
     try:
-        return (root / FILE).read_text().strip() or None
+        return (root / name).read_text().strip() or None
     except FileNotFoundError:
         return None
+
+
+def _store(root: Path, name: str, value: str) -> str:
+    root.mkdir(parents=True, exist_ok=True)
+    write_atomically(root / name, value.encode() + b"\n")
+    return value
+
+
+def read_site_id(root: Path) -> str | None:
+    return _read(root, FILE)
 
 
 def ensure_site_id(root: Path, configured: str) -> str:
@@ -41,21 +51,9 @@ def ensure_site_id(root: Path, configured: str) -> str:
                 f" {root / FILE}; keep the stored one or use another data dir"
             )
         return stored
-    site_id = configured or secrets.token_hex(8)
-    root.mkdir(parents=True, exist_ok=True)
-    write_atomically(root / FILE, site_id.encode() + b"\n")
-    return site_id
+    return _store(root, FILE, configured or secrets.token_hex(8))
 
 
 def ensure_incarnation(root: Path) -> str:
-    path = root / INCARNATION_FILE
-    try:
-        stored = path.read_text().strip()
-    except FileNotFoundError:
-        stored = ""
-    if stored:
-        return stored
-    incarnation = secrets.token_hex(8)
-    root.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, incarnation.encode() + b"\n")
-    return incarnation
+    return _read(root, INCARNATION_FILE) or _store(root, INCARNATION_FILE,
+                                                   secrets.token_hex(8))

@@ -15,6 +15,7 @@ from tests.integration.clients import (
     NO_MATCHING_SUBSCRIBERS,
     SESSION_TAKEN_OVER,
     SUCCESS,
+    PahoClient,
     api_client,
     payloads,
     props,
@@ -148,16 +149,25 @@ def test_v5_unacknowledged_message_resent_with_dup(paho_client, topic) -> None:
     assert third.barrier() == []
 
 
-def test_v5_resume_resends_inflight_before_queued(paho_client, shared_broker, topic) -> None:
-    client_id = unique("order")
+def _offline_with_three_unacknowledged(paho_client, shared_broker, topic: str,
+                                       name: str) -> tuple[str, PahoClient]:
+    """A durable session that received "sent 0..2" on `topic`, acknowledged none and went
+    offline: (its client ID, the publisher)."""
+    client_id = unique(name)
     sub = paho_client(client_id, session_expiry=60, manual_ack=True)
-    sub.subscribe(f"{topic}/o", 1)
+    sub.subscribe(topic, 1)
     pub = paho_client()
     for n in range(3):
-        pub.publish(f"{topic}/o", f"sent {n}".encode(), 1)
+        pub.publish(topic, f"sent {n}".encode(), 1)
     sub.wait_messages(3)
-    sub.disconnect()  # three deliveries unacknowledged
+    sub.disconnect()
     wait_offline(shared_broker.ports["http"], client_id)
+    return client_id, pub
+
+
+def test_v5_resume_resends_inflight_before_queued(paho_client, shared_broker, topic) -> None:
+    client_id, pub = _offline_with_three_unacknowledged(paho_client, shared_broker,
+                                                        f"{topic}/o", "order")
     for n in range(3):
         pub.publish(f"{topic}/o", f"queued {n}".encode(), 1)
     back = paho_client(client_id, clean_start=False, session_expiry=60)
@@ -171,15 +181,8 @@ def test_v5_resends_past_a_smaller_receive_maximum_still_carry_dup(paho_client, 
                                                                     topic) -> None:
     """Three unacknowledged, then the client comes back allowing one in flight: the two the
     window defers are resends too (MQTT-3.3.1-1), DUP set when they finally go."""
-    client_id = unique("window")
-    sub = paho_client(client_id, session_expiry=60, manual_ack=True)
-    sub.subscribe(f"{topic}/w", 1)
-    pub = paho_client()
-    for n in range(3):
-        pub.publish(f"{topic}/w", f"sent {n}".encode(), 1)
-    sub.wait_messages(3)
-    sub.disconnect()
-    wait_offline(shared_broker.ports["http"], client_id)
+    client_id, _ = _offline_with_three_unacknowledged(paho_client, shared_broker,
+                                                      f"{topic}/w", "window")
     back = paho_client(client_id, clean_start=False, session_expiry=60,
                        properties=props(PacketTypes.CONNECT, ReceiveMaximum=1))
     received = back.wait_messages(3)
