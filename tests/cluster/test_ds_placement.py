@@ -23,11 +23,16 @@ def _held(node: Node, site: str) -> list[tuple[str, str]]:
 def durable_pair(clients: list[PahoClient], reading: Node, publishing: Node,
                  name: str) -> tuple[PahoClient, PahoClient, str]:
     """A durable subscriber (on `reading`) to a fresh topic and a publisher (on
-    `publishing`): (subscriber, publisher, topic)."""
+    `publishing`), once `publishing` has applied the subscription from the replicated
+    sessions database (before, it would store nothing for it): (subscriber, publisher,
+    topic)."""
+    known = publishing.metric("mqtt_durable_filters")
     subscriber = _client(clients, reading, unique("sub"))
     subscriber.connect(clean_start=False, session_expiry=3600)
     topic = unique(name).replace("-", "/")
     subscriber.subscribe(topic, qos=1)
+    wait_until(lambda: publishing.metric("mqtt_durable_filters") > known, 10,
+               "the durable subscription applied on the publisher's node")
     publisher = _client(clients, publishing, unique("pub"))
     publisher.connect()
     return subscriber, publisher, topic
