@@ -181,6 +181,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dashboard.token_expired_time", "60m", parse_duration,
             "Lifetime of a dashboard login: its token is refused once this has passed since"
             " login (or after logout)."),
+    Setting("dashboard.unsuccessful_login_max_attempts", 5, parse_int(1, 1_000_000),
+            "Failed dashboard logins from one client address, within"
+            " `unsuccessful_login_interval`, that lock the address out (EMQX's key; EMQX"
+            " counts per user name)."),
+    Setting("dashboard.unsuccessful_login_interval", "5m", parse_duration,
+            "Window in which failed logins are counted towards the lock."),
+    Setting("dashboard.unsuccessful_login_lock_duration", "10m", parse_duration,
+            "How long a locked address is refused (429 with Retry-After), even with the"
+            " right password."),
     Setting("api_key.bootstrap_file", "", parse_str,
             "EMQX's API key file: `KEY:SECRET` or `KEY:SECRET:ROLE` lines, role"
             " `administrator` (the default: anything) or `viewer` (GET only). Every"

@@ -14,10 +14,13 @@ network never opens with a password everyone knows. On loopback only local proce
 reach it, as the open API there (broker/http/auth.py). Refusing is simpler to reason about
 than forcing a change at first login, which would have to store the new password and
 would hand the broker to whoever logs in first.
+
+Repeated failures from one address are throttled (throttle.py): 429 with Retry-After.
 """
 
 import hmac
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from aiohttp import web
 from broker.auth.security import SecurityFileError
 from broker.config.loader import Config
 from broker.http.auth import ADMINISTRATOR, ApiKeys, bearer_token, loopback
+from broker.http.dashboard.throttle import LoginThrottle
 from broker.metrics import Sample
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,9 @@ class Logins:
         self.keys: ApiKeys | None = None  # set once auth.install has loaded them
         self._tokens: dict[str, Login] = {}
         self.attempts: dict[str, int] = {}  # login attempts by result, for /metrics
+        self.throttle = LoginThrottle(config["dashboard.unsuccessful_login_max_attempts"],
+                                      config["dashboard.unsuccessful_login_interval"],
+                                      config["dashboard.unsuccessful_login_lock_duration"])
         host = config["dashboard.listeners.http.bind"]
         self.password_refused = (self._password == DEFAULT_PASSWORD
                                  and host is not None and not loopback(host[0]))
@@ -121,8 +128,9 @@ class Logins:
 
     def metrics(self) -> list[Sample]:
         return [("mqtt_dashboard_logins_total", "counter",
-                 "Dashboard login attempts: accepted (ok), wrong credentials (rejected), or the"
-                 " default password off loopback (disabled)", {"result": result}, float(count))
+                 "Dashboard login attempts: accepted (ok), wrong credentials (rejected), the"
+                 " default password off loopback (disabled), or from an address locked out"
+                 " after repeated failures (locked)", {"result": result}, float(count))
                 for result, count in self.attempts.items()]
 
 
@@ -141,9 +149,19 @@ async def login(request: web.Request) -> web.Response:
     except (ValueError, KeyError, TypeError):
         return web.json_response(
             {"code": "BAD_REQUEST", "message": "expected JSON {username, password}"}, status=400)
+    address, now = request.remote or "", time.monotonic()
+    locked_for = logins.throttle.locked_for(address, now)
+    if locked_for is not None:
+        logins.attempted("locked")
+        seconds = math.ceil(locked_for)
+        return web.json_response({
+            "code": "LOGIN_LOCKED",
+            "message": f"too many failed logins from this address: try again in {seconds} s",
+        }, status=429, headers={"Retry-After": str(seconds)})
     role = logins.key_role(username, password)
     if role is None and logins.password_refused:
         logins.attempted("disabled")
+        logins.throttle.failed(address, now)  # a wrong API key, maybe: a guess like any other
         return web.json_response({
             "code": "LOGIN_DISABLED",
             "message": "the default dashboard password is refused off loopback: set"
@@ -152,8 +170,10 @@ async def login(request: web.Request) -> web.Response:
     role = role or logins.user_role(username, password)
     if role is None:
         logins.attempted("rejected")
+        logins.throttle.failed(address, now)
         return web.json_response(_FAILED, status=401)
     logins.attempted("ok")
+    logins.throttle.succeeded(address)
     log.info("dashboard: %s logged in (%s)", username, role)
     return web.json_response({
         "token": logins.issue(username, role), "role": role, "username": username,
