@@ -5,8 +5,7 @@ paging envelope (`data` + `meta`) so existing dashboards and scripts mostly just
 Who may call what is decided before any handler runs (broker/http/auth.py).
 """
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -36,29 +35,36 @@ def client_view(node: Node, session: Session) -> dict[str, Any]:
         "durable": session.durable,
         "subscriptions_cnt": len(session.subscriptions),
         "inflight_cnt": len(session.inflight),
-        "mqueue_len": len(session.queue),
+        "mqueue_len": session.queued,
         "awaiting_rel_cnt": len(session.awaiting_rel),
     }
 
 
-def _page(request: web.Request, items: list[dict[str, Any]],
-          finish: Callable[[list[dict[str, Any]]], None] | None = None) -> web.Response:
-    """`finish` completes the page's items only (what is costly to work out for all)."""
+def paging(request: web.Request) -> tuple[int, int]:
+    """EMQX's `page` (from 1) and `limit` (up to 10000) of a list request."""
     try:
         page = max(1, int(request.query.get("page", "1")))
         limit = max(1, min(10_000, int(request.query.get("limit", "100"))))
     except ValueError:
-        return web.json_response(
-            {"code": "BAD_REQUEST", "message": "page and limit must be integers"}, status=400
-        )
-    start = (page - 1) * limit
-    data = items[start:start + limit]
-    if finish is not None:
-        finish(data)
-    return web.json_response({
-        "data": data,
-        "meta": {"page": page, "limit": limit, "count": len(items)},
-    })
+        raise web.HTTPBadRequest(
+            text='{"code": "BAD_REQUEST", "message": "page and limit must be integers"}',
+            content_type="application/json") from None
+    return page, limit
+
+
+def page_of(items: list[dict[str, Any]], page: int, limit: int) -> list[dict[str, Any]]:
+    return items[(page - 1) * limit:page * limit]
+
+
+def paged(data: list[dict[str, Any]], page: int, limit: int, count: int) -> web.Response:
+    """EMQX's paging envelope."""
+    return web.json_response({"data": data,
+                              "meta": {"page": page, "limit": limit, "count": count}})
+
+
+def _page(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
+    page, limit = paging(request)
+    return paged(page_of(items, page, limit), page, limit, len(items))
 
 
 def local_clients(node: Node) -> list[dict[str, Any]]:
@@ -85,18 +91,42 @@ def local_subscriptions(node: Node, wanted: str | None) -> list[dict[str, Any]]:
     return items
 
 
-# What the other nodes of a cluster hold: (kind, parameters) -> their items, concatenated.
-# Set by the cluster API; without it a node answers for itself.
-Gather = Callable[[str, Any], Awaitable[list[dict[str, Any]]]]
-GATHER_KEY = web.AppKey("gather", Gather)
+class Peers(Protocol):
+    """The other nodes of a cluster, as the API asks them (broker/http/cluster_api.py).
+    Absent without a cluster: the node then answers for itself."""
+
+    async def gather(self, kind: str, params: Any) -> list[dict[str, Any]]:
+        """Every linked peer's items of `kind` (see cluster_api's `items`), concatenated;
+        a peer that does not answer is left out."""
+        ...
+
+    async def kick(self, client_id: str) -> tuple[list[str], list[str]]:
+        """Kicks the client on whichever peers hold it: (the nodes that did, the nodes that
+        did not answer)."""
+        ...
+
+    def linked(self) -> set[str]:
+        """Sites of the peers with a link up now: those that serve their own sessions."""
+        ...
+
+    def name_of(self, site: str) -> str:
+        """A member's node name (the site itself for one no longer a member)."""
+        ...
+
+
+PEERS_KEY = web.AppKey("peers", Peers)
+
+
+async def gather(request: web.Request, kind: str, params: Any) -> list[dict[str, Any]]:
+    peers = request.app.get(PEERS_KEY)
+    return await peers.gather(kind, params) if peers is not None else []
 
 
 async def _everywhere(request: web.Request, kind: str, params: Any,
                       local: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """This node's items and every other node's, in one order: any node answers for the
     whole cluster, as EMQX's API does."""
-    gather = request.app.get(GATHER_KEY)
-    items = local + (await gather(kind, params) if gather is not None else [])
+    items = local + await gather(request, kind, params)
     node = request.query.get("node")  # EMQX's filter
     if node is not None:
         items = [item for item in items if item["node"] == node]
@@ -114,8 +144,7 @@ async def get_client(request: web.Request) -> web.Response:
     session = node.sessions.sessions.get(wanted)
     if session is not None:
         return web.json_response(client_view(node, session))
-    gather = request.app.get(GATHER_KEY)
-    found = await gather("client", wanted) if gather is not None else []
+    found = await gather(request, "client", wanted)
     if not found:
         return web.json_response(
             {"code": "CLIENTID_NOT_FOUND", "message": "Client ID not found"}, status=404
@@ -187,6 +216,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     from broker.http.clients_admin import add_client_admin_routes
     from broker.http.dashboard import add_dashboard_routes
     from broker.http.dashboard.login import Logins
+    from broker.http.durable_sessions_api import add_durable_session_routes
     from broker.http.monitor_api import add_monitor_routes
     from broker.http.retainer_api import add_retainer_routes
 
@@ -206,6 +236,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     app.router.add_get("/api/v5/prometheus/stats", metrics)
     add_dashboard_routes(app, logins)
     add_client_admin_routes(app)
+    add_durable_session_routes(app)
     add_retainer_routes(app)
     add_monitor_routes(app)
     return app

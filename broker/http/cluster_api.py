@@ -7,7 +7,6 @@ with what membership knows of it, never left out.
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -17,12 +16,14 @@ from broker.cluster.metadata import MetadataGroup
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.http.api import (
-    GATHER_KEY,
     NODE_KEY,
+    PEERS_KEY,
     client_view,
     local_clients,
     local_subscriptions,
 )
+from broker.http.clients_admin import kick_here
+from broker.http.durable_sessions_api import MISSED_KEY, local_missed, local_views
 from broker.node import Node
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def local_node_info(node: Node, cluster: Cluster) -> dict[str, Any]:
         "connections": len(node.sessions.sessions),
         "live_connections": connected,
         "role": "core",
+        "joined": node.joined,
     }
 
 
@@ -63,7 +65,7 @@ async def _nodes(request: web.Request) -> list[dict[str, Any]]:
         else:
             nodes.append({"node": row["node"], "site": row["site"], "node_status": "stopped",
                           "version": None, "uptime": None, "connections": None,
-                          "live_connections": None, "role": "core"})
+                          "live_connections": None, "role": "core", "joined": False})
     return nodes
 
 
@@ -114,8 +116,9 @@ async def cluster_force_leave(request: web.Request) -> web.Response:
     return web.json_response({"removed": request.match_info["node"]})
 
 
-def _local_items(node: Node, kind: str, params: Any) -> list[dict[str, Any]]:
+def _local_items(app: web.Application, kind: str, params: Any) -> list[dict[str, Any]]:
     """What this node answers to a peer's `items` call."""
+    node = app[NODE_KEY]
     if kind == "clients":
         return local_clients(node)
     if kind == "subscriptions":
@@ -123,30 +126,54 @@ def _local_items(node: Node, kind: str, params: Any) -> list[dict[str, Any]]:
     if kind == "client":
         session = node.sessions.sessions.get(str(params))
         return [client_view(node, session)] if session is not None else []
+    if kind == "durable_sessions":
+        return local_views(node, app.get(MISSED_KEY), None if params is None else str(params))
+    if kind == "missed":
+        return local_missed(node, app.get(MISSED_KEY), [str(c) for c in params])
     raise ValueError(f"unknown kind {kind!r}")
 
 
-def _gatherer(rpc: Rpc) -> Callable[[str, Any], Awaitable[list[dict[str, Any]]]]:
-    async def gather(kind: str, params: Any) -> list[dict[str, Any]]:
+class ClusterPeers:
+    """The API's `Peers` over the cluster's links and RPC."""
+
+    def __init__(self, cluster: Cluster, rpc: Rpc) -> None:
+        self._cluster = cluster
+        self._rpc = rpc
+
+    async def gather(self, kind: str, params: Any) -> list[dict[str, Any]]:
         """Items of every linked peer; a peer that fails to answer is left out and logged
         (its clients are listed again once it answers), never fails the whole request."""
         items: list[dict[str, Any]] = []
-        for site, answer in (await rpc.multicall("items", [kind, params], timeout=5.0)).items():
+        answers = await self._rpc.multicall("items", [kind, params], timeout=5.0)
+        for site, answer in answers.items():
             if isinstance(answer, list):
                 items.extend(answer)
             else:
                 log.warning("listing %s: node %s did not answer: %s", kind, site, answer)
         return items
 
-    return gather
+    async def kick(self, client_id: str) -> tuple[list[str], list[str]]:
+        answers = await self._rpc.multicall("kick", client_id, timeout=5.0)
+        kicked = [self.name_of(site) for site, answer in answers.items() if answer is True]
+        silent = [self.name_of(site) for site, answer in answers.items()
+                  if not isinstance(answer, bool)]
+        return kicked, silent
+
+    def linked(self) -> set[str]:
+        return set(self._cluster.peers())
+
+    def name_of(self, site: str) -> str:
+        member = self._cluster.membership.members.get(site)
+        return member.identity.node if member is not None else site
 
 
 def add_cluster_routes(app: web.Application, node: Node, cluster: Cluster, rpc: Rpc) -> None:
     app[CLUSTER_KEY] = cluster
     app[RPC_KEY] = rpc
     rpc.register("node_info", lambda _params: local_node_info(node, cluster))
-    rpc.register("items", lambda params: _local_items(node, str(params[0]), params[1]))
-    app[GATHER_KEY] = _gatherer(rpc)
+    rpc.register("items", lambda params: _local_items(app, str(params[0]), params[1]))
+    rpc.register("kick", lambda client_id: kick_here(node, str(client_id)))
+    app[PEERS_KEY] = ClusterPeers(cluster, rpc)
     app.router.add_get("/api/v5/nodes", list_nodes)
     app.router.add_get("/api/v5/nodes/{node}", get_node)
     app.router.add_get("/api/v5/cluster", cluster_status)

@@ -7,12 +7,12 @@ reconnects (or disconnects again: a new `disconnected_at`) starts a new tally. C
 at `cap` per session so that one huge backlog costs a bounded read, once.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from broker.ds import DurableStorage
 from broker.ds.iterator import Iterator, Stream
-from broker.session.durable.session import DurableSession
 
 _READ_BATCH: Final = 1000
 
@@ -31,21 +31,21 @@ class MissedCounts:
         self.cap = cap
         self._tallies: dict[str, _Tally] = {}
 
-    def count(self, session: DurableSession) -> int:
-        """Stored messages matching the session's subscriptions since its client left,
-        each subscription counted apart (each gets its own delivery), up to `cap`."""
-        away_since = session.disconnected_at
-        if session.connection is not None or away_since is None:
-            self._tallies.pop(session.client_id, None)
+    def count(self, client_id: str, away_since: float | None,
+              since: Mapping[str, int]) -> int:
+        """Stored messages matching a session's stored subscriptions (`since`: filter ->
+        from when it is stored, microseconds) since its client left (`away_since`, None
+        while connected), each subscription counted apart (each gets its own delivery), up
+        to `cap`."""
+        if away_since is None:
+            self._tallies.pop(client_id, None)
             return 0
-        tally = self._tallies.get(session.client_id)
+        tally = self._tallies.get(client_id)
         if tally is None or tally.away_since != away_since:
-            tally = self._tallies[session.client_id] = _Tally(away_since)
-        for topic_filter in list(session.subscriptions):
-            subscribed_at = session.since.get(topic_filter)
-            if subscribed_at is not None:  # None: shared, routed live and never stored
-                self._count_filter(tally, topic_filter,
-                                   max(int(away_since * 1_000_000), subscribed_at))
+            tally = self._tallies[client_id] = _Tally(away_since)
+        for topic_filter, subscribed_at in list(since.items()):
+            self._count_filter(tally, topic_filter,
+                               max(int(away_since * 1_000_000), subscribed_at))
         return tally.total
 
     def _count_filter(self, tally: _Tally, topic_filter: str, start: int) -> None:

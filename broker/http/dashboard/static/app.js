@@ -163,22 +163,31 @@ async function sample() {
   previous = lastMonitor = now;
 }
 
+// Every member of the cluster as this node sees it (a node that does not answer is listed
+// as stopped); connections and sessions are the cluster's, the other cards this node's.
 async function overview() {
   const m = lastMonitor;
   if (!m) return;
   const nodes = await api("GET", "/api/v5/nodes");
+  const up = nodes.filter((n) => n.node_status === "running");
+  const total = (field) => up.reduce((sum, n) => sum + (n[field] ?? 0), 0);
   const cards = [
-    ["Nodes", nodes.length], ["Connections", m.live_connections], ["Sessions", m.connections],
+    ["Nodes", `${up.length} of ${nodes.length} up`], ["Connections", total("live_connections")],
+    ["Sessions", total("connections")],
     ["Durable online", m.durable_sessions_online], ["Durable offline", m.durable_sessions_offline],
     ["Subscriptions", m.subscriptions], ["Retained", m.retained_msg_count],
     ["In flight", m.inflight],
   ];
   $("cards").replaceChildren(...cards.map(([label, value]) => el("div", { class: "card" },
     el("div", { class: "value", "data-card": label }, value), el("div", { class: "label" }, label))));
-  table("nodes", ["Node", "Status", "Version", "Uptime", "Connections", "Sessions"],
-    nodes.map((n) => el("tr", {}, cell(n.node), cell(n.node_status), cell(n.version),
-      cell(n.uptime == null ? "" : duration(n.uptime / 1000)), cell(n.live_connections),
-      cell(n.connections))));
+  $("this-node").textContent = m.node;
+  table("nodes", ["Node", "Site", "State", "Joined", "Version", "Uptime", "Connections",
+    "Sessions"], nodes.map((n) => el("tr", { "data-node": n.node }, cell(n.node, "id"),
+    cell(n.site, "id"), cell(n.node_status === "running" ? "up" : "down",
+      n.node_status === "running" ? "online" : "offline"),
+    cell(n.joined ? "joined" : "not joined", "joined"), cell(n.version),
+    cell(n.uptime == null ? "" : duration(n.uptime / 1000)), cell(n.live_connections),
+    cell(n.connections))));
   table("dropped", ["Reason", "Dropped"], Object.entries(m.dropped_by_reason)
     .map(([reason, count]) => el("tr", {}, cell(reason), cell(count))));
   chart.draw();
@@ -188,18 +197,28 @@ async function overview() {
 let pendingKick = null;
 let shownClient = null;
 
+// A session as /api/v5/clients lists it, for a durable one whose node is down: only the
+// replicated sessions database knows it, and it waits for its client on any node.
+function unservedClient(d) {
+  return { clientid: d.clientid, node: d.node, connected: false, proto_ver: null,
+    durable: true, inflight_cnt: "", subscriptions_cnt: d.subscriptions_cnt, unserved: true };
+}
+
 async function clients() {
   const [all, durable] = await Promise.all([
     api("GET", "/api/v5/clients?limit=1000"),
-    api("GET", "/api/v5/durable_sessions?connected=false&limit=200"),
+    api("GET", "/api/v5/durable_sessions?connected=false&cluster=true&limit=200"),
   ]);
-  const offline = new Map(durable.data.map((d) => [d.clientid, d]));
+  const key = (c) => `${c.node}\u0000${c.clientid}`;
+  const offline = new Map(durable.data.map((d) => [key(d), d]));
+  const listed = all.data.concat(durable.data.filter((d) => !d.served).map(unservedClient))
+    .sort((a, b) => (a.clientid < b.clientid ? -1 : a.clientid > b.clientid ? 1 : 0));
   const filter = $("client-filter").value;
-  const rows = all.data.filter((c) => c.clientid.includes(filter)).map((c) => {
-    const d = offline.get(c.clientid);
+  const rows = listed.filter((c) => c.clientid.includes(filter)).map((c) => {
+    const d = offline.get(key(c));
     const expires = d ? (d.expires_at == null ? "never" : duration(d.expires_at - d.now))
       : c.connected ? "" : `${c.expiry_interval}s after disconnect`;
-    const missed = d ? `${d.missed_cnt}${d.missed_capped ? "+" : ""}` : "";
+    const missed = d ? `${d.missed_cnt ?? "?"}${d.missed_capped ? "+" : ""}` : "";
     const kick = el("button", {
       class: "danger",
       onclick: () => kickClient(c.clientid),
@@ -207,7 +226,8 @@ async function clients() {
     kick.hidden = role !== "administrator";
     return el("tr", { "data-clientid": c.clientid },
       el("td", { class: "id" }, clientLink(c.clientid)), cell(c.node),
-      cell(c.connected ? "connected" : "offline", c.connected ? "online" : "offline"),
+      cell(c.connected ? "connected" : c.unserved ? "offline, node down" : "offline",
+        c.connected ? "online" : "offline"),
       cell(c.proto_ver === 5 ? "MQTT 5.0" : c.proto_ver === 4 ? "MQTT 3.1.1" :
         d ? (d.proto_ver === 5 ? "MQTT 5.0" : "MQTT 3.1.1") : ""),
       cell(c.durable ? "durable" : "memory"), cell(expires, "expires"),
@@ -366,9 +386,35 @@ async function sites() {
     `${s.storage} ${s.id}${s.transition ? ` (${s.transition})` : ""}`).join(", ");
   const placed = el("table", { id: "sites" });
   table(placed, ["Site", "Node", "State", "Replicas it holds"], placement.map((site) =>
-    el("tr", {}, cell(site.site), cell(site.node), cell(site.up ? "up" : "down"),
-      cell(held(site), "id"))));
+    el("tr", { "data-site": site.site }, cell(site.site, "id"), cell(site.node, "id"),
+      cell(site.up ? "up" : "down", site.up ? "online" : "offline"), cell(held(site), "id"))));
+  const names = new Map(placement.map((site) => [site.site, site.node]));
   return el("div", {}, el("h2", {}, "Sites and replica placement"),
+    el("div", { class: "scroll" }, placed), await shards(names));
+}
+
+// Each shard's Raft group as this node sees it: leader, voters, learners (by node name), and
+// the sites chosen to vote in the messages shards (`broker ctl ds set-replicas`).
+async function shards(names) {
+  let raft, chosen;
+  try {
+    [raft, chosen] = await Promise.all([
+      api("GET", "/api/v5/raft"), api("GET", "/api/v5/ds/storages/messages/replicas"),
+    ]);
+  } catch (error) {
+    if (error instanceof Unauthorized) throw error;
+    return "";
+  }
+  const node = (site) => names.get(site) ?? site;
+  const nodes = (sites) => sites.map(node).join(", ");
+  const groups = raft.groups.filter((g) => g.name === "sessions" || g.name.startsWith("messages"));
+  const placed = el("table", { id: "shards" });
+  table(placed, ["Shard", "Leader", "Voters", "Learners", "Term", "Committed"], groups.map((g) =>
+    el("tr", { "data-shard": g.name }, cell(g.name), cell(g.leader ? node(g.leader) : "none", "id"),
+      cell(nodes(g.voters), "voters"), cell(nodes(g.learners), "learners"), cell(g.term),
+      cell(g.commit))));
+  return el("div", {}, el("h2", {}, "Replicas per shard"),
+    el("p", { id: "chosen" }, `Voting in messages: ${nodes(chosen)}`),
     el("div", { class: "scroll" }, placed));
 }
 
@@ -391,9 +437,11 @@ function wsStatus(text) {
   $("ws-connect-button").textContent = mqtt ? "Disconnect" : "Connect";
 }
 
+// Set at once, not on the first refresh: the form cannot be submitted without it.
+$("ws-connect").clientId.value = `dashboard-${Math.random().toString(16).slice(2, 10)}`;
+
 async function websocketDefaults() {
   const form = $("ws-connect");
-  if (!form.clientId.value) form.clientId.value = `dashboard-${Math.random().toString(16).slice(2, 10)}`;
   if (form.url.value) return;
   const listeners = await api("GET", "/api/v5/listeners");
   const ws = listeners.find((l) => l.type === "ws" && l.running);
