@@ -154,9 +154,16 @@ def test_prometheus_scrapes_every_node_of_a_three_node_cluster(
     server = prometheus(*(node.http for node in nodes))
     wait_until(lambda: server.query('count(up{job="broker"} == 1) == 3'), timeout=20,
                what="all three nodes to be up")
-    members = wait_until(lambda: server.query("mqtt_cluster_members == 3"), timeout=20,
-                         what="every node to report three members")
-    assert len(members) == 3
+    instances = {f"127.0.0.1:{node.http}" for node in nodes}
+
+    def every_node(expression: str) -> set[str]:
+        """The instances whose series `expression` returns, once all three do."""
+        return wait_until(lambda: len(found := {sample["metric"]["instance"] for sample in
+                                                server.query(expression)}) == 3 and found,
+                          timeout=20, what=f"{expression} on every node")
+
+    assert every_node('mqtt_cluster_joined{job="broker"} == 1') == instances
+    assert every_node("mqtt_cluster_members == 3") == instances
     received = wait_until(
         lambda: server.query('sum(mqtt_messages_received_total{qos="1"}) >= 3'), timeout=20,
         what="each node's publish to be scraped")
