@@ -87,6 +87,12 @@ def test_every_node_every_durable_session_and_each_shards_replicas(
     for _ in range(2):
         assert publisher.publish(topic, b"m", qos=1) == 0
     expect(row.locator("td.missed")).to_have_text("2")
+    token = login(n1.http)
+    listed = call(n1.http, "/api/v5/durable_sessions?cluster=true", token=token)[1]["data"]
+    assert [(s["node"], s["served"], s["missed_cnt"]) for s in listed
+            if s["clientid"] == subscriber.client_id] == [(n3.node_name, True, 2)]
+    # Without cluster=true a node answers for its own (what kubectl mqtt sessions merges).
+    assert call(n1.http, "/api/v5/durable_sessions", token=token)[1]["data"] == []
 
     tab.view("storage")
     expect(page.locator("#sites tbody tr")).to_have_count(3)
