@@ -267,7 +267,7 @@ class Node:
         return session is not None and session.connection is not None
 
     def _forget_subscriptions(self, session: Session) -> None:
-        dropped = len(session.queue)
+        dropped = session.queued
         if dropped:
             self.stats.drop("session_ended", dropped)
         for key, options in session.subscriptions.items():
@@ -300,7 +300,7 @@ class Node:
             ),
             "mqtt_inflight": ("Deliveries awaiting acknowledgement",
                               sum(len(s.inflight) for s in sessions)),
-            "mqtt_queued": ("Messages queued in sessions", sum(len(s.queue) for s in sessions)),
+            "mqtt_queued": ("Messages queued in sessions", sum(s.queued for s in sessions)),
             "mqtt_durable_sessions_connected": (
                 "Durable sessions with a connection",
                 sum(1 for s in durable if s.connection is not None),

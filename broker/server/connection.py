@@ -473,7 +473,7 @@ class Connection:
             return
         session = self.session
         assert session is not None
-        if session.queue or len(session.inflight) >= self.send_window:
+        if session.queued or len(session.inflight) >= self.send_window:
             lost = session.enqueue(delivery)
             if lost:
                 self.stats.drop(lost)
@@ -513,7 +513,7 @@ class Connection:
     def drain(self) -> None:
         """Moves queued messages into the in-flight window as it opens up."""
         session = self.session
-        if session is None:
+        if session is None or not session.queued:
             return
         queue, inflight = session.queue, session.inflight
         while queue and len(inflight) < self.send_window:

@@ -60,6 +60,16 @@ class Delivery:
 
 
 class Session:
+    """What a kind of session keeps beyond memory, it keeps in the hooks the packet
+    handlers call (`subscribe`, `unsubscribe`, `rel_awaited`, `rel_arrived`, `released`,
+    `completed`): a memory session keeps nothing more, a durable one records it
+    (session/durable). The handlers never ask which kind they hold."""
+
+    # Slots, and containers made when first used (below): ten thousand idle connections
+    # should cost little more than their sockets.
+    __slots__ = ("_awaiting_comp", "_awaiting_rel", "_max_queue", "_next_id", "_queue",
+                 "_queue_qos0", "client_id", "connection", "expiry_interval", "inflight",
+                 "subscriptions", "will")
     durable = False
 
     def __init__(self, client_id: str, expiry_interval: int, max_queue: int, queue_qos0: bool):
@@ -67,16 +77,53 @@ class Session:
         self.expiry_interval = expiry_interval
         self.subscriptions: dict[str, SubscriptionOptions] = {}
         self.inflight: dict[int, Delivery] = {}
-        # Packet IDs of QoS 2 deliveries whose PUBREC arrived: PUBREL sent, PUBCOMP awaited.
-        # A set beside `inflight` rather than a flag in a wrapper object per delivery.
-        self.awaiting_comp: set[int] = set()
-        self.queue: deque[Delivery] = deque()
-        self.awaiting_rel: set[int] = set()
+        # The queue and the two sets are made when first used (`queue`, `awaiting_comp`,
+        # `awaiting_rel`): empty, a deque costs ~760 bytes and a set 216, and most idle
+        # connections never queue a message or see QoS 2. (An empty dict costs 64: the
+        # two dicts are plain, `inflight` being on the path of every QoS 1/2 delivery.)
+        self._queue: deque[Delivery] | None = None
+        self._awaiting_comp: set[int] | None = None
+        self._awaiting_rel: set[int] | None = None
         self.connection: Any = None
         self.will: Will | None = None
         self._max_queue = max_queue
         self._queue_qos0 = queue_qos0
         self._next_id = 1
+
+    @property
+    def queue(self) -> deque[Delivery]:
+        """Deliveries waiting for room in the in-flight window, or for the client."""
+        queue = self._queue
+        if queue is None:
+            queue = self._queue = deque()
+        return queue
+
+    @property
+    def queued(self) -> int:
+        """len(queue), without making one."""
+        queue = self._queue
+        return len(queue) if queue is not None else 0
+
+    @property
+    def awaiting_comp(self) -> set[int]:
+        """Packet IDs of QoS 2 deliveries whose PUBREC arrived: PUBREL sent, PUBCOMP
+        awaited. A set beside `inflight` rather than a flag in a wrapper per delivery."""
+        awaiting = self._awaiting_comp
+        if awaiting is None:
+            awaiting = self._awaiting_comp = set()
+        return awaiting
+
+    @property
+    def awaiting_rel(self) -> set[int]:
+        """Packet IDs of QoS 2 PUBLISHes from the client that we own, until their PUBREL."""
+        awaiting = self._awaiting_rel
+        if awaiting is None:
+            awaiting = self._awaiting_rel = set()
+        return awaiting
+
+    @awaiting_rel.setter
+    def awaiting_rel(self, packet_ids: set[int]) -> None:
+        self._awaiting_rel = packet_ids
 
     def next_packet_id(self) -> int:
         """A packet ID not used by any in-flight delivery (MQTT-2.2.1-3)."""
@@ -94,12 +141,28 @@ class Session:
         so a new delivery does not reuse an identifier the client may still remember."""
         self._next_id = next_id if 0 < next_id <= MAX_PACKET_ID else 1
 
+    # ---- subscriptions -----------------------------------------------------------------
+    def subscribe(self, key: str, options: SubscriptionOptions) -> bool:
+        """Adds or replaces the subscription `key` (the filter as the client wrote it,
+        `$share/...` included). True when the session reads the subscription's messages
+        from Durable Storage itself, so the node is only to store them (a durable filter);
+        False when they are to be routed to it."""
+        self.subscriptions[key] = options
+        return False
+
+    def unsubscribe(self, key: str) -> bool:
+        """Removes the subscription `key`, which exists; returns what `subscribe` did."""
+        del self.subscriptions[key]
+        return False
+
+    # ---- outgoing QoS 1 and 2 ----------------------------------------------------------
     def finish(self, packet_id: int) -> None:
         """An outgoing QoS 1/2 flow ended: acknowledged (PUBACK / PUBCOMP), refused by the
         receiver (PUBREC >= 0x80) or discarded as too large for it. Either way it is never
         sent again, which a durable session records (`completed`)."""
         delivery = self.inflight.pop(packet_id, None)
-        self.awaiting_comp.discard(packet_id)
+        if self._awaiting_comp:
+            self._awaiting_comp.discard(packet_id)
         if delivery is not None:
             self.completed(delivery)
 
@@ -108,15 +171,35 @@ class Session:
         session has nothing more to do."""
 
     def released(self, packet_id: int) -> Awaitable[None] | None:
-        """PUBREC arrived; the PUBREL waits for what this returns, if anything."""
+        """PUBREC arrived for the in-flight QoS 2 delivery: PUBCOMP is awaited now, and the
+        PUBREL waits for what this returns, if anything."""
+        self.awaiting_comp.add(packet_id)
         return None
+
+    # ---- incoming QoS 2 ----------------------------------------------------------------
+    def rel_awaited(self, packet_id: int) -> Awaitable[None] | None:
+        """A QoS 2 PUBLISH from the client was taken in: the message is ours until its
+        PUBREL, and a resend of it is acknowledged, never routed again. The PUBREC waits
+        for what this returns, if anything."""
+        self.awaiting_rel.add(packet_id)
+        return None
+
+    def rel_arrived(self, packet_id: int) -> bool:
+        """The client's PUBREL: whether a QoS 2 PUBLISH of that ID was ours (it is not any
+        more)."""
+        awaiting = self._awaiting_rel
+        if not awaiting or packet_id not in awaiting:
+            return False
+        awaiting.discard(packet_id)
+        return True
 
     def enqueue(self, delivery: Delivery) -> str | None:
         """Queues a delivery; returns the reason a message was lost doing so, if one was."""
         if delivery.qos == 0 and not self._queue_qos0 and self.connection is None:
             return "offline_qos0"
-        self.queue.append(delivery)
-        if self._max_queue and len(self.queue) > self._max_queue:
-            self.queue.popleft()
+        queue = self.queue
+        queue.append(delivery)
+        if self._max_queue and len(queue) > self._max_queue:
+            queue.popleft()
             return "queue_full"
         return None

@@ -5,7 +5,6 @@ from typing import TYPE_CHECKING, Final
 from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import FIRST_FAILURE_CODE, PUBCOMP_BYTE, PUBREL_BYTE, ReasonCode
 from broker.mqtt.packets import Puback, Pubcomp, Pubrec, Pubrel
-from broker.session.durable.session import DurableSession
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
@@ -34,7 +33,6 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
         session.finish(packet.packet_id)
         conn.drain()
         return
-    session.awaiting_comp.add(packet.packet_id)
     conn.send_when(session.released(packet.packet_id),
                    encode_ack(PUBREL_BYTE, packet.packet_id, 0, conn.version))
 
@@ -42,11 +40,7 @@ def handle_pubrec(conn: "Connection", packet: Pubrec) -> None:
 def handle_pubrel(conn: "Connection", packet: Pubrel) -> None:
     session = conn.session
     assert session is not None
-    if packet.packet_id in session.awaiting_rel:
-        session.awaiting_rel.discard(packet.packet_id)
-        durable = conn.node.durable
-        if isinstance(session, DurableSession) and durable is not None:
-            durable.store.write_soon([session.awaiting_rel_write(packet.packet_id, False)])
+    if session.rel_arrived(packet.packet_id):
         conn.send_when(None, encode_ack(PUBCOMP_BYTE, packet.packet_id, 0, conn.version))
     else:
         # Through send_when too: every PUBCOMP gives the client back send quota.

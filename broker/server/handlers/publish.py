@@ -9,7 +9,6 @@ from broker.mqtt.constants import MQTT_5, PUBACK_BYTE, PUBREC_BYTE, PropertyId, 
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Publish
 from broker.mqtt.topic import validate_topic_name
-from broker.session.durable.session import DurableSession
 from broker.session.message import message_from_publish, payload_format_ok
 from broker.sys_topics import is_sys_topic
 
@@ -115,12 +114,8 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
         conn.send_when(stored, encode_ack(PUBACK_BYTE, packet_id, reason, conn.version),
                        len(packet.payload))
         return
-    session.awaiting_rel.add(packet_id)
-    durable = conn.node.durable
-    if isinstance(session, DurableSession) and durable is not None:
-        # The PUBREC must not leave before we remember owning the message: a restart would
-        # otherwise route the client's resent PUBLISH a second time.
-        remembered = durable.store.write([session.awaiting_rel_write(packet_id, True)])
+    remembered = session.rel_awaited(packet_id)
+    if remembered is not None:
         # (gather's list of results is never looked at: only its completion)
         stored = remembered if stored is None else asyncio.gather(  # type: ignore[assignment]
             stored, remembered)

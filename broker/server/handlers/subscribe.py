@@ -8,13 +8,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from broker.auth.acl import Access
-from broker.ds import now_us
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Suback, Subscribe, Subscription
 from broker.mqtt.topic import parse_shared, validate_topic_filter
 from broker.server.handlers.sliced import handle_in_slices
-from broker.session.durable.session import DurableSession
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -75,12 +73,10 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
             node.stats.refuse("max_subscriptions")
             codes.append(ReasonCode.QUOTA_EXCEEDED)
             continue
-        if isinstance(session, DurableSession) and group is None and node.durable is not None:
+        if session.subscribe(sub.topic_filter, options):
             # Read from Durable Storage, not routed: the topics become durable from now on.
             node.add_durable_filter(session.client_id, topic_filter, options)
-            node.durable.store.write_soon([session.subscribe(topic_filter, options, now_us())])
         else:
-            session.subscriptions[sub.topic_filter] = options
             node.router.subscribe(session.client_id, topic_filter, options)
         codes.append(granted)
         send_retained = sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)

@@ -11,7 +11,6 @@ from broker.mqtt.errors import MQTTError
 from broker.mqtt.packets import Unsuback, Unsubscribe
 from broker.mqtt.topic import parse_shared
 from broker.server.handlers.sliced import handle_in_slices
-from broker.session.durable.session import DurableSession
 from broker.session.session import Session
 
 if TYPE_CHECKING:
@@ -37,11 +36,9 @@ def _unsubscribe(conn: "Connection", session: Session, packet: Unsubscribe) -> I
         if key not in session.subscriptions:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
-        if isinstance(session, DurableSession) and group is None and node.durable is not None:
+        if session.unsubscribe(key):
             node.remove_durable_filter(session.client_id, topic_filter)
-            node.durable.store.write_soon(session.unsubscribe(topic_filter))
         else:
-            del session.subscriptions[key]
             node.router.unsubscribe(session.client_id, topic_filter, group)
         codes.append(ReasonCode.SUCCESS)
     conn.send_packet(Unsuback(packet.packet_id, codes))

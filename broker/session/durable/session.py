@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from broker.ds import TTV, DurableStorage, Iterator, Stream
+from broker.ds import TTV, DurableStorage, Iterator, Stream, now_us
 from broker.metrics import Stats
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError
@@ -200,31 +200,37 @@ class DurableSession(Session):
         self._unsent = 0
 
     # ---- subscriptions -----------------------------------------------------------------
-    def subscribe(self, topic_filter: str, options: SubscriptionOptions, since: int) -> Write:
-        """Only this filter's streams are looked up: a SUBSCRIBE of n filters costs n
-        lookups, not one per filter the session has for each of them."""
-        self.subscriptions[topic_filter] = options
-        since = self.since.setdefault(topic_filter, since)
+    def subscribe(self, key: str, options: SubscriptionOptions) -> bool:
+        """A filter's messages are read from Durable Storage, from now on, and the filter is
+        stored with the session; a shared subscription is routed (and not stored). Only this
+        filter's streams are looked up: a SUBSCRIBE of n filters costs n lookups, not one per
+        filter the session has for each of them."""
+        if options.share_group is not None:
+            return super().subscribe(key, options)
+        self.subscriptions[key] = options
+        since = self.since.setdefault(key, now_us())
         if self.connection is not None:
-            self._start_readers(topic_filter)
-        return r.subscription_key(self.client_id, topic_filter), r.subscription_to_bytes(
-            options, since
-        )
+            self._start_readers(key)
+        self._ctx.store.write_soon([(r.subscription_key(self.client_id, key),
+                                     r.subscription_to_bytes(options, since))])
+        return True
 
-    def unsubscribe(self, topic_filter: str) -> list[Write]:
-        """Forgets the filter and what was read of it; returns the writes that remove it
-        from the store. Positions in memory are all there are while the client is connected
-        (a session restored at start-up loads them when its client comes back), so the store
-        need not be scanned for them."""
-        self.subscriptions.pop(topic_filter, None)
-        self.since.pop(topic_filter, None)
-        for task in self._readers.pop(topic_filter, {}).values():
+    def unsubscribe(self, key: str) -> bool:
+        """Forgets the filter and what was read of it, in the store too. Positions in memory
+        are all there are while the client is connected (a session restored at start-up
+        loads them when its client comes back), so the store need not be scanned for them."""
+        if self.subscriptions[key].share_group is not None:
+            return super().unsubscribe(key)
+        del self.subscriptions[key]
+        self.since.pop(key, None)
+        for task in self._readers.pop(key, {}).values():
             task.cancel()
-        writes: list[Write] = [(r.subscription_key(self.client_id, topic_filter), None)]
-        writes.extend((r.position_key(self.client_id, topic_filter, stream), None)
-                      for stream in self._positions_of(topic_filter))
-        self._positions.pop(topic_filter, None)
-        return writes
+        writes: list[Write] = [(r.subscription_key(self.client_id, key), None)]
+        writes.extend((r.position_key(self.client_id, key, stream), None)
+                      for stream in self._positions_of(key))
+        self._positions.pop(key, None)
+        self._ctx.store.write_soon(writes)
+        return True
 
     # ---- reading -----------------------------------------------------------------------
     def refresh_streams(self) -> None:
@@ -417,7 +423,7 @@ class DurableSession(Session):
         self._update_room()
 
     def _backlogged(self) -> bool:
-        return len(self.queue) + self._unsent > 2 * self._ctx.batch_size
+        return self.queued + self._unsent > 2 * self._ctx.batch_size
 
     def _update_room(self) -> None:
         if self._room is not None and not self._backlogged():
@@ -452,6 +458,7 @@ class DurableSession(Session):
     def released(self, packet_id: int) -> Awaitable[None] | None:
         """PUBREC: the PUBREL goes out only once this is on disk, so a restart resends
         PUBREL rather than the PUBLISH (which the client would take as a new message)."""
+        super().released(packet_id)
         delivery = self.inflight.get(packet_id)
         pending = delivery.batch if delivery is not None else None
         if not isinstance(pending, _Pending):
@@ -487,8 +494,17 @@ class DurableSession(Session):
         return writes
 
     # ---- incoming QoS 2 ----------------------------------------------------------------
-    def awaiting_rel_write(self, packet_id: int, present: bool) -> Write:
-        return r.awaiting_rel_key(self.client_id, packet_id), b"1" if present else None
+    def rel_awaited(self, packet_id: int) -> Awaitable[None] | None:
+        """The PUBREC must not leave before we remember owning the message: a restart would
+        otherwise route the client's resent PUBLISH a second time."""
+        super().rel_awaited(packet_id)
+        return self._ctx.store.write([(r.awaiting_rel_key(self.client_id, packet_id), b"1")])
+
+    def rel_arrived(self, packet_id: int) -> bool:
+        if not super().rel_arrived(packet_id):
+            return False
+        self._ctx.store.write_soon([(r.awaiting_rel_key(self.client_id, packet_id), None)])
+        return True
 
     def backlog(self) -> int:
         """Deliveries recorded but not yet acknowledged (the checkpoint lag)."""
