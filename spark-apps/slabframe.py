@@ -161,7 +161,7 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark = SparkSession.builder.appName(app_name).config(conf=conf).getOrCreate()
     here = Path(__file__).resolve().parent
-    for module in ("slabs.py", "slabframe.py"):
+    for module in ("ttvarrow.py", "slabs.py", "slabframe.py"):
         spark.sparkContext.addPyFile(str(here / module))
     return spark
 

@@ -1,9 +1,9 @@
 """Sealed slabs as rows, without Spark: finding them, copying them, reading them.
 
 Everything a Spark executor runs lives here so it can be unit-tested without a JVM. The
-byte formats are not re-implemented: slabs are opened with `broker.ds.slab.Slab` and values
-decoded by `broker.ds.ttv` (the Spark image installs this project), so a format change in
-the broker is a change here too.
+slab format is not re-implemented: slabs are opened with `broker.ds.slab.Slab` and scanned
+with `broker.ds.keys` (the Spark image installs this project); values are decoded in bulk
+by ttvarrow, which is tested against `broker.ds.ttv`.
 
 Reading while the broker runs: LevelDB lets one process open a directory, and the broker
 keeps every live slab open. A sealed slab's files are immutable once its manifest exists (it
@@ -13,7 +13,6 @@ which changes only if the broker reopened the slab meanwhile (a restart writes a
 LevelDB MANIFEST); then it is copied again. The broker's files are only ever read.
 """
 
-import gc
 import os
 import shutil
 import tempfile
@@ -22,12 +21,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from operator import attrgetter
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import plyvel
 import pyarrow as pa
+import pyarrow.compute as pc
+import ttvarrow
 
 from broker.ds import keys
 from broker.ds.db import DB_FILE
@@ -36,26 +37,22 @@ from broker.ds.lts import LTS
 from broker.ds.manifest import read_manifest
 from broker.ds.slab import Slab
 from broker.ds.storage import MESSAGES
-from broker.ds.ttv import TTV
-from broker.mqtt.constants import PropertyId
 from broker.mqtt.errors import ProtocolError
 from broker.mqtt.topic import topic_matches, validate_topic_filter
 
-_STRING = pa.string()
-_USER_PROPERTIES = pa.list_(pa.struct([("key", _STRING), ("value", _STRING)]))
-# One row per message, in this order. `timestamp_us` becomes a Spark timestamp on the JVM
-# side (exact to the microsecond, and cheaper than building datetimes in Python).
+# One row per message, in this order: the message's columns, then where it is stored.
+# `timestamp_us` becomes a Spark timestamp on the JVM side (exact to the microsecond, and
+# cheaper than building datetimes in Python).
 SCHEMA = pa.schema([
-    ("topic", _STRING), ("timestamp_us", pa.int64()), ("payload", pa.binary()),
-    ("qos", pa.int32()), ("retain", pa.bool_()), ("publisher", _STRING),
-    ("content_type", _STRING), ("payload_format", pa.int32()), ("response_topic", _STRING),
-    ("correlation_data", pa.binary()), ("message_expiry", pa.int64()),
-    ("user_properties", _USER_PROPERTIES),
+    *ttvarrow.FIELDS,
     ("shard", pa.int32()), ("generation", pa.int32()), ("stream", pa.int32()),
-    ("structure", _STRING),
+    ("structure", pa.string()),
 ])
 SUPPORTED_FORMATS = {"format": 1, "key_format": 2, "value_format": 1}
 _BATCH = 8192  # rows per Arrow batch: large enough that per-batch costs vanish
+_DECODED = {f.name for f in ttvarrow.FIELDS}
+_TOPIC = ttvarrow.FIELDS[0]
+_PAST_TIMESTAMPS = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
 _COPY_ATTEMPTS = 3
 _CURRENT = "CURRENT"
 _LOCK = "LOCK"
@@ -250,85 +247,48 @@ def opened(task: SlabTask, tmp_root: str | None = None) -> Iterator[Slab]:
             slab.close()
 
 
-# Where each column of SCHEMA comes from: a TTV attribute, a PUBLISH property, or the slab
-# and stream being read (shard, generation, stream, structure).
-_FROM_TTV = {"topic": "topic", "timestamp_us": "timestamp", "payload": "payload", "qos": "qos",
-             "retain": "retain", "publisher": "publisher"}
-_FROM_PROPERTIES = {
-    "content_type": PropertyId.CONTENT_TYPE,
-    "payload_format": PropertyId.PAYLOAD_FORMAT_INDICATOR,
-    "response_topic": PropertyId.RESPONSE_TOPIC,
-    "correlation_data": PropertyId.CORRELATION_DATA,
-    "message_expiry": PropertyId.MESSAGE_EXPIRY_INTERVAL,
-    "user_properties": PropertyId.USER_PROPERTY,
-}
-
-
 def batches(
     slab: Slab, task: SlabTask, selection: Selection, schema: pa.Schema = SCHEMA
 ) -> Iterator[pa.RecordBatch]:
     """Record batches of the selected streams, each stream in time order, with the columns
-    of `schema` (a selection of SCHEMA's fields: a job builds and ships only what it uses)."""
+    of `schema` (a selection of SCHEMA's fields: a job builds and ships only what it uses).
+    The time range is the scan's own key range; a filter that the stream's structure does
+    not settle is matched once per distinct topic of a batch."""
     topic_filter = selection.topic_filter
-    since = selection.since or 1
-    until = keys.MAX_TIMESTAMP if selection.until is None else selection.until
+    decoded = [f for f in schema if f.name in _DECODED]
     for stream, structure in task.streams:
         accept = None
         if topic_filter is not None and not read_plan(
                 tuple(structure.split("/")), topic_filter).exact:
             accept = partial(topic_matches, topic_filter)
-        position = since - 1
+        prefix = keys.master_prefix(stream)
+        values = slab.db.iterator(
+            start=prefix + keys.pack_u64(selection.since or 0), include_key=False,
+            stop=prefix + (_PAST_TIMESTAMPS if selection.until is None
+                           else keys.pack_u64(selection.until)))
         constants = {"shard": task.shard, "generation": task.generation, "stream": stream,
                      "structure": structure}
-        while True:
-            with _collector_paused():
-                scanned, position = slab.scan(stream, position, _BATCH, accept)
-                selected = scanned if not scanned or scanned[-1].timestamp < until else [
-                    ttv for ttv in scanned if ttv.timestamp < until]
-                batch = _record_batch(selected, constants, schema) if selected else None
-            if batch is not None:
-                yield batch
-            if len(scanned) < _BATCH or position >= until:
-                break
+        fields = decoded if accept is None or _TOPIC in decoded else [_TOPIC, *decoded]
+        while chunk := list(islice(values, _BATCH)):
+            columns = dict(zip((f.name for f in fields), ttvarrow.decode(chunk, fields),
+                               strict=True))
+            n = len(chunk)
+            if accept is not None:
+                keep = _matching(columns[_TOPIC.name], accept)
+                columns = {name: column.filter(keep) for name, column in columns.items()}
+                n = pc.sum(keep).as_py() or 0
+            if n:
+                yield pa.RecordBatch.from_arrays([
+                    columns[f.name] if f.name in columns
+                    else pa.repeat(pa.scalar(constants[f.name], f.type), n) for f in schema
+                ], schema=schema)
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Decoding a batch allocates tens of thousands of objects that form no cycles; the
-    cyclic collector would walk them over and over (a third of the reader's time)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _record_batch(
-    ttvs: list[TTV], constants: dict[str, int | str], schema: pa.Schema
-) -> pa.RecordBatch:
-    """One column at a time: each is a list handed to Arrow whole, so Spark gets the rows
-    as a few buffers instead of a Python object per value."""
-    n = len(ttvs)
-    properties = [ttv.properties for ttv in ttvs]
-    any_properties = any(properties)
-    columns = []
-    for field in schema:
-        name, kind = field.name, field.type
-        if name in _FROM_TTV:
-            columns.append(pa.array(list(map(attrgetter(_FROM_TTV[name]), ttvs)), kind))
-        elif name in _FROM_PROPERTIES:
-            key = _FROM_PROPERTIES[name]
-            if kind == _USER_PROPERTIES:  # a list: empty, never null
-                columns.append(pa.array([p.get(key, ()) for p in properties] if any_properties
-                                        else [()] * n, kind))
-            else:
-                columns.append(pa.array([p.get(key) for p in properties], kind)
-                               if any_properties else pa.nulls(n, kind))
-        else:
-            columns.append(pa.repeat(pa.scalar(constants[name], kind), n))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+def _matching(topics: pa.Array, accept: Callable[[str], bool]) -> pa.Array:
+    """Which rows' topics `accept` takes, calling it once per distinct topic."""
+    encoded = topics.dictionary_encode()
+    matches = pa.array([accept(topic) for topic in encoded.dictionary.to_pylist()], pa.bool_())
+    return matches.take(encoded.indices)
 
 
 def read_tasks(

@@ -18,7 +18,7 @@ UNSEALED = "unsealed (no manifest.json yet)"
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     data_dir = tmp_path_factory.mktemp("slabs") / "data"
     return data_dir, write_generations(
-        data_dir, [sample_messages(0, 60), sample_messages(60, 20)], [True, False])
+        data_dir, [sample_messages(0, 200), sample_messages(200, 20)], [True, False])
 
 
 def read_all(tasks: list[slabs.SlabTask], selection: slabs.Selection) -> list[dict]:
@@ -82,6 +82,22 @@ def test_rows_of_a_time_range_and_filter(written, monkeypatch, batch: int) -> No
         if r["generation"] == 1 and times[10] <= r["timestamp_us"] < times[40]
         and r["topic"].startswith("plant/") and r["topic"].endswith("/temp"))
     assert got
+
+
+@pytest.mark.parametrize("columns", [["topic", "timestamp_us"], ["timestamp_us"]])
+def test_a_filter_the_structure_does_not_settle_is_matched_per_topic(
+        written, columns: list[str]) -> None:
+    data_dir, expected = written
+    selection = slabs.Selection("fleet/truck12/gps")
+    tasks, _ = slabs.plan(data_dir, selection)
+    assert "fleet/+/gps" in {structure for t in tasks for _, structure in t.streams}
+    schema = pa.schema([slabs.SCHEMA.field(c) for c in columns])
+    got = [row for batch in slabs.read_tasks(tasks, selection, False, print, schema=schema)
+           for row in batch.to_pylist()]
+    want = [{c: r[c] for c in columns} for r in expected
+            if r["generation"] == 1 and r["topic"] == "fleet/truck12/gps"]
+    by_time = sorted(want, key=lambda r: r["timestamp_us"])
+    assert sorted(got, key=lambda r: r["timestamp_us"]) == by_time != []
 
 
 def test_a_slab_that_lost_messages_is_reported_not_read(written, tmp_path) -> None:
