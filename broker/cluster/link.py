@@ -9,7 +9,7 @@ channel; anything that is not a valid frame closes the link with a log line, nev
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 from broker.cluster.frames import Channel, FrameDecoder, FrameError, encode_frame
 from broker.cluster.handshake import Handshake, Identity, Refused, Role
@@ -51,7 +51,7 @@ class PeerLink(asyncio.Protocol):
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         transport.set_write_buffer_limits(high=_HIGH_WATER)
         self._transport = transport
         if self.role is Role.DIALER:

@@ -76,9 +76,8 @@ SETTINGS: tuple[Setting, ...] = (
             " quarter of it."),
     Setting("node.event_loop", "asyncio", parse_choice("asyncio", "uvloop"),
             "The event loop: `asyncio` (the standard library's) or `uvloop` (libuv's: ~5% less"
-            " CPU per QoS 1 message in `bench/run.py` b and d, the same memory). `uvloop` is for"
-            " a node alone: the cluster links need asyncio's transports, so a"
-            " `cluster.discovery_strategy` other than `manual` is refused at start-up."),
+            " CPU per QoS 1 message in `bench/run.py` b and d, the same memory), for a node"
+            " alone or in a cluster."),
     Setting("cluster.name", "mqttcl", parse_str,
             "Cluster name: nodes with different names never join, whatever their cookies."),
     Setting("cluster.discovery_strategy", "manual",

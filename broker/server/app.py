@@ -25,7 +25,7 @@ from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.cluster.takeover import Takeover
-from broker.config.loader import Config, ConfigError
+from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.http.api import make_app
 from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
@@ -286,9 +286,6 @@ def run(config: Config) -> None:
     """`serve` on the event loop `node.event_loop` names."""
     factory = None
     if config["node.event_loop"] == "uvloop":
-        if config["cluster.discovery_strategy"] != "manual":
-            raise ConfigError("node.event_loop = uvloop is for a node alone: cluster links"
-                              " need asyncio's transports")
         import uvloop  # only then: its import is not free, and few nodes ask for it
 
         factory = uvloop.new_event_loop

@@ -1,8 +1,6 @@
 """node.event_loop: the broker runs on uvloop when asked, for TCP and WebSocket clients
-alike, and refuses it where cluster links would need asyncio's transports."""
+alike (a cluster on uvloop: tests/cluster/test_uvloop.py)."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.integration.clients import unique
@@ -30,14 +28,3 @@ def test_the_default_loop_is_asyncios(shared_broker) -> None:
     assert shared_broker.proc is not None
     assert "uvloop/loop." not in _mapped(shared_broker.proc.pid)
 
-
-def test_uvloop_with_cluster_discovery_is_refused(tmp_path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "broker", "run", "--set", "node.event_loop=uvloop",
-         "--set", "cluster.discovery_strategy=static", "--set", f"node.data_dir={tmp_path}",
-         "--set", "listeners.tcp.default.bind=127.0.0.1:0",
-         "--set", "listeners.ws.default.bind=127.0.0.1:0",
-         "--set", "dashboard.listeners.http.bind=127.0.0.1:0"],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "node.event_loop = uvloop is for a node alone" in result.stderr
