@@ -36,9 +36,9 @@ FIELDS: Final = [
 ]
 _HEAD: Final = np.dtype([("version", "u1"), ("flags", "u1"), ("timestamp", ">u8"),
                          ("topic_length", ">u2"), ("publisher_length", ">u2")])
-_HEAD_BYTES: Final = np.arange(_HEAD.itemsize)
 _INLINE: Final = 12  # a binary_view holds values up to 12 bytes in the view itself
-_INLINE_BYTES: Final = np.arange(_INLINE)
+# A last value after the batch's: the words read at any field's start stay in the buffer.
+_PADDING: Final = bytes(_INLINE + 4)
 _VIEW_OFFSET_LIMIT: Final = 2**31  # a view's offset is an int32
 _PUBLISH_PROPERTIES: Final = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 _FROM_PROPERTIES: Final = {
@@ -54,12 +54,13 @@ _NONE: Final[dict[int, Any]] = {}
 
 @dataclass(slots=True)
 class _Values:
-    """A batch of values as one buffer, where each value's fields start."""
+    """A batch of values as one buffer, and where each value's fields start in it."""
 
     values: list[bytes]
     buffer: pa.Buffer
-    data: np.ndarray  # the buffer's bytes
-    ends: np.ndarray  # where each value ends in `data`
+    u32: np.ndarray  # the little-endian 4-byte word at each byte of the buffer
+    u64: np.ndarray  # and the 8-byte one
+    ends: np.ndarray  # where each value ends
     head: np.ndarray  # the fixed heads, _HEAD
     topic_at: np.ndarray
     publisher_at: np.ndarray
@@ -67,42 +68,55 @@ class _Values:
     properties: dict[int, dict[int, Any]]  # by row, the rows that have any
 
     def cut(self, at: np.ndarray, length: np.ndarray, kind: pa.DataType) -> pa.Array:
-        """The byte ranges [at, at + length) of the buffer as a column of `kind`."""
-        n = len(at)
-        views = np.zeros((n, 4), np.int32)  # length, prefix or inline bytes, buffer, offset
-        views[:, 0] = length
-        as_bytes = views.view(np.uint8)
-        first = np.minimum(at[:, None] + _INLINE_BYTES, len(self.data) - 1)
-        inline = np.where(length[:, None] > _INLINE_BYTES, self.data[first], 0)
-        short = length <= _INLINE
-        as_bytes[short, 4:] = inline[short]
-        long = ~short
-        as_bytes[long, 4:8] = inline[long, :4]
-        views[long, 3] = at[long]
-        cut = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views),
-                                                          self.buffer])
+        """The byte ranges [at, at + length) of the buffer as a column of `kind`. A view
+        is two words: the length and the first 4 bytes, then the next 8 bytes (up to 12
+        in all, the rest zero) or the buffer (0) and the offset of a longer value."""
+        kept = np.minimum(length, _INLINE + 1)
+        views = np.empty((len(at), 2), np.uint64)
+        np.bitwise_and(length.astype(np.uint64) | self.u32[at].astype(np.uint64) << 32,
+                       _KEEP_FIRST[kept], out=views[:, 0])
+        np.bitwise_and(np.where(length <= _INLINE, self.u64[at + 4],
+                                at.astype(np.uint64) << 32),
+                       _KEEP_SECOND[kept], out=views[:, 1])
+        cut = pa.Array.from_buffers(pa.binary_view(), len(at),
+                                    [None, pa.py_buffer(views), self.buffer])
         return cut.cast(kind)
+
+
+def _masks(kept_bytes: Callable[[int], int]) -> np.ndarray:
+    """By a field's length up to _INLINE, then _INLINE + 1 for any longer one: the bits
+    of a view's word to keep."""
+    return np.array([(1 << 8 * kept_bytes(n)) - 1 for n in range(_INLINE + 2)], np.uint64)
+
+
+_KEEP_FIRST: Final = _masks(lambda n: 4 + min(n, 4))  # the length, then the first bytes
+_KEEP_SECOND: Final = _masks(lambda n: 8 if n > _INLINE else max(n - 4, 0))
 
 
 def decode(values: list[bytes], fields: Sequence[pa.Field]) -> list[pa.Array]:
     """The columns `fields` (of FIELDS) of the messages stored as `values`. Raises
     ValueError for a value that is not a TTV of the known format."""
-    raw = pa.array(values, pa.large_binary())
-    offsets = np.frombuffer(raw.buffers()[1], np.int64, len(values) + 1)
-    if offsets[-1] >= _VIEW_OFFSET_LIMIT and len(values) > 1:
-        half = len(values) // 2
+    n = len(values)
+    raw = pa.array([*values, _PADDING], pa.large_binary())
+    offsets = np.frombuffer(raw.buffers()[1], np.int64, n + 2)
+    if offsets[n] >= _VIEW_OFFSET_LIMIT and n > 1:
+        half = n // 2
         return [pa.concat_arrays(pair) for pair in zip(
             decode(values[:half], fields), decode(values[half:], fields), strict=True)]
-    batch = _locate(values, raw.buffers()[2], offsets)
+    batch = _locate(values, raw.buffers()[2], offsets[:n + 1])
     return [_COLUMNS[field.name](batch, field.type) for field in fields]
 
 
+def _words(buffer: pa.Buffer, kind: np.dtype) -> np.ndarray:
+    """A word of `kind` starting at every byte of the buffer (they overlap)."""
+    return np.ndarray((buffer.size - kind.itemsize + 1,), kind, buffer, 0, (1,))
+
+
 def _locate(values: list[bytes], buffer: pa.Buffer, offsets: np.ndarray) -> _Values:
-    data = np.frombuffer(buffer, np.uint8)
     starts, ends = offsets[:-1], offsets[1:]
     if np.any(ends - starts <= _HEAD.itemsize):
         raise ValueError("a TTV value shorter than its head")
-    head = data[starts[:, None] + _HEAD_BYTES].view(_HEAD).ravel()
+    head = _words(buffer, _HEAD)[starts]
     if np.any(head["version"] != FORMAT_VERSION):
         version = head["version"][head["version"] != FORMAT_VERSION][0]
         raise ValueError(f"unknown TTV format version {version}")
@@ -113,7 +127,7 @@ def _locate(values: list[bytes], buffer: pa.Buffer, offsets: np.ndarray) -> _Val
         raise ValueError("a TTV value shorter than its topic and publisher")
     payload_at = properties_at + 1
     properties = {}
-    for row in np.flatnonzero(data[properties_at]).tolist():
+    for row in np.flatnonzero(np.frombuffer(buffer, np.uint8)[properties_at]).tolist():
         start = int(starts[row])
         value = values[row]
         try:
@@ -122,8 +136,9 @@ def _locate(values: list[bytes], buffer: pa.Buffer, offsets: np.ndarray) -> _Val
         except MQTTError as error:
             raise ValueError(f"TTV properties: {error}") from None
         payload_at[row] = start + at
-    return _Values(values, buffer, data, ends, head, topic_at, publisher_at, payload_at,
-                   properties)
+    return _Values(values, buffer, _words(buffer, np.dtype("<u4")),
+                   _words(buffer, np.dtype("<u8")), ends, head, topic_at, publisher_at,
+                   payload_at, properties)
 
 
 def _property(name: str) -> Callable[[_Values, pa.DataType], pa.Array]:
