@@ -2,21 +2,21 @@
 
 Change handlers react at once to spec edits (and resume after a restart); broker pod
 events re-reconcile their cluster, because readiness changes without any event on the
-MQTTCluster; a drain not confirmed yet, or replica transitions that answering brokers have
-not finished, make the change handler retry. Both paths share one lock per cluster, so they
-never interleave. No kopf timer or daemon on purpose: those put a finalizer on the
-MQTTCluster, and `helm uninstall` removes the operator together with the cluster, which
-would leave the cluster stuck in deletion. Brokers seal generations (and Spark applications
-finish) without any event on the MQTTCluster, so clusters with a `spark` section are
-reconciled again by one plain polling thread instead.
+MQTTCluster. Both paths share one lock per cluster, so they never interleave, and both
+always finish: what must be asked again without any event (a drain not confirmed yet,
+replica transitions the answering brokers have not finished, generations the brokers seal
+for Spark, a reconcile that failed) is scheduled on the operator's own resync thread
+(resync.py says why not kopf's retries). No kopf timer or daemon on purpose: those put a
+finalizer on the MQTTCluster, and `helm uninstall` removes the operator together with the
+cluster, which would leave the cluster stuck in deletion.
 
 Settings (environment): MQTT_OPERATOR_METRICS_PORT (9090; 0 disables),
 MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10: longest wait before
-asking the brokers again about a drain), MQTT_OPERATOR_BROKER_TIMEOUT (2 seconds per call),
+asking the brokers again about a drain or transitions, at most 5, and before retrying a
+failed reconcile), MQTT_OPERATOR_BROKER_TIMEOUT (2 seconds per call),
 MQTT_OPERATOR_SPARK_POLL_SECONDS (30: how often clusters with Spark jobs are reconciled).
 """
 
-import contextvars
 import dataclasses
 import functools
 import logging
@@ -30,7 +30,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from mqtt_operator import constants as c
-from mqtt_operator import metrics
+from mqtt_operator import metrics, resync
 from mqtt_operator.brokers import ask_sealed, ask_site
 from mqtt_operator.kube import Kube, client_from_environment, in_cluster_server
 from mqtt_operator.reconcile import reconcile
@@ -38,6 +38,7 @@ from mqtt_operator.reconcile import reconcile
 RESYNC_SECONDS = float(os.environ.get("MQTT_OPERATOR_RESYNC_SECONDS", "10"))
 BROKER_TIMEOUT = float(os.environ.get("MQTT_OPERATOR_BROKER_TIMEOUT", "2"))
 SPARK_POLL_SECONDS = float(os.environ.get("MQTT_OPERATOR_SPARK_POLL_SECONDS", "30"))
+WAIT_SECONDS = min(RESYNC_SECONDS, 5)  # brokers finish a drain or a copy within seconds
 _log = logging.getLogger(__name__)
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 
@@ -52,10 +53,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # otherwise does without. The CRD exists before the operator starts (the chart's crds/).
     settings.scanning.disabled = True
     memo.kube = Kube(client_from_environment())
-    memo.poller = _Poller()
-    memo.poller.thread = threading.Thread(target=_poll, args=(memo,), name="spark-poll",
-                                          daemon=True)
-    memo.poller.thread.start()
+    memo.resync = resync.Resync(functools.partial(_again, memo))
+    memo.resync.start()
     port = int(os.environ.get("MQTT_OPERATOR_METRICS_PORT", "9090"))
     memo.metrics_server = None
     if port:
@@ -75,40 +74,24 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return account or kopf.login_with_kubeconfig(**kwargs)
 
 
-class _Poller:
-    """One object, not memo fields: handlers get a shallow copy of the memo, so only what
-    the fields point to is shared with the polling thread."""
-
-    def __init__(self) -> None:
-        self.clusters: set[tuple[str, str]] = set()  # (namespace, name) with Spark jobs
-        self.context: contextvars.Context | None = None  # kopf posts Events only from one
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-
-
-def _poll(memo: kopf.Memo) -> None:
-    poller: _Poller = memo.poller
-    while not poller.stop.wait(SPARK_POLL_SECONDS):
-        for namespace, name in sorted(poller.clusters.copy()):
-            try:
-                assert poller.context is not None  # set before a cluster is added
-                poller.context.copy().run(_run, "poll", namespace, name, memo, _log)
-            except Exception:  # the next poll or event tries again; kopf's own retry is absent
-                _log.exception("polling %s/%s failed", namespace, name)
-
-
 @kopf.on.cleanup()
 def stop(memo: kopf.Memo, **_: Any) -> None:
-    memo.poller.stop.set()
-    memo.poller.thread.join()
+    memo.resync.stop()
     if memo.metrics_server is not None:
         memo.metrics_server.shutdown()
         memo.metrics_server.server_close()
 
 
+def _again(memo: kopf.Memo, key: resync.Key) -> None:
+    try:
+        _run("resync", *key, memo, _log)
+    except Exception:  # scheduled again by _run; the log says why
+        _log.exception("reconciling %s/%s again failed", *key)
+
+
 def _run(trigger: str, namespace: str, name: str, memo: kopf.Memo,
-         logger: kopf.Logger) -> str:
-    """One locked, measured reconcile; returns why it must run again soon (or "")."""
+         logger: kopf.Logger) -> None:
+    """One locked, measured reconcile, and when to run it again without an event."""
 
     def post(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         (kopf.info if kind == "Normal" else kopf.warn)(body, reason=reason, message=message)
@@ -117,31 +100,29 @@ def _run(trigger: str, namespace: str, name: str, memo: kopf.Memo,
     ask = functools.partial(ask_site, timeout=BROKER_TIMEOUT)
     sealed = functools.partial(ask_sealed, timeout=BROKER_TIMEOUT)
     metrics.RECONCILES.labels(trigger).inc()
-    with _locks[(namespace, name)], metrics.DURATION.time():
+    key = (namespace, name)
+    with _locks[key], metrics.DURATION.time():
         try:
             outcome = reconcile(memo.kube, namespace, name, post, ask, sealed)
         except Exception:
             metrics.FAILURES.labels(trigger).inc()
+            memo.resync.after(key, RESYNC_SECONDS)
             raise
     metrics.report(namespace, name, outcome.state)
-    if outcome.polls:
-        memo.poller.context = memo.poller.context or contextvars.copy_context()
-        memo.poller.clusters.add((namespace, name))
-    else:
-        memo.poller.clusters.discard((namespace, name))
     if outcome.waiting:
         metrics.WAITING.inc()
-    return outcome.waiting
+    memo.resync.after(key, resync.delay(bool(outcome.waiting), outcome.polls, WAIT_SECONDS,
+                                        SPARK_POLL_SECONDS))
 
 
-@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL)
-@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL)
-@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec")
+# Failures too are retried by the resync thread, not kopf: kopf's retry stalls on a spec
+# edited back meanwhile (resync.py).
+@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL, errors=kopf.ErrorsMode.IGNORED)
+@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL, errors=kopf.ErrorsMode.IGNORED)
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec", errors=kopf.ErrorsMode.IGNORED)
 def on_change(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
-    waiting = _run("change", meta["namespace"], meta["name"], memo, logger)
-    if waiting:  # kopf retries the handler: the brokers are asked again without any event
-        raise kopf.TemporaryError(waiting, delay=min(RESYNC_SECONDS, 5))
+    _run("change", meta["namespace"], meta["name"], memo, logger)
 
 
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_NAME: c.APP_NAME})
