@@ -128,16 +128,14 @@ class Node:
                               replaced: bool) -> None:
         """Replicated storage: writes to the `sessions` database, from any node, applied
         here. Subscriptions of durable sessions become this node's durable filters, so a
-        message published here is stored when any node's durable session wants it. A
-        session held here that another node claimed leaves."""
+        message published here is stored when any node's durable session wants it. Metas
+        go to the sessions held here (`SessionManager.meta_applied`)."""
         if replaced:
             self.durable_filters = TopicTrie()
-        site = self.durable.store.site if self.durable is not None else ""
         for key, value in writes:
             kind, client_id = records.split_key(key)
-            if kind == b"m" and value is not None and client_id in self.sessions.sessions \
-                    and records.Meta.from_bytes(value).site != site:
-                self.sessions.claimed_elsewhere(client_id)
+            if kind == b"m" and value is not None and client_id in self.sessions.sessions:
+                self.sessions.meta_applied(client_id, records.Meta.from_bytes(value))
             if kind != b"s":
                 continue
             topic_filter = key[len(records.prefix(b"s", client_id)):].decode()
@@ -149,6 +147,13 @@ class Node:
                 self.durable_filters.add(topic_filter, client_id,
                                          records.subscription_from_bytes(value)[0])
         self._durable_topics.clear()
+
+    def durable_writes_refused(self, client_ids: set[str]) -> None:
+        """Replicated storage: the replicas refused this node's writes of these sessions
+        (another node claimed one, or it ended while this node was cut off): a session still
+        served here would acknowledge what no replica records, so it goes."""
+        for client_id in client_ids:
+            self.sessions.claimed_elsewhere(client_id)
 
     def load_durable_session(self, client_id: str) -> bool:
         """Replicated storage: a durable session stored by another node comes here with its

@@ -38,6 +38,7 @@ from broker.ds import replication_layer as cmd
 from broker.ds.replication_shard import Admit, KVMachine, ShardMachine
 from broker.ds.shard import now_us
 from broker.ds.ttv import TTV
+from broker.metrics import Sample
 from broker.raft.core import LEADER, ROLE_NAMES
 from broker.raft.node import RaftNode
 
@@ -61,7 +62,7 @@ def _shard_of(group: int) -> int | None:
 class DsGroups:
     def __init__(self, config: Config, ds: DurableStorage, metadata: MetadataGroup,
                  on_session_writes: Callable[[list[cmd.KVWrite], bool], None],
-                 admit: Admit) -> None:
+                 admit: Admit, on_refused: Callable[[set[str]], None]) -> None:
         self._ds = ds
         self._metadata = metadata
         self.me = metadata.me
@@ -70,7 +71,8 @@ class DsGroups:
         self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
         self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
         self.machines: dict[int, Machine] = {
-            SESSIONS_GROUP: KVMachine(ds.sessions, on_session_writes, admit)}
+            SESSIONS_GROUP: KVMachine(ds.sessions, on_session_writes, admit, self.me,
+                                      on_refused)}
         for shard in ds.messages.shards:
             self.machines[shard_group(shard.index)] = ShardMachine(
                 ds.messages, shard.index, ds.messages.reopen_shard)
@@ -256,6 +258,19 @@ class DsGroups:
             shards.append(entry)
         return {"site": site, "node": self._metadata.name_of(site),
                 "up": self._metadata.is_up(site), "shards": shards}
+
+    def metrics(self) -> list[Sample]:
+        sessions = self.machines[SESSIONS_GROUP]
+        assert isinstance(sessions, KVMachine)
+        return [
+            ("mqtt_durable_session_writes_refused", "counter",
+             "Commands' writes to a durable session this replica refused (one per session and"
+             " command): their node did not own it any more (claimed elsewhere, or ended)", {},
+             float(sessions.refused_writes)),
+            ("mqtt_durable_commit_timeouts", "counter",
+             "Durable Storage commands of this node not committed within"
+             " durable_storage.raft.commit_timeout", {}, float(self.timed_out)),
+        ]
 
     def status(self) -> list[dict[str, Any]]:
         raft = self._raft

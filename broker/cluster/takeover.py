@@ -178,11 +178,13 @@ class Takeover:
         up (cut off from a majority) or another node claimed the session first, a client
         that wants its session is refused (False): it had better go to another node than
         get a state this node may have missed changes of; a Clean Start goes on when this
-        node cannot catch up (a session stored elsewhere stays there)."""
+        node cannot catch up, unless this replica holds a session of the ID that another
+        node owns: its new session would be refused (ownership.py), so is the CONNECT."""
         assert self.replicated is not None
-        if not await self.replicated.sync():
-            return not want_session
         sessions = self._node.sessions
+        if not await self.replicated.sync():
+            return not want_session and (client_id in sessions.sessions
+                                         or not self._stored_elsewhere(client_id))
         if client_id in sessions.sessions:
             return True
         claimed = await sessions.claim(client_id)
@@ -199,6 +201,13 @@ class Takeover:
             return False  # another node claimed it meanwhile (a CONNECT its client gave up)
         self.stats.resumed += 1
         return True
+
+    def _stored_elsewhere(self, client_id: str) -> bool:
+        durable = self._node.durable
+        if durable is None:
+            return False
+        meta = durable.store.meta(client_id)
+        return meta is not None and meta.site != durable.store.site
 
     async def _move_in(self, client_id: str, holder: str, subscriptions: Any) -> Session | None:
         try:

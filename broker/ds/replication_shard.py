@@ -248,23 +248,28 @@ class ShardMachine(_Machine):
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
 
 
+# (writer, writes, stored value of a key) -> (the admitted writes, the refused client IDs)
 Admit = Callable[[str, list[cmd.KVWrite], Callable[[bytes], bytes | None]],
-                 list[cmd.KVWrite]]
+                 tuple[list[cmd.KVWrite], set[str]]]
 
 
 class KVMachine(_Machine):
     """The sessions database; `on_writes` hears every applied write (durable routes), with
     True when a snapshot replaced everything. `admit` picks, from a command's writes, those
     its writer may make given the replica's state (the database knows no owners: sessions
-    do), so every replica drops the same ones."""
+    do), so every replica drops the same ones; `on_refused` hears the client IDs refused
+    to this node's own commands (`me`)."""
 
     def __init__(self, kv: KVStore,
                  on_writes: Callable[[list[cmd.KVWrite], bool], None] | None = None,
-                 admit: Admit | None = None) -> None:
+                 admit: Admit | None = None, me: str = "",
+                 on_refused: Callable[[set[str]], None] | None = None) -> None:
         self.kv = kv
         self.on_writes = on_writes
         self.admit = admit
-        self.refused_writes = 0
+        self.me = me
+        self.on_refused = on_refused
+        self.refused_writes = 0  # sessions of a command some of whose writes were refused
         raw = kv.raw_get(APPLIED_KEY)
         super().__init__(_APPLIED.unpack(raw) if raw else (0, 0))
 
@@ -276,13 +281,16 @@ class KVMachine(_Machine):
         if cmd.kind_of(data) != cmd.KV:
             raise cmd.BadCommand(f"command kind {data[0]} in the sessions database")
         writer, writes = cmd.decode_kv(data)
+        refused: set[str] = set()
         if self.admit is not None:
-            admitted = self.admit(writer, writes, self.kv.raw_get)
-            self.refused_writes += len(writes) - len(admitted)
+            admitted, refused = self.admit(writer, writes, self.kv.raw_get)
+            self.refused_writes += len(refused)
             writes = admitted
         self.kv.apply(writes, (APPLIED_KEY, _APPLIED.pack(entry.index, entry.term)))
         if self.on_writes is not None:
             self.on_writes(writes, False)
+        if refused and writer == self.me and self.on_refused is not None:
+            self.on_refused(refused)
 
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.kv.apply([], (APPLIED_KEY, _APPLIED.pack(index, term)), sync)

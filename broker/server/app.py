@@ -69,7 +69,8 @@ class BrokerApp:
                 raise ValueError("durable_storage.messages.backend = builtin_raft needs"
                                  " retainer.enable = true (the metadata Raft group)")
             self.ds_groups = DsGroups(config, self.node.ds, self.metadata,
-                                      self.node.durable_state_applied, ownership.admitted)
+                                      self.node.durable_state_applied, ownership.admitted,
+                                      self.node.durable_writes_refused)
             self.node.replicated_ds = True
             self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []
@@ -134,6 +135,7 @@ class BrokerApp:
                 add_raft_routes(web_app, self.metadata)
             if self.ds_groups is not None:
                 add_ds_site_routes(web_app, self.ds_groups)
+                add_samples(registry, self.ds_groups.metrics)
             # A kept-alive connection's next request has as long as a new one's first.
             header_timeout = config["dashboard.listeners.http.header_timeout"]
             self._http = web.AppRunner(web_app, access_log=None, keepalive_timeout=header_timeout)

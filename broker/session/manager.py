@@ -101,6 +101,7 @@ class SessionManager:
         session.loaded = False
         session.protocol = meta.protocol
         session.epoch = meta.epoch
+        session.created = False
         session.disconnected_at = lost_at if meta.connected or meta.disconnected_at is None \
             else meta.disconnected_at
         self.sessions[session.client_id] = session
@@ -118,8 +119,8 @@ class SessionManager:
         meta = store.meta(client_id)
         if meta is None:
             return None
-        claim = replace(meta, site=store.site, epoch=meta.epoch + 1, connected=False,
-                        will=None, disconnected_at=time.time())
+        claim = replace(meta, site=store.site, epoch=meta.epoch + 1, created=False,
+                        connected=False, will=None, disconnected_at=time.time())
         await store.write([(records.meta_key(client_id), claim.to_bytes())])
         now = store.meta(client_id)
         return now is not None and (now.site, now.epoch) == (claim.site, claim.epoch)
@@ -133,15 +134,29 @@ class SessionManager:
             return None
         return self._stored(stored, time.time())
 
-    def claimed_elsewhere(self, client_id: str) -> None:
-        """Another node's claim of a session held here was applied (this node was frozen or
-        cut off while its client moved): the session and its connection, if any, go; what
-        they would still write the replicas refuse."""
+    def meta_applied(self, client_id: str, meta: records.Meta) -> None:
+        """Replicated storage: a meta of the ID, from any node, was applied here. A session
+        held here leaves if another node claimed it; once its own first meta is applied, its
+        meta writes stop creating it (until then each one does: writes that wait for a
+        commit merge, the last of a key wins, and the first must not lose its flag)."""
         session = self.sessions.get(client_id)
         if not isinstance(session, DurableSession):
             return
-        log.warning("durable session %s was claimed by another node: ending it here",
-                    client_id)
+        if self._durable is None or meta.site != self._durable.store.site:
+            self.claimed_elsewhere(client_id)
+        elif meta.epoch == session.epoch:
+            session.created = False
+
+    def claimed_elsewhere(self, client_id: str) -> None:
+        """Another node's claim of a session held here was applied (this node was frozen or
+        cut off while its client moved), or the replicas refused this node's writes of it:
+        the session and its connection, if any, go; what they would still write the replicas
+        refuse."""
+        session = self.sessions.get(client_id)
+        if not isinstance(session, DurableSession):
+            return
+        log.warning("durable session %s is not this node's any more (another node claimed"
+                    " it, or it ended while this node was cut off): ending it here", client_id)
         if session.connection is not None:
             session.connection.take_over(ReasonCode.SESSION_TAKEN_OVER)
         self.release(session)
@@ -162,6 +177,11 @@ class SessionManager:
     ]:
         """Returns the session for a new connection and whether it was present before."""
         existing = self.sessions.get(client_id)
+        # A new durable session's epoch is the wall clock (microseconds), and above the one
+        # it replaces here: above every epoch an earlier session of the ID had, so a node
+        # still holding one of those cannot pass its writes for a claim (ownership.py).
+        epoch = max(existing.epoch + 1 if isinstance(existing, DurableSession) else 0,
+                    int(time.time() * 1_000_000))
         if existing is not None and existing.connection is not None:
             existing.connection.take_over(ReasonCode.SESSION_TAKEN_OVER)
             # Taking over may have ended the old session (expiry 0): look it up again.
@@ -174,6 +194,7 @@ class SessionManager:
             session: Session
             if self._durable is not None and expiry > 0:
                 session = DurableSession(client_id, expiry, self._durable)
+                session.epoch = epoch
             else:
                 session = Session(client_id, expiry, self._max_queue, self._queue_qos0)
             self.sessions[client_id] = session
@@ -227,7 +248,7 @@ class SessionManager:
         session.protocol = version
         meta = records.Meta(session.expiry_interval, version, connected,
                             None if connected else time.time(), will,
-                            self._durable.store.site, session.epoch)
+                            self._durable.store.site, session.epoch, session.created)
         self._durable.store.write_soon([(records.meta_key(session.client_id), meta.to_bytes())])
 
     def collect_garbage(self, now: float | None = None) -> int:

@@ -10,20 +10,30 @@ from broker.session.durable.ownership import admitted
 Store = dict[bytes, bytes]
 
 
-def meta(site: str, epoch: int, connected: bool = False) -> bytes:
-    return r.Meta(60, 5, connected, None, None, site, epoch).to_bytes()
+def meta(site: str, epoch: int, connected: bool = False, created: bool = False) -> bytes:
+    return r.Meta(60, 5, connected, None, None, site, epoch, created).to_bytes()
 
 
-def apply(store: Store, writer: str, writes: list[tuple[bytes, bytes | None]]) -> list[bytes]:
-    """What a replica does with one KV command; returns the admitted keys."""
+def created(site: str, epoch: int) -> bytes:
+    return meta(site, epoch, connected=True, created=True)
+
+
+def apply_refused(store: Store, writer: str,
+                  writes: list[tuple[bytes, bytes | None]]) -> tuple[list[bytes], set[str]]:
+    """What a replica does with one KV command; returns the admitted keys and the client
+    IDs of the refused writes."""
     _, decoded = cmd.decode_kv(cmd.encode_kv(writer, writes))
-    kept = admitted(writer, decoded, store.get)
+    kept, refused = admitted(writer, decoded, store.get)
     for key, value in kept:
         if value is None:
             store.pop(key, None)
         else:
             store[key] = value
-    return [key for key, _ in kept]
+    return [key for key, _ in kept], refused
+
+
+def apply(store: Store, writer: str, writes: list[tuple[bytes, bytes | None]]) -> list[bytes]:
+    return apply_refused(store, writer, writes)[0]
 
 
 POSITION = r.position_key("c", "t/#", r.Stream("messages", 0, 1, 2))
@@ -31,7 +41,7 @@ POSITION = r.position_key("c", "t/#", r.Stream("messages", 0, 1, 2))
 
 def test_the_owner_changes_its_session() -> None:
     store: Store = {}
-    assert apply(store, "A", [(r.meta_key("c"), meta("A", 0)), (POSITION, b"1")]) == [
+    assert apply(store, "A", [(r.meta_key("c"), created("A", 0)), (POSITION, b"1")]) == [
         r.meta_key("c"), POSITION]
     assert apply(store, "A", [(POSITION, b"2")]) == [POSITION]
     assert store[POSITION] == b"2"
@@ -63,8 +73,8 @@ def test_an_owner_of_an_older_epoch_is_refused_even_on_the_same_node() -> None:
 def test_the_owner_deletes_its_session_in_one_command() -> None:
     store: Store = {r.meta_key("c"): meta("A", 1), POSITION: b"1"}
     assert sorted(apply(store, "A", [(r.meta_key("c"), None), (POSITION, None)])) == sorted(
-        [r.meta_key("c"), POSITION])
-    assert store == {}
+        [r.meta_key("c"), POSITION, r.ended_key("c")])
+    assert store == {r.ended_key("c"): b'{"epoch":1}'}  # the tombstone
 
 
 def test_state_of_a_session_with_no_meta_is_refused() -> None:
@@ -93,3 +103,60 @@ def test_barrier_and_kv_commands_round_trip() -> None:
     for bad in (data[:-1], data + b"\x00", data[:2] + b"\xff" + data[3:]):
         with pytest.raises(cmd.BadCommand):
             cmd.decode_kv(bad)
+
+
+@pytest.mark.parametrize("stale", [meta("A", 3), created("A", 3)])
+def test_a_stale_holder_cannot_bring_an_ended_session_back(stale: bytes) -> None:
+    """A held the session; B claimed it and ended it (its client left with expiry 0) while
+    A was frozen. A wakes and writes its meta (disconnected) and read positions; with the
+    `created` flag still set when A was cut off before applying its own first meta."""
+    store: Store = {r.meta_key("c"): meta("A", 3), POSITION: b"1"}
+    apply(store, "B", [(r.meta_key("c"), meta("B", 4))])
+    apply(store, "B", [(r.meta_key("c"), None), (POSITION, None)])
+    assert apply_refused(store, "A", [(r.meta_key("c"), stale), (POSITION, b"7")]) == (
+        [], {"c"})
+    assert store == {r.ended_key("c"): b'{"epoch":4}'}
+
+
+def test_a_new_session_of_an_ended_id_clears_its_tombstone() -> None:
+    store: Store = {r.ended_key("c"): b'{"epoch":4}'}
+    assert sorted(apply(store, "C", [(r.meta_key("c"), created("C", 1_700_000_000_000_000))])
+                  ) == sorted([r.meta_key("c"), r.ended_key("c")])
+    assert list(store) == [r.meta_key("c")]
+
+
+def test_a_new_session_stays_above_every_earlier_epoch_of_its_id() -> None:
+    """B's session (epoch 3) ended; a new one was created (epoch: wall clock). A, which held
+    the ID at epoch 2 while frozen, cannot pass its stale meta for a claim."""
+    store: Store = {r.ended_key("c"): b'{"epoch":3}'}
+    apply(store, "C", [(r.meta_key("c"), created("C", 1_700_000_000_000_000))])
+    assert apply_refused(store, "A", [(r.meta_key("c"), meta("A", 2)), (POSITION, b"7")]) == (
+        [], {"c"})
+    assert r.Meta.from_bytes(store[r.meta_key("c")]).site == "C"
+
+
+def test_of_two_nodes_creating_one_session_the_first_applied_keeps_it() -> None:
+    """Two CONNECTs of a new client ID on two sides of a partition: both nodes create the
+    session; the second is told, whatever its epoch."""
+    store: Store = {}
+    assert apply(store, "B", [(r.meta_key("c"), created("B", 100)), (POSITION, b"b")]) != []
+    assert apply_refused(store, "A", [(r.meta_key("c"), created("A", 200)),
+                                      (POSITION, b"a")]) == ([], {"c"})
+    assert r.Meta.from_bytes(store[r.meta_key("c")]).site == "B"
+    assert store[POSITION] == b"b"
+
+
+def test_an_owner_replaces_its_session_in_one_command() -> None:
+    """A Clean Start: the old session's delete and the new one's meta in one turn, merged
+    into one write of the meta (the last change of a key wins)."""
+    store: Store = {r.meta_key("c"): meta("A", 5), POSITION: b"1"}
+    assert apply(store, "A", [(r.meta_key("c"), created("A", 6)), (POSITION, None)]) == [
+        r.meta_key("c"), POSITION]
+    # The same command again (a retried forward whose answer was lost): still A's.
+    assert apply(store, "A", [(r.meta_key("c"), created("A", 6))]) == [r.meta_key("c")]
+    assert apply_refused(store, "A", [(r.meta_key("c"), created("A", 4))]) == ([], {"c"})
+
+
+def test_deleting_what_is_gone_changes_nothing_and_refuses_nothing() -> None:
+    store: Store = {}
+    assert apply_refused(store, "A", [(r.meta_key("c"), None)]) == ([r.meta_key("c")], set())

@@ -6,16 +6,36 @@ first: the meta with its own site and the next epoch. Once a claim is applied, e
 replica refuses the writes of the node that held the session before, so a node that was
 frozen or cut off while its session moved cannot, when it comes back, overwrite what the
 new owner did since (read positions, acknowledgements, QoS 2 state): the claim is the
-fencing token of a lease, checked where the writes land, in the log's order.
+fencing token of a lease, checked where the writes land, in the log's order. A new session
+starts at the wall clock's microseconds, so its epochs stay above those of every earlier
+session of its client ID, whose holders may still be writing.
 
 For a command from node W, per session (a meta with no site predates builtin_raft and
 belongs to whoever writes it):
 
-- meta written: admitted if none is stored, if its epoch is above the stored one's (a
-  claim), or if it keeps the stored epoch and the stored meta names W;
-- meta deleted (the session ends): admitted if the stored meta names W;
+- meta deleted (the session ends): admitted if the stored meta names W, or none is stored.
+  The replicas then keep the ended session's epoch (its `e` key: a tombstone);
+- meta written when none is stored: admitted if its epoch is above the tombstone's, if
+  any (and the tombstone goes). A node still holding an ended session (frozen or cut off
+  while its client moved on and ended it) writes that session's epoch, at most the
+  tombstone's, and is refused: admitted, its write would bring the session back, with
+  stale state, for the next client of the ID. A new session starts at the wall clock's
+  microseconds, above the tombstone;
+- meta that creates a session (its `created` flag: the metas a node writes for a session
+  it started, until the first one is applied on its replica), when one is stored:
+  admitted only if the stored one names W with an epoch no higher (W ended its session and
+  started a new one in one command, or the same command came twice: a forwarded command
+  whose answer was lost is retried). A creation is never a claim: two CONNECTs of a new
+  client ID on two sides of a partition both create the session; the first applied keeps
+  it, and the other node learns it lost;
+- any other meta written: admitted if its epoch is above the stored one's (a claim), or if
+  it keeps the stored epoch and the stored meta names W;
 - any other key of the session: admitted if W owns the session before the command, or
   after the command's admitted meta write. Keys of no session (heartbeats) are admitted.
+
+The client IDs whose writes were refused go back to the writer (when it applies the command
+itself): a session it still serves there is not its own any more and must end, or it would
+go on acknowledging what no replica records.
 """
 
 from collections.abc import Callable
@@ -24,25 +44,39 @@ from broker.session.durable import records as r
 
 Write = tuple[bytes, bytes | None]
 Owner = tuple[str, int]  # site, epoch
-_SESSION_KINDS = frozenset((b"m", b"s", b"p", b"b", b"k", b"r", b"a"))
+_SESSION_KINDS = frozenset((b"m", b"s", b"p", b"b", b"k", b"r", b"a", b"e"))
 
 
 def admitted(writer: str, writes: list[Write],
-             stored: Callable[[bytes], bytes | None]) -> list[Write]:
+             stored: Callable[[bytes], bytes | None]) -> tuple[list[Write], set[str]]:
+    """The writes of one command that its writer may make (with the tombstones they set or
+    clear), and the client IDs of the sessions some of whose writes it may not."""
     before: dict[str, Owner | None] = {}
     after: dict[str, Owner | None] = {}
     refused: set[bytes] = set()
+    tombstones: list[Write] = []
     for key, value in writes:
         kind, client_id = r.split_key(key)
         if kind != b"m":
             continue
         current = _owner(stored(key))
         before[client_id] = after[client_id] = current
-        if _meta_admitted(writer, current, None if value is None else _owner(value)):
-            after[client_id] = None if value is None else _owner(value)
-        else:
+        new = None if value is None else r.Meta.from_bytes(value)
+        if current is None and new is not None:
+            ended = stored(r.ended_key(client_id))
+            if ended is not None and new.epoch <= int(r.loads(ended)["epoch"]):
+                refused.add(key)
+                continue
+            if ended is not None:
+                tombstones.append((r.ended_key(client_id), None))
+        if not _meta_admitted(writer, current, new):
             refused.add(key)
+            continue
+        after[client_id] = None if new is None else (new.site, new.epoch)
+        if new is None and current is not None:
+            tombstones.append((r.ended_key(client_id), r.dumps({"epoch": current[1]})))
     result = []
+    refused_ids = {r.split_key(key)[1] for key in refused}
     for key, value in writes:
         kind, client_id = r.split_key(key)
         if kind == b"m":
@@ -56,7 +90,9 @@ def admitted(writer: str, writes: list[Write],
             before[client_id] = after[client_id] = _owner(stored(r.meta_key(client_id)))
         if _owns(writer, before[client_id]) or _owns(writer, after[client_id]):
             result.append((key, value))
-    return result
+        else:
+            refused_ids.add(client_id)
+    return result + tombstones, refused_ids
 
 
 def _owner(raw: bytes | None) -> Owner | None:
@@ -70,9 +106,11 @@ def _owns(writer: str, owner: Owner | None) -> bool:
     return owner is not None and owner[0] in ("", writer)
 
 
-def _meta_admitted(writer: str, current: Owner | None, new: Owner | None) -> bool:
+def _meta_admitted(writer: str, current: Owner | None, new: r.Meta | None) -> bool:
     if current is None:
-        return True
+        return True  # a delete of nothing, or above the tombstone (checked by the caller)
     if new is None:
         return _owns(writer, current)
-    return new[1] > current[1] or (new[1] == current[1] and _owns(writer, current))
+    if new.created:
+        return _owns(writer, current) and new.epoch >= current[1]
+    return new.epoch > current[1] or (new.epoch == current[1] and _owns(writer, current))

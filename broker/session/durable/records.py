@@ -13,6 +13,8 @@ transactions of one session never conflict with each other:
     k\\0<client id>\\0<seqno>                 which of that batch's deliveries were acknowledged
     r\\0<client id>\\0<seqno>                 QoS 2 delivery whose PUBREC arrived (PUBREL owed)
     a\\0<client id>\\0<packet id>             QoS 2 PUBLISH received, PUBREL not yet
+    e\\0<client id>                          the epoch of its session that ended last (replicated
+                                            `sessions` only: ownership.py)
 
 Sequence numbers (seqno) count this session's QoS 1/2 deliveries; the packet identifier is
 derived from the seqno, so a batch replayed after a restart carries the same identifiers it
@@ -59,6 +61,10 @@ def prefix(kind: bytes, client_id: str) -> bytes:
 
 def meta_key(client_id: str) -> bytes:
     return _key(b"m", client_id)
+
+
+def ended_key(client_id: str) -> bytes:
+    return _key(b"e", client_id)
 
 
 def subscription_key(client_id: str, topic_filter: str) -> bytes:
@@ -143,13 +149,14 @@ class Meta:
     will: Will | None = None
     site: str = ""  # the node that owns the session: it alone restores it at start-up
     epoch: int = 0  # grows each time the session moves to another node (ownership.py)
+    created: bool = False  # written by the node that started the session (ownership.py)
 
     def to_bytes(self) -> bytes:
         return dumps({
             "expiry": self.expiry_interval, "proto": self.protocol, "connected": self.connected,
             "disconnected_at": self.disconnected_at,
             "will": will_to_json(self.will) if self.will is not None else None,
-            "site": self.site, "epoch": self.epoch,
+            "site": self.site, "epoch": self.epoch, "created": self.created,
         })
 
     @classmethod
@@ -158,7 +165,7 @@ class Meta:
         will = value.get("will")
         return cls(value["expiry"], value["proto"], value["connected"],
                    value["disconnected_at"], will_from_json(will) if will else None,
-                   value.get("site", ""), value.get("epoch", 0))
+                   value.get("site", ""), value.get("epoch", 0), value.get("created", False))
 
 
 def will_to_json(will: Will) -> dict[str, Any]:

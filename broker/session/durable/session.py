@@ -107,6 +107,9 @@ class DurableSession(Session):
         self.protocol = 4  # MQTT version of the last connection, kept with the state
         self.disconnected_at: float | None = None
         self.epoch = 0  # ownership epoch of this node's hold on the session (ownership.py)
+        # Started here, no meta of it applied here yet: the metas it writes create it
+        # (ownership.py, SessionManager.meta_applied).
+        self.created = True
 
     # ---- state from the store ----------------------------------------------------------
     def restore_subscriptions(self, stored: StoredSession) -> None:
