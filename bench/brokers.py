@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import pwd
+import random
 import resource
 import secrets
 import shutil
@@ -54,10 +55,19 @@ class BrokerUnavailable(RuntimeError):
 
 
 def free_port() -> int:
-    """A currently unused loopback TCP port (the kernel picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """An unused loopback TCP port from below the kernel's ephemeral range. A broker keeps
+    its ports across restarts (a node killed and started again, the failover and catch-up
+    runs): a port in that range can be handed to any port-0 listener or outgoing connection
+    while the broker is down, and its restart would then fail to bind."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(max(1024, ephemeral_low - 16384), ephemeral_low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,14 @@
 """Real broker processes forming clusters on loopback, each with its own data dir and ports.
 
 Inter-node ports are chosen before the nodes start (a seed list names them), below the
-kernel's ephemeral range (see free_port); every process
-is killed at teardown, also on failure, and a frozen one is thawed first.
+kernel's ephemeral range (bench.brokers.free_port); every process is killed at teardown,
+also on failure, and a frozen one is thawed first.
 """
 
 import base64
 import json
 import os
-import random
 import signal
-import socket
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,25 +17,11 @@ from typing import Any
 
 import pytest
 
+from bench.brokers import free_port
 from tests.integration.clients import wait_until
 from tests.support.broker_process import BrokerProcess
 
 COOKIE = "test-cookie-3f9a"
-
-
-def free_port() -> int:
-    """A port a node keeps across its restarts, from below the kernel's ephemeral range: a
-    port in that range can be handed to any port-0 listener (another node's HTTP API, say)
-    or outgoing connection while the node is down, and its restart would then fail."""
-    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(max(1024, ephemeral_low - 16384), ephemeral_low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def http_json(port: int, path: str, method: str = "GET", body: Any = None,

@@ -90,6 +90,10 @@ bind = "127.0.0.1:0"
 [dashboard.listeners.http]
 bind = "127.0.0.1:0"
 
+[rpc]
+listen_address = "127.0.0.1"
+tcp_server_port = 0
+
 [mqtt]
 max_inflight = 7
 max_topic_alias = 9
