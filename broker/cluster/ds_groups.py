@@ -156,9 +156,13 @@ class DsGroups:
         shard = _shard_of(group)
         return "sessions" if shard is None else f"messages shard {shard}"
 
-    def leads(self, shard: int) -> bool:
-        core = self._metadata.core(shard_group(shard))
+    def leads(self, shard: int | None) -> bool:
+        """Whether this node leads the shard's group (None: the `sessions` group's)."""
+        core = self._metadata.core(SESSIONS_GROUP if shard is None else shard_group(shard))
         return core is not None and core.role == LEADER
+
+    def is_up(self, site: str) -> bool:
+        return self._metadata.is_up(site)
 
     # ---- writes (Replication, for the shards) ------------------------------------------------
     async def store(self, shard: int, messages: list[TTV]) -> None:

@@ -265,7 +265,9 @@ SETTINGS: tuple[Setting, ...] = (
             "How long stored messages are kept; older generations are dropped whole."),
     Setting("durable_sessions.session_gc_interval", "10m", parse_duration,
             "How often expired durable sessions are garbage collected (their expiry timers"
-            " normally end them first; the sweep also applies `session_ttl`)."),
+            " normally end them first; the sweep also applies `session_ttl`). With"
+            " `builtin_raft` the `sessions` group's leader also ends the expired sessions of"
+            " nodes that are down."),
     Setting("durable_sessions.heartbeat_interval", "5s", parse_duration,
             "How often the node records that it is alive: after a crash, sessions that were"
             " connected count as disconnected since the last record (for expiry and wills)."),

@@ -222,8 +222,10 @@ class BrokerApp:
         if removed:
             log.info("removed %d expired retained messages", removed)
 
-    def _collect_sessions(self) -> None:
+    async def _collect_sessions(self) -> None:
         ended = self.node.sessions.collect_garbage()
+        if self.ds_groups is not None and self.ds_groups.leads(None):
+            ended += await self.node.sessions.collect_orphans(self.ds_groups.is_up)
         if ended:
             log.info("garbage collected %d expired durable sessions", ended)
 

@@ -16,6 +16,7 @@ from broker.ds import TTV
 from broker.mqtt.constants import MAX_UINT32, PropertyId, ReasonCode
 from broker.mqtt.packets import Will
 from broker.session.durable import records
+from broker.session.durable.orphans import expired_orphans
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import StoredSession
 from broker.session.message import Message, message_from_publish
@@ -267,6 +268,23 @@ class SessionManager:
             if limit and now - session.disconnected_at >= limit:
                 self.end(session)
                 ended += 1
+        return ended
+
+    async def collect_orphans(self, is_up: Callable[[str], bool]) -> int:
+        """Replicated storage, on the `sessions` group's leader: ends the stored sessions of
+        nodes that are not up that expired (orphans.py), each by claiming it and deleting it;
+        returns how many. A session claimed meanwhile by a node its client came back to
+        stays (the claim here is refused)."""
+        assert self._durable is not None
+        store = self._durable.store
+        expired = expired_orphans(store.metas(), store.heartbeats(), is_up, time.time(),
+                                  self._durable.ttl)
+        ended = 0
+        for client_id in expired:
+            if client_id in self.sessions or not await self.claim(client_id):
+                continue
+            await store.write(store.delete_writes(client_id))
+            ended += 1
         return ended
 
     def end(self, session: Session) -> None:

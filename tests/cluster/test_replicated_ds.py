@@ -150,3 +150,31 @@ def test_killing_a_shard_leader_delays_acknowledgements_and_loses_nothing(
     assert elected < 10, f"acknowledgements resumed {elected:.1f} s after the leader died"
     received = subscriber.wait_messages(40, timeout=30)
     assert sorted(int(m.payload) for m in received) == list(range(40))
+
+
+def test_sessions_of_a_node_gone_for_good_end_once_they_expire(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """n1 dies for good holding two durable sessions: one whose client had left, one whose
+    client was still connected. Their expiry timers died with n1; the `sessions` group's
+    leader ends them once they expire (from the client's leaving, from n1's last heartbeat),
+    so no node stores messages for them any more and neither resumes."""
+    nodes = _start(cluster, **{"durable_sessions.session_gc_interval": "1s",
+                               "durable_sessions.heartbeat_interval": "1s"})
+    topic = unique("orphan").replace("-", "/")
+    left_id, stayed_id = unique("left"), unique("stayed")
+    left = _client(clients, nodes[0], left_id)
+    left.connect(clean_start=False, session_expiry=3)
+    left.subscribe(f"{topic}/left", qos=1)
+    left.disconnect()
+    stayed = _client(clients, nodes[0], stayed_id)
+    stayed.connect(clean_start=False, session_expiry=3)
+    stayed.subscribe(f"{topic}/stayed", qos=1)
+    _filters_everywhere(nodes, 2)
+    nodes[0].process.kill()
+    survivors = nodes[1:]
+    wait_until(lambda: all(node.metric("mqtt_durable_filters") == 0 for node in survivors),
+               30, "the gone node's sessions ended on every survivor")
+    for client_id in (left_id, stayed_id):
+        back = _client(clients, survivors[1], client_id)
+        assert not back.connect(clean_start=False, session_expiry=0).session_present
+        back.disconnect()

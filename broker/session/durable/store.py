@@ -117,6 +117,18 @@ class SessionStore:
         elif kind == b"a":
             stored.awaiting_rel.add(r.packet_id_of_key(key))
 
+    def metas(self) -> list[tuple[str, r.Meta]]:
+        """Every stored session's meta (an ordered scan of the metas alone)."""
+        self._turn.flush_now()
+        return [(r.split_key(key)[1], r.Meta.from_bytes(value))
+                for key, value in self._ds.sessions.scan(b"m" + r.SEP)]
+
+    def heartbeats(self) -> dict[str, float]:
+        """Each site's last heartbeat (wall clock seconds)."""
+        self._turn.flush_now()
+        return {r.split_key(key)[1]: float(value)
+                for key, value in self._ds.sessions.scan(b"h" + r.SEP)}
+
     def last_heartbeat(self) -> float | None:
         self._turn.flush_now()
         sessions = self._ds.sessions
