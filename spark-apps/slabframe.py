@@ -76,6 +76,25 @@ def read_messages(
     """The messages of the sealed slabs under `path` that match `selection`, with
     `columns` (of COLUMNS). Spark cannot prune the columns of a Python function's output,
     so a job that names the few it uses spares building and copying the others."""
+    schema = pa.schema([slabs.SCHEMA.field(_RAW.get(c, c)) for c in columns])
+    frame, report = read_slabs(spark, path, selection, schema, strict)
+    if "timestamp" in columns:
+        frame = frame.withColumn("timestamp", F.expr("timestamp_micros(timestamp_us)"))
+    return frame.select(*columns), report
+
+
+Combine = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def read_slabs(
+    spark: SparkSession, path: Path, selection: slabs.Selection, reads: pa.Schema,
+    strict: bool = False, combine: tuple[Combine, pa.Schema] | None = None,
+) -> tuple[DataFrame, Report]:
+    """The selected messages as the reader's columns `reads` (slabs.SCHEMA's fields and
+    ttvarrow.PAYLOAD_SIZE), or, with `combine` (a function and its output schema), what
+    it makes of each partition's batches: a job that aggregates adds its partition up in
+    the Python worker, and a few rows per group cross to the JVM instead of one per
+    message. The function must live in a module shipped to executors (session())."""
     tasks, skipped = slabs.plan(path, selection)
     if strict:
         corrupt = [s for s in skipped if s.reason.startswith("corrupt")]
@@ -84,22 +103,21 @@ def read_messages(
     problems = spark.sparkContext.accumulator([], _ListParam())
     # One row per task, one task per partition: each executor task reads its own slab.
     ids = spark.range(len(tasks), numPartitions=max(len(tasks), 1))
-    schema = pa.schema([slabs.SCHEMA.field(_RAW.get(c, c)) for c in columns])
-    read = partial(_read_partition, tasks, selection, strict, partial(_report, problems), schema)
-    frame = ids.mapInArrow(read, from_arrow_schema(schema))
-    if "timestamp" in columns:
-        frame = frame.withColumn("timestamp", F.expr("timestamp_micros(timestamp_us)"))
-    return frame.select(*columns), Report(tasks, skipped, problems)
+    function, output = combine or (None, reads)
+    read = partial(_read_partition, tasks, selection, strict, partial(_report, problems),
+                   reads, function)
+    return ids.mapInArrow(read, from_arrow_schema(output)), Report(tasks, skipped, problems)
 
 
 def _read_partition(
     tasks: list[slabs.SlabTask], selection: slabs.Selection, strict: bool,
-    report: Callable[[slabs.Skipped], None], schema: pa.Schema,
+    report: Callable[[slabs.Skipped], None], schema: pa.Schema, combine: Combine | None,
     ids: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    for batch in ids:
-        yield from slabs.read_tasks((tasks[i] for i in batch.column(0).to_pylist()),
-                                    selection, strict, report, schema=schema)
+    batches = (batch for ids_batch in ids for batch in slabs.read_tasks(
+        (tasks[i] for i in ids_batch.column(0).to_pylist()), selection, strict, report,
+        schema=schema))
+    return batches if combine is None else combine(batches)
 
 
 def _report(problems: Accumulator[list[dict[str, Any]]], skipped: slabs.Skipped) -> None:
@@ -161,7 +179,7 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark = SparkSession.builder.appName(app_name).config(conf=conf).getOrCreate()
     here = Path(__file__).resolve().parent
-    for module in ("ttvarrow.py", "slabs.py", "slabframe.py"):
+    for module in ("ttvarrow.py", "slabs.py", "hourly.py", "slabframe.py"):
         spark.sparkContext.addPyFile(str(here / module))
     return spark
 

@@ -28,8 +28,8 @@ from typing import Any
 import plyvel
 import pyarrow as pa
 import pyarrow.compute as pc
-import ttvarrow
 
+import ttvarrow
 from broker.ds import keys
 from broker.ds.db import DB_FILE
 from broker.ds.iterator import read_plan
@@ -50,7 +50,6 @@ SCHEMA = pa.schema([
 ])
 SUPPORTED_FORMATS = {"format": 1, "key_format": 2, "value_format": 1}
 _BATCH = 8192  # rows per Arrow batch: large enough that per-batch costs vanish
-_DECODED = {f.name for f in ttvarrow.FIELDS}
 _TOPIC = ttvarrow.FIELDS[0]
 _PAST_TIMESTAMPS = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
 _COPY_ATTEMPTS = 3
@@ -255,7 +254,7 @@ def batches(
     The time range is the scan's own key range; a filter that the stream's structure does
     not settle is matched once per distinct topic of a batch."""
     topic_filter = selection.topic_filter
-    decoded = [f for f in schema if f.name in _DECODED]
+    decoded = [f for f in schema if ttvarrow.decodes(f.name)]
     for stream, structure in task.streams:
         accept = None
         if topic_filter is not None and not read_plan(

@@ -15,28 +15,22 @@ from typing import Any
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
+import hourly
 import slabframe
 
-# Two steps: per hour, topic, structure and publisher first, a hash aggregation that leaves
-# few rows, then the grouping sets over those. Grouping sets and count(DISTINCT) straight
-# over the messages doubled every message (one copy per set) and aggregated the copies
-# again per publisher. The coalesces keep the columns that were counts non-nullable, as in
-# the Parquet schema of a direct count.
+# Over the partials of hourly.py (one row per hour, topic, structure and publisher of a
+# partition, or a few): grouping sets straight over the messages doubled every message (one
+# copy per set). The coalesces keep the columns that were counts non-nullable, as in the
+# Parquet schema of a direct count. Hours are UTC hours whatever the session's time zone.
 _AGGREGATE = """
-WITH per_publisher AS (
-  SELECT date_trunc('HOUR', timestamp) AS hour, topic, structure, publisher,
-         count(*) AS messages, sum(length(payload)) AS bytes, count_if(qos = 0) AS qos0,
-         count_if(qos = 1) AS qos1, count_if(qos = 2) AS qos2
-  FROM messages GROUP BY 1, 2, 3, 4
-)
-SELECT hour, topic, structure, coalesce(sum(messages), 0) AS messages, sum(bytes) AS bytes,
+SELECT timestamp_micros(hour_us) AS hour, topic, structure,
+       coalesce(sum(messages), 0) AS messages, sum(bytes) AS bytes,
        count(DISTINCT publisher) AS publishers, coalesce(sum(qos0), 0) AS qos0,
        coalesce(sum(qos1), 0) AS qos1, coalesce(sum(qos2), 0) AS qos2,
        grouping(topic) AS by_stream
-FROM per_publisher
-GROUP BY GROUPING SETS ((hour, topic), (hour, structure))
+FROM partials
+GROUP BY GROUPING SETS ((hour_us, topic), (hour_us, structure))
 """
-_READS = ["timestamp", "topic", "structure", "payload", "publisher", "qos"]
 _METRICS = ["messages", "bytes", "publishers", "qos0", "qos1", "qos2"]
 
 
@@ -46,9 +40,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
     args = slabframe.parse(parser, argv)
     with slabframe.job_session("mqtt-stats", args.master) as spark:
-        messages, report = slabframe.read_messages(
-            spark, args.data, args.selection, args.strict, _READS)
-        messages.createOrReplaceTempView("messages")
+        partials, report = slabframe.read_slabs(
+            spark, args.data, args.selection, hourly.READS, args.strict,
+            (hourly.partials, hourly.SCHEMA))
+        partials.createOrReplaceTempView("partials")
         stats = spark.sql(_AGGREGATE).cache()
         tables = {
             "by_topic": stats.where("by_stream = 0").select("hour", "topic", *_METRICS),

@@ -34,6 +34,9 @@ FIELDS: Final = [
     pa.field("response_topic", _STRING), pa.field("correlation_data", pa.binary()),
     pa.field("message_expiry", pa.int64()), pa.field("user_properties", USER_PROPERTIES),
 ]
+# Not a message column but decoded as one: a job that only adds payload sizes up spares
+# cutting the payloads out.
+PAYLOAD_SIZE: Final = pa.field("payload_size", pa.int64())
 _HEAD: Final = np.dtype([("version", "u1"), ("flags", "u1"), ("timestamp", ">u8"),
                          ("topic_length", ">u2"), ("publisher_length", ">u2")])
 _INLINE: Final = 12  # a binary_view holds values up to 12 bytes in the view itself
@@ -94,7 +97,7 @@ _KEEP_SECOND: Final = _masks(lambda n: 8 if n > _INLINE else max(n - 4, 0))
 
 
 def decode(values: list[bytes], fields: Sequence[pa.Field]) -> list[pa.Array]:
-    """The columns `fields` (of FIELDS) of the messages stored as `values`. Raises
+    """The columns `fields` (of FIELDS, and PAYLOAD_SIZE) of the messages stored as `values`. Raises
     ValueError for a value that is not a TTV of the known format."""
     n = len(values)
     raw = pa.array([*values, _PADDING], pa.large_binary())
@@ -105,6 +108,10 @@ def decode(values: list[bytes], fields: Sequence[pa.Field]) -> list[pa.Array]:
             decode(values[:half], fields), decode(values[half:], fields), strict=True)]
     batch = _locate(values, raw.buffers()[2], offsets[:n + 1])
     return [_COLUMNS[field.name](batch, field.type) for field in fields]
+
+
+def decodes(name: str) -> bool:
+    return name in _COLUMNS
 
 
 def _words(buffer: pa.Buffer, kind: np.dtype) -> np.ndarray:
@@ -161,6 +168,7 @@ _COLUMNS: Final[dict[str, Callable[[_Values, pa.DataType], pa.Array]]] = {
     "publisher": lambda b, kind: b.cut(
         b.publisher_at, b.head["publisher_length"].astype(np.int64), kind),
     "payload": lambda b, kind: b.cut(b.payload_at, b.ends - b.payload_at, kind),
+    "payload_size": lambda b, kind: pa.array(b.ends - b.payload_at, kind),
     "timestamp_us": lambda b, kind: pa.array(b.head["timestamp"].astype(np.int64), kind),
     "qos": lambda b, kind: pa.array((b.head["flags"] & 3).astype(np.int32), kind),
     "retain": lambda b, kind: pa.array((b.head["flags"] & 4) != 0, kind),

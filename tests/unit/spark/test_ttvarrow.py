@@ -5,8 +5,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import ttvarrow
 
+import ttvarrow
 from broker.ds.ttv import TTV, decode_value, encode_value
 from broker.mqtt.constants import PropertyId as P
 from tests.support.slabdata import sample_messages
@@ -66,6 +66,12 @@ def test_a_batch_without_properties_and_a_selection_of_columns() -> None:
                                                       "user_properties")]
     want = reference(values)
     assert decoded(values, fields) == {f.name: want[f.name] for f in fields}
+
+
+def test_payload_sizes_without_the_payloads() -> None:
+    values = encoded(varied())
+    sizes = decoded(values, [ttvarrow.PAYLOAD_SIZE])["payload_size"]
+    assert sizes == [len(payload) for payload in reference(values)["payload"]]
 
 
 def test_a_batch_beyond_what_views_can_address_is_decoded_in_parts(monkeypatch) -> None:
