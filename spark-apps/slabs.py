@@ -52,6 +52,7 @@ SUPPORTED_FORMATS = {"format": 1, "key_format": 2, "value_format": 1}
 _BATCH = 8192  # rows per Arrow batch: large enough that per-batch costs vanish
 _TOPIC = ttvarrow.FIELDS[0]
 _PAST_TIMESTAMPS = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
+_HELD_BYTES = 256 << 20  # decoded batches held while their slab is checked in the same pass
 _COPY_ATTEMPTS = 3
 _CURRENT = "CURRENT"
 _LOCK = "LOCK"
@@ -221,29 +222,71 @@ def _verify(slab: Slab, task: SlabTask) -> None:
         for _ in slab.db.iterator(prefix=keys.master_prefix(stream), include_value=False,
                                   verify_checksums=True, fill_cache=False):
             counted += 1
+    _check_count(slab, task, counted)
+
+
+def _check_count(slab: Slab, task: SlabTask, counted: int) -> None:
     if counted != task.messages or slab.stats.messages != task.messages:
         raise SlabError(f"corrupt: {counted} messages stored, the manifest says {task.messages}")
 
 
 @contextmanager
+def _corrupt_if_unreadable() -> Iterator[None]:
+    try:
+        yield
+    except (plyvel.Error, ValueError, OSError) as error:
+        raise SlabError(f"corrupt: {type(error).__name__}: {error}") from None
+
+
+@contextmanager
 def opened(task: SlabTask, tmp_root: str | None = None) -> Iterator[Slab]:
-    """A verified private copy of a sealed slab, removed afterwards."""
+    """A private copy of a sealed slab, open, and removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="slab-", dir=tmp_root) as tmp:
         copy = Path(tmp) / "slab"
         snapshot(Path(task.path), copy)
-        try:
+        with _corrupt_if_unreadable():
             slab = Slab.open(copy, task.generation)
             slab.reopen()  # a sealed slab opens closed (the broker opens them on demand)
-        except (plyvel.Error, ValueError, OSError) as error:
-            raise SlabError(f"corrupt: {type(error).__name__}: {error}") from None
         try:
-            try:
-                _verify(slab, task)
-            except plyvel.Error as error:
-                raise SlabError(f"corrupt: {type(error).__name__}: {error}") from None
             yield slab
         finally:
             slab.close()
+
+
+def verified_batches(
+    slab: Slab, task: SlabTask, selection: Selection, schema: pa.Schema = SCHEMA
+) -> Iterator[pa.RecordBatch]:
+    """`batches`, none of them before the whole slab is known to be sound. A selection
+    that reads every message is read, checked (LevelDB checksums, the count) and held in
+    one pass, up to _HELD_BYTES of batches; any other, or one that outgrows that, is
+    preceded by a pass that only checks (it costs as much as reading the values)."""
+    stats = slab.stats
+    if selection.topic_filter is None and (selection.since or 0) <= stats.min_timestamp \
+            and (selection.until is None or selection.until > stats.max_timestamp):
+        with _corrupt_if_unreadable():
+            held = _read_and_check(slab, task, selection, schema)
+        if held is not None:
+            yield from held
+            return
+    with _corrupt_if_unreadable():
+        _verify(slab, task)
+    yield from batches(slab, task, selection, schema)
+
+
+def _read_and_check(
+    slab: Slab, task: SlabTask, selection: Selection, schema: pa.Schema
+) -> list[pa.RecordBatch] | None:
+    """Every batch of a selection that reads all messages, once they are all read and
+    counted; None if they outgrow _HELD_BYTES."""
+    held: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches(slab, task, selection, schema):
+        held.append(batch)
+        size += batch.nbytes
+        if size > _HELD_BYTES:
+            return None
+    _check_count(slab, task, sum(batch.num_rows for batch in held))
+    return held
 
 
 def batches(
@@ -263,6 +306,7 @@ def batches(
         prefix = keys.master_prefix(stream)
         values = slab.db.iterator(
             start=prefix + keys.pack_u64(selection.since or 0), include_key=False,
+            verify_checksums=True, fill_cache=False,
             stop=prefix + (_PAST_TIMESTAMPS if selection.until is None
                            else keys.pack_u64(selection.until)))
         constants = {"shard": task.shard, "generation": task.generation, "stream": stream,
@@ -300,7 +344,7 @@ def read_tasks(
     for task in tasks:
         try:
             with opened(task, tmp_root) as slab:
-                yield from batches(slab, task, selection, schema)
+                yield from verified_batches(slab, task, selection, schema)
         except SlabError as error:
             if strict:
                 raise SlabError(f"{task.path}: {error}") from None

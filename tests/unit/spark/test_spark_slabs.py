@@ -54,9 +54,16 @@ def test_plan_prunes_by_shard_generation_time_and_structure(written) -> None:
     assert slabs.plan(data_dir, slabs.Selection(topic_filter="nothing/+"))[0] == []
 
 
+# One pass that reads, checks and holds a slab, or one that checks before one that reads
+# (held bytes 0: the batches outgrow what a worker holds).
+HELD = pytest.mark.parametrize("held", [slabs._HELD_BYTES, 0], ids=["one pass", "two"])
+
+
+@HELD
 @pytest.mark.parametrize("batch", [7, 8192])  # a stream spans several batches, or one
-def test_rows_map_every_column(written, monkeypatch, batch: int) -> None:
+def test_rows_map_every_column(written, monkeypatch, batch: int, held: int) -> None:
     monkeypatch.setattr(slabs, "_BATCH", batch)
+    monkeypatch.setattr(slabs, "_HELD_BYTES", held)
     data_dir, expected = written
     tasks, _ = slabs.plan(data_dir, slabs.Selection())
     got = sorted(read_all(tasks, slabs.Selection()),
@@ -100,7 +107,9 @@ def test_a_filter_the_structure_does_not_settle_is_matched_per_topic(
     assert sorted(got, key=lambda r: r["timestamp_us"]) == by_time != []
 
 
-def test_a_slab_that_lost_messages_is_reported_not_read(written, tmp_path) -> None:
+@HELD
+def test_a_slab_that_lost_messages_is_reported_not_read(written, monkeypatch, held) -> None:
+    monkeypatch.setattr(slabs, "_HELD_BYTES", held)
     data_dir, _ = written
     task = slabs.plan(data_dir, slabs.Selection(shard=0))[0][0]
     claimed = slabs.SlabTask(task.path, task.shard, task.generation, task.messages + 1,
@@ -112,6 +121,27 @@ def test_a_slab_that_lost_messages_is_reported_not_read(written, tmp_path) -> No
         f"corrupt: {task.messages} messages stored, the manifest says {task.messages + 1}"]
     with pytest.raises(slabs.SlabError, match=f"^{task.path}: corrupt: "):
         list(slabs.read_tasks([claimed], slabs.Selection(), True, problems.append))
+
+
+@HELD
+def test_a_slab_with_damaged_table_bytes_is_reported_not_read(
+        written, tmp_path, monkeypatch, held: int) -> None:
+    monkeypatch.setattr(slabs, "_HELD_BYTES", held)
+    data_dir, _ = written
+    task = slabs.plan(data_dir, slabs.Selection(shard=2))[0][0]
+    damaged = tmp_path / "gen"
+    shutil.copytree(task.path, damaged)
+    table = max(damaged.glob("*.ldb"), key=lambda p: p.stat().st_size)
+    raw = bytearray(table.read_bytes())
+    raw[len(raw) // 3:len(raw) // 3 + 40] = bytes(40)
+    table.write_bytes(bytes(raw))
+    problems: list[slabs.Skipped] = []
+    rows = list(slabs.read_tasks(
+        [slabs.SlabTask(str(damaged), *(task.shard, task.generation, task.messages,
+                                        task.streams))],
+        slabs.Selection(), False, problems.append))
+    assert rows == []
+    assert [p.reason.split(":")[0] for p in problems] == ["corrupt"], problems
 
 
 def test_a_vanished_slab_is_reported(written, tmp_path) -> None:
