@@ -94,12 +94,29 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
             _run("down.sh", env, 120)
 
 
+def keep_logs(node: Testbed, namespace: str) -> Path:
+    """Every container's whole log (and its previous run's) in the namespace, for what a
+    failure message cuts short: under $K8S_E2E_LOGS, else in the node's directory (which
+    pytest removes after a few more sessions)."""
+    kept = Path(os.environ.get("K8S_E2E_LOGS", node.root / "logs")) / namespace
+    kept.mkdir(parents=True, exist_ok=True)
+    pods = node.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout
+    for pod in pods.split():
+        for previous in ("false", "true"):
+            log = node.kubectl("logs", "-n", namespace, pod, "--all-containers",
+                               "--timestamps", f"--previous={previous}", check=False)
+            suffix = ".previous" if previous == "true" else ""
+            (kept / f"{pod.split('/')[-1]}{suffix}.log").write_text(log.stdout + log.stderr)
+    return kept
+
+
 @pytest.fixture
 def release(node: Testbed) -> Iterator[tuple[str, str]]:
     """A namespace for one `helm install` (release `mq`), uninstalled afterwards."""
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
     node.kubectl("create", "namespace", namespace)
     yield namespace, "mq"
+    keep_logs(node, namespace)
     subprocess.run(["helm", "uninstall", "mq", "-n", namespace, "--wait", "--timeout", "60s"],
                    env=node.env, capture_output=True, timeout=120, check=False)
     node.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
