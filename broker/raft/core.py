@@ -35,6 +35,7 @@ from broker.raft.messages import (
     NORMAL,
     AppendEntries,
     AppendResponse,
+    Commit,
     Config,
     Entry,
     Heartbeat,
@@ -176,11 +177,11 @@ class RaftGroup:
                     self._become_follower(m.term, None)
             elif not (isinstance(m, VoteResponse) and m.pre_vote and m.granted):
                 # (A pre-vote grant carries the term the pre-candidate would take.)
-                leads = isinstance(m, (AppendEntries, Heartbeat, InstallSnapshot))
+                leads = isinstance(m, (AppendEntries, Heartbeat, Commit, InstallSnapshot))
                 self._become_follower(m.term, sender if leads else None)
         elif m.term < self.term:
             self.stale_messages += 1
-            if isinstance(m, (AppendEntries, Heartbeat)):
+            if isinstance(m, (AppendEntries, Heartbeat, Commit)):
                 # A deposed leader learns of the newer term and steps down.
                 self._reply(sender, AppendResponse(self.group, self.term, False, 0, 0))
             elif isinstance(m, RequestVote) and m.pre_vote:
@@ -190,6 +191,8 @@ class RaftGroup:
             self._on_append(sender, m)
         elif isinstance(m, Heartbeat):
             self._on_heartbeat(sender, m)
+        elif isinstance(m, Commit):
+            self._on_commit(sender, m.commit)
         elif isinstance(m, InstallSnapshot):
             self._on_snapshot(sender, m)
         elif isinstance(m, RequestVote):
@@ -306,12 +309,15 @@ class RaftGroup:
     # ---------------------------------------------------------------- outputs
 
     def has_ready(self) -> bool:
+        # The shell asks every group after every event-loop turn: the likely answers come
+        # first and nothing is allocated.
+        emitted = self._emitted
         return bool(
-            self._unstable or self._snapshot is not None or self._messages
-            or self._after_persist or self._chunks or self._snapshot_requests
+            self._unstable or self._messages or self._to_replicate or self._after_persist
+            or (self._handed < self.commit and self._handed < self.persisted_index)
+            or emitted.term != self.term or emitted.vote != self.vote
+            or self._snapshot is not None or self._chunks or self._snapshot_requests
             or self._reads_ready or self._reads_failed or self._role_changed
-            or self._to_replicate or self._emitted != HardState(self.term, self.vote)
-            or self._handed < min(self.commit, self.persisted_index)
             or (bool(self._reads_unconfirmed) and self._committed_in_term
                 and self.role == LEADER))
 
@@ -488,13 +494,13 @@ class RaftGroup:
                 return
             entries = log.slice(pr.next, self.max_append_bytes) if prev < log.last_index else []
             if not entries and pr.state == REPLICATE:
-                if pr.commit_sent < self.commit:
+                commit = min(pr.match, self.commit)
+                if pr.commit_sent < commit:
                     # Only the commit index is news. Sent now rather than with the next
                     # heartbeat: a follower applies (and answers a command forwarded
                     # through it) a heartbeat interval sooner.
-                    self._messages.append((peer, AppendEntries(
-                        self.group, self.term, prev, prev_term, self.commit, [])))
-                    pr.commit_sent = self.commit
+                    self._messages.append((peer, Commit(self.group, self.term, commit)))
+                    pr.commit_sent = commit
                 return
             self._messages.append((peer, AppendEntries(
                 self.group, self.term, prev, prev_term, self.commit, entries)))
@@ -562,7 +568,7 @@ class RaftGroup:
                 self._maybe_commit()
             elif pr.state == PROBE:
                 pr.probe_sent = False
-            if pr.match < self.log.last_index:
+            if pr.match < self.log.last_index or pr.commit_sent < min(pr.match, self.commit):
                 self._to_replicate[sender] = None
             return
         if m.index <= pr.match or (pr.state == PROBE and m.index != pr.next - 1):
@@ -600,13 +606,18 @@ class RaftGroup:
                 self.group, self.term, commit, self._heartbeat_seq)))
 
     def _on_heartbeat(self, sender: str, m: Heartbeat) -> None:
+        self._on_commit(sender, m.commit)
+        self._reply(sender, HeartbeatResponse(self.group, self.term, m.seq))
+
+    def _on_commit(self, sender: str, commit: int) -> None:
+        """A heartbeat's or a commit notice's index: the leader caps it at what this
+        server is known to match, so every entry up to it is the leader's."""
         if self.role != FOLLOWER:
             self._become_follower(self.term, sender)
         self.leader = sender
         self._elapsed = 0
-        if m.commit > self.commit:
-            self.commit = min(m.commit, self.log.last_index)
-        self._reply(sender, HeartbeatResponse(self.group, self.term, m.seq))
+        if commit > self.commit:
+            self.commit = min(commit, self.log.last_index)
 
     def _on_heartbeat_response(self, sender: str, pr: Progress, m: HeartbeatResponse) -> None:
         if m.seq > pr.heartbeat_seq:

@@ -106,6 +106,19 @@ class Heartbeat:
 
 
 @dataclass(slots=True)
+class Commit:
+    """A new commit index (at most what the follower is known to match), sent as soon as
+    the leader has it so a follower applies without waiting for the next append or
+    heartbeat. Unanswered: an answer would tell the leader nothing it does not know, and
+    one commit notice per follower per entry would otherwise cost the leader an extra
+    message to read per entry; a lost one is made good by the next heartbeat."""
+
+    group: int
+    term: int
+    commit: int
+
+
+@dataclass(slots=True)
 class HeartbeatResponse:
     group: int
     term: int
@@ -158,7 +171,7 @@ class SnapshotResponse:
 
 
 Message = (AppendEntries | AppendResponse | Heartbeat | HeartbeatResponse | RequestVote
-           | VoteResponse | InstallSnapshot | SnapshotResponse)
+           | VoteResponse | InstallSnapshot | SnapshotResponse | Commit)
 
 _TYPE_APPEND: Final = 1
 _TYPE_APPEND_RESPONSE: Final = 2
@@ -168,6 +181,7 @@ _TYPE_VOTE: Final = 5
 _TYPE_VOTE_RESPONSE: Final = 6
 _TYPE_SNAPSHOT: Final = 7
 _TYPE_SNAPSHOT_RESPONSE: Final = 8
+_TYPE_COMMIT: Final = 9
 
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
@@ -181,6 +195,7 @@ _VOTE: Final = struct.Struct(">BIQQQB")
 _VOTE_RESPONSE: Final = struct.Struct(">BIQBB")
 _SNAPSHOT: Final = struct.Struct(">BIQQQQB")
 _SNAPSHOT_RESPONSE: Final = struct.Struct(">BIQQQB")
+_COMMIT: Final = struct.Struct(">BIQQ")
 
 
 def encode_entries(entries: list[Entry]) -> bytes:
@@ -246,6 +261,8 @@ def encode(message: Message) -> bytes:
             _SNAPSHOT.pack(_TYPE_SNAPSHOT, message.group, message.term, message.index,
                            message.snapshot_term, message.offset, message.done),
             message.config.encode(), _U32.pack(len(message.data)), message.data))
+    if isinstance(message, Commit):
+        return _COMMIT.pack(_TYPE_COMMIT, message.group, message.term, message.commit)
     return _SNAPSHOT_RESPONSE.pack(_TYPE_SNAPSHOT_RESPONSE, message.group, message.term,
                                    message.index, message.offset, message.done)
 
@@ -288,6 +305,9 @@ def decode(data: bytes) -> Message:
             _expect_end(data, _SNAPSHOT_RESPONSE.size)
             _, _, _, index, offset, done = _SNAPSHOT_RESPONSE.unpack(data)
             return SnapshotResponse(group, term, index, offset, bool(done))
+        if kind == _TYPE_COMMIT:
+            _expect_end(data, _COMMIT.size)
+            return Commit(group, term, _COMMIT.unpack(data)[3])
     except struct.error as exc:
         raise MalformedMessage(str(exc)) from None
     raise MalformedMessage(f"unknown message type {kind}")

@@ -2,23 +2,32 @@
 
 All I/O of Raft happens here, and little else: ticks drive every group from one timer;
 whatever the groups produce during an event-loop turn is collected by one `flush` at the end
-of the turn (RaftHost.flush); a writer task writes the turn's log batch and fdatasyncs it in
-a worker thread, so the event loop never waits for the disk, then releases the messages that
-waited for it (vote grants, acknowledgements) and lets the groups commit. Batches that pile
-up while an fsync runs share the next one.
+of the turn (RaftHost.flush); the log's own thread writes the turn's log batch and
+fdatasyncs it, so the event loop never waits for the disk, then the loop releases the
+messages that waited for it (vote grants, acknowledgements) and lets the groups commit.
+Batches that pile up while an fsync runs share the next one.
+
+The write starts from the flush and its end comes back as one callback, with no task or
+future between: on a follower the write is on every commit's path (append, fsync, answer),
+and each hop through the event loop there is a turn, under load a wait for the CPU.
 
 Peers are reached through a `Transport` (the cluster links); what arrives from one is handed
 to `receive`.
 """
 
 import asyncio
+import contextlib
+import logging
 import random
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from broker.raft.core import RaftGroup
 from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport
 from broker.raft.ready import SnapshotMeta
 from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
+
+log = logging.getLogger(__name__)
 
 
 class CommandLost(Exception):
@@ -43,12 +52,13 @@ class RaftNode:
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
         self._to_write: list[HostBatch] = []
-        self._writing = asyncio.Event()
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
-        self._committing: asyncio.Future[None] | None = None
+        # One thread of its own: an fsync never queues behind the default executor's work.
+        self._disk = ThreadPoolExecutor(1, thread_name_prefix=f"raft-wal-{node_id}")
+        self._committing: Future[None] | None = None
+        self._failed = False
         self._closed = False
-        self._tasks = [self._loop.create_task(self._ticker()),
-                       self._loop.create_task(self._writer())]
+        self._tasks = [self._loop.create_task(self._ticker())]
 
     def add_group(self, group: int, machine: StateMachine,
                   voters: frozenset[str] = frozenset(), applied: int = 0,
@@ -128,7 +138,8 @@ class RaftNode:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._committing is not None:
-            await asyncio.wait([self._committing])
+            await asyncio.wait([asyncio.wrap_future(self._committing)])
+        self._disk.shutdown()
         self.wal.close()
         for _, future in self._waiters:
             future.cancel()
@@ -147,7 +158,8 @@ class RaftNode:
         batch = self.host.flush()
         if batch is not None and batch.wal is not None:
             self._to_write.append(batch)
-            self._writing.set()
+            if self._committing is None:
+                self._write()
         if self._waiters:
             waiting = self._waiters
             self._waiters = []
@@ -165,23 +177,44 @@ class RaftNode:
             self.host.tick()
             self._schedule_flush()
 
-    async def _writer(self) -> None:
-        while True:
-            await self._writing.wait()
-            self._writing.clear()
-            batches, self._to_write = self._to_write, []
-            wal_batches = [batch.wal for batch in batches if batch.wal is not None]
-            self._committing = self._loop.run_in_executor(None, self._commit, wal_batches)
-            await asyncio.shield(self._committing)
-            self._committing = None
-            for batch in batches:
-                self.host.synced(batch)
-            self._schedule_flush()
+    def _write(self) -> None:
+        """Hands what waits to the log's thread: its batches share one fdatasync."""
+        if self._failed:
+            return  # after a failed fsync nothing written since may be trusted: see _written
+        batches, self._to_write = self._to_write, []
+        wal_batches = [batch.wal for batch in batches if batch.wal is not None]
+        self._committing = self._disk.submit(self._commit, wal_batches, batches)
 
-    def _commit(self, batches: list[WalBatch]) -> None:
+    def _commit(self, wal_batches: list[WalBatch], batches: list[HostBatch]) -> None:
+        """In the log's thread."""
+        error: BaseException | None = None
+        try:
+            for batch in wal_batches:
+                self.wal.write(batch)
+            self.wal.sync(wal_batches)
+        except BaseException as exc:  # reported on the loop; this thread has no one to tell
+            error = exc
+        # (RuntimeError: the loop is closed, nobody waits for this write any more.)
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._written, batches, error)
+
+    def _written(self, batches: list[HostBatch], error: BaseException | None) -> None:
+        self._committing = None
+        if self._closed:
+            return
+        if error is not None:
+            # A failed fsync may have dropped the written pages (the kernel forgets the
+            # error once reported): retrying could report success for lost data. The node
+            # stops persisting, so it acknowledges nothing more, until restarted.
+            self._failed = True
+            log.critical("Raft write-ahead log: write or fsync failed; this node stops "
+                         "acknowledging until it is restarted", exc_info=error)
+            return
         for batch in batches:
-            self.wal.write(batch)
-        self.wal.sync(batches)
+            self.host.synced(batch)
+        if self._to_write:
+            self._write()
+        self._schedule_flush()
 
 
 def _settle(future: "asyncio.Future[bool]", ok: bool) -> None:

@@ -9,6 +9,7 @@ from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup
 from broker.raft.messages import (
     AppendEntries,
     AppendResponse,
+    Commit,
     Config,
     Entry,
     RequestVote,
@@ -243,3 +244,28 @@ def test_followers_learn_a_new_commit_index_without_waiting_for_a_heartbeat() ->
     cluster.settle()  # no tick: no heartbeat goes out
     assert leader.commit >= index
     assert all(cluster.cores[n].commit >= index for n in ("b", "c"))
+
+
+def test_a_commit_notice_names_only_what_the_follower_matches_and_is_not_answered() -> None:
+    """The notice is not checked against the follower's log as an append is, so it may
+    name only entries the follower acknowledged; answering it would cost the leader one
+    more message per entry and follower and tell it nothing."""
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    cluster.settle()
+    b = cluster.cores["b"]
+    index, _ = leader.propose(b"x")
+    ready = leader.ready()
+    leader.persisted(ready.seq)
+    b.step("a", dict(ready.messages)["b"])  # c's copy is still on its way
+    ready_b = b.ready()
+    b.persisted(ready_b.seq)
+    ((_, acknowledgement),) = ready_b.after_persist
+    leader.step("b", acknowledgement)
+    notices = dict(leader.ready().messages)
+    assert leader.commit == index
+    assert notices == {"b": Commit(1, leader.term, index)}  # c matches none of it yet
+    b.step("a", notices["b"])
+    assert b.commit == index
+    answer = b.ready()
+    assert not answer.messages and not answer.after_persist
