@@ -9,7 +9,8 @@ payloads) with the DS library and seals them, then measures:
   - per-job cost: the same one-message job again, in the warm session;
   - stats: the stats job (`stats.main`, output to Parquet) over the N messages, in the same
     session.
-Each timing but the start-up is the median of --repeat runs (the machine is shared).
+Each timing but the start-up is the median of --repeat runs (the machine is shared; the
+1-minute load averages before and after are reported beside them).
 messages/s of the job = N / stats (in a warm session, its fixed per-job cost included, so
 noise cannot make it look better than it is); the ratio is that over plyvel's. The marginal
 rate leaves the per-job cost out: N / (stats - per-job cost).
@@ -96,6 +97,7 @@ def main() -> None:
         write(tiny, 1)
         print(f"wrote {args.messages} messages in {time.perf_counter() - started:.1f} s")
 
+        load_before = os.getloadavg()[0]
         assert plyvel_scan(big) == args.messages
         plyvel_s = median_of(args.repeat, lambda: plyvel_scan(big))
         spark_s = timed(lambda: slabframe.session("bench", "local[2]"))
@@ -117,6 +119,8 @@ def main() -> None:
             "per_job_s": round(job_s, 2), "stats_s": round(stats_s, 2),
             "stats_msgs_per_s": round(args.messages / stats_s),
             "marginal_msgs_per_s": round(args.messages / max(stats_s - job_s, 1e-3)),
+            # the machine is shared: what else ran, as 1-minute load averages
+            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
         }
         results["ratio_to_plyvel"] = round(
             results["stats_msgs_per_s"] / results["plyvel_msgs_per_s"], 2)
