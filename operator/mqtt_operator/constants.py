@@ -11,7 +11,7 @@ KIND = "MQTTCluster"
 PLURAL = "mqttclusters"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-CONTRACT_VERSION = "v5"
+CONTRACT_VERSION = "v6"
 DB = "messages"
 FIELD_MANAGER = "mqtt-operator"
 
@@ -29,6 +29,7 @@ PLACEMENT_DIR = "/etc/mqtt/placement"
 COOKIE_DIR = "/etc/mqtt/cookie"
 API_KEY_DIR = "/etc/mqtt/api-key"
 DATA_DIR = "/data"
+SITE_ID_FILE = "ds/site_id"  # under DATA_DIR: where a broker keeps its site (broker/ds/site.py)
 CONFIG_FILE = "broker.toml"
 PLACEMENT_FILE = "placement.json"
 COOKIE_KEY = "cookie"
@@ -79,6 +80,11 @@ def broker_account_name(cluster: str) -> str:
     """The brokers' ServiceAccount (and its Role and RoleBinding): peer discovery reads the
     headless Service's Endpoints with it."""
     return f"{cluster}-broker"
+
+
+# On a broker pod: the site the operator bound to the pod's claim (its volume). A pod on a
+# volume that holds no site yet starts only with it (contract section 2).
+SITE_ANNOTATION = f"{GROUP}/site-id"
 
 
 def data_claim_name(cluster: str, ordinal: int) -> str:

@@ -27,6 +27,7 @@ _PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "Pod": "pods",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors",
@@ -132,6 +133,18 @@ class Kube:
         """Gone already counts as done: another reconcile or the GC may have been first."""
         try:
             self.request("DELETE", url)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def annotate(self, api_version: str, kind: str, namespace: str, name: str,
+                 annotations: Mapping[str, str]) -> None:
+        """A merge patch, not apply: apply would create an object gone meanwhile (a pod the
+        StatefulSet replaced), and gone counts as done."""
+        try:
+            self.request("PATCH", path(api_version, kind, namespace, name),
+                         body={"metadata": {"annotations": dict(annotations)}},
+                         content_type="application/merge-patch+json")
         except ApiException as error:
             if error.status != 404:
                 raise

@@ -18,10 +18,16 @@ Manifest = dict[str, Any]
 
 # How a pod finds its site ID: its ordinal is the suffix of its name, and the operator has
 # published ordinal -> site ID in the sites ConfigMap before the pod can exist. A missing
-# entry stops the container (set -e) rather than let the broker invent a random site.
+# entry stops the container (set -e) rather than let the broker invent a random site. A
+# volume that holds no site yet (new, or replacing a lost one) takes the site the operator
+# bound to the pod's claim, from the pod's annotation: until the operator has written it,
+# the container exits (and the kubelet starts it again, reading the annotation anew), so a
+# new volume never starts under the site of the one it replaces.
 POD_SCRIPT = (
     'set -eu; ordinal="${POD_NAME##*-}"; '
     'site="$(cat "$MQTT_SITES_DIR/$ordinal")"; '
+    f'if [ ! -e "$MQTT_DATA_DIR/{c.SITE_ID_FILE}" ]; then '
+    'site="${MQTT_VOLUME_SITE:?a new volume waits for the operator to name its site}"; fi; '
     f'exec broker run --config "$MQTT_CONFIG_DIR/{c.CONFIG_FILE}" '
     '--set "node.name=broker@$POD_NAME.$MQTT_HEADLESS_SERVICE.$POD_NAMESPACE.svc" '
     '--set "node.site_id=$site"'
@@ -182,6 +188,8 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             _env("MQTT_HEADLESS_SERVICE", c.headless_service_name(cluster.name)),
             _env("MQTT_CONFIG_DIR", c.CONFIG_DIR),
             _env("MQTT_SITES_DIR", c.SITES_DIR),
+            _env("MQTT_DATA_DIR", c.DATA_DIR),
+            _env("MQTT_VOLUME_SITE", field=f"metadata.annotations['{c.SITE_ANNOTATION}']"),
         ],
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"}
                   for name, port in _pod_ports(cluster)],

@@ -187,6 +187,7 @@ class _Pass:
         self.current: int = self.statefulset["spec"]["replicas"] if self.statefulset else 0
         self.pods: dict[int, status.PodView] = {}
         self.ids: dict[int, str] = {}
+        self.claims: dict[int, str] = {}  # ordinal -> UID of its claim as it exists now
         self.credentials: Credentials = None
         self.reports: dict[str, SiteReport] = {}
         self.lost_secrets: list[tuple[str, str]] = []  # (condition reason, what is wrong)
@@ -195,9 +196,10 @@ class _Pass:
     def run(self) -> Outcome:
         self.ids = self.assign_sites()
         config_text = self.apply_children()
-        self.pods = status.pod_views(self.kube.list(
-            "v1", "Pod", self.cluster.namespace, c.selector_labels(self.cluster.name)),
-            self.cluster.name)
+        pods = self.kube.list("v1", "Pod", self.cluster.namespace,
+                              c.selector_labels(self.cluster.name))
+        self.name_pod_sites(status.by_ordinal(pods, self.cluster.name))
+        self.pods = status.pod_views(pods, self.cluster.name)
         plan = self.place()
         replicas, drain = self.scale(plan.leaving)
         self.kube.apply(manifests.statefulset(self.cluster, replicas, config_text))
@@ -215,18 +217,42 @@ class _Pass:
 
     def assign_sites(self) -> dict[int, str]:
         """Site IDs for every ordinal up to the larger of spec and StatefulSet, published
-        before any pod that reads them starts."""
+        before any pod that reads them starts; a new ID for an ordinal whose claim (volume)
+        was replaced. Records each site's claim."""
         cluster, kube = self.cluster, self.kube
         map_name = c.sites_map_name(cluster.name)
-        known = sites.merge_known(
-            _data(kube.get(path("v1", "ConfigMap", cluster.namespace, map_name))),
-            self.previous.get("siteIds"))
-        ids = sites.assign(known, max(cluster.replicas, self.current))
-        kube.apply(manifests.config_map(cluster, map_name, sites.as_data(ids)))
-        fresh = [f"{ordinal} -> {site}" for ordinal, site in ids.items() if ordinal not in known]
+        published = _data(kube.get(path("v1", "ConfigMap", cluster.namespace, map_name)))
+        known = sites.merge_known(published, self.previous.get("siteIds"))
+        claims = {ordinal: claim["metadata"]["uid"]
+                  for ordinal, claim in status.by_ordinal(kube.list(
+                      "v1", "PersistentVolumeClaim", cluster.namespace,
+                      c.selector_labels(cluster.name)), cluster.name, "data-").items()}
+        rebound = sites.rebind(sites.assign(known, max(cluster.replicas, self.current)),
+                               sites.bound_claims(published), claims)
+        for ordinal, old in rebound.replaced.items():
+            self.emit("Warning", "SiteReplaced", (
+                f"claim {c.data_claim_name(cluster.name, ordinal)} is a new volume: pod"
+                f" ordinal {ordinal} is site {rebound.ids[ordinal]} now; site {old} is gone"
+                f" with its old volume (its replicas are placed on other sites)"))
+        kube.apply(manifests.config_map(cluster, map_name,
+                                        sites.as_map_data(rebound.ids, rebound.claims)))
+        fresh = [f"{ordinal} -> {site}" for ordinal, site in rebound.ids.items()
+                 if ordinal not in known]
         if fresh:
             self.emit("Normal", "SitesAssigned", "site IDs by pod ordinal: " + ", ".join(fresh))
-        return ids
+        self.claims = claims
+        return rebound.ids
+
+    def name_pod_sites(self, pods: Mapping[int, Mapping[str, Any]]) -> None:
+        """Each pod whose claim is bound gets its site as an annotation: what a pod on a
+        volume without a site yet waits for (contract section 2)."""
+        for ordinal, pod in pods.items():
+            site = self.ids.get(ordinal)
+            annotations = pod["metadata"].get("annotations") or {}
+            if (site is not None and ordinal in self.claims
+                    and annotations.get(c.SITE_ANNOTATION) != site):
+                self.kube.annotate("v1", "Pod", self.cluster.namespace,
+                                   pod["metadata"]["name"], {c.SITE_ANNOTATION: site})
 
     def apply_children(self) -> str:
         """The config, the Secrets, the Services, the brokers' ServiceAccount and RBAC, the

@@ -16,18 +16,25 @@ class PodView:
     ip: str | None
 
 
+def by_ordinal(objects: Sequence[Mapping[str, Any]], cluster: str, prefix: str = ""
+               ) -> dict[int, Mapping[str, Any]]:
+    """The StatefulSet's pods (or, with prefix `data-`, their claims) by ordinal: the
+    name's suffix."""
+    found = {}
+    for item in objects:
+        base, _, ordinal = item["metadata"]["name"].removeprefix(prefix).rpartition("-")
+        if base == cluster and ordinal.isdigit():
+            found[int(ordinal)] = item
+    return found
+
+
 def pod_views(pods: Sequence[Mapping[str, Any]], cluster: str) -> dict[int, PodView]:
-    """Pods by ordinal; the ordinal is the StatefulSet's name suffix."""
     views = {}
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        prefix, _, ordinal = name.rpartition("-")
-        if prefix != cluster or not ordinal.isdigit():
-            continue
+    for ordinal, pod in by_ordinal(pods, cluster).items():
         status = pod.get("status") or {}
         ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
                     for cond in status.get("conditions") or ())
-        views[int(ordinal)] = PodView(name, ready, status.get("podIP"))
+        views[ordinal] = PodView(pod["metadata"]["name"], ready, status.get("podIP"))
     return views
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from broker.config.loader import load_config
 from broker.http.auth import ADMINISTRATOR, VIEWER, parse_api_keys
-from mqtt_operator import placement
+from mqtt_operator import constants as c
+from mqtt_operator import placement, sites
 from tests.k8s.conftest import (
     FakeBrokers,
     Testbed,
@@ -214,7 +215,8 @@ def test_apply_creates_owned_children_status_events_and_metrics(
         assert full["transitions"] == []  # a first plan creates shards, it moves nothing
         assert all(len(members) == 3 for members in status["shards"].values())
         sites_map = testbed.get("configmap", "alpha-sites", namespace)["data"]
-        assert sites_map == full["siteIds"]  # what pods read is what status shows
+        # What pods read is what status shows (beside each site's claim).
+        assert sites.merge_known(sites_map, None) == sites.merge_known(full["siteIds"], None)
         assert {"SitesAssigned", "PlacementChanged"} <= set(eventually(
             lambda: event_reasons(testbed, namespace, "alpha")))
         # Broker pods becoming ready (reported by the test: no kubelet here) show in status.
@@ -354,7 +356,8 @@ def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(
         back = eventually(lambda: (s := status_of(testbed, namespace, "beta"))[
             "siteCount"] == 4 and s)
         assert back["siteIds"] == ids5  # ordinals 2 and 3 come back as the same sites
-        assert testbed.get("configmap", "beta-sites", namespace)["data"] == ids5
+        assert sites.merge_known(testbed.get("configmap", "beta-sites", namespace)["data"],
+                                 None) == sites.merge_known(ids5, None)
 
 
 def test_a_spec_edited_back_while_transitions_are_pending_is_reconciled(
@@ -388,6 +391,49 @@ def test_a_spec_edited_back_while_transitions_are_pending_is_reconciled(
                    what="the StatefulSet back at three")
     assert {"DrainStarted", "DrainConfirmed", "ScaledDown"} <= set(
         event_reasons(testbed, namespace, "eps"))
+
+
+def test_a_pod_whose_volume_was_replaced_gets_a_new_site(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    """Each site is bound to its claim's UID; a lost volume (claim deleted, the StatefulSet
+    makes a new one) must not come back under the old site, which brokers refuse."""
+
+    def annotated(pod: str) -> str | None:
+        found = testbed.find("pod", pod, namespace)
+        return ((found or {}).get("metadata", {}).get("annotations") or {}).get(
+            c.SITE_ANNOTATION)
+
+    def claim_uid() -> str | None:
+        found = testbed.find("pvc", "data-zeta-1", namespace)
+        return None if found is None else str(found["metadata"]["uid"])
+
+    with operator():
+        testbed.apply(cluster_manifest("zeta", replicas=2,
+                                       durableStorage={"replicationFactor": 2}), namespace)
+        ids = eventually(lambda: status_of(testbed, namespace, "zeta").get("siteIds"))
+        for ordinal in range(2):
+            eventually(lambda o=ordinal: annotated(f"zeta-{o}") == ids[str(o)],
+                       what=f"zeta-{ordinal} named its site")
+        old_claim = claim_uid()
+        assert testbed.get("configmap", "zeta-sites", namespace)["data"]["claim-1"] == old_claim
+
+        testbed.kubectl("delete", "pvc", "data-zeta-1", "-n", namespace, "--wait=false")
+        testbed.kubectl("delete", "pod", "zeta-1", "-n", namespace)
+        new_claim = eventually(lambda: (uid := claim_uid()) not in (None, old_claim) and uid,
+                               what="the StatefulSet's new claim")
+        new_site = eventually(lambda: (s := status_of(testbed, namespace, "zeta")[
+            "siteIds"]["1"]) != ids["1"] and s, what="a new site for ordinal 1")
+        eventually(lambda: annotated("zeta-1") == new_site, what="the new pod named it")
+        data = testbed.get("configmap", "zeta-sites", namespace)["data"]
+        assert data == {"0": ids["0"], "1": new_site, "claim-0": data["claim-0"],
+                        "claim-1": new_claim}
+        assert annotated("zeta-0") == ids["0"]  # the kept volume keeps its site
+        plan = eventually(lambda: (p := published_plan(testbed, namespace, "zeta"))[
+            "sites"] == [ids["0"], new_site] and p, what="the plan on the new site")
+        assert all(ids["1"] not in members for members in plan["shards"].values())
+    events = [e for e in testbed.items("events", namespace) if e["reason"] == "SiteReplaced"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert ids["1"] in events[0]["message"] and new_site in events[0]["message"]
 
 
 def test_unreachable_brokers_are_recorded_and_the_shrink_proceeds(

@@ -9,6 +9,7 @@ import pytest
 
 from broker.cluster.discovery import RPC_PORT_NAME
 from broker.config.loader import ConfigError, load_config
+from broker.ds.site import ensure_site_id, read_site_id
 from broker.http.auth import ADMINISTRATOR, VIEWER, ApiKeys
 from mqtt_operator import broker_config, manifests
 from mqtt_operator import constants as c
@@ -166,9 +167,12 @@ def pod(tmp_path: Path) -> dict[str, str]:
     fake.write_text("#!/bin/sh\n"
                     "exec python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n")
     fake.chmod(0o755)
+    # A volume that holds its site, where the broker keeps it (a cluster node's DS root).
+    ensure_site_id(tmp_path / "data" / "ds", "A1B2C3D4E5F60002")
     return {"PATH": f"{fake.parent}:{os.environ['PATH']}", "POD_NAMESPACE": "prod",
             "MQTT_HEADLESS_SERVICE": "mqc-headless", "MQTT_SITES_DIR": str(tmp_path / "sites"),
-            "MQTT_CONFIG_DIR": str(tmp_path / "config")}
+            "MQTT_CONFIG_DIR": str(tmp_path / "config"), "MQTT_DATA_DIR": str(tmp_path / "data"),
+            "MQTT_VOLUME_SITE": ""}  # the downward API's value of an absent annotation
 
 
 def run_pod(env: dict[str, str], pod_name: str) -> subprocess.CompletedProcess[str]:
@@ -194,3 +198,17 @@ def test_pod_without_a_published_site_id_refuses_to_start(pod: dict[str, str]) -
     done = run_pod(pod, "mqc-7")
     assert done.returncode != 0
     assert done.stdout == ""  # the broker never ran with a made-up site
+
+
+def test_a_new_volume_takes_the_site_the_operator_bound_to_its_claim(
+        pod: dict[str, str], tmp_path: Path) -> None:
+    """The site file is where the broker keeps it, and the command looks there."""
+    assert read_site_id(tmp_path / "data" / "ds") is not None
+    (Path(pod["MQTT_DATA_DIR"]) / c.SITE_ID_FILE).unlink()  # a new (or replaced) volume
+    waiting = run_pod(pod, "mqc-1")
+    assert waiting.returncode != 0 and waiting.stdout == ""  # no site named yet: no broker
+    assert "waits for the operator to name its site" in waiting.stderr
+    done = run_pod({**pod, "MQTT_VOLUME_SITE": "0123456789abcdef"}, "mqc-1")
+    assert done.returncode == 0, done.stderr
+    args = json.loads(done.stdout)
+    assert "node.site_id=0123456789abcdef" in args  # the bound site, not the ordinal's old one

@@ -41,3 +41,24 @@ def test_published_map_wins_and_status_restores_what_the_map_lost() -> None:
     assert merged == {0: "A", 1: "B", 2: "C"}
     assert sites.as_data(merged) == {"0": "A", "1": "B", "2": "C"}
     assert sites.merge_known(None, None) == {}
+
+
+def test_a_replaced_claim_gets_a_new_site_and_a_kept_one_keeps_its_site() -> None:
+    ids = {0: "a", 1: "b", 2: "c"}
+    first = sites.rebind(ids, {}, {0: "u0", 1: "u1"})  # before binding: claims adopted
+    assert (first.ids, first.claims, first.replaced) == (ids, {0: "u0", 1: "u1"}, {})
+    lost = sites.rebind(first.ids, first.claims, {0: "u0", 1: "u1-new", 2: "u2"},
+                        lambda: "d")
+    assert lost.ids == {0: "a", 1: "d", 2: "c"}
+    assert lost.replaced == {1: "b"}
+    assert lost.claims == {0: "u0", 1: "u1-new", 2: "u2"}
+    # A claim not there (scaled down, or not created yet) keeps its binding and its site.
+    again = sites.rebind(lost.ids, lost.claims, {0: "u0"})
+    assert (again.ids, again.claims, again.replaced) == (lost.ids, lost.claims, {})
+
+
+def test_the_sites_map_holds_claims_beside_ordinals_and_reads_back() -> None:
+    data = sites.as_map_data({0: "a", 1: "b"}, {1: "u1"})
+    assert data == {"0": "a", "1": "b", "claim-1": "u1"}
+    assert sites.merge_known(data, None) == {0: "a", 1: "b"}
+    assert sites.bound_claims(data) == {1: "u1"}
