@@ -152,9 +152,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     return args
 
 
-def session(app_name: str, master: str | None = None) -> SparkSession:
+def session(app_name: str, master: str | None = None, lean_jvm: bool = False) -> SparkSession:
     """Times in UTC (hours and dates of the output do not depend on the machine), and the
-    executor-side modules shipped with the job so spark-submit needs no --py-files."""
+    executor-side modules shipped with the job so spark-submit needs no --py-files.
+    `lean_jvm`: for a job whose rows never reach the JVM (see _local_jvm_options)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     local = (master or "local").startswith("local")
     if local:
@@ -168,7 +169,7 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
         conf.setIfMissing("spark.driver.host", "127.0.0.1")
         conf.setIfMissing("spark.ui.enabled", "false")
         if "PYSPARK_GATEWAY_PORT" not in os.environ:  # else spark-submit started the JVM
-            conf.setIfMissing("spark.driver.extraJavaOptions", _local_jvm_options())
+            conf.setIfMissing("spark.driver.extraJavaOptions", _local_jvm_options(lean_jvm))
         # On one machine a shuffle partition per core: the default 200 cost seconds of task
         # overhead, and adaptive execution re-plans every stage of jobs that take a second
         # (and runs each as a job of its own): ~1 s of a warm stats job on local[2].
@@ -192,14 +193,16 @@ def _local_cores(master: str | None) -> int:
     return os.cpu_count() or 1 if found.group(1) == "*" else int(found.group(1))
 
 
-def _local_jvm_options() -> str:
+def _local_jvm_options(lean: bool) -> str:
     """The JVM of a local session: the classes Spark loads mapped from an archive (AppCDS)
-    instead of found, read and verified in ~250 jars; only the quick JIT compiler (C1)
-    and the serial collector. The JVM of these jobs mostly plans, schedules and writes
-    small results (the rows are aggregated in Python, hourly.py): C2 and the parallel
-    collector's threads spent twice the CPU of a whole small job on themselves, on the
-    same two cores as the Python workers (measured: 1.4 against 0.6 CPU-s per warm job)."""
-    return f"{_class_data_sharing()} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC".strip()
+    instead of found, read and verified in ~250 jars. A lean one also has only the quick
+    JIT compiler (C1) and the serial collector: when the JVM only plans, schedules and
+    writes small results (stats: the rows are aggregated in Python, hourly.py), C2 and the
+    collector's threads cost twice the CPU of the whole warm job, on the cores the Python
+    workers need (1.4 against 0.6 CPU-s). Where the JVM handles every row (export writes
+    them to Parquet) C2 pays: C1 took 1.7x its CPU for 1M messages."""
+    lean_options = " -XX:TieredStopAtLevel=1 -XX:+UseSerialGC" if lean else ""
+    return f"{_class_data_sharing()}{lean_options}".strip()
 
 
 def _class_data_sharing() -> str:
@@ -221,14 +224,16 @@ def _class_data_sharing() -> str:
 
 
 @contextmanager
-def job_session(app_name: str, master: str | None) -> Iterator[SparkSession]:
+def job_session(
+    app_name: str, master: str | None, lean_jvm: bool = False
+) -> Iterator[SparkSession]:
     """The session a job runs in: the caller's if one is active (tests and notebooks run
     several jobs in one JVM), else a new one, stopped at the end."""
     active = SparkSession.getActiveSession()
     if active is not None:
         yield active
         return
-    spark = session(app_name, master)
+    spark = session(app_name, master, lean_jvm)
     try:
         yield spark
     finally:

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", help="directory for by_topic/ and by_stream/")
     parser.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
     args = slabframe.parse(parser, argv)
-    with slabframe.job_session("mqtt-stats", args.master) as spark:
+    with slabframe.job_session("mqtt-stats", args.master, lean_jvm=True) as spark:
         partials, report = slabframe.read_slabs(
             spark, args.data, args.selection, hourly.READS, args.strict,
             (hourly.partials, hourly.SCHEMA))

@@ -230,13 +230,14 @@ def run_job(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
 
 
-def test_strict_fails_the_job_with_one_line(damaged, tmp_path) -> None:
+@pytest.mark.parametrize("job", ["export", "stats"])  # a JVM of its own, lean for stats
+def test_strict_fails_the_job_with_one_line(damaged, tmp_path, job: str) -> None:
     data_dir, _ = damaged
-    result = run_job(str(ROOT / "spark-apps" / "export.py"), str(data_dir), "--master",
+    result = run_job(str(ROOT / "spark-apps" / f"{job}.py"), str(data_dir), "--master",
                      "local[2]", "--strict", "--shard", "0", "--output", str(tmp_path / "x"))
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"export: failed: {data_dir}/ds/messages/shard-000/gen-000001: "
+    assert last.startswith(f"{job}: failed: {data_dir}/ds/messages/shard-000/gen-000001: "
                            "corrupt: "), result.stderr[-3000:]
 
 
