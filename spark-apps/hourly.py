@@ -26,16 +26,16 @@ METRICS: Final = ["messages", "bytes", "qos0", "qos1", "qos2"]
 SCHEMA: Final = pa.schema([READS.field("timestamp_us").with_name("hour_us"),
                            *(READS.field(key) for key in KEYS[1:]),
                            *((metric, pa.int64()) for metric in METRICS)])
-_MERGE_ROWS: Final = 1 << 20  # partial rows held before they are merged
+_MERGE_ROWS: Final = 1 << 20  # rows held (per message or partial) before they are summed
 
 
 def partials(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Batches of READS in, batches of SCHEMA out: one row per group, or a few."""
-    pending: list[pa.Table] = []
+    pending: list[pa.Table] = []  # per message, or partials already summed
     rows = 0
     for batch in batches:
-        pending.append(_sums(_per_message(batch)))
-        rows += pending[-1].num_rows
+        pending.append(_per_message(batch))
+        rows += batch.num_rows
         if rows >= _MERGE_ROWS:
             merged = _sums(pa.concat_tables(pending))
             pending, rows = [merged], merged.num_rows
@@ -55,7 +55,7 @@ def _per_message(batch: pa.RecordBatch) -> pa.Table:
         "messages": np.ones(batch.num_rows, np.int64),
         "bytes": batch.column("payload_size"),
         **{f"qos{level}": (qos == level).astype(np.int64) for level in range(3)},
-    })
+    }, schema=SCHEMA)
 
 
 def _sums(table: pa.Table) -> pa.Table:
