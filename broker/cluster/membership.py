@@ -10,6 +10,9 @@ of (full mesh), so all nodes converge on the union. A member that leaves says so
 is force-removed is remembered as removed and refused until it explicitly joins again, so
 a stale node cannot slip back in and re-add routes nobody expects. A member down longer than
 `autoclean` is dropped from the list; if it returns it dials its seeds and rejoins by itself.
+A node that comes back under its name with another site lost its data dir (a new volume,
+a wiped disk): the site it had is gone for good and is removed as if force-removed, or a
+few such returns would leave the Raft groups with more dead voters than live ones.
 """
 
 from dataclasses import dataclass, field
@@ -66,6 +69,13 @@ class Membership:
         if member.status is not Status.UP:
             member.status, member.since = Status.UP, now
         return False
+
+    def replaced_by(self, peer: Identity) -> list[str]:
+        """Sites of members that are down and had `peer`'s node name: `peer` is their node,
+        back with a new data dir."""
+        return [site for site, member in self.members.items()
+                if site != peer.site and member.identity.node == peer.node
+                and member.status is Status.DOWN]
 
     def down(self, site: str, now: float) -> bool:
         """The link to `site` is gone; True if it was up."""

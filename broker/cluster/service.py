@@ -296,6 +296,10 @@ class Cluster:
         new = self.membership.up(peer, self._clock())
         self.stats.link_ups[peer.site] = self.stats.link_ups.get(peer.site, 0) + 1
         log.info("peer %s (site %s) up%s", peer.node, peer.site, " (new member)" if new else "")
+        for site in self.membership.replaced_by(peer):
+            log.warning("member %s came back as site %s (a new data dir): its site %s is gone"
+                        " for good, removed", peer.node, peer.site, site)
+            self.force_leave(site)
         link.send(Channel.MEMBERSHIP, self._members_message())
         self._save()
         for callback in self._peer_up:

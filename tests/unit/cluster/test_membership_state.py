@@ -56,3 +56,14 @@ def test_member_list_survives_a_restart() -> None:
     restored.restore(membership.to_json(), 5)
     assert restored.members["S1"].status is Status.DOWN
     assert restored.removed == {"S9"}
+
+
+def test_a_node_back_with_a_new_site_replaces_its_old_one_once_that_is_down() -> None:
+    membership = Membership(ME)
+    membership.up(P1, 0)
+    reborn = Identity("S1b", "n1@h1", "h1", 1)
+    assert membership.replaced_by(reborn) == []  # S1 is up: two nodes claim one name
+    membership.down("S1", 1)
+    membership.up(reborn, 2)
+    assert membership.replaced_by(reborn) == ["S1"]
+    assert membership.replaced_by(P2) == []
