@@ -44,6 +44,7 @@ MANAGED_KEYS = frozenset({
     "durable_storage.messages.n_shards",
     "durable_storage.messages.replication_factor",
     "durable_storage.messages.placement_file",
+    "durable_storage.n_sites",
 })
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -64,8 +65,18 @@ def discovery(cluster: Cluster) -> dict[str, Scalar]:
     }
 
 
-def settings(cluster: Cluster) -> dict[str, Scalar]:
-    """Dotted broker keys -> values: spec.config first, then the managed keys over it."""
+def bootstrap_sites(replicas: int) -> int:
+    """`durable_storage.n_sites` for a cluster created with `replicas` pods: every pod waits
+    to see that many before the first Raft group is created, as its voters (the broker takes
+    at most 5). The default 1 lets each pod whose first discovery round sees only itself
+    (its peers have no IP yet) create a group of its own, and those never merge."""
+    return max(1, min(replicas, constants.BOOTSTRAP_VOTER_CAP))
+
+
+def settings(cluster: Cluster, n_sites: int) -> dict[str, Scalar]:
+    """Dotted broker keys -> values: spec.config first, then the managed keys over it.
+    `n_sites` (bootstrap_sites) stays what it was at creation: it matters only while the
+    cluster forms, and a changed file rolls every pod."""
     sessions = cluster.durable_sessions
     values: dict[str, Scalar] = {
         key: value for key, value in cluster.extra_config.items() if key not in MANAGED_KEYS
@@ -90,6 +101,7 @@ def settings(cluster: Cluster) -> dict[str, Scalar]:
         "durable_storage.messages.replication_factor": cluster.replication_factor,
         "durable_storage.messages.placement_file":
             f"{constants.PLACEMENT_DIR}/{constants.PLACEMENT_FILE}",
+        "durable_storage.n_sites": n_sites,
     })
     return values
 

@@ -29,6 +29,7 @@ PLACEMENT_DIR = "/etc/mqtt/placement"
 COOKIE_DIR = "/etc/mqtt/cookie"
 API_KEY_DIR = "/etc/mqtt/api-key"
 DATA_DIR = "/data"
+BOOTSTRAP_VOTER_CAP = 5  # the broker's first voters at most (durable_storage.n_sites)
 SITE_ID_FILE = "ds/site_id"  # under DATA_DIR: where a broker keeps its site (broker/ds/site.py)
 CONFIG_FILE = "broker.toml"
 PLACEMENT_FILE = "placement.json"

@@ -177,8 +177,10 @@ class _Pass:
         self.requested = Cluster.from_body(body)
         self.previous: Mapping[str, Any] = body.get("status") or {}
         self.conditions: Sequence[Mapping[str, Any]] = self.previous.get("conditions") or []
-        self.created_shards = (self.previous.get("placement") or {}).get(
-            "nShards", self.requested.n_shards)
+        placed = self.previous.get("placement") or {}
+        self.created_shards = placed.get("nShards", self.requested.n_shards)
+        self.bootstrap_sites: int = placed.get(
+            "bootstrapSites", broker_config.bootstrap_sites(self.requested.replicas))
         # The brokers fix n_shards when the database is created: keep it, report the edit.
         self.cluster = dataclasses.replace(self.requested, n_shards=self.created_shards)
         self.now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -258,7 +260,8 @@ class _Pass:
         """The config, the Secrets, the Services, the brokers' ServiceAccount and RBAC, the
         PodDisruptionBudget and the ServiceMonitor. Returns the rendered broker.toml."""
         cluster, kube = self.cluster, self.kube
-        config_text = broker_config.render_toml(broker_config.settings(cluster))
+        config_text = broker_config.render_toml(broker_config.settings(
+            cluster, self.bootstrap_sites))
         kube.apply(manifests.config_map(cluster, c.config_map_name(cluster.name),
                                         {c.CONFIG_FILE: config_text}))
         cookie_lost = ensure_cookie(kube, cluster, self.statefulset, self.emit)
@@ -412,6 +415,7 @@ class _Pass:
                 "sites": status.sites(self.ids, max(replicas, cluster.replicas), self.pods,
                                       cluster.name),
                 "placement": {"revision": plan.revision, "nShards": cluster.n_shards,
+                              "bootstrapSites": self.bootstrap_sites,
                               "replicationFactor": cluster.replication_factor,
                               "shards": placement.as_data(plan.shards),
                               "loads": placement.loads(plan.shards, plan.staying)},

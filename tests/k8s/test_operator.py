@@ -301,12 +301,16 @@ def test_scale_3_to_5_to_2_keeps_sites_moves_little_and_drains_before_shrinking(
         eventually(lambda: status_of(testbed, namespace, "beta").get("placement"))
         three = status_of(testbed, namespace, "beta")
         ids3 = three["siteIds"]
+        config3 = testbed.get("configmap", "beta-config", namespace)["data"]
 
         testbed.kubectl("scale", "mqc/beta", "-n", namespace, "--replicas=5")
         eventually(lambda: sts_replicas(testbed, namespace, "beta") == 5)
         five = eventually(lambda: (s := status_of(testbed, namespace, "beta"))["placement"][
             "revision"] == 2 and s)
         ids5 = five["siteIds"]
+        # Formed from three: the brokers' file (and so the pods) stays as it was.
+        assert five["placement"]["bootstrapSites"] == three["placement"]["bootstrapSites"] == 3
+        assert testbed.get("configmap", "beta-config", namespace)["data"] == config3
         assert {k: ids5[k] for k in ids3} == ids3  # existing pods keep their sites
         old = placement.from_data(three["placement"]["shards"])
         new = placement.from_data(five["placement"]["shards"])

@@ -1,7 +1,8 @@
 """End to end on the test bed's node (`make test-k8s-e2e`): the chart installed with three
 replicas, brokers joined through k8s discovery, clients meeting across pods, a scale to five
-and back whose drain live brokers confirm without losing an acknowledged message, and a
-deleted pod that comes back with its site ID and its volume."""
+and back whose drain live brokers confirm without losing an acknowledged message, a
+deleted pod that comes back with its site ID and its volume, and one whose volume was lost
+that comes back as a new site."""
 
 import subprocess
 import time
@@ -103,6 +104,32 @@ def test_three_pods_join_meet_across_pods_and_a_deleted_one_returns_as_itself(
                         "/data/e2e-marker").stdout.strip() == "before"
     assert node.get("pvc", f"data-{back['metadata']['name']}", namespace)[
         "metadata"]["uid"] == claim
+
+
+def test_a_pod_whose_volume_was_lost_comes_back_as_a_new_site_and_serves(
+        node: Testbed, release: tuple[str, str]) -> None:
+    """Its old site would be refused (`reborn`): the operator names a new one for the new
+    claim, which the pod takes on its empty volume, joins with, and serves from."""
+    namespace, name = release
+    install(node, namespace, name, "cluster.replicas=3")
+    pods = wait_brokers(node, namespace, name, 3)
+    key = api_key(node, namespace, name)
+    victim = pods[2]["metadata"]["name"]
+    old_site = node.get("mqttcluster", name, namespace)["status"]["siteIds"]["2"]
+    node.kubectl("delete", "pvc", f"data-{victim}", "-n", namespace, "--wait=false")
+    node.kubectl("delete", "pod", victim, "-n", namespace)
+    back = eventually(lambda: [p for p in wait_brokers(node, namespace, name, 3)
+                               if p["metadata"]["name"] == victim
+                               and p["metadata"]["uid"] != pods[2]["metadata"]["uid"]],
+                      timeout=240, what="the pod back on a new volume")[0]
+    new_site = node.get("mqttcluster", name, namespace)["status"]["siteIds"]["2"]
+    assert new_site != old_site
+    assert next(m["site"] for m in ask(back, "/api/v5/nodes", key)
+                if m["node"] == node_name(back)) == new_site
+    mosquitto("mosquitto_pub", back["status"]["podIP"], "-q", "1", "-r", "-t", "e2e/new",
+              "-m", "on a new site")
+    assert mosquitto("mosquitto_sub", back["status"]["podIP"], "-t", "e2e/new", "-C", "1",
+                     "-W", "30").strip() == "on a new site"
 
 
 def test_prometheus_scrapes_every_pod_the_service_monitor_selects(

@@ -19,7 +19,7 @@ from tests.support.crd import body
 
 def write(tmp_path: Path, cluster: Cluster) -> Path:
     path = tmp_path / "broker.toml"
-    path.write_text(broker_config.render_toml(broker_config.settings(cluster)))
+    path.write_text(broker_config.render_toml(broker_config.settings(cluster, 3)))
     return path
 
 
@@ -70,7 +70,7 @@ def test_spec_config_cannot_touch_the_cluster_keys_nor_leak_a_cookie(tmp_path: P
                  "rpc.tcp_server_port": "1", "rpc.listen_address": "127.0.0.1",
                  "cluster.autoclean": "1h"}
     cluster = Cluster.from_body(body("web", config=overrides))
-    text = broker_config.render_toml(broker_config.settings(cluster))
+    text = broker_config.render_toml(broker_config.settings(cluster, 3))
     config = load_config(write(tmp_path, cluster))
     assert "leaked-cookie" not in text
     assert broker_config.ignored_keys(cluster) == sorted(set(overrides) - {"cluster.autoclean"})
@@ -150,7 +150,7 @@ def test_rendering_is_byte_stable() -> None:
     one = Cluster.from_body(body(config={"b.x": "1", "a.y": "2"}))
     two = Cluster.from_body(body(config={"a.y": "2", "b.x": "1"}))
     render = broker_config.render_toml
-    assert render(broker_config.settings(one)) == render(broker_config.settings(two))
+    assert render(broker_config.settings(one, 3)) == render(broker_config.settings(two, 3))
 
 
 @pytest.fixture
@@ -212,3 +212,12 @@ def test_a_new_volume_takes_the_site_the_operator_bound_to_its_claim(
     assert done.returncode == 0, done.stderr
     args = json.loads(done.stdout)
     assert "node.site_id=0123456789abcdef" in args  # the bound site, not the ordinal's old one
+
+
+def test_a_cluster_forms_from_as_many_pods_as_it_was_created_with() -> None:
+    """Each pod waits for its peers before the first Raft group is made (never the default
+    1: pods whose first discovery saw only themselves each made a group, never merged)."""
+    assert [broker_config.bootstrap_sites(n) for n in (1, 3, 5, 9)] == [1, 3, 5, 5]
+    cluster = Cluster.from_body(body())
+    assert broker_config.settings(cluster, 3)["durable_storage.n_sites"] == 3
+    assert "durable_storage.n_sites" in broker_config.MANAGED_KEYS
