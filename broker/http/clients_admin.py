@@ -56,10 +56,13 @@ async def kick(request: web.Request) -> web.Response:
         return web.Response(status=204)
     owner = _owner_down(request, client_id)
     if owner is not None:
+        if node.replicated_ds and await node.sessions.discard_stored(client_id):
+            return web.Response(status=204)  # taken from the down node and ended
         return web.json_response({
             "code": "NODE_DOWN",
             "message": f"client {client_id!r} has a durable session on node {owner}, which is"
-                       " down: it resumes when its client connects to any node, or expires",
+                       " down, and this node could not take it over to end it (no majority"
+                       " reachable, or its client came back on another node)",
         }, status=409)
     unanswered = f" ({', '.join(silent)} did not answer)" if silent else ""
     return _not_found(f"client {client_id!r} is already gone: not connected and no session"

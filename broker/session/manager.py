@@ -281,11 +281,19 @@ class SessionManager:
                                   self._durable.ttl)
         ended = 0
         for client_id in expired:
-            if client_id in self.sessions or not await self.claim(client_id):
-                continue
-            await store.write(store.delete_writes(client_id))
-            ended += 1
+            ended += await self.discard_stored(client_id)
         return ended
+
+    async def discard_stored(self, client_id: str) -> bool:
+        """Replicated storage: ends a stored session this node does not hold (its node is
+        down), by claiming it and deleting it; False when another node's claim came first
+        (its client is back there) or nothing is stored."""
+        assert self._durable is not None
+        store = self._durable.store
+        if client_id in self.sessions or not await self.claim(client_id):
+            return False
+        await store.write(store.delete_writes(client_id))
+        return True
 
     def end(self, session: Session) -> None:
         """The session is over: a pending will goes out now, state is dropped."""

@@ -114,7 +114,12 @@ def test_every_node_every_durable_session_and_each_shards_replicas(
     expect(row.locator("td.expires")).to_have_text(re.compile(r"^59m \d+s$|^1h"))
     assert publisher.publish(topic, b"m", qos=1) == 0  # two of three replicas: a majority
     expect(row.locator("td.missed")).to_have_text("3")
+    # Kicked: n1 takes the session over from the down node and ends it.
     row.get_by_role("button", name="Kick").click()
     row.get_by_role("button", name="Confirm kick").click()
-    expect(page.locator("#notice")).to_contain_text(f"on node {n3.node_name}, which is down")
+    expect(page.locator("#notice")).to_have_text(f"Kicked {subscriber.client_id}.")
+    expect(row).to_have_count(0)
+    back = paho(clients, n2.process, client_id=subscriber.client_id, clean_start=False,
+                session_expiry=0)
+    assert not back.connack.session_present
     assert tab.errors == []
