@@ -83,6 +83,7 @@ class DsGroups:
         # The operator's placement file, when there is one (set by the app's watcher).
         self.placement: Placement | None = None
         self._stopping = False
+        self._commits: set[asyncio.Future[None]] = set()  # commits under way
         self.timed_out = 0
         metadata.hosted.append(self)
 
@@ -187,14 +188,22 @@ class DsGroups:
                       proposing: Callable[[], None] | None = None) -> None:
         if self._stopping:
             raise CommitTimeout("the node is stopping")
+        commit = asyncio.ensure_future(self._metadata.commit(group, data, proposing))
+        self._commits.add(commit)
+        commit.add_done_callback(self._commits.discard)
         try:
             async with asyncio.timeout(self._timeout):
-                await self._metadata.commit(group, data, proposing)
+                await commit
         except TimeoutError:
             self.timed_out += 1
             raise CommitTimeout(
                 f"{self._name(group)}: not committed within {self._timeout:g} s (no leader"
                 " reachable: this node is on a minority's side?)") from None
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._stopping and (current is None or not current.cancelling()):
+                raise CommitTimeout("the node is stopping") from None
+            raise
 
     async def sync(self, sessions: bool = True) -> bool:
         """True once this node's replicas hold everything committed before the call, in
@@ -215,8 +224,12 @@ class DsGroups:
         return True
 
     def stop(self) -> None:
-        """Writes from now on fail at once (the links are down: none could commit)."""
+        """Writes fail at once from now on, and so do those waiting for a commit (the
+        links go down: none could commit), or closing the storage would wait for each until
+        its commit timeout: a drained node, in no group any more, for ever."""
         self._stopping = True
+        for commit in list(self._commits):
+            commit.cancel()
 
     def forget(self, site: str) -> str:
         """`broker ctl ds forget SITE`: a site whose node and data are gone for good stops

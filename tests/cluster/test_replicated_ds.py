@@ -114,6 +114,23 @@ def test_a_minority_never_acknowledges_a_durable_publish(
 
 
 
+def test_a_node_that_cannot_commit_stops_promptly_on_sigterm(cluster: Cluster) -> None:
+    """A write waiting for a commit that cannot come (the other nodes frozen here; a node
+    drained out of every group, on Kubernetes) is given up at shutdown: SIGTERM ends the
+    process within the settle time, not after the commit timeout (or the kubelet's kill)."""
+    nodes = _start(cluster, **{"durable_sessions.heartbeat_interval": "1s",
+                               "durable_storage.raft.commit_timeout": "120s"})
+    for node in nodes[1:]:
+        os.kill(node.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: nodes[0].metric("mqtt_durable_state_writes_pending") >= 1, 10,
+                   "a heartbeat waiting for its commit")
+        assert nodes[0].process.stop(timeout=20) == 0
+    finally:
+        for node in nodes[1:]:
+            os.kill(node.pid, signal.SIGCONT)
+
+
 def _leader_of(node: Node, name: str) -> str | None:
     for group in http_json(node.http, "/api/v5/raft")["groups"]:
         if group["name"] == name:
