@@ -14,9 +14,11 @@ listed.
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 from broker.ds.kv import KVStore
 from broker.session.durable import records as r
+from broker.session.durable.orphans import away_since
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +42,11 @@ def unserved(sessions: KVStore, served: set[str]) -> list[Unserved]:
         subscriptions = r.prefix(b"s", client_id)
         since = {sub_key[len(subscriptions):].decode(): r.subscription_from_bytes(raw)[1]
                  for sub_key, raw in sessions.scan(subscriptions)}
-        away_since = meta.disconnected_at
-        if meta.connected:
-            heartbeat = sessions.get(r.heartbeat_key(meta.site))
-            away_since = float(heartbeat) if heartbeat is not None else None
-        found.append(Unserved(client_id, meta.site, meta, since, away_since))
+        found.append(Unserved(client_id, meta.site, meta, since,
+                              away_since(meta, partial(_heartbeat, sessions))))
     return sorted(found, key=lambda session: session.client_id)
+
+
+def _heartbeat(sessions: KVStore, site: str) -> float | None:
+    raw = sessions.get(r.heartbeat_key(site))
+    return float(raw) if raw is not None else None

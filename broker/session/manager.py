@@ -277,7 +277,7 @@ class SessionManager:
         stays (the claim here is refused)."""
         assert self._durable is not None
         store = self._durable.store
-        expired = expired_orphans(store.metas(), store.heartbeats(), is_up, time.time(),
+        expired = expired_orphans(store.metas(), store.heartbeats().get, is_up, time.time(),
                                   self._durable.ttl)
         ended = 0
         for client_id in expired:

@@ -14,7 +14,7 @@ def meta(site: str, expiry: int, connected: bool = False,
 
 def orphans(metas: dict[str, Meta], up: set[str], heartbeats: dict[str, float] | None = None,
             ttl: float = 0.0) -> list[str]:
-    return expired_orphans(metas.items(), heartbeats or {}, up.__contains__, NOW, ttl)
+    return expired_orphans(metas.items(), (heartbeats or {}).get, up.__contains__, NOW, ttl)
 
 
 def test_a_down_node_s_session_ends_once_expired_from_when_its_client_left() -> None:

@@ -17,20 +17,26 @@ from broker.mqtt.constants import MAX_UINT32
 from broker.session.durable.records import Meta
 
 
-def expired_orphans(metas: Iterable[tuple[str, Meta]], heartbeats: dict[str, float],
+def away_since(meta: Meta, heartbeat: Callable[[str], float | None]) -> float | None:
+    """Since when the client of a session whose node is down has been away: since it left,
+    or, if it was connected when its node fell silent, since that node's last `heartbeat`
+    (what the node itself would take on restart); None when the replica cannot tell."""
+    return heartbeat(meta.site) if meta.connected else meta.disconnected_at
+
+
+def expired_orphans(metas: Iterable[tuple[str, Meta]],
+                    heartbeat: Callable[[str], float | None],
                     is_up: Callable[[str], bool], now: float, ttl: float) -> list[str]:
     """Client IDs of the sessions owned by a site that is not up that expired by `now`:
-    `heartbeats` is each site's last one (wall clock), `ttl` the time a session that never
+    `heartbeat` gives a site's last one (wall clock), `ttl` the time a session that never
     expires is kept after its client left (0: forever)."""
     expired = []
     for client_id, meta in metas:
         if not meta.site or is_up(meta.site):
             continue
-        since = meta.disconnected_at if not meta.connected else None
+        since = away_since(meta, heartbeat)
         if since is None:
-            since = heartbeats.get(meta.site)
-            if since is None:
-                continue  # no sign of its node at all: nothing to count from
+            continue  # no sign of its node at all: nothing to count from
         limit = ttl if meta.expiry_interval == MAX_UINT32 else meta.expiry_interval
         if limit and now - since >= limit:
             expired.append(client_id)

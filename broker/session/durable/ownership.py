@@ -62,19 +62,15 @@ def admitted(writer: str, writes: list[Write],
         current = _owner(stored(key))
         before[client_id] = after[client_id] = current
         new = None if value is None else r.Meta.from_bytes(value)
-        if current is None and new is not None:
-            ended = stored(r.ended_key(client_id))
-            if ended is not None and new.epoch <= int(r.loads(ended)["epoch"]):
-                refused.add(key)
-                continue
-            if ended is not None:
-                tombstones.append((r.ended_key(client_id), None))
-        if not _meta_admitted(writer, current, new):
+        ended = _ended_epoch(stored(r.ended_key(client_id))) if current is None else None
+        if not _meta_admitted(writer, current, new, ended):
             refused.add(key)
             continue
         after[client_id] = None if new is None else (new.site, new.epoch)
         if new is None and current is not None:
             tombstones.append((r.ended_key(client_id), r.dumps({"epoch": current[1]})))
+        elif new is not None and ended is not None:
+            tombstones.append((r.ended_key(client_id), None))
     result = []
     refused_ids = {r.split_key(key)[1] for key in refused}
     for key, value in writes:
@@ -106,9 +102,15 @@ def _owns(writer: str, owner: Owner | None) -> bool:
     return owner is not None and owner[0] in ("", writer)
 
 
-def _meta_admitted(writer: str, current: Owner | None, new: r.Meta | None) -> bool:
+def _ended_epoch(raw: bytes | None) -> int | None:
+    return None if raw is None else int(r.loads(raw)["epoch"])
+
+
+def _meta_admitted(writer: str, current: Owner | None, new: r.Meta | None,
+                   ended: int | None) -> bool:
+    """`ended`: the tombstone's epoch, when no meta is stored."""
     if current is None:
-        return True  # a delete of nothing, or above the tombstone (checked by the caller)
+        return new is None or ended is None or new.epoch > ended
     if new is None:
         return _owns(writer, current)
     if new.created:
