@@ -35,7 +35,7 @@ from broker.cluster.proposer import CommitTimeout
 from broker.config.loader import Config
 from broker.ds import DurableStorage
 from broker.ds import replication_layer as cmd
-from broker.ds.replication_shard import Admit, KVMachine, ShardMachine
+from broker.ds.replication_shard import Admit, KVMachine, SessionsOf, ShardMachine
 from broker.ds.shard import now_us
 from broker.ds.ttv import TTV
 from broker.metrics import Sample
@@ -59,10 +59,17 @@ def _shard_of(group: int) -> int | None:
     return None if group == SESSIONS_GROUP else group - SHARD_GROUP_BASE
 
 
+class WritesRefused(Exception):
+    """A sessions command of this node was committed and refused whole: it did not follow
+    this node's chain (replication_layer.py), as one before it timed out and was applied
+    after all."""
+
+
 class DsGroups:
     def __init__(self, config: Config, ds: DurableStorage, metadata: MetadataGroup,
                  on_session_writes: Callable[[list[cmd.KVWrite], bool], None],
-                 admit: Admit, on_refused: Callable[[set[str]], None]) -> None:
+                 admit: Admit, on_refused: Callable[[set[str]], None],
+                 sessions_of: SessionsOf) -> None:
         self._ds = ds
         self._metadata = metadata
         self.me = metadata.me
@@ -70,15 +77,18 @@ class DsGroups:
         self._timeout: float = config["durable_storage.raft.commit_timeout"]
         self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
         self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
-        self.machines: dict[int, Machine] = {
-            SESSIONS_GROUP: KVMachine(ds.sessions, on_session_writes, admit, self.me,
-                                      on_refused)}
+        self._sessions = KVMachine(ds.sessions, on_session_writes, admit, self.me, on_refused,
+                                   sessions_of)
+        self._on_refused = on_refused
+        self._sessions_of = sessions_of
+        self.machines: dict[int, Machine] = {SESSIONS_GROUP: self._sessions}
         for shard in ds.messages.shards:
             self.machines[shard_group(shard.index)] = ShardMachine(
                 ds.messages, shard.index, ds.messages.reopen_shard)
             shard.replication = self
         ds.sessions.replicate = self._store_sessions
         self._serials: dict[int, int] = {}  # shard -> this node's last STORE serial
+        self._kv_serial = 0  # this node's last sessions command's serial (0: none yet)
         self._raft: RaftNode | None = None
         # The operator's placement file, when there is one (set by the app's watcher).
         self.placement: Placement | None = None
@@ -182,7 +192,22 @@ class DsGroups:
         await self._commit(shard_group(shard), cmd.encode_drop(cutoff))
 
     async def _store_sessions(self, writes: list[cmd.KVWrite]) -> None:
-        await self._commit(SESSIONS_GROUP, cmd.encode_kv(self.me, writes))
+        """One command of this node's chain. A session whose writes did not commit, or
+        were refused, leaves this node: what it sent and holds in memory is ahead of what
+        the replicas will ever hold, and its client resumes it from them."""
+        sessions = self._sessions
+        # The first command since start begins the chain again (this replica may not have
+        # applied the last ones of before yet); each next one follows the last applied.
+        prev = sessions.chains.get(self.me, 0) if self._kv_serial else 0
+        serial = self._kv_serial = max(self._kv_serial + 1, now_us())
+        try:
+            await self._commit(SESSIONS_GROUP, cmd.encode_kv(self.me, serial, prev, writes))
+        except CommitTimeout:
+            if not self._stopping:
+                self._on_refused(self._sessions_of(writes))
+            raise
+        if sessions.refused_serial == serial:
+            raise WritesRefused(f"sessions command {serial} does not follow {prev}")
 
     async def _commit(self, group: int, data: bytes,
                       proposing: Callable[[], None] | None = None) -> None:
@@ -277,13 +302,16 @@ class DsGroups:
                 "up": self._metadata.is_up(site), "shards": shards}
 
     def metrics(self) -> list[Sample]:
-        sessions = self.machines[SESSIONS_GROUP]
-        assert isinstance(sessions, KVMachine)
+        sessions = self._sessions
         return [
             ("mqtt_durable_session_writes_refused", "counter",
              "Commands' writes to a durable session this replica refused (one per session and"
              " command): their node did not own it any more (claimed elsewhere, or ended)", {},
              float(sessions.refused_writes)),
+            ("mqtt_durable_session_chain_breaks", "counter",
+             "Sessions commands this replica refused whole: what they followed of their"
+             " node's earlier commands was never applied (one of those timed out)", {},
+             float(sessions.chain_breaks)),
             ("mqtt_durable_commit_timeouts", "counter",
              "Durable Storage commands of this node not committed within"
              " durable_storage.raft.commit_timeout", {}, float(self.timed_out)),

@@ -98,7 +98,11 @@ class KVStore:
     def write_soon(self, writes: dict[bytes, bytes | None],
                    sync: bool = True) -> asyncio.Future[None]:
         """Blind writes: what a commit does once validated, for a writer that read nothing
-        (durable session state, every event-loop turn), without a transaction to make."""
+        (durable session state, every event-loop turn), without a transaction to make.
+        Replicated and without `sync`, the returned future is settled at once: the writes
+        are seen here at once and reach the replicas (a Raft commit) behind, in order; a
+        node killed first loses them, as one node loses a write without fsync in a power
+        cut (the replicas keep a prefix of each node's writes: replication_layer.py)."""
         if not writes:
             return _settled(None)
         self._serial += 1
@@ -125,7 +129,7 @@ class KVStore:
             pending[key] = (serial, value)
         written = self.buffer.add(list(writes.items()), sync)
         written.add_done_callback(lambda result: self._written(writes, serial, result))
-        return written
+        return written if sync or self.replicate is None else _settled(None)
 
     def _written(self, writes: dict[bytes, bytes | None], serial: int,
                  result: asyncio.Future[None]) -> None:
@@ -152,10 +156,12 @@ class KVStore:
     def raw_items(self) -> list[tuple[bytes, bytes]]:
         return list(self._db.iterator())
 
-    def apply(self, writes: list[Write], extra: tuple[bytes, bytes], sync: bool = False) -> None:
-        """A committed command, written with `extra` (the applied index) atomically."""
+    def apply(self, writes: list[Write], extra: list[tuple[bytes, bytes]],
+              sync: bool = False) -> None:
+        """A committed command, written with `extra` (the applied index, the writers'
+        chains) atomically."""
         cooked = _cooked(dict(writes))
-        cooked.puts.append(extra)
+        cooked.puts.extend(extra)
         prepare_batch(self._db, cooked, sync).write()
 
     def replace(self, pairs: list[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> None:
@@ -167,8 +173,13 @@ class KVStore:
                 batch.put(key, value)
         self._pending.clear()
 
-    async def close(self) -> None:
+    async def drain(self) -> None:
+        """Returns once every write made so far is written (replicated: committed), or
+        failed, also those whose future was settled at once."""
         await self.buffer.drain()
+
+    async def close(self) -> None:
+        await self.drain()
         self._db.close()
 
     def info(self) -> dict[str, Any]:

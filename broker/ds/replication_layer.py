@@ -10,15 +10,24 @@ replicas hold the same keys without the leader shipping cooked batches:
                                            messages of one shard, from one writer
     ROTATE   := clock:u64                  seal the current generation if it holds data
     DROP     := cutoff:u64                 drop sealed generations that ended before cutoff
-    KV       := wlen:u16 writer  count:u32  (klen:u32 key  vlen:i32 value)*
+    KV       := serial:u64  prev:u64  wlen:u16 writer  count:u32  (klen:u32 key  vlen:i32 value)*
                                            sessions writes (vlen -1: delete), from one writer
     BARRIER  := (nothing)                  changes nothing: once it is applied here, so is
                                            everything committed before it was proposed
+    KV_V1    := wlen:u16 writer  count:u32  (klen:u32 key  vlen:i32 value)*
+                                           KV of logs written before chains (kind 4):
+                                           applied without the chain's check
 
 `clock` is the proposing node's clock (microseconds): the cooker's "now". `writer` (a site)
 numbers its STOREs per shard (`serial`); a replica skips a STORE whose serial it applied
 already: a writer that lost the answer to a forwarded command retries it, and the log may
-then hold it twice (Raft's client sessions, dissertation section 6.3). TTV values are
+then hold it twice (Raft's client sessions, dissertation section 6.3). A writer's KV
+commands form a chain: `prev` is the serial of its KV command the replicas applied last
+when it proposed this one (0: the first since it started), and a replica applies a KV
+command only if it follows the last one applied of its writer (replication_shard.py), so
+the replicas hold a prefix of each writer's KV commands, never one with a gap: a durable
+session's record of what was sent goes out before its commit (session.py), and a later
+read position applied without the record before it would skip messages. TTV values are
 ttv.py's format with timestamp 0 (the cooker assigns it). The sessions database admits a
 KV command's writes by their `writer` (a node may change only the sessions it owns: see
 broker/session/durable/ownership.py). A command that cannot be decoded
@@ -34,21 +43,30 @@ from broker.ds.ttv import TTV, decode_value, encode_value
 STORE: Final = 1
 ROTATE: Final = 2
 DROP: Final = 3
-KV: Final = 4
+KV_V1: Final = 4
 BARRIER: Final = 5
+KV: Final = 6
 BARRIER_COMMAND: Final = bytes((BARRIER,))
 
 _U32: Final = struct.Struct(">I")
 _I32: Final = struct.Struct(">i")
 _KIND_U64: Final = struct.Struct(">BQ")
 _STORE_HEAD: Final = struct.Struct(">BQQH")
-_KV_HEAD: Final = struct.Struct(">BH")
+_KV_HEAD: Final = struct.Struct(">BQQH")
+_KV_V1_HEAD: Final = struct.Struct(">BH")
 
 KVWrite = tuple[bytes, bytes | None]  # None deletes
 
 
 class BadCommand(ValueError):
     pass
+
+
+class KVCommand(NamedTuple):
+    writer: str
+    serial: int
+    prev: int | None  # None: a KV_V1 command, outside any chain
+    writes: list[KVWrite]
 
 
 class Store(NamedTuple):
@@ -76,9 +94,9 @@ def encode_drop(cutoff: int) -> bytes:
     return _KIND_U64.pack(DROP, cutoff)
 
 
-def encode_kv(writer: str, writes: Sequence[KVWrite]) -> bytes:
+def encode_kv(writer: str, serial: int, prev: int, writes: Sequence[KVWrite]) -> bytes:
     name = writer.encode()
-    parts = [_KV_HEAD.pack(KV, len(name)), name, _U32.pack(len(writes))]
+    parts = [_KV_HEAD.pack(KV, serial, prev, len(name)), name, _U32.pack(len(writes))]
     for key, value in writes:
         parts += (_U32.pack(len(key)), key)
         if value is None:
@@ -131,12 +149,17 @@ def decode_store(data: bytes, messages: list[TTV] | None = None) -> Store:
     return Store(clock, writer, serial, messages)
 
 
-def decode_kv(data: bytes) -> tuple[str, list[KVWrite]]:
-    """The writer and its writes."""
+def decode_kv(data: bytes) -> KVCommand:
     try:
-        _, wlen = _KV_HEAD.unpack_from(data)
-        offset = _KV_HEAD.size + wlen
-        writer = data[_KV_HEAD.size:offset].decode()
+        prev: int | None
+        if kind_of(data) == KV_V1:
+            serial, prev, (_, wlen) = 0, None, _KV_V1_HEAD.unpack_from(data)
+            offset = _KV_V1_HEAD.size
+        else:
+            _, serial, prev, wlen = _KV_HEAD.unpack_from(data)
+            offset = _KV_HEAD.size
+        writer = data[offset:offset + wlen].decode()
+        offset += wlen
         (count,) = _U32.unpack_from(data, offset)
         offset += 4
         writes: list[KVWrite] = []
@@ -157,4 +180,4 @@ def decode_kv(data: bytes) -> tuple[str, list[KVWrite]]:
         raise BadCommand(f"KV command: {error}") from None
     if offset != len(data):
         raise BadCommand("bytes after the last write of a KV command")
-    return writer, writes
+    return KVCommand(writer, serial, prev, writes)

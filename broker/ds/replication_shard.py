@@ -49,6 +49,8 @@ _APPLIED: Final = struct.Struct(">QQ")
 _SLAB_RECORD: Final = 1
 _PAIR_RECORD: Final = 2
 SNAPSHOT_KEY: Final = b"A" + b"raft_snapshot"  # (index, term, config) of the last installed
+# Writer -> serial of its last KV command applied: a database key, so snapshots carry it.
+CHAINS_KEY: Final = b"A" + b"raft_kv_chains"
 
 
 def _record(kind: int, data: bytes) -> bytes:
@@ -251,6 +253,20 @@ class ShardMachine(_Machine):
 # (writer, writes, stored value of a key) -> (the admitted writes, the refused client IDs)
 Admit = Callable[[str, list[cmd.KVWrite], Callable[[bytes], bytes | None]],
                  tuple[list[cmd.KVWrite], set[str]]]
+SessionsOf = Callable[[list[cmd.KVWrite]], set[str]]  # the client IDs whose keys are written
+
+
+def follows(last: int, command: cmd.KVCommand) -> bool | None:
+    """Whether a replica applies a KV command whose writer's last applied one has serial
+    `last` (0: none): True when it follows that one (or starts its writer's chain, after a
+    restart); None to skip it as applied already (a retried copy, or one its writer gave up
+    on and chained the next command past); False to refuse it: the command it follows was
+    never applied, so applying it would leave a gap in its writer's writes."""
+    if command.prev is None:
+        return True
+    if command.serial <= last:
+        return None
+    return command.prev in (0, last)
 
 
 class KVMachine(_Machine):
@@ -258,42 +274,70 @@ class KVMachine(_Machine):
     True when a snapshot replaced everything. `admit` picks, from a command's writes, those
     its writer may make given the replica's state (the database knows no owners: sessions
     do), so every replica drops the same ones; `on_refused` hears the client IDs refused
-    to this node's own commands (`me`)."""
+    to this node's own commands (`me`): some of their writes by `admit`, or all of a
+    command that does not follow its writer's chain (`follows`; `sessions_of` names them)."""
 
     def __init__(self, kv: KVStore,
                  on_writes: Callable[[list[cmd.KVWrite], bool], None] | None = None,
                  admit: Admit | None = None, me: str = "",
-                 on_refused: Callable[[set[str]], None] | None = None) -> None:
+                 on_refused: Callable[[set[str]], None] | None = None,
+                 sessions_of: SessionsOf | None = None) -> None:
         self.kv = kv
         self.on_writes = on_writes
         self.admit = admit
         self.me = me
         self.on_refused = on_refused
+        self.sessions_of = sessions_of
         self.refused_writes = 0  # sessions of a command some of whose writes were refused
+        self.chain_breaks = 0  # commands refused whole: what they follow was never applied
+        self.refused_serial = 0  # the last command of this node's refused whole
+        self.chains: dict[str, int] = {}
+        self._load_chains()
         raw = kv.raw_get(APPLIED_KEY)
         super().__init__(_APPLIED.unpack(raw) if raw else (0, 0))
+
+    def _load_chains(self) -> None:
+        self.chains = json.loads(self.kv.raw_get(CHAINS_KEY) or b"{}")
 
     def snapshot(self) -> SnapshotMeta | None:
         return _snapshot_meta(self.kv.raw_get(SNAPSHOT_KEY))
 
     def _apply(self, entry: Entry) -> None:
         data = entry.data
-        if cmd.kind_of(data) != cmd.KV:
+        if cmd.kind_of(data) not in (cmd.KV, cmd.KV_V1):
             raise cmd.BadCommand(f"command kind {data[0]} in the sessions database")
-        writer, writes = cmd.decode_kv(data)
+        command = cmd.decode_kv(data)
+        writer, writes = command.writer, command.writes
+        step = follows(self.chains.get(writer, 0), command)
+        if not step:
+            if step is False:
+                self.chain_breaks += 1
+                if writer == self.me:
+                    self.refused_serial = command.serial
+                    self._refused(self.sessions_of(writes) if self.sessions_of else set())
+            self._mark(entry.index, entry.term)
+            return
+        extra = [(APPLIED_KEY, _APPLIED.pack(entry.index, entry.term))]
+        if command.prev is not None:
+            self.chains[writer] = command.serial
+            extra.append((CHAINS_KEY, json.dumps(self.chains).encode()))
         refused: set[str] = set()
         if self.admit is not None:
             admitted, refused = self.admit(writer, writes, self.kv.raw_get)
             self.refused_writes += len(refused)
             writes = admitted
-        self.kv.apply(writes, (APPLIED_KEY, _APPLIED.pack(entry.index, entry.term)))
+        self.kv.apply(writes, extra)
         if self.on_writes is not None:
             self.on_writes(writes, False)
-        if refused and writer == self.me and self.on_refused is not None:
-            self.on_refused(refused)
+        if writer == self.me:
+            self._refused(refused)
+
+    def _refused(self, client_ids: set[str]) -> None:
+        if client_ids and self.on_refused is not None:
+            self.on_refused(client_ids)
 
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
-        self.kv.apply([], (APPLIED_KEY, _APPLIED.pack(index, term)), sync)
+        self.kv.apply([], [(APPLIED_KEY, _APPLIED.pack(index, term))], sync)
 
     def _dump(self) -> Iterator[bytes]:
         for key, value in self.kv.raw_items():
@@ -304,5 +348,6 @@ class KVMachine(_Machine):
         pairs = [_split_pair(body) for kind, body in _records(data) if kind == _PAIR_RECORD]
         self.kv.replace(pairs, [(APPLIED_KEY, _APPLIED.pack(index, term)),
                                 (SNAPSHOT_KEY, meta)])
+        self._load_chains()
         if self.on_writes is not None:
             self.on_writes([(key, value) for key, value in pairs], True)

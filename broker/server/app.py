@@ -70,7 +70,8 @@ class BrokerApp:
                                  " retainer.enable = true (the metadata Raft group)")
             self.ds_groups = DsGroups(config, self.node.ds, self.metadata,
                                       self.node.durable_state_applied, ownership.admitted,
-                                      self.node.durable_writes_refused)
+                                      self.node.durable_writes_refused,
+                                      ownership.sessions_of)
             self.node.replicated_ds = True
             self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []

@@ -150,14 +150,16 @@ class SessionManager:
 
     def claimed_elsewhere(self, client_id: str) -> None:
         """Another node's claim of a session held here was applied (this node was frozen or
-        cut off while its client moved), or the replicas refused this node's writes of it:
-        the session and its connection, if any, go; what they would still write the replicas
-        refuse."""
+        cut off while its client moved), or the replicas refused this node's writes of it,
+        or those writes were not committed in time: the session and its connection, if any,
+        leave this node (what they would still write the replicas refuse), and its client
+        resumes it from what the replicas hold."""
         session = self.sessions.get(client_id)
         if not isinstance(session, DurableSession):
             return
-        log.warning("durable session %s is not this node's any more (another node claimed"
-                    " it, or it ended while this node was cut off): ending it here", client_id)
+        log.warning("durable session %s: the replicas did not take this node's writes of it"
+                    " (another node claimed it, it ended while this node was cut off, or a"
+                    " write was not committed): it leaves this node", client_id)
         if session.connection is not None:
             session.connection.take_over(ReasonCode.SESSION_TAKEN_OVER)
         self.release(session)

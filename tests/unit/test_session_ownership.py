@@ -22,7 +22,7 @@ def apply_refused(store: Store, writer: str,
                   writes: list[tuple[bytes, bytes | None]]) -> tuple[list[bytes], set[str]]:
     """What a replica does with one KV command; returns the admitted keys and the client
     IDs of the refused writes."""
-    _, decoded = cmd.decode_kv(cmd.encode_kv(writer, writes))
+    decoded = cmd.decode_kv(cmd.encode_kv(writer, 1, 0, writes)).writes
     kept, refused = admitted(writer, decoded, store.get)
     for key, value in kept:
         if value is None:
@@ -96,11 +96,11 @@ def test_a_session_from_before_replication_belongs_to_its_writer() -> None:
 
 def test_barrier_and_kv_commands_round_trip() -> None:
     assert cmd.is_barrier(cmd.BARRIER_COMMAND)
-    assert not cmd.is_barrier(cmd.encode_kv("A", []))
-    assert cmd.decode_kv(cmd.encode_kv("site-é", [(b"k", None), (b"l", b"v")])) == (
-        "site-é", [(b"k", None), (b"l", b"v")])
-    data = cmd.encode_kv("A", [(b"k", b"v")])
-    for bad in (data[:-1], data + b"\x00", data[:2] + b"\xff" + data[3:]):
+    assert not cmd.is_barrier(cmd.encode_kv("A", 1, 0, []))
+    assert cmd.decode_kv(cmd.encode_kv("site-é", 7, 5, [(b"k", None), (b"l", b"v")])) == (
+        "site-é", 7, 5, [(b"k", None), (b"l", b"v")])
+    data = cmd.encode_kv("A", 2, 1, [(b"k", b"v")])
+    for bad in (data[:-1], data + b"\x00", data[:17] + b"\xff" + data[18:]):  # 17: wlen
         with pytest.raises(cmd.BadCommand):
             cmd.decode_kv(bad)
 

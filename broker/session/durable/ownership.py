@@ -91,6 +91,16 @@ def admitted(writer: str, writes: list[Write],
     return result + tombstones, refused_ids
 
 
+def sessions_of(writes: list[Write]) -> set[str]:
+    """The client IDs of the sessions the writes change."""
+    found: set[str] = set()
+    for key, _ in writes:
+        kind, client_id = r.split_key(key)
+        if kind in _SESSION_KINDS:
+            found.add(client_id)
+    return found
+
+
 def _owner(raw: bytes | None) -> Owner | None:
     if raw is None:
         return None

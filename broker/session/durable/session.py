@@ -5,11 +5,14 @@ subscription, in batches of `durable_sessions.batch_size`. A batch is recorded (
 window, its first sequence number and how it chose deliveries, from which a replay derives
 which message got which sequence number; and the new read position) and that record is
 written before any of its messages is sent (and fsynced when the subscription can receive
-QoS 2); acknowledgements are recorded as they arrive and a fully acknowledged batch record
-is deleted. So after any restart the session knows exactly what was sent and not
-acknowledged: it resends those with DUP and their original packet identifiers, sends PUBREL
-for QoS 2 deliveries whose PUBREC it had, and reads on from the recorded position. Nothing
-is held in memory while the client is offline.
+QoS 2; replicated, committed on a majority first only then: a QoS 1 record is sent once it
+is on its way, and a node killed before its commit loses it with the read position it
+carries, so the batch is read and delivered again, which QoS 1 allows); acknowledgements
+are recorded as they arrive and a fully acknowledged batch record is deleted. So after any
+restart the session knows exactly what was sent and not acknowledged: it resends those
+with DUP and their original packet identifiers, sends PUBREL for QoS 2 deliveries whose
+PUBREC it had, and reads on from the recorded position. Nothing is held in memory while
+the client is offline.
 
 Streams of one shard are read generation by generation, so messages of a topic arrive in
 the order they were stored.

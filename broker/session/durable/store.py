@@ -142,7 +142,9 @@ class SessionStore:
     def write(self, writes: Iterable[Write], sync: bool = True) -> asyncio.Future[None]:
         """Commits the writes atomically (with the rest of this turn's); resolves once
         they are on disk (`sync`), or written to the operating system, which a killed
-        process cannot lose."""
+        process cannot lose. Replicated, `sync` means committed on a majority of the
+        sessions group; without it the future is settled at once and the commit follows
+        (a killed node loses what was not committed yet)."""
         self._sync = self._sync or sync
         return self._turn.extend(writes)
 
@@ -178,10 +180,12 @@ class SessionStore:
         return len(self._background) + self._turn.pending
 
     async def settle(self) -> None:
-        """Waits for every change started with `write_soon` (shutdown)."""
+        """Waits for every change started with `write_soon` (shutdown, a session leaving
+        for another node), also those replicated behind a settled future."""
         self._turn.flush_now()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self._ds.sessions.drain()
 
     def delete_writes(self, client_id: str) -> list[Write]:
         """Writes that remove every key of the session."""

@@ -1,0 +1,119 @@
+"""The sessions database's Raft machine keeps a prefix of each writer's KV commands: one
+that does not follow its writer's last applied command is refused whole, so a read position
+can never be applied without the batch record written before it (replication_layer.py)."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.ds import DurableStorage
+from broker.ds import replication_layer as cmd
+from broker.ds.replication_shard import KVMachine, follows
+from broker.raft.messages import NORMAL, Config, Entry
+from broker.raft.ready import SnapshotChunk
+from broker.session.durable import records as r
+from broker.session.durable.ownership import sessions_of
+
+
+def test_follows() -> None:
+    def command(serial: int, prev: int | None) -> cmd.KVCommand:
+        return cmd.KVCommand("A", serial, prev, [])
+
+    assert follows(0, command(5, 0)) is True  # the writer's first command
+    assert follows(5, command(9, 5)) is True
+    assert follows(5, command(20, 0)) is True  # the writer restarted: a new chain
+    assert follows(9, command(9, 5)) is None  # a retried copy
+    assert follows(9, command(7, 5)) is None  # given up on and chained past
+    assert follows(9, command(12, 7)) is False  # its predecessor 7 was never applied
+    assert follows(9, command(3, None)) is True  # KV_V1: no chain
+
+
+class Replica:
+    """One replica of the sessions database as node `me` runs it."""
+
+    def __init__(self, storage: DurableStorage, me: str = "A") -> None:
+        self.refused: list[set[str]] = []
+        self.machine = KVMachine(storage.sessions, me=me, on_refused=self.refused.append,
+                                 sessions_of=sessions_of)
+        self.index = self.machine.applied_index
+
+    def apply(self, data: bytes) -> None:
+        self.index += 1
+        self.machine.apply(Entry(self.index, 1, NORMAL, data))
+
+
+def record(client_id: str, first: int) -> cmd.KVWrite:
+    return r.batch_key(client_id, first), b"record"
+
+
+def position(client_id: str, value: bytes) -> cmd.KVWrite:
+    return r.prefix(b"p", client_id) + b"t", value
+
+
+@pytest.fixture
+def replica(open_storage: Callable[..., DurableStorage]) -> Replica:
+    return Replica(open_storage())
+
+
+def test_a_gap_is_refused_whole_and_told_to_its_writer(replica: Replica) -> None:
+    kv = replica.machine.kv
+    replica.apply(cmd.encode_kv("A", 10, 0, [record("c1", 1), position("c1", b"1")]))
+    # Command 11 (c1's next record) timed out and never reached the log; 12 followed it.
+    replica.apply(cmd.encode_kv("A", 12, 11, [position("c1", b"3"), record("c2", 1)]))
+    assert kv.raw_get(position("c1", b"")[0]) == b"1"  # not the position past record 11
+    assert kv.raw_get(r.batch_key("c2", 1)) is None
+    assert replica.refused == [{"c1", "c2"}]
+    assert replica.machine.refused_serial == 12
+    assert replica.machine.chain_breaks == 1
+    # The writer chains on from what was applied: 13 follows 10.
+    replica.apply(cmd.encode_kv("A", 13, 10, [position("c1", b"4")]))
+    assert kv.raw_get(position("c1", b"")[0]) == b"4"
+    assert replica.machine.chains == {"A": 13}
+
+
+def test_a_late_command_its_writer_chained_past_is_skipped(replica: Replica) -> None:
+    kv = replica.machine.kv
+    replica.apply(cmd.encode_kv("A", 10, 0, [position("c1", b"1")]))
+    replica.apply(cmd.encode_kv("A", 12, 10, [position("c1", b"2")]))
+    replica.apply(cmd.encode_kv("A", 11, 10, [position("c1", b"old")]))  # came late
+    replica.apply(cmd.encode_kv("A", 12, 10, [position("c1", b"2")]))  # a retried copy
+    assert kv.raw_get(position("c1", b"")[0]) == b"2"
+    assert replica.refused == []  # nothing the writer must act on
+    assert replica.machine.applied_index == replica.index
+
+
+def test_other_writers_refusals_are_not_told_here(replica: Replica) -> None:
+    replica.apply(cmd.encode_kv("B", 5, 0, [position("c9", b"1")]))
+    replica.apply(cmd.encode_kv("B", 7, 6, [position("c9", b"2")]))
+    assert replica.refused == []  # B's refusal is B's to hear, on its own replica
+    assert replica.machine.chain_breaks == 1
+
+
+async def test_chains_are_durable_and_travel_in_snapshots(
+        open_storage: Callable[..., DurableStorage], tmp_path: Path) -> None:
+    first = open_storage(tmp_path / "a")
+    replica = Replica(first)
+    replica.apply(cmd.encode_kv("A", 10, 0, [position("c1", b"1")]))
+    replica.apply(cmd.encode_kv("B", 4, 0, []))
+    at, snapshot, done = replica.machine.snapshot_chunk(0, 0)
+    assert done
+    await first.close()
+    assert Replica(open_storage(tmp_path / "a")).machine.chains == {"A": 10, "B": 4}
+    other = Replica(open_storage(tmp_path / "b"))
+    other.machine.install_chunk(SnapshotChunk(at, 1, Config(frozenset({"A"})), 0, snapshot,
+                                              True))
+    assert other.machine.chains == {"A": 10, "B": 4}
+    other.index = at
+    other.apply(cmd.encode_kv("A", 11, 9, [position("c1", b"x")]))  # a gap after 10
+    assert other.machine.chain_breaks == 1
+
+
+def test_kv_v1_commands_are_applied_unchained(replica: Replica) -> None:
+    name = b"A"
+    legacy = (bytes((cmd.KV_V1,)) + len(name).to_bytes(2, "big") + name
+              + (1).to_bytes(4, "big") + (2).to_bytes(4, "big") + b"kk"
+              + (1).to_bytes(4, "big", signed=True) + b"v")
+    replica.apply(legacy)
+    assert replica.machine.kv.raw_get(b"kk") == b"v"
+    assert replica.machine.chains == {}
