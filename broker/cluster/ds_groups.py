@@ -93,7 +93,9 @@ class DsGroups:
         # The operator's placement file, when there is one (set by the app's watcher).
         self.placement: Placement | None = None
         self._stopping = False
-        self._commits: set[asyncio.Future[None]] = set()  # commits under way
+        # The tasks waiting for a commit, and those of them `stop` cancelled.
+        self._committing: set[asyncio.Task[Any]] = set()
+        self._stopped: set[asyncio.Task[Any]] = set()
         self.timed_out = 0
         metadata.hosted.append(self)
 
@@ -213,22 +215,27 @@ class DsGroups:
                       proposing: Callable[[], None] | None = None) -> None:
         if self._stopping:
             raise CommitTimeout("the node is stopping")
-        commit = asyncio.ensure_future(self._metadata.commit(group, data, proposing))
-        self._commits.add(commit)
-        commit.add_done_callback(self._commits.discard)
+        # Awaited in the caller's task, not a task of its own: a commit is on the path of
+        # every durable PUBLISH, and a task costs two more turns of a busy event loop.
+        task = asyncio.current_task()
+        assert task is not None
+        self._committing.add(task)
         try:
             async with asyncio.timeout(self._timeout):
-                await commit
+                await self._metadata.commit(group, data, proposing)
         except TimeoutError:
             self.timed_out += 1
             raise CommitTimeout(
                 f"{self._name(group)}: not committed within {self._timeout:g} s (no leader"
                 " reachable: this node is on a minority's side?)") from None
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self._stopping and (current is None or not current.cancelling()):
+            if task in self._stopped:
+                task.uncancel()
                 raise CommitTimeout("the node is stopping") from None
             raise
+        finally:
+            self._committing.discard(task)
+            self._stopped.discard(task)
 
     async def sync(self, sessions: bool = True) -> bool:
         """True once this node's replicas hold everything committed before the call, in
@@ -253,8 +260,9 @@ class DsGroups:
         links go down: none could commit), or closing the storage would wait for each until
         its commit timeout: a drained node, in no group any more, for ever."""
         self._stopping = True
-        for commit in list(self._commits):
-            commit.cancel()
+        for task in self._committing - self._stopped:
+            self._stopped.add(task)
+            task.cancel()
 
     def forget(self, site: str) -> str:
         """`broker ctl ds forget SITE`: a site whose node and data are gone for good stops

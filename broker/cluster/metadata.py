@@ -19,7 +19,6 @@ messages; its asyncio shell lives here.
 """
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -203,9 +202,9 @@ class MetadataGroup:
                     async with asyncio.timeout(self._attempt_timeout):
                         await raft.propose(group, data)
                     return
-                index = await self._rpc.call(leader, "raft_propose", {
-                    "group": group, "epoch": self._epoch_of(group),
-                    "data": base64.b64encode(data).decode()}, timeout=self._attempt_timeout)
+                index = await self._rpc.call(
+                    leader, "raft_propose", {"group": group, "epoch": self._epoch_of(group)},
+                    timeout=self._attempt_timeout, body=data)
                 # Committed: retrying now would store it twice. Shown here once applied,
                 # however long this node's replica lags (the caller bounds the wait).
                 applied = self._applied(group, index)
@@ -239,7 +238,7 @@ class MetadataGroup:
         if (int(params["epoch"]) != self._epoch_of(group) or self._raft is None
                 or self.core(group) is None):
             raise RpcError("not a member of that group")
-        return await self._raft.propose(group, base64.b64decode(params["data"]))
+        return await self._raft.propose(group, params["body"])
 
     # ---- Raft traffic -------------------------------------------------------------------
     def _link_changed(self, site: str) -> None:

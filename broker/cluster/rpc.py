@@ -1,9 +1,12 @@
 """Request/response between nodes over their link (the RPC channel): admin and API calls.
 
 Not the message path: forwarding, routes and Raft have channels and encodings of their own.
-JSON, one frame per request or reply, matched by id. A call fails fast when there is no link
-to the peer or the link drops while waiting, and times out otherwise; a remote handler that
-raises answers with its error's text, never leaves the caller hanging.
+JSON, one frame per request or reply, matched by id. A request may carry bytes after its
+JSON, a NUL between (JSON text has none), which its method finds as `params["body"]`: a
+Raft command forwarded to its group's leader goes as it is, not in base64. A call fails
+fast when there is no link to the peer or the link drops while waiting, and times out
+otherwise; a remote handler that raises answers with its error's text, never leaves the
+caller hanging.
 """
 
 import asyncio
@@ -39,10 +42,12 @@ class Rpc:
         self._methods[name] = method
 
     async def call(self, site: str, method: str, params: Any = None,
-                   timeout: float = 5.0) -> Any:
+                   timeout: float = 5.0, body: bytes | None = None) -> Any:
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         payload = json.dumps({"id": call_id, "m": method, "p": params}).encode()
+        if body is not None:
+            payload = b"".join((payload, b"\0", body))
         if not self._cluster.send(site, Channel.RPC, payload):
             raise RpcError(f"no link to {site}")
         self._waiting[call_id] = (site, future)
@@ -68,7 +73,10 @@ class Rpc:
                 future.set_exception(RpcError(f"link to {site} lost"))
 
     def _frame(self, site: str, payload: bytes) -> None:
-        message = json.loads(payload)
+        head, nul, body = payload.partition(b"\0")
+        message = json.loads(head)
+        if nul and isinstance(message.get("p"), dict):
+            message["p"]["body"] = body
         if "m" in message:
             task = asyncio.create_task(self._serve(site, message))
             self._tasks.add(task)
