@@ -75,32 +75,40 @@ class WriteBuffer(Generic[T]):
     def _start(self) -> None:
         if self._running is not None:
             return  # the running flush picks the items up when it ends
+        items, waiters, sync = self._take()
+        self._running = asyncio.get_running_loop().create_task(self._run(items, waiters, sync))
+
+    def _take(self) -> tuple[list[T], list[asyncio.Future[None]], bool]:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        items, waiters, sync = self._items, self._waiters, self._sync
+        taken = self._items, self._waiters, self._sync
         self._items, self._waiters, self._sync = [], [], False
-        self._running = asyncio.get_running_loop().create_task(self._run(items, waiters, sync))
+        return taken
 
     async def _run(self, items: list[T], waiters: list[asyncio.Future[None]], sync: bool) -> None:
         try:
-            await self._flush(items, sync)
-        except BaseException as error:  # every writer must learn its batch failed
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(error)
-            if not isinstance(error, Exception):
-                raise
-        else:
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            while True:
+                try:
+                    await self._flush(items, sync)
+                except Exception as error:  # every writer must learn its batch failed
+                    _settle(waiters, error)
+                else:
+                    _settle(waiters, None)
+                if not self._items:
+                    return
+                # Group commit: what arrived during that flush has waited one flush already,
+                # so it goes now, in this task: a new one would wait a turn of the event
+                # loop, under load the length of a whole round of connections. The disk
+                # never idles and batches grow by themselves; the timers only pace a
+                # writer that starts from idle.
+                items, waiters, sync = self._take()
+        except BaseException as error:  # cancelled: the writers of the batch learn it too
+            _settle(waiters, error)
+            raise
         finally:
             self._running = None
             if self._items:
-                # Group commit: what arrived during that flush has waited one flush already,
-                # so it goes now. Under load the disk never idles and batches grow by
-                # themselves; the timers only pace a writer that starts from idle.
                 self._start()
 
     async def drain(self) -> None:
@@ -111,3 +119,12 @@ class WriteBuffer(Generic[T]):
             running = self._running
             assert running is not None
             await asyncio.shield(running)
+
+
+def _settle(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)

@@ -69,6 +69,28 @@ async def test_one_flush_at_a_time_in_order() -> None:
     assert recorder.batches == [([1, 2], False), ([3, 4, 5], False)]
 
 
+async def test_what_waited_for_a_flush_goes_next_in_the_same_task() -> None:
+    """No turn of the event loop between two batches: under load a turn is a whole round
+    of connections, added to every commit."""
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()
+    tasks: list[asyncio.Task[object] | None] = []
+    flush = recorder.flush
+
+    async def recording(items: list[int], sync: bool) -> None:
+        tasks.append(asyncio.current_task())
+        await flush(items, sync)
+
+    buffer = WriteBuffer(recording, 3600, 1, 3600)
+    first = buffer.add([1], sync=True)
+    await asyncio.sleep(0)
+    second = buffer.add([2], sync=True)
+    recorder.gate.set()
+    await asyncio.gather(first, second)
+    assert recorder.batches == [([1], True), ([2], True)]
+    assert len(tasks) == 2 and tasks[0] is tasks[1]
+
+
 async def test_a_failed_flush_fails_every_writer_in_it() -> None:
     recorder = Recorder()
     recorder.fail = OSError("disk full")
