@@ -79,8 +79,6 @@ class DsGroups:
         self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
         self._sessions = KVMachine(ds.sessions, on_session_writes, admit, self.me, on_refused,
                                    sessions_of)
-        self._on_refused = on_refused
-        self._sessions_of = sessions_of
         self.machines: dict[int, Machine] = {SESSIONS_GROUP: self._sessions}
         for shard in ds.messages.shards:
             self.machines[shard_group(shard.index)] = ShardMachine(
@@ -206,7 +204,7 @@ class DsGroups:
             await self._commit(SESSIONS_GROUP, cmd.encode_kv(self.me, serial, prev, writes))
         except CommitTimeout:
             if not self._stopping:
-                self._on_refused(self._sessions_of(writes))
+                sessions.lost(writes)
             raise
         if sessions.refused_serial == serial:
             raise WritesRefused(f"sessions command {serial} does not follow {prev}")

@@ -269,6 +269,11 @@ def follows(last: int, command: cmd.KVCommand) -> bool | None:
     return command.prev in (0, last)
 
 
+def _stored_chains(kv: KVStore) -> dict[str, int]:
+    chains: dict[str, int] = json.loads(kv.raw_get(CHAINS_KEY) or b"{}")
+    return chains
+
+
 class KVMachine(_Machine):
     """The sessions database; `on_writes` hears every applied write (durable routes), with
     True when a snapshot replaced everything. `admit` picks, from a command's writes, those
@@ -291,13 +296,9 @@ class KVMachine(_Machine):
         self.refused_writes = 0  # sessions of a command some of whose writes were refused
         self.chain_breaks = 0  # commands refused whole: what they follow was never applied
         self.refused_serial = 0  # the last command of this node's refused whole
-        self.chains: dict[str, int] = {}
-        self._load_chains()
+        self.chains = _stored_chains(kv)
         raw = kv.raw_get(APPLIED_KEY)
         super().__init__(_APPLIED.unpack(raw) if raw else (0, 0))
-
-    def _load_chains(self) -> None:
-        self.chains = json.loads(self.kv.raw_get(CHAINS_KEY) or b"{}")
 
     def snapshot(self) -> SnapshotMeta | None:
         return _snapshot_meta(self.kv.raw_get(SNAPSHOT_KEY))
@@ -314,7 +315,7 @@ class KVMachine(_Machine):
                 self.chain_breaks += 1
                 if writer == self.me:
                     self.refused_serial = command.serial
-                    self._refused(self.sessions_of(writes) if self.sessions_of else set())
+                    self.lost(writes)
             self._mark(entry.index, entry.term)
             return
         extra = [(APPLIED_KEY, _APPLIED.pack(entry.index, entry.term))]
@@ -332,6 +333,11 @@ class KVMachine(_Machine):
         if writer == self.me:
             self._refused(refused)
 
+    def lost(self, writes: list[cmd.KVWrite]) -> None:
+        """This node's `writes` will never be applied (refused whole here, or not committed
+        in time): their sessions are told, as for refused writes."""
+        self._refused(self.sessions_of(writes) if self.sessions_of else set())
+
     def _refused(self, client_ids: set[str]) -> None:
         if client_ids and self.on_refused is not None:
             self.on_refused(client_ids)
@@ -348,6 +354,6 @@ class KVMachine(_Machine):
         pairs = [_split_pair(body) for kind, body in _records(data) if kind == _PAIR_RECORD]
         self.kv.replace(pairs, [(APPLIED_KEY, _APPLIED.pack(index, term)),
                                 (SNAPSHOT_KEY, meta)])
-        self._load_chains()
+        self.chains = _stored_chains(self.kv)
         if self.on_writes is not None:
             self.on_writes([(key, value) for key, value in pairs], True)
