@@ -85,6 +85,9 @@ class DsGroups:
                 ds.messages, shard.index, ds.messages.reopen_shard)
             shard.replication = self
         ds.sessions.replicate = self._store_sessions
+        # Replicated, a flush of the sessions database is a Raft commit on every replica:
+        # writes that need no fsync wait to share one.
+        ds.sessions.buffer.pace(config["durable_sessions.checkpoint_interval"])
         self._serials: dict[int, int] = {}  # shard -> this node's last STORE serial
         self._kv_serial = 0  # this node's last sessions command's serial (0: none yet)
         self._raft: RaftNode | None = None

@@ -271,6 +271,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durable_sessions.heartbeat_interval", "5s", parse_duration,
             "How often the node records that it is alive: after a crash, sessions that were"
             " connected count as disconnected since the last record (for expiry and wills)."),
+    Setting("durable_sessions.checkpoint_interval", "20ms", parse_duration,
+            "`builtin_raft`: how long a durable session's writes that need no fsync"
+            " (acknowledgements, QoS 1 batch records, read positions) may wait to reach the"
+            " `sessions` group together, each send being a Raft commit on every replica. A"
+            " node killed loses at most this much of them: its sessions resume on another node"
+            " with those messages sent again (DUP), never with one lost. `builtin_local`"
+            " writes them at once."),
     Setting("durable_sessions.max_session_expiry_interval", "0s", parse_duration,
             "Administrative cap on a durable session's expiry interval (TBMQ's"
             " `max-expiry-interval`), granted in CONNACK; 0 = no cap."),

@@ -2,7 +2,9 @@
 
 A flush happens when `max_items` are waiting, when the oldest has waited `flush_interval`,
 when nothing new arrived for `idle_flush_interval` (a lone writer should not wait the full
-interval), or at once when none of the waiting writes asked for fsync. Only one flush runs
+interval), or at once when none of the waiting writes asked for fsync, unless the buffer
+is paced (`pace`): then writes without fsync wait up to the pace interval, since each
+flush costs a round of its own (a Raft commit on every replica). Only one flush runs
 at a time, so batches reach the disk in the order they were buffered; writes that arrive
 meanwhile form the next batch, which starts as soon as the running one ends. Each `add`
 returns a future that resolves once the flush containing it completed (is durable when any
@@ -32,6 +34,12 @@ class WriteBuffer(Generic[T]):
         self._last_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._running: asyncio.Task[None] | None = None
+        self._pace: float | None = None
+
+    def pace(self, interval: float) -> None:
+        """From now on, writes without fsync are flushed `interval` after the first of them
+        arrived rather than at once (those with fsync keep their own timers)."""
+        self._pace = interval
 
     def __len__(self) -> int:
         return len(self._items)
@@ -51,26 +59,33 @@ class WriteBuffer(Generic[T]):
         self._sync = self._sync or sync
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
-        if len(self._items) >= self._max_items or not self._sync:
-            # Without fsync a write costs no disk round trip, so there is nothing to batch
-            # it for: it goes now (after the running flush, if any).
-            self._start()
-        elif self._timer is None and self._running is None:
-            self._timer = loop.call_at(self._due(), self._on_timer)
+        if self._running is None:
+            self._schedule(now)
         return waiter
 
+    def _schedule(self, now: float) -> None:
+        """Starts the flush of what waits if it is due, else sets the timer for when it is."""
+        due = self._due()
+        if due <= now or len(self._items) >= self._max_items:
+            self._start()
+            return
+        if self._timer is not None:
+            if self._timer.when() <= due:
+                return
+            self._timer.cancel()  # a write with fsync joined paced ones: it is due sooner
+        self._timer = asyncio.get_running_loop().call_at(due, self._on_timer)
+
     def _due(self) -> float:
+        if not self._sync:
+            # Without fsync a write costs no disk round trip, so there is nothing to batch
+            # it for: it goes now, unless paced.
+            return self._first_at + (self._pace or 0.0)
         return min(self._first_at + self._interval, self._last_at + self._idle)
 
     def _on_timer(self) -> None:
         self._timer = None
-        if not self._items or self._running is not None:
-            return
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self._due():
-            self._start()
-        else:
-            self._timer = loop.call_at(self._due(), self._on_timer)
+        if self._items and self._running is None:
+            self._schedule(asyncio.get_running_loop().time())
 
     def _start(self) -> None:
         if self._running is not None:
@@ -95,7 +110,7 @@ class WriteBuffer(Generic[T]):
                     _settle(waiters, error)
                 else:
                     _settle(waiters, None)
-                if not self._items:
+                if not self._items or (self._pace is not None and not self._sync):
                     return
                 # Group commit: what arrived during that flush has waited one flush already,
                 # so it goes now, in this task: a new one would wait a turn of the event
@@ -109,7 +124,7 @@ class WriteBuffer(Generic[T]):
         finally:
             self._running = None
             if self._items:
-                self._start()
+                self._schedule(asyncio.get_running_loop().time())
 
     async def drain(self) -> None:
         """Flushes whatever is waiting now and returns when it is written."""

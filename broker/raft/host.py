@@ -19,7 +19,7 @@ from typing import Protocol
 
 from broker.raft.core import ROLE_NAMES, RaftGroup
 from broker.raft.messages import Config, Entry, MalformedMessage, Message, decode, encode
-from broker.raft.ready import SnapshotChunk, SnapshotMeta
+from broker.raft.ready import Ready, SnapshotChunk, SnapshotMeta
 from broker.raft.wal import RecoveredGroup, WalBatch, WriteAheadLog
 
 # A histogram's value: cumulative (upper bound, count) buckets ending with "+Inf", and the sum.
@@ -148,28 +148,36 @@ class RaftHost:
 
     # ---------------------------------------------------------------- outputs
 
-    def flush(self) -> HostBatch | None:
+    def flush(self, write: Callable[[HostBatch], None] | None = None) -> HostBatch | None:
         """Collects every group's Ready into one batch; None when there was nothing.
-        Call `synced(batch)` once `batch.wal` is committed (at once when it is None)."""
-        batch: HostBatch | None = None
-        for _ in range(4):  # answering snapshot requests makes more to collect
-            busy = [hosted for hosted in self.groups.values() if hosted.core.has_ready()]
-            if not busy:
-                break
-            if batch is None:
-                batch = HostBatch(None)
-            for hosted in busy:
-                self._handle(hosted, batch)
-        if batch is None:
+        Call `synced(batch)` once `batch.wal` is committed (at once when it is None).
+        `write(batch)` is called with the batch before the committed entries are applied,
+        so the log's fsync runs while the state machines work: on a follower the apply of
+        entry N would otherwise delay the fsync of N+1, which the leader waits for. What
+        applying makes to send (snapshot chunks) waits for the next flush (`has_ready`)."""
+        busy = [hosted for hosted in self.groups.values() if hosted.core.has_ready()]
+        if not busy:
             return None
+        batch = HostBatch(None)
+        readies = [(hosted, self._collect(hosted, batch)) for hosted in busy]
         if self.wal.pending():
             batch.wal = self.wal.take()
         self._unsynced.append(batch)
         if batch.wal is None:
             self.synced(batch)
+        elif write is not None:
+            write(batch)
+        for hosted, ready in readies:
+            self._settle(hosted, ready)
         return batch
 
-    def _handle(self, hosted: "_Group", batch: HostBatch) -> None:
+    def has_ready(self) -> bool:
+        """Whether a flush would find something (after one, what applying made)."""
+        return any(hosted.core.has_ready() for hosted in self.groups.values())
+
+    def _collect(self, hosted: "_Group", batch: HostBatch) -> Ready:
+        """A group's Ready into the batch: its log writes, and its messages sent (those
+        allowed before the fsync) or held for `synced`."""
         core = hosted.core
         ready = core.ready()
         group = core.group
@@ -188,6 +196,12 @@ class RaftHost:
         self.messages_sent += len(ready.messages)
         batch.readies.append((core, ready.seq, len(ready.entries)))
         batch.after_persist.extend(ready.after_persist)
+        return ready
+
+    def _settle(self, hosted: "_Group", ready: Ready) -> None:
+        """The rest of a Ready, once its log writes are on their way: committed entries
+        applied, reads and snapshot requests answered."""
+        core = hosted.core
         if ready.committed:
             self._apply(hosted, ready.committed)
         for context, index in ready.reads:

@@ -3,8 +3,9 @@
 All I/O of Raft happens here, and little else: ticks drive every group from one timer;
 whatever the groups produce during an event-loop turn is collected by one `flush` at the end
 of the turn (RaftHost.flush); the log's own thread writes the turn's log batch and
-fdatasyncs it, so the event loop never waits for the disk, then the loop releases the
-messages that waited for it (vote grants, acknowledgements) and lets the groups commit.
+fdatasyncs it, so the event loop never waits for the disk (and applies committed entries
+while it runs), then the loop releases the messages that waited for it (vote grants,
+acknowledgements) and lets the groups commit.
 Batches that pile up while an fsync runs share the next one.
 
 The write starts from the flush and its end comes back as one callback, with no task or
@@ -155,11 +156,9 @@ class RaftNode:
         self._flush_scheduled = False
         if self._closed:
             return
-        batch = self.host.flush()
-        if batch is not None and batch.wal is not None:
-            self._to_write.append(batch)
-            if self._committing is None:
-                self._write()
+        self.host.flush(self._queue)
+        if self.host.has_ready():
+            self._schedule_flush()
         if self._waiters:
             waiting = self._waiters
             self._waiters = []
@@ -176,6 +175,12 @@ class RaftNode:
             await asyncio.sleep(self.tick_seconds)
             self.host.tick()
             self._schedule_flush()
+
+    def _queue(self, batch: HostBatch) -> None:
+        """The flush's log batch: written now, or after the running write (group commit)."""
+        self._to_write.append(batch)
+        if self._committing is None:
+            self._write()
 
     def _write(self) -> None:
         """Hands what waits to the log's thread: its batches share one fdatasync."""

@@ -585,6 +585,14 @@ class SimNode:
         self.store.crash(self.sim.rng, self.sim.options.torn_writes)
 
     def flush(self) -> None:
+        """As the node's shell: again while applying made more to send (at most 4 rounds,
+        as a turn of its event loop would end between them)."""
+        for _ in range(4):
+            self._flush_once()
+            if not self.alive or not self.host.has_ready():
+                return
+
+    def _flush_once(self) -> None:
         if not self.alive:
             return
         host = self.host

@@ -12,8 +12,10 @@ class Recorder:
         self.batches: list[tuple[list[int], bool]] = []
         self.gate: asyncio.Event | None = None
         self.fail: Exception | None = None
+        self.entered = asyncio.Event()  # a flush has started
 
     async def flush(self, items: list[int], sync: bool) -> None:
+        self.entered.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.fail is not None:
@@ -108,3 +110,61 @@ async def test_drain_writes_what_is_waiting() -> None:
     waiter = buffer.add([7], sync=True)
     await buffer.drain()
     assert waiter.done() and recorder.batches == [([7], True)]
+
+
+async def _turns(n: int = 5) -> None:
+    """Lets the event loop run whatever is ready (a flush that would start at once)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_paced_writes_without_fsync_wait_to_share_a_flush() -> None:
+    """Replicated, each flush is a Raft commit on every replica: writes that need no fsync
+    wait the pace interval instead of going at once, and go together."""
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 3600, 1000, 3600)
+    buffer.pace(3600)
+    one = buffer.add([1], sync=False)
+    two = buffer.add([2], sync=False)
+    await _turns()
+    assert recorder.batches == [] and not one.done()
+    await buffer.drain()
+    assert recorder.batches == [([1, 2], False)] and two.done()
+
+
+async def test_paced_writes_flush_once_the_pace_has_passed() -> None:
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 3600, 1000, 3600)
+    buffer.pace(0.005)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await buffer.add([1], sync=False)
+    assert recorder.batches == [([1], False)]
+    assert loop.time() - started >= 0.005
+
+
+async def test_a_write_with_fsync_takes_paced_ones_along_sooner() -> None:
+    recorder = Recorder()
+    buffer = WriteBuffer(recorder.flush, 3600, 1000, 0.001)
+    buffer.pace(3600)
+    paced = buffer.add([1], sync=False)
+    await _turns()
+    await buffer.add([2], sync=True)  # its idle interval, not the pace, decides
+    assert paced.done() and recorder.batches == [([1, 2], True)]
+
+
+async def test_paced_writes_made_during_a_flush_wait_for_the_pace() -> None:
+    """Not taken along by the group commit loop: that would make one flush per commit."""
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()
+    buffer = WriteBuffer(recorder.flush, 3600, 1000, 0.001)
+    buffer.pace(3600)
+    first = buffer.add([1], sync=True)
+    await recorder.entered.wait()
+    paced = buffer.add([2], sync=False)
+    recorder.gate.set()
+    await first
+    await _turns()
+    assert recorder.batches == [([1], True)] and not paced.done()
+    await buffer.drain()
+    assert recorder.batches == [([1], True), ([2], False)]
