@@ -69,6 +69,7 @@ class Stats:
         "bytes_received", "bytes_sent", "connections_total", "durable_persisted",
         "durable_replayed", "durable_writes", "messages_dropped", "messages_received",
         "messages_sent", "packets_malformed", "refused", "throttled", "timed_out",
+        "tombstones_swept",
     )
 
     def __init__(self) -> None:
@@ -81,6 +82,7 @@ class Stats:
         self.packets_malformed = 0
         self.durable_persisted = 0  # messages stored for durable sessions
         self.durable_replayed = 0  # unacknowledged deliveries resent after a resume
+        self.tombstones_swept = 0  # ended sessions' epochs forgotten (sessions leader)
         self.durable_writes = DurableWrites()
         self.timed_out: dict[str, int] = {}  # connections closed for slowness, by stage
         self.refused: dict[str, int] = {}  # requests refused by a limit, by limit
@@ -159,6 +161,12 @@ class _StatsCollector(Collector):
             "mqtt_durable_messages_replayed",
             "Unacknowledged deliveries resent when a durable session resumed",
             value=stats.durable_replayed,
+        )
+        yield CounterMetricFamily(
+            "mqtt_durable_session_tombstones_swept",
+            "Ended durable sessions' epochs this node, leading the replicated `sessions`"
+            " group, had the replicas forget (older than durable_sessions.tombstone_ttl)",
+            value=stats.tombstones_swept,
         )
         writes = stats.durable_writes
         histogram = HistogramMetricFamily(

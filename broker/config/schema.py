@@ -278,6 +278,12 @@ SETTINGS: tuple[Setting, ...] = (
             " node killed loses at most this much of them: its sessions resume on another node"
             " with those messages sent again (DUP), never with one lost. `builtin_local`"
             " writes them at once."),
+    Setting("durable_sessions.tombstone_ttl", "1d", parse_duration,
+            "`builtin_raft`: how long the replicas remember an ended session's epoch, to"
+            " refuse the writes of a node that still held the session (frozen or cut off"
+            " while it ended); the `sessions` group's leader forgets older ones at each"
+            " `session_gc_interval`. A node frozen for longer than this could bring such a"
+            " session back with its stale state."),
     Setting("durable_sessions.max_session_expiry_interval", "0s", parse_duration,
             "Administrative cap on a durable session's expiry interval (TBMQ's"
             " `max-expiry-interval`), granted in CONNACK; 0 = no cap."),

@@ -250,8 +250,9 @@ class ShardMachine(_Machine):
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
 
 
-# (writer, writes, stored value of a key) -> (the admitted writes, the refused client IDs)
-Admit = Callable[[str, list[cmd.KVWrite], Callable[[bytes], bytes | None]],
+# (writer, writes, stored value of a key, the command's serial) -> (the admitted writes,
+# the refused client IDs)
+Admit = Callable[[str, list[cmd.KVWrite], Callable[[bytes], bytes | None], int],
                  tuple[list[cmd.KVWrite], set[str]]]
 SessionsOf = Callable[[list[cmd.KVWrite]], set[str]]  # the client IDs whose keys are written
 
@@ -324,7 +325,7 @@ class KVMachine(_Machine):
             extra.append((CHAINS_KEY, json.dumps(self.chains).encode()))
         refused: set[str] = set()
         if self.admit is not None:
-            admitted, refused = self.admit(writer, writes, self.kv.raw_get)
+            admitted, refused = self.admit(writer, writes, self.kv.raw_get, command.serial)
             self.refused_writes += len(refused)
             writes = admitted
         self.kv.apply(writes, extra)

@@ -227,6 +227,10 @@ class BrokerApp:
         ended = self.node.sessions.collect_garbage()
         if self.ds_groups is not None and self.ds_groups.leads(None):
             ended += await self.node.sessions.collect_orphans(self.ds_groups.is_up)
+            swept = await self.node.sessions.sweep_tombstones(
+                self.config["durable_sessions.tombstone_ttl"])
+            if swept:
+                log.info("forgot %d ended durable sessions' epochs", swept)
         if ended:
             log.info("garbage collected %d expired durable sessions", ended)
 

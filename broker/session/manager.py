@@ -17,6 +17,7 @@ from broker.mqtt.constants import MAX_UINT32, PropertyId, ReasonCode
 from broker.mqtt.packets import Will
 from broker.session.durable import records
 from broker.session.durable.orphans import expired_orphans
+from broker.session.durable.ownership import sweep_writes
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import StoredSession
 from broker.session.message import Message, message_from_publish
@@ -25,6 +26,8 @@ from broker.session.session import Session
 log = logging.getLogger(__name__)
 
 NEVER_EXPIRES = MAX_UINT32
+SWEEP_BATCH = 10_000
+"""Tombstones one sweep command deletes at most: a Raft entry of a few hundred KB."""
 
 
 def granted_expiry(requested: int, cap: float) -> int:
@@ -285,6 +288,23 @@ class SessionManager:
         for client_id in expired:
             ended += await self.discard_stored(client_id)
         return ended
+
+    async def sweep_tombstones(self, older_than: float, now: float | None = None) -> int:
+        """Replicated storage, on the `sessions` group's leader: the replicas forget the
+        epochs of sessions that ended more than `older_than` seconds ago (ownership.py),
+        at most SWEEP_BATCH a command; returns how many."""
+        assert self._durable is not None
+        store = self._durable.store
+        cutoff = int(((time.time() if now is None else now) - older_than) * 1_000_000)
+        tombstones = store.tombstones()
+        swept = 0
+        for start in range(0, len(tombstones), SWEEP_BATCH):
+            writes = sweep_writes(tombstones[start:start + SWEEP_BATCH], cutoff)
+            if writes:
+                await store.write(writes)
+                swept += len(writes) - 1  # the cutoff is not a tombstone
+        self._durable.stats.tombstones_swept += swept
+        return swept
 
     async def discard_stored(self, client_id: str) -> bool:
         """Replicated storage: ends a stored session this node does not hold (its node is

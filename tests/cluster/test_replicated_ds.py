@@ -195,3 +195,26 @@ def test_sessions_of_a_node_gone_for_good_end_once_they_expire(
         back = _client(clients, survivors[1], client_id)
         assert not back.connect(clean_start=False, session_expiry=0).session_present
         back.disconnect()
+
+
+def test_ended_sessions_epochs_are_forgotten_after_tombstone_ttl(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """A session that ends leaves a tombstone on every replica (its epoch, fencing off a
+    node that still held it); the `sessions` group's leader has them forgotten once older
+    than durable_sessions.tombstone_ttl, so ended client IDs do not grow the database."""
+    nodes = _start(cluster, **{"durable_sessions.session_gc_interval": "1s",
+                               "durable_sessions.tombstone_ttl": "2s"})
+    client_ids = [unique("ended") for _ in range(3)]
+    for client_id in client_ids:
+        client = _client(clients, nodes[0], client_id)
+        client.connect(clean_start=False, session_expiry=1)
+        client.disconnect()  # the session ends a second later, by its expiry
+
+    def swept() -> float:
+        return sum(node.metric("mqtt_durable_session_tombstones_swept_total")
+                   for node in nodes)
+
+    wait_until(lambda: swept() >= len(client_ids), 30, "the tombstones swept")
+    assert swept() == len(client_ids)
+    again = _client(clients, nodes[1], client_ids[0])
+    assert not again.connect(clean_start=False, session_expiry=60).session_present

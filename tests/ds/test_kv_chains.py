@@ -9,11 +9,11 @@ import pytest
 
 from broker.ds import DurableStorage
 from broker.ds import replication_layer as cmd
-from broker.ds.replication_shard import KVMachine, follows
+from broker.ds.replication_shard import Admit, KVMachine, follows
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk
 from broker.session.durable import records as r
-from broker.session.durable.ownership import sessions_of
+from broker.session.durable.ownership import admitted, sessions_of, sweep_writes
 
 
 def test_follows() -> None:
@@ -32,10 +32,11 @@ def test_follows() -> None:
 class Replica:
     """One replica of the sessions database as node `me` runs it."""
 
-    def __init__(self, storage: DurableStorage, me: str = "A") -> None:
+    def __init__(self, storage: DurableStorage, me: str = "A", admit: Admit | None = None
+                 ) -> None:
         self.refused: list[set[str]] = []
-        self.machine = KVMachine(storage.sessions, me=me, on_refused=self.refused.append,
-                                 sessions_of=sessions_of)
+        self.machine = KVMachine(storage.sessions, me=me, admit=admit,
+                                 on_refused=self.refused.append, sessions_of=sessions_of)
         self.index = self.machine.applied_index
 
     def apply(self, data: bytes) -> None:
@@ -117,3 +118,23 @@ def test_kv_v1_commands_are_applied_unchained(replica: Replica) -> None:
     replica.apply(legacy)
     assert replica.machine.kv.raw_get(b"kk") == b"v"
     assert replica.machine.chains == {}
+
+
+def test_a_tombstone_is_dated_by_its_command_and_swept_by_a_later_one(
+        open_storage: Callable[..., DurableStorage]) -> None:
+    """The end of a session is dated by the serial of the command that ended it (its
+    writer's clock), the same on every replica; the leader's sweep deletes it once that is
+    older than its cutoff."""
+    replica = Replica(open_storage(), admit=admitted)
+    kv = replica.machine.kv
+    meta = r.Meta(60, 5, False, None, None, "A", 3, True).to_bytes()
+    replica.apply(cmd.encode_kv("A", 1_000, 0, [(r.meta_key("c"), meta)]))
+    replica.apply(cmd.encode_kv("A", 2_000, 1_000, [(r.meta_key("c"), None)]))
+    tombstone = kv.raw_get(r.ended_key("c"))
+    assert r.loads(tombstone) == {"epoch": 3, "at": 2_000}
+    assert sweep_writes([(r.ended_key("c"), tombstone)], cutoff=1_999) == []
+    replica.apply(cmd.encode_kv("L", 9_000, 0, sweep_writes([(r.ended_key("c"), tombstone)],
+                                                             cutoff=2_000)))
+    assert kv.raw_get(r.ended_key("c")) is None
+    assert kv.raw_get(r.TOMBSTONE_SWEEP_KEY) is None
+    assert replica.refused == []

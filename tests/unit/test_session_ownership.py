@@ -5,7 +5,7 @@ import pytest
 
 from broker.ds import replication_layer as cmd
 from broker.session.durable import records as r
-from broker.session.durable.ownership import admitted
+from broker.session.durable.ownership import admitted, sweep_writes
 
 Store = dict[bytes, bytes]
 
@@ -18,12 +18,12 @@ def created(site: str, epoch: int) -> bytes:
     return meta(site, epoch, connected=True, created=True)
 
 
-def apply_refused(store: Store, writer: str,
-                  writes: list[tuple[bytes, bytes | None]]) -> tuple[list[bytes], set[str]]:
-    """What a replica does with one KV command; returns the admitted keys and the client
-    IDs of the refused writes."""
-    decoded = cmd.decode_kv(cmd.encode_kv(writer, 1, 0, writes)).writes
-    kept, refused = admitted(writer, decoded, store.get)
+def apply_refused(store: Store, writer: str, writes: list[tuple[bytes, bytes | None]],
+                  at: int = 1) -> tuple[list[bytes], set[str]]:
+    """What a replica does with one KV command (of serial `at`); returns the admitted keys
+    and the client IDs of the refused writes."""
+    command = cmd.decode_kv(cmd.encode_kv(writer, at, 0, writes))
+    kept, refused = admitted(writer, command.writes, store.get, command.serial)
     for key, value in kept:
         if value is None:
             store.pop(key, None)
@@ -32,8 +32,9 @@ def apply_refused(store: Store, writer: str,
     return [key for key, _ in kept], refused
 
 
-def apply(store: Store, writer: str, writes: list[tuple[bytes, bytes | None]]) -> list[bytes]:
-    return apply_refused(store, writer, writes)[0]
+def apply(store: Store, writer: str, writes: list[tuple[bytes, bytes | None]],
+          at: int = 1) -> list[bytes]:
+    return apply_refused(store, writer, writes, at)[0]
 
 
 POSITION = r.position_key("c", "t/#", r.Stream("messages", 0, 1, 2))
@@ -74,7 +75,7 @@ def test_the_owner_deletes_its_session_in_one_command() -> None:
     store: Store = {r.meta_key("c"): meta("A", 1), POSITION: b"1"}
     assert sorted(apply(store, "A", [(r.meta_key("c"), None), (POSITION, None)])) == sorted(
         [r.meta_key("c"), POSITION, r.ended_key("c")])
-    assert store == {r.ended_key("c"): b'{"epoch":1}'}  # the tombstone
+    assert store == {r.ended_key("c"): r.dumps({"epoch": 1, "at": 1})}  # the tombstone
 
 
 def test_state_of_a_session_with_no_meta_is_refused() -> None:
@@ -115,7 +116,7 @@ def test_a_stale_holder_cannot_bring_an_ended_session_back(stale: bytes) -> None
     apply(store, "B", [(r.meta_key("c"), None), (POSITION, None)])
     assert apply_refused(store, "A", [(r.meta_key("c"), stale), (POSITION, b"7")]) == (
         [], {"c"})
-    assert store == {r.ended_key("c"): b'{"epoch":4}'}
+    assert store == {r.ended_key("c"): r.dumps({"epoch": 4, "at": 1})}
 
 
 def test_a_new_session_of_an_ended_id_clears_its_tombstone() -> None:
@@ -160,3 +161,50 @@ def test_an_owner_replaces_its_session_in_one_command() -> None:
 def test_deleting_what_is_gone_changes_nothing_and_refuses_nothing() -> None:
     store: Store = {}
     assert apply_refused(store, "A", [(r.meta_key("c"), None)]) == ([r.meta_key("c")], set())
+
+
+def ended(client_id: str, at: int, epoch: int = 4) -> Store:
+    """A store holding one tombstone: `client_id`'s session ended at `at` (its command's
+    serial, in microseconds)."""
+    store: Store = {r.meta_key(client_id): meta("A", epoch)}
+    apply(store, "A", [(r.meta_key(client_id), None)], at=at)
+    return store
+
+
+def sweep(store: Store, cutoff: int) -> list[bytes]:
+    """What the sessions group's leader does (`sweep_tombstones`), applied on a replica."""
+    tombstones = sorted((k, v) for k, v in store.items() if r.split_key(k)[0] == b"e")
+    writes = sweep_writes(tombstones, cutoff)
+    return apply(store, "L", writes, at=cutoff + 10**9) if writes else []
+
+
+def test_a_tombstone_keeps_when_its_session_ended() -> None:
+    assert r.loads(ended("c", at=1_000)[r.ended_key("c")]) == {"epoch": 4, "at": 1_000}
+
+
+def test_a_sweep_forgets_tombstones_that_ended_before_its_cutoff() -> None:
+    store = {**ended("old", at=1_000), **ended("new", at=5_000)}
+    store[r.ended_key("unknown")] = r.dumps({"epoch": 2})  # from before ends were dated
+    assert sweep(store, cutoff=2_000) == [r.ended_key("old")]
+    assert sorted(store) == sorted([r.ended_key("new"), r.ended_key("unknown")])
+    assert sweep(store, cutoff=1_500) == []  # nothing is due: no command at all
+
+
+def test_a_tombstone_set_again_before_the_sweep_applies_stays() -> None:
+    """The leader read an old tombstone; before its command applied, the ID came back and
+    its new session ended too: the new tombstone is not the one the sweep was for."""
+    store = ended("c", at=1_000)
+    writes = sweep_writes([(r.ended_key("c"), store[r.ended_key("c")])], cutoff=2_000)
+    apply(store, "B", [(r.meta_key("c"), created("B", 9_000))], at=8_000)
+    apply(store, "B", [(r.meta_key("c"), None)], at=9_500)
+    assert apply_refused(store, "L", writes, at=10**9) == ([], set())
+    assert r.loads(store[r.ended_key("c")])["at"] == 9_500
+
+
+def test_tombstones_are_written_by_replicas_alone() -> None:
+    """A writer's own `e` writes (and a cutoff's key) are never stored, nor refused."""
+    store = ended("c", at=1_000)
+    tombstone = store[r.ended_key("c")]
+    assert apply_refused(store, "A", [(r.ended_key("c"), None), (r.ended_key("d"), b"{}"),
+                                      (r.TOMBSTONE_SWEEP_KEY, None)]) == ([], set())
+    assert store == {r.ended_key("c"): tombstone}

@@ -14,7 +14,9 @@ For a command from node W, per session (a meta with no site predates builtin_raf
 belongs to whoever writes it):
 
 - meta deleted (the session ends): admitted if the stored meta names W, or none is stored.
-  The replicas then keep the ended session's epoch (its `e` key: a tombstone);
+  The replicas then keep the ended session's epoch (its `e` key: a tombstone), with the
+  time it ended (the command's serial: W's clock in microseconds; 0 for a command from
+  before chains);
 - meta written when none is stored: admitted if its epoch is above the tombstone's, if
   any (and the tombstone goes). A node still holding an ended session (frozen or cut off
   while its client moved on and ended it) writes that session's epoch, at most the
@@ -31,7 +33,10 @@ belongs to whoever writes it):
 - any other meta written: admitted if its epoch is above the stored one's (a claim), or if
   it keeps the stored epoch and the stored meta names W;
 - any other key of the session: admitted if W owns the session before the command, or
-  after the command's admitted meta write. Keys of no session (heartbeats) are admitted.
+  after the command's admitted meta write. Keys of no session (heartbeats) are admitted;
+- tombstones are written by the replicas alone, and deleted by a sweep (`sweep_writes`): a
+  command carrying a cutoff that deletes those that ended at or before it, so a tombstone
+  set again meanwhile (the ID came back and ended again) stays. A sweep refuses nothing.
 
 The client IDs whose writes were refused go back to the writer (when it applies the command
 itself): a session it still serves there is not its own any more and must end, or it would
@@ -47,34 +52,46 @@ Owner = tuple[str, int]  # site, epoch
 _SESSION_KINDS = frozenset((b"m", b"s", b"p", b"b", b"k", b"r", b"a", b"e"))
 
 
-def admitted(writer: str, writes: list[Write],
-             stored: Callable[[bytes], bytes | None]) -> tuple[list[Write], set[str]]:
+def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes | None],
+             at: int = 0) -> tuple[list[Write], set[str]]:
     """The writes of one command that its writer may make (with the tombstones they set or
-    clear), and the client IDs of the sessions some of whose writes it may not."""
+    clear), and the client IDs of the sessions some of whose writes it may not. `at`: the
+    command's serial, the time a session it ends ended."""
     before: dict[str, Owner | None] = {}
     after: dict[str, Owner | None] = {}
     refused: set[bytes] = set()
     tombstones: list[Write] = []
+    cutoff = -1  # a sweep's: tombstones that ended at or before it go
     for key, value in writes:
         kind, client_id = r.split_key(key)
+        if key == r.TOMBSTONE_SWEEP_KEY and value is not None:
+            cutoff = int(value)
+            continue
+        if kind == b"e":
+            if value is None and 0 < _ended(stored(key))[1] <= cutoff:
+                tombstones.append((key, None))
+            continue
         if kind != b"m":
             continue
         current = _owner(stored(key))
         before[client_id] = after[client_id] = current
         new = None if value is None else r.Meta.from_bytes(value)
-        ended = _ended_epoch(stored(r.ended_key(client_id))) if current is None else None
+        ended = _ended(stored(r.ended_key(client_id)))[0] if current is None else None
         if not _meta_admitted(writer, current, new, ended):
             refused.add(key)
             continue
         after[client_id] = None if new is None else (new.site, new.epoch)
         if new is None and current is not None:
-            tombstones.append((r.ended_key(client_id), r.dumps({"epoch": current[1]})))
+            tombstones.append((r.ended_key(client_id),
+                               r.dumps({"epoch": current[1], "at": at})))
         elif new is not None and ended is not None:
             tombstones.append((r.ended_key(client_id), None))
     result = []
     refused_ids = {r.split_key(key)[1] for key in refused}
     for key, value in writes:
         kind, client_id = r.split_key(key)
+        if kind == b"e" or key == r.TOMBSTONE_SWEEP_KEY:
+            continue  # decided above
         if kind == b"m":
             if key not in refused:
                 result.append((key, value))
@@ -112,8 +129,23 @@ def _owns(writer: str, owner: Owner | None) -> bool:
     return owner is not None and owner[0] in ("", writer)
 
 
-def _ended_epoch(raw: bytes | None) -> int | None:
-    return None if raw is None else int(r.loads(raw)["epoch"])
+def sweep_writes(tombstones: list[tuple[bytes, bytes]], cutoff: int) -> list[Write]:
+    """A sweep's command: the tombstones (`e` keys and values, as stored) that ended at or
+    before `cutoff` (microseconds) deleted, and the cutoff that every replica checks again
+    (a tombstone may be set anew before the command applies). Empty when none is due;
+    those whose end is unknown (0) are kept."""
+    due = [(key, None) for key, raw in tombstones if 0 < _ended(raw)[1] <= cutoff]
+    if not due:
+        return []
+    return [(r.TOMBSTONE_SWEEP_KEY, str(cutoff).encode()), *due]
+
+
+def _ended(raw: bytes | None) -> tuple[int | None, int]:
+    """A tombstone's (epoch, time it ended); (None, 0) without one, time 0 when unknown."""
+    if raw is None:
+        return None, 0
+    value = r.loads(raw)
+    return int(value["epoch"]), int(value.get("at", 0))
 
 
 def _meta_admitted(writer: str, current: Owner | None, new: r.Meta | None,

@@ -67,6 +67,10 @@ def ended_key(client_id: str) -> bytes:
     return _key(b"e", client_id)
 
 
+TOMBSTONE_SWEEP_KEY: Final = b"w"
+"""Not stored: the cutoff of a command sweeping tombstones (ownership.sweep_writes)."""
+
+
 def subscription_key(client_id: str, topic_filter: str) -> bytes:
     return _key(b"s", client_id, topic_filter.encode())
 

@@ -123,6 +123,10 @@ class SessionStore:
         return [(r.split_key(key)[1], r.Meta.from_bytes(value))
                 for key, value in self._ds.sessions.scan(b"m" + r.SEP)]
 
+    def tombstones(self) -> list[tuple[bytes, bytes]]:
+        """Replicated: the ended sessions' epochs the replicas keep (ownership.py)."""
+        return self._ds.sessions.scan(b"e" + r.SEP)
+
     def heartbeats(self) -> dict[str, float]:
         """Each site's last heartbeat (wall clock seconds)."""
         self._turn.flush_now()
