@@ -110,6 +110,12 @@ def drain_verdict(reports: Sequence[SiteReport], require_confirmation: bool) -> 
                         f"proceeding without confirmation (volumes are kept): {detail}")
 
 
+def still_held(report: SiteReport) -> bool:
+    """Whether a site gone with its volume must stay listed as leaving: until a broker that
+    answers reports it in no shard's group (a silent one tells nothing)."""
+    return not report.reachable or bool(report.shards)
+
+
 def settled(transition: Transition, reports: Mapping[str, SiteReport],
             members: Collection[str]) -> bool:
     """Done when every added site reports the shard and no removed member site does (a site

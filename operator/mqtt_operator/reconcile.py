@@ -20,7 +20,7 @@ from typing import Any
 
 from mqtt_operator import broker_config, manifests, placement, sites, spark, sparkapp, status
 from mqtt_operator import constants as c
-from mqtt_operator.brokers import Credentials, SiteReport, drain_verdict, settled
+from mqtt_operator.brokers import Credentials, SiteReport, drain_verdict, settled, still_held
 from mqtt_operator.kube import Kube, path
 from mqtt_operator.metrics import ClusterState
 from mqtt_operator.spec import Cluster
@@ -190,6 +190,8 @@ class _Pass:
         self.pods: dict[int, status.PodView] = {}
         self.ids: dict[int, str] = {}
         self.claims: dict[int, str] = {}  # ordinal -> UID of its claim as it exists now
+        # Sites gone with their volumes, listed as leaving until no group holds them.
+        self.gone: list[str] = list(self.previous.get("goneSites") or [])
         self.credentials: Credentials = None
         self.reports: dict[str, SiteReport] = {}
         self.lost_secrets: list[tuple[str, str]] = []  # (condition reason, what is wrong)
@@ -210,9 +212,12 @@ class _Pass:
             self.degraded(), self.replication(len(plan.staying)), *spark_conditions])
 
     def report(self, site: str) -> SiteReport:
+        """What the site's own pod says of it; of a site gone with its volume (no pod of
+        its own), what the first ready pod says."""
         if site not in self.reports:
-            ordinal = next(o for o, s in self.ids.items() if s == site)
-            pod = self.pods.get(ordinal)
+            ordinal = next((o for o, s in self.ids.items() if s == site), None)
+            pod = self.pods.get(ordinal) if ordinal is not None else next(
+                (view for _, view in sorted(self.pods.items()) if view.ready), None)
             self.reports[site] = self.ask(pod.ip if pod else None, self.cluster.http_port,
                                           site, self.credentials)
         return self.reports[site]
@@ -232,6 +237,8 @@ class _Pass:
         rebound = sites.rebind(sites.assign(known, max(cluster.replicas, self.current)),
                                sites.bound_claims(published), claims)
         for ordinal, old in rebound.replaced.items():
+            if old not in self.gone:
+                self.gone.append(old)
             self.emit("Warning", "SiteReplaced", (
                 f"claim {c.data_claim_name(cluster.name, ordinal)} is a new volume: pod"
                 f" ordinal {ordinal} is site {rebound.ids[ordinal]} now; site {old} is gone"
@@ -302,13 +309,15 @@ class _Pass:
             self.emit("Normal", "PlacementChanged",
                       f"revision {revision}: {len(changes)} shard(s) change, {copies}"
                       f" replica(s) to copy onto sites {', '.join(staying)}")
+        self.gone = [site for site in self.gone if still_held(self.report(site))]
         members = set(staying) | set(leaving)
         pending = [t for t in pending if not settled(
             placement.Transition.from_dict(t),
             {s: self.report(s) for s in (*t["add"], *t["remove"]) if s in members}, members)]
         kube.apply(manifests.config_map(cluster, map_name, {
             c.PLACEMENT_FILE: manifests.placement_document(
-                revision, cluster, staying, leaving, placement.as_data(shards), pending)}))
+                revision, cluster, staying, [*leaving, *self.gone], placement.as_data(shards),
+                pending)}))
         return _Placement(staying, leaving, shards, revision, pending)
 
     def scale(self, leaving: list[str]) -> tuple[int, dict[str, Any] | None]:
@@ -412,6 +421,7 @@ class _Pass:
                 "phase": status.phase(ready, cluster.replicas, drain is not None, degraded),
                 "siteCount": len(plan.staying),
                 "siteIds": sites.as_data(self.ids),
+                "goneSites": self.gone,
                 "sites": status.sites(self.ids, max(replicas, cluster.replicas), self.pods,
                                       cluster.name),
                 "placement": {"revision": plan.revision, "nShards": cluster.n_shards,

@@ -435,6 +435,10 @@ def test_a_pod_whose_volume_was_replaced_gets_a_new_site(
         plan = eventually(lambda: (p := published_plan(testbed, namespace, "zeta"))[
             "sites"] == [ids["0"], new_site] and p, what="the plan on the new site")
         assert all(ids["1"] not in members for members in plan["shards"].values())
+        # No broker answers here: the old site stays listed as leaving, so the brokers
+        # remove it from every group.
+        assert plan["leaving"] == [ids["1"]]
+        assert status_of(testbed, namespace, "zeta")["goneSites"] == [ids["1"]]
     events = [e for e in testbed.items("events", namespace) if e["reason"] == "SiteReplaced"]
     assert len(events) == 1 and events[0]["type"] == "Warning"
     assert ids["1"] in events[0]["message"] and new_site in events[0]["message"]

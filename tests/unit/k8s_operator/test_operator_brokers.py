@@ -10,7 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from mqtt_operator.brokers import SiteReport, ask_sealed, ask_site, drain_verdict, settled
+from mqtt_operator.brokers import (
+    SiteReport,
+    ask_sealed,
+    ask_site,
+    drain_verdict,
+    settled,
+    still_held,
+)
 from mqtt_operator.placement import Transition
 
 SITE_A = {"up": True, "shards": [
@@ -114,6 +121,12 @@ def test_drain_policy(reports: list[SiteReport], require: bool, proceed: bool,
                       reason: str) -> None:
     verdict = drain_verdict(reports, require)
     assert (verdict.proceed, verdict.reason) == (proceed, reason)
+
+
+def test_a_gone_site_leaves_once_an_answering_broker_holds_it_in_no_group() -> None:
+    assert still_held(SiteReport("old", frozenset({2, 5})))
+    assert still_held(SiteReport("old", None, "pod has no IP"))  # no one could tell
+    assert not still_held(SiteReport("old", frozenset()))
 
 
 def test_transition_settles_when_added_sites_hold_and_removed_members_do_not() -> None:
