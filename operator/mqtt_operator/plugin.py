@@ -99,6 +99,10 @@ def render_sites(body: Mapping[str, Any]) -> str:
     if drain:
         lines += ["", f"DRAINING: {' '.join(drain['sites'])} ({drain['from']} -> {drain['to']}):"
                       f" {drain['message']}"]
+    gone = status.get("goneSites")
+    if gone:
+        lines += ["", "GONE WITH THEIR VOLUMES (leaving the Durable Storage groups): "
+                      + " ".join(gone)]
     return "\n".join(lines) + "\n"
 
 
@@ -143,7 +147,8 @@ def as_json(body: Mapping[str, Any], what: str) -> str:
                                 "placement": status.get("placement") or {},
                                 "transitions": status.get("transitions") or []}
     if what == "sites":
-        document.update(sites=status.get("sites") or [], drain=status.get("drain"))
+        document.update(sites=status.get("sites") or [], drain=status.get("drain"),
+                        goneSites=status.get("goneSites") or [])
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 

@@ -46,6 +46,7 @@ BODY = {
                       "loads": {"AAAA": 1, "BBBB": 2}},
         "transitions": [{"shard": 10, "add": ["BBBB"], "remove": ["CCCC"]}],
         "drain": {"sites": ["CCCC"], "from": 3, "to": 2, "message": "waiting"},
+        "goneSites": ["DDDD"],
     },
 }
 
@@ -65,7 +66,9 @@ def test_sites_reads_like_emqx_ds_info() -> None:
         "Shard        Transitions\n"
         "messages/10  +BBBB -CCCC\n"
         "\n"
-        "DRAINING: CCCC (3 -> 2): waiting\n")
+        "DRAINING: CCCC (3 -> 2): waiting\n"
+        "\n"
+        "GONE WITH THEIR VOLUMES (leaving the Durable Storage groups): DDDD\n")
 
 
 def test_shards_and_json() -> None:
