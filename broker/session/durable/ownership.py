@@ -61,14 +61,13 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
     after: dict[str, Owner | None] = {}
     refused: set[bytes] = set()
     tombstones: list[Write] = []
-    cutoff = -1  # a sweep's: tombstones that ended at or before it go
+    # A sweep's cutoff: tombstones that ended at or before it go.
+    cutoff = next((int(value) for key, value in writes
+                   if key == r.TOMBSTONE_SWEEP_KEY and value is not None), -1)
     for key, value in writes:
         kind, client_id = r.split_key(key)
-        if key == r.TOMBSTONE_SWEEP_KEY and value is not None:
-            cutoff = int(value)
-            continue
         if kind == b"e":
-            if value is None and 0 < _ended(stored(key))[1] <= cutoff:
+            if value is None and _swept(stored(key), cutoff):
                 tombstones.append((key, None))
             continue
         if kind != b"m":
@@ -134,10 +133,16 @@ def sweep_writes(tombstones: list[tuple[bytes, bytes]], cutoff: int) -> list[Wri
     before `cutoff` (microseconds) deleted, and the cutoff that every replica checks again
     (a tombstone may be set anew before the command applies). Empty when none is due;
     those whose end is unknown (0) are kept."""
-    due = [(key, None) for key, raw in tombstones if 0 < _ended(raw)[1] <= cutoff]
+    due = [(key, None) for key, raw in tombstones if _swept(raw, cutoff)]
     if not due:
         return []
     return [(r.TOMBSTONE_SWEEP_KEY, str(cutoff).encode()), *due]
+
+
+def _swept(raw: bytes | None, cutoff: int) -> bool:
+    """Whether a sweep with `cutoff` deletes this stored tombstone (none: nothing to delete;
+    an unknown end: kept)."""
+    return 0 < _ended(raw)[1] <= cutoff
 
 
 def _ended(raw: bytes | None) -> tuple[int | None, int]:
