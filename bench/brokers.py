@@ -54,20 +54,28 @@ class BrokerUnavailable(RuntimeError):
     """The broker cannot be run here (not installed) or did not come up."""
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """An unused loopback TCP port from below the kernel's ephemeral range. A broker keeps
     its ports across restarts (a node killed and started again, the failover and catch-up
     runs): a port in that range can be handed to any port-0 listener or outgoing connection
-    while the broker is down, and its restart would then fail to bind."""
+    while the broker is down, and its restart would then fail to bind. A port is handed out
+    once per process: a node's ports are picked before the nodes started earlier bound
+    theirs, so the probe alone could give two of them the same one."""
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     while True:
         port = random.randrange(max(1024, ephemeral_low - 16384), ephemeral_low)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
 
 
 @dataclass(frozen=True, slots=True)
