@@ -58,6 +58,7 @@ class CookedBatch:
     messages: int = 0
     size: int = 0
     last_timestamp: int = 0
+    checkpoint: bool = False  # the counters are in `puts`
 
     def __init__(self, puts: list[tuple[bytes, bytes]] | None = None,
                  deletes: list[bytes] | None = None) -> None:
@@ -69,6 +70,7 @@ class CookedBatch:
         self.messages = 0
         self.size = 0
         self.last_timestamp = 0
+        self.checkpoint = False
 
 
 class Cooker:
@@ -148,6 +150,7 @@ class Cooker:
             stats.max_timestamp = ts
         if stats.size - self._checkpointed >= self._checkpoint_bytes:
             puts.append((STATS_KEY, stats.encode()))
+            batch.checkpoint = True
             self._checkpointed = stats.size
         batch.messages = len(messages)
         batch.size = size

@@ -33,7 +33,7 @@ import plyvel  # type: ignore[import-untyped]
 from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
 from broker.ds.kv import KVStore
-from broker.ds.shard import APPLIED_KEY, Shard, generation_dir
+from broker.ds.shard import CHECKPOINT_KEY, Shard, generation_dir
 from broker.ds.slab import Slab
 from broker.ds.ttv import TTV
 from broker.raft.messages import NORMAL, Config, Entry
@@ -48,6 +48,7 @@ _U32: Final = struct.Struct(">I")
 _APPLIED: Final = struct.Struct(">QQ")
 _SLAB_RECORD: Final = 1
 _PAIR_RECORD: Final = 2
+APPLIED_KEY: Final = b"A" + b"raft_applied"  # sessions: the last command applied
 SNAPSHOT_KEY: Final = b"A" + b"raft_snapshot"  # (index, term, config) of the last installed
 # Writer -> serial of its last KV command applied: a database key, so snapshots carry it.
 CHAINS_KEY: Final = b"A" + b"raft_kv_chains"
@@ -196,6 +197,7 @@ class ShardMachine(_Machine):
     def _dump(self) -> Iterator[bytes]:
         """Blocking: every slab of the shard, key by key (sealed ones opened for it)."""
         shard = self.shard
+        shard.checkpoint_now()  # the current slab's counters and checkpoint: its data's
         for generation, slab in sorted(shard.slabs.items()):
             thresholds = json.dumps(list(shard.thresholds)).encode()
             yield _record(_SLAB_RECORD, _SLAB.pack(generation, slab.created,
@@ -217,11 +219,13 @@ class ShardMachine(_Machine):
         sealed: list[tuple[Path, int, int]] = []
         db: plyvel.DB | None = None
         batch: Any = None  # the open slab's LevelDB write batch
+        writers = b"{}"  # the last slab's (the current one), from its checkpoint (_dump)
         for kind, body in _records(data):
             if kind == _SLAB_RECORD:
                 if db is not None:
                     batch.write()
                     db.close()
+                writers = b"{}"
                 generation, _created, sealed_at = _SLAB.unpack_from(body)
                 path = generation_dir(fresh, generation)
                 db = plyvel.DB(str(path), create_if_missing=True)
@@ -229,10 +233,13 @@ class ShardMachine(_Machine):
                 if sealed_at:
                     sealed.append((path, generation, sealed_at))
             elif kind == _PAIR_RECORD and batch is not None:
-                batch.put(*_split_pair(body))
+                key, value = _split_pair(body)
+                batch.put(key, value)
+                if key == CHECKPOINT_KEY:
+                    writers = value[_APPLIED.size:]
         if db is None:  # a shard always has a current generation: this one is garbled
             raise cmd.BadCommand("a shard snapshot without a generation")
-        batch.put(APPLIED_KEY, _APPLIED.pack(index, term))
+        batch.put(CHECKPOINT_KEY, _APPLIED.pack(index, term) + writers)
         batch.put(SNAPSHOT_KEY, meta)
         batch.write()
         db.close()

@@ -10,7 +10,19 @@ Two backends share this class. `builtin_local`: the write buffer's flush cooks a
 (with fsync) here. `builtin_raft`: the flush, rotations and drops become commands of the
 shard's Raft group (`replication`, set by the cluster), and every replica changes its shard
 only in `apply_*`, synchronously, in log order: the log is the durable copy, so LevelDB is
-written without fsync, with the applied index in the same atomic batch.
+written without fsync.
+
+Replicated, the current slab holds a checkpoint: the last command applied and each writer's
+last STORE serial, written in the same batch as the counters (cook.py), every 32 MiB, and
+synced before the log is compacted. Not with every batch: a key outside the data's range in
+every batch makes each table LevelDB flushes overlap the last one, and compacting them cost
+three times the CPU of the writes themselves (keys.py). After a crash, or a restart, the slab
+holds more than its checkpoint counts; the shard resumes from the checkpoint's counters and
+the log replays the commands after it. Cooking is deterministic from that state (cook.py),
+so a replayed command writes the very keys and values it wrote before: replaying is
+idempotent.
+
+    checkpoint := applied index u64 | applied term u64 | writers (JSON: site -> serial)
 """
 
 import asyncio
@@ -26,7 +38,7 @@ from typing import Any, Final, Protocol
 
 from broker.ds import keys
 from broker.ds.buffer import WriteBuffer
-from broker.ds.cook import CookedBatch, Cooker
+from broker.ds.cook import STATS_KEY, CookedBatch, Cooker, SlabStats
 from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import Store
@@ -43,9 +55,12 @@ _TMP_SUFFIX: Final = ".tmp"
 ChangeListener = Callable[[int, int, dict[int, list[TTV]] | None], None]
 
 
-APPLIED_KEY: Final = keys.meta_key("raft_applied")
-WRITERS_KEY: Final = keys.meta_key("raft_writers")  # writer site -> last STORE serial
+CHECKPOINT_KEY: Final = keys.meta_key("raft_checkpoint")
 _APPLIED: Final = struct.Struct(">QQ")
+# A slab written before the checkpoint existed holds these, written with every batch (so
+# exact): opening it writes its first checkpoint from them.
+_EVERY_BATCH_APPLIED: Final = keys.meta_key("raft_applied")
+_EVERY_BATCH_WRITERS: Final = keys.meta_key("raft_writers")
 
 
 class Replication(Protocol):
@@ -86,6 +101,12 @@ class Shard:
         self._executor = executor
         self._on_change = on_change
         self._max_bytes = max_generation_bytes
+        # builtin_raft: each writer's last STORE serial applied (a retry's copy is skipped),
+        # the (index, term) of the last command applied, and whether the current slab holds
+        # a checkpoint.
+        self._writers: dict[str, int] = {}
+        self._applied: tuple[int, int] | None = None
+        self._checkpointed = self._resume_at_checkpoint()
         last = max(slab.stats.max_timestamp for slab in slabs)
         self.cooker = Cooker(self.current.lts, self.current.stats, last)
         self.buffer: WriteBuffer[TTV] = WriteBuffer(self._flush, *buffer_settings)
@@ -97,8 +118,6 @@ class Shard:
         self.bytes = 0
         self.flush_seconds = 0.0
         self.replication: Replication | None = None
-        # builtin_raft: each writer's last STORE serial applied (a retry's copy is skipped).
-        self._writers: dict[str, int] = json.loads(self.current.db.get(WRITERS_KEY) or b"{}")
         self.duplicates = 0  # STOREs applied already (a writer's retry), skipped
 
     @classmethod
@@ -211,10 +230,45 @@ class Shard:
         return dropped
 
     # ---- builtin_raft: applying the shard's log ----------------------------------------------
+    def _resume_at_checkpoint(self) -> bool:
+        """The current slab's counters set back to its checkpoint (opening the slab counted
+        what followed it: the log replays that instead); whether it holds one."""
+        slab = self.current
+        raw = slab.db.get(CHECKPOINT_KEY)
+        if raw is None:
+            every_batch = slab.db.get(_EVERY_BATCH_APPLIED)
+            if every_batch is None:
+                return False  # builtin_local, or nothing applied yet
+            self._applied = _APPLIED.unpack(every_batch)
+            self._writers = json.loads(slab.db.get(_EVERY_BATCH_WRITERS) or b"{}")
+            self._write_checkpoint(sync=True)
+            return True
+        self._applied = _APPLIED.unpack_from(raw)
+        self._writers = json.loads(raw[_APPLIED.size:])
+        slab.stats = SlabStats.decode(slab.db.get(STATS_KEY))
+        return True
+
+    def _checkpoint(self) -> tuple[tuple[bytes, bytes], ...]:
+        stats = (STATS_KEY, self.current.stats.encode())
+        if self._applied is None:
+            return (stats,)
+        return stats, (CHECKPOINT_KEY, _checkpoint_value(self._applied, self._writers))
+
+    def _write_checkpoint(self, sync: bool) -> None:
+        with self.current.db.write_batch(sync=sync) as batch:
+            for key, value in self._checkpoint():
+                batch.put(key, value)
+        self._checkpointed = self._applied is not None
+
     def applied(self) -> tuple[int, int]:
-        """(index, term) of the last command applied, as LevelDB holds it (0, 0: none)."""
-        raw = self.current.db.get(APPLIED_KEY)
-        return _APPLIED.unpack(raw) if raw else (0, 0)
+        """(index, term) of the last command applied (0, 0: none); at open, the
+        checkpoint's."""
+        return self._applied or (0, 0)
+
+    def checkpoint_now(self) -> None:
+        """Blocking: the current slab's checkpoint at the last command applied, not synced
+        (a snapshot is about to read the slab)."""
+        self._write_checkpoint(sync=False)
 
     def apply_store(self, store: Store, index: int, term: int) -> None:
         """Cooks and writes a STORE command (without fsync: the log is the durable copy);
@@ -225,19 +279,24 @@ class Shard:
             self.apply_mark(index, term)
             return
         writers[store.writer] = store.serial
+        self._applied = (index, term)
         slab = self.current
         batch = self.cooker.cook(store.messages, store.clock)
-        batch.puts += ((APPLIED_KEY, _APPLIED.pack(index, term)),
-                       (WRITERS_KEY, json.dumps(writers).encode()))
+        if batch.checkpoint or not self._checkpointed:
+            batch.puts += self._checkpoint()
+            self._checkpointed = True
         started = time.perf_counter()
         prepare_batch(slab.db, batch, False).write()
         if self._written(slab, batch, started):
             self.apply_rotate(store.clock, index, term)
 
     def apply_mark(self, index: int, term: int, sync: bool = False) -> None:
-        """Records a command applied that changed no data (or, with `sync`, makes all that
-        was applied durable: the log may then be compacted up to `index`)."""
-        self.current.db.put(APPLIED_KEY, _APPLIED.pack(index, term), sync=sync)
+        """Records a command applied that changed no data, in memory only (the log replays
+        it after a crash); with `sync`, writes the checkpoint and makes all that was applied
+        durable: the log may then be compacted up to `index`."""
+        self._applied = (index, term)
+        if sync:
+            self._write_checkpoint(sync=True)
 
     def apply_rotate(self, clock: int, index: int, term: int) -> None:
         """Blocking (a LevelDB directory is created: milliseconds). The new slab records
@@ -248,10 +307,12 @@ class Shard:
         if not old.stats.messages:
             self.apply_mark(index, term)
             return
-        old.db.put(APPLIED_KEY, old.db.get(APPLIED_KEY) or _APPLIED.pack(0, 0), sync=True)
+        self._write_checkpoint(sync=True)
         now = max(clock, self.cooker.last_timestamp)
+        self._applied = (index, term)
         new = _create_slab(self.path, old.generation + 1, self.thresholds, now,
-                           _APPLIED.pack(index, term), json.dumps(self._writers).encode())
+                           _checkpoint_value(self._applied, self._writers))
+        self._checkpointed = True
         self._open_slabs.acquire(new)
         self.slabs[new.generation] = new
         self.current = new
@@ -283,7 +344,7 @@ class Shard:
     async def close(self) -> None:
         await self.buffer.drain()
         await self.wait_sealed()
-        self.current.checkpoint()
+        self._write_checkpoint(sync=True)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -305,17 +366,19 @@ class Shard:
         }
 
 
+def _checkpoint_value(applied: tuple[int, int], writers: dict[str, int]) -> bytes:
+    return _APPLIED.pack(*applied) + json.dumps(writers).encode()
+
+
 def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int,
-                 applied: bytes | None = None, writers: bytes = b"{}") -> Slab:
+                 checkpoint: bytes | None = None) -> Slab:
     """Built under a temporary name and renamed, so a crash never leaves a half-made slab
     that looks real."""
     final = generation_dir(shard_dir, generation)
     tmp = final.with_name(final.name + _TMP_SUFFIX)
     slab = Slab.create(tmp, generation, thresholds, now)
-    if applied is not None:
-        with slab.db.write_batch(sync=True) as batch:
-            batch.put(APPLIED_KEY, applied)
-            batch.put(WRITERS_KEY, writers)
+    if checkpoint is not None:
+        slab.db.put(CHECKPOINT_KEY, checkpoint, sync=True)
     slab.close()
     tmp.rename(final)
     fsync_dir(shard_dir)

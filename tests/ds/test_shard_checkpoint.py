@@ -1,0 +1,138 @@
+"""A replicated shard's checkpoint (shard.py): the applied index and the writers' serials are
+written with the counters, not with every batch, so a restarted shard holds more than its
+checkpoint counts and the log replays the commands after it. These tests run the shard's
+Raft machine on real LevelDB directories and stop it the way a crash does (slabs closed, no
+checkpoint written on the way out)."""
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from broker.ds import Settings
+from broker.ds import replication_layer as cmd
+from broker.ds.db import MessagesDB
+from broker.ds.keys import meta_key
+from broker.ds.replication_shard import ShardMachine
+from broker.ds.shard import CHECKPOINT_KEY
+from broker.raft.messages import NORMAL, Config, Entry
+from broker.raft.ready import SnapshotChunk
+from tests.ds.conftest import message
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(2) as pool:
+        yield pool
+
+
+class Replica:
+    """Shard 0 of a `messages` database in `path`, as its Raft group applies it."""
+
+    def __init__(self, path: Path, executor: ThreadPoolExecutor) -> None:
+        self.db = MessagesDB("messages", path, Settings(n_shards=1), executor,
+                             lambda *_: None)
+        self.machine = ShardMachine(self.db, 0, self.db.reopen_shard)
+
+    def apply(self, index: int, data: bytes) -> None:
+        self.machine.apply(Entry(index, 1, NORMAL, data))
+
+    def crash(self) -> None:
+        self.db.close_shard_now(0)
+
+    def stored(self) -> list[tuple[int, str, bytes]]:
+        shard = self.machine.shard
+        out = []
+        for slab in shard.slabs.values():
+            for stream in slab.lts.streams():
+                out += [(m.timestamp, m.topic, m.payload)
+                        for m in slab.scan(stream, 0, 1_000_000, None)[0]]
+        return sorted(out)
+
+
+def stores(first: int, last: int, writer: str = "site-a") -> list[bytes]:
+    """STORE commands `first`..`last` of one writer, three messages each; clocks that stand
+    still, so timestamps come from the shard's last one (the case a replay must redo)."""
+    return [cmd.encode_store(1_000, writer, n, [message(f"t/{n % 2}", payload=b"%d-%d" % (n, i))
+                                                for i in range(3)])
+            for n in range(first, last + 1)]
+
+
+def test_a_restarted_shard_replays_past_its_checkpoint_to_the_same_keys(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    replica = Replica(tmp_path, executor)
+    for index, data in enumerate(stores(1, 20), start=1):
+        replica.apply(index, data)
+    before = replica.stored()
+    assert len(before) == 60 and len({ts for ts, _, _ in before}) == 60
+    replica.crash()
+
+    restarted = Replica(tmp_path, executor)
+    # The first STORE wrote the checkpoint; the other 19 are in LevelDB and counted nowhere.
+    assert restarted.machine.applied_index == 1
+    assert restarted.machine.shard.current.stats.messages == 3
+    for index, data in enumerate(stores(2, 20), start=2):  # the log replays them
+        restarted.apply(index, data)
+    assert restarted.stored() == before  # rewritten, not written twice
+    assert restarted.machine.shard.current.stats.messages == 60
+    assert restarted.machine.shard.duplicates == 0
+
+    restarted.apply(21, stores(21, 21)[0])
+    after = restarted.stored()
+    assert after[:60] == before and len(after) == 63 and after[60][0] > before[-1][0]
+
+
+def test_a_flush_checkpoints_what_was_applied(tmp_path: Path,
+                                              executor: ThreadPoolExecutor) -> None:
+    replica = Replica(tmp_path, executor)
+    for index, data in enumerate(stores(1, 5), start=1):
+        replica.apply(index, data)
+    assert replica.machine.flush() == 5
+    replica.crash()
+    restarted = Replica(tmp_path, executor)
+    assert restarted.machine.applied_index == 5
+    assert restarted.machine.shard.current.stats.messages == 15
+    restarted.apply(6, stores(5, 5)[0])  # a writer's retry, applied again as a new entry
+    assert restarted.machine.shard.duplicates == 1 and len(restarted.stored()) == 15
+
+
+def test_a_snapshot_carries_the_writers_of_its_index(tmp_path: Path,
+                                                     executor: ThreadPoolExecutor) -> None:
+    source = Replica(tmp_path / "source", executor)
+    for index, data in enumerate(stores(1, 4), start=1):
+        source.apply(index, data)
+    at, data, done = source.machine.snapshot_chunk(0, 0)
+    assert (at, done) == (4, True)
+    target = Replica(tmp_path / "target", executor)
+    target.machine.install_chunk(SnapshotChunk(4, 1, Config(frozenset({"a", "b", "c"})),
+                                               0, data, True))
+    assert target.stored() == source.stored()
+    target.apply(5, stores(4, 4)[0])  # the writer's retry of serial 4: skipped
+    assert target.machine.shard.duplicates == 1
+    target.crash()
+    # The duplicate changed no data: only the log knows it was applied.
+    assert Replica(tmp_path / "target", executor).machine.applied_index == 4
+
+
+def test_a_slab_written_with_the_applied_index_in_every_batch_is_converted(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    replica = Replica(tmp_path, executor)
+    for index, data in enumerate(stores(1, 6), start=1):
+        replica.apply(index, data)
+    db = replica.machine.shard.current.db
+    db.delete(CHECKPOINT_KEY)  # as the previous format left it: exact, in every batch
+    db.put(meta_key("raft_applied"), (6).to_bytes(8, "big") + (1).to_bytes(8, "big"))
+    db.put(meta_key("raft_writers"), b'{"site-a": 6}')
+    before = replica.stored()
+    replica.crash()
+    restarted = Replica(tmp_path, executor)
+    assert restarted.machine.applied_index == 6
+    assert restarted.machine.shard.current.stats.messages == 18  # counted at open
+    restarted.apply(7, stores(6, 7)[0])  # serial 6 again: a retry
+    restarted.apply(8, stores(7, 7)[0])
+    assert restarted.machine.shard.duplicates == 1
+    assert restarted.stored()[:18] == before and len(restarted.stored()) == 21
+    restarted.crash()
+    assert Replica(tmp_path, executor).machine.applied_index == 6  # its checkpoint
+
