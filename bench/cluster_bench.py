@@ -177,8 +177,7 @@ def measure(pl: Placement, members: list[Running], timing: Timing, label: str,
     # subscriber's backlog reaches ours' mqtt.max_mqueue_len (1000), past which a clean
     # session's oldest queued message is dropped (`both` lost a few hundred at 800 each).
     max_lag = QOS1_MAX_LAG // subscribers if pl.qos else FANOUT_MAX_LAG
-    pub_ids = ([f"bench-{label}-pub"] if pl.publishers == 1 else
-               [f"bench-{label}-pub{i}" for i in range(pl.publishers)])
+    pub_ids = publisher_ids(label, pl.publishers)
     by_id = dict(zip(pub_ids, topics, strict=True))
     parts = split(pub_ids, PUB_PROCS)
     specs += [PublisherSpec(publisher.port, ids, [by_id[i] for i in ids], PAYLOAD, pl.qos,
@@ -340,6 +339,11 @@ def run_cluster(name: str, nodes: int, timing: Timing, pairs: int) -> dict[str, 
     summary.update({"broker": name, "nodes": nodes,
                     "runtime_s": round(time.monotonic() - started, 1)})
     return summary
+
+
+def publisher_ids(label: str, publishers: int) -> list[str]:
+    return ([f"bench-{label}-pub"] if publishers == 1 else
+            [f"bench-{label}-pub{i}" for i in range(publishers)])
 
 
 def run_round(pl: Placement, members: list[Running], timing: Timing, label: str,

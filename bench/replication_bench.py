@@ -291,9 +291,9 @@ def throughput_round(pl: Placement, members: list[Running], timing: Timing,
                      label: str) -> dict[str, Any]:
     node = members[0]
     if pl.publishers == 1:  # ours RF 3: a publisher on its shard leader's node (see above)
-        label = client_led_by(members, node, (f"{label}{s}" for s in ("", *"bcdefghijklmnopq",
-                                                                          *range(200))))
-        label = label.removeprefix("bench-").removesuffix("-pub")
+        labels = {cluster_bench.publisher_ids(f"{label}{s}", 1)[0]: f"{label}{s}"
+                  for s in ("", *"bcdefghijklmnopq", *range(200))}
+        label = labels[client_led_by(members, node, labels)]
     probe_id = client_led_by(members, node, (f"bench-probe-{label}-{i}" for i in range(200)))
     topic = f"bench/probe/{label}"
     durable_subscription(node.port, f"bench-probe-{label}-sub", topic)
@@ -309,6 +309,10 @@ def throughput_round(pl: Placement, members: list[Running], timing: Timing,
         status = raft_status(node)
         cell["sessions_leader_on_node1"] = any(
             g["name"] == "sessions" and g["leader"] == status["site"] for g in status["groups"])
+        if pl.publishers == 1:  # still so at the end of the round
+            shard = shard_of(cluster_bench.publisher_ids(label, 1)[0], N_SHARDS)
+            cell["publisher_shard_led_on_node1"] = (
+                shard_leaders(node).get(shard) == status["site"])
     print(f"  {'':<22} PUBACK p50 {cell.get('puback_p50_ms')} ms, p99 "
           f"{cell.get('puback_p99_ms')} ms ({cell['puback_samples']} probes)"
           + (f"; WAL entries/fsync per node {cell['wal_entries_per_fsync']}"

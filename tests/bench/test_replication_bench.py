@@ -34,6 +34,8 @@ def test_quick_run_verifies_throughput_failover_and_catch_up(tmp_path: Path) -> 
         # every node of RF 3 wrote log entries, each fsync at least one
         per_node = results["ours3"][pl.key]["wal_entries_per_fsync"]
         assert len(per_node) == 3 and all(n is not None and n >= 1 for n in per_node), per_node
+    # 1 -> 1's publisher writes to its shard's leader, as on one node (no forwarding)
+    assert results["ours3"]["1to1"]["publisher_shard_led_on_node1"] is True
     assert isinstance(run["ratios"]["ours3/ours1"]["1to1.msgs_per_s"], float)
 
     [kill] = results["ours3"]["failover"]["kills"]
