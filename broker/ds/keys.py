@@ -18,7 +18,9 @@ shard each table LevelDB flushes from its memtable holds keys after every older 
 LevelDB moves such a table down the levels without rewriting it. A key sorting after the
 data (the counters, when they lived at b"M" and were written with every batch) made every
 new table overlap the last one, so each compaction decompressed and rewrote them: writing
-1.4M 120-byte messages in batches of 35 took 9.2 s of CPU that way against 5.4 s now.
+1.4M 120-byte messages in batches of 35 took 9.2 s of CPU that way against 5.4 s now. The
+Raft checkpoint of a replicated shard goes with the counters for the same reason (shard.py):
+written with every batch of 240, it took 2M such writes from 1.8 s of CPU to 5.3 s.
 """
 
 import hashlib
