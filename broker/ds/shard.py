@@ -140,7 +140,17 @@ class Shard:
                 log.info("finishing the seal of %s", slab.path)
                 slab.seal(max(slab.created, slab.stats.max_timestamp), index)
                 slab.close()
-        if not slabs or slabs[-1].sealed:
+        if slabs and _rotation_cut_short(slabs[-1], max_generation_bytes):
+            # The log will not replay the STORE that filled it: the rotation that STORE
+            # started is finished here as every other replica finished it (apply_rotate).
+            full = slabs[-1]
+            log.info("finishing the rotation of %s", full.path)
+            until = full.stats.max_timestamp
+            slabs.append(_create_slab(path, full.generation + 1, thresholds, until,
+                                      full.db.get(CHECKPOINT_KEY)))
+            full.seal(until, index)
+            full.close()
+        elif not slabs or slabs[-1].sealed:
             slabs.append(_create_slab(path, generations[-1] + 1 if generations else 1,
                                       thresholds, now_us()))
         return cls(index, path, slabs, thresholds, executor, on_change, buffer_settings,
@@ -364,6 +374,14 @@ class Shard:
                 for slab in self.slabs.values()
             ],
         }
+
+
+def _rotation_cut_short(slab: Slab, max_bytes: int) -> bool:
+    """builtin_raft: the current slab's checkpoint counts it full. A STORE that fills a slab
+    rotates it at once (apply_store), syncing that checkpoint first: a crash before the next
+    slab existed leaves this."""
+    return (not slab.sealed and slab.db.get(CHECKPOINT_KEY) is not None
+            and SlabStats.decode(slab.db.get(STATS_KEY)).size >= max_bytes)
 
 
 def _checkpoint_value(applied: tuple[int, int], writers: dict[str, int]) -> bytes:
