@@ -33,8 +33,8 @@ import plyvel  # type: ignore[import-untyped]
 from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
 from broker.ds.kv import KVStore
-from broker.ds.shard import CHECKPOINT_KEY, Shard, generation_dir
-from broker.ds.slab import Slab
+from broker.ds.shard import Shard, checkpoint_at, generation_dir
+from broker.ds.slab import CHECKPOINT_KEY, Slab
 from broker.ds.ttv import TTV
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
@@ -219,13 +219,13 @@ class ShardMachine(_Machine):
         sealed: list[tuple[Path, int, int]] = []
         db: plyvel.DB | None = None
         batch: Any = None  # the open slab's LevelDB write batch
-        writers = b"{}"  # the last slab's (the current one), from its checkpoint (_dump)
+        checkpoint: bytes | None = None  # the last slab's (the current one: see _dump)
         for kind, body in _records(data):
             if kind == _SLAB_RECORD:
                 if db is not None:
                     batch.write()
                     db.close()
-                writers = b"{}"
+                checkpoint = None
                 generation, _created, sealed_at = _SLAB.unpack_from(body)
                 path = generation_dir(fresh, generation)
                 db = plyvel.DB(str(path), create_if_missing=True)
@@ -236,10 +236,10 @@ class ShardMachine(_Machine):
                 key, value = _split_pair(body)
                 batch.put(key, value)
                 if key == CHECKPOINT_KEY:
-                    writers = value[_APPLIED.size:]
+                    checkpoint = value
         if db is None:  # a shard always has a current generation: this one is garbled
             raise cmd.BadCommand("a shard snapshot without a generation")
-        batch.put(CHECKPOINT_KEY, _APPLIED.pack(index, term) + writers)
+        batch.put(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term))
         batch.put(SNAPSHOT_KEY, meta)
         batch.write()
         db.close()

@@ -38,11 +38,11 @@ from typing import Any, Final, Protocol
 
 from broker.ds import keys
 from broker.ds.buffer import WriteBuffer
-from broker.ds.cook import STATS_KEY, CookedBatch, Cooker, SlabStats
+from broker.ds.cook import STATS_KEY, CookedBatch, Cooker
 from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import Store
-from broker.ds.slab import Slab, prepare_batch
+from broker.ds.slab import CHECKPOINT_KEY, Slab, prepare_batch
 from broker.ds.ttv import TTV
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,6 @@ _TMP_SUFFIX: Final = ".tmp"
 ChangeListener = Callable[[int, int, dict[int, list[TTV]] | None], None]
 
 
-CHECKPOINT_KEY: Final = keys.meta_key("raft_checkpoint")
 _APPLIED: Final = struct.Struct(">QQ")
 # A slab written before the checkpoint existed holds these, written with every batch (so
 # exact): opening it writes its first checkpoint from them.
@@ -241,8 +240,9 @@ class Shard:
 
     # ---- builtin_raft: applying the shard's log ----------------------------------------------
     def _resume_at_checkpoint(self) -> bool:
-        """The current slab's counters set back to its checkpoint (opening the slab counted
-        what followed it: the log replays that instead); whether it holds one."""
+        """The applied index and writers of the current slab's checkpoint (its counters are
+        the checkpoint's too: Slab.open leaves what followed to the log); whether it holds
+        one."""
         slab = self.current
         raw = slab.db.get(CHECKPOINT_KEY)
         if raw is None:
@@ -255,7 +255,6 @@ class Shard:
             return True
         self._applied = _APPLIED.unpack_from(raw)
         self._writers = json.loads(raw[_APPLIED.size:])
-        slab.stats = SlabStats.decode(slab.db.get(STATS_KEY))
         return True
 
     def _checkpoint(self) -> tuple[tuple[bytes, bytes], ...]:
@@ -381,11 +380,17 @@ def _rotation_cut_short(slab: Slab, max_bytes: int) -> bool:
     rotates it at once (apply_store), syncing that checkpoint first: a crash before the next
     slab existed leaves this."""
     return (not slab.sealed and slab.db.get(CHECKPOINT_KEY) is not None
-            and SlabStats.decode(slab.db.get(STATS_KEY)).size >= max_bytes)
+            and slab.stats.size >= max_bytes)
 
 
 def _checkpoint_value(applied: tuple[int, int], writers: dict[str, int]) -> bytes:
     return _APPLIED.pack(*applied) + json.dumps(writers).encode()
+
+
+def checkpoint_at(checkpoint: bytes | None, index: int, term: int) -> bytes:
+    """A slab's checkpoint (or none) moved to (index, term), its writers kept: a snapshot's
+    current slab as installed."""
+    return _APPLIED.pack(index, term) + (checkpoint[_APPLIED.size:] if checkpoint else b"{}")
 
 
 def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int,

@@ -27,6 +27,9 @@ from broker.ds.ttv import TTV, decode_value
 
 _CREATED: Final = keys.meta_key("created")
 _THRESHOLDS: Final = keys.meta_key("thresholds")
+# A replicated shard's Raft checkpoint (shard.py): the log replays what a slab holding one
+# stored after it, so opening the slab does not count that.
+CHECKPOINT_KEY: Final = keys.meta_key("raft_checkpoint")
 _PAST_TIMESTAMPS: Final = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
 # LevelDB's floor (it raises anything lower to 64 table files + 10 others; measured: 16 and
 # 74 cache the same tables). An open slab holds 4 descriptors (LOCK, LOG, MANIFEST, log);
@@ -106,11 +109,13 @@ class Slab:
     @classmethod
     def open(cls, path: Path, generation: int) -> "Slab":
         """Blocking. A sealed slab is read from its manifest and left closed; any other is
-        opened, and what was stored after its counters' checkpoint is counted."""
+        opened, and what was stored after its counters' checkpoint is counted, unless the
+        Raft log replays it (a replicated slab)."""
         manifest = read_manifest(path)
         if manifest is None:  # a seal writes the checkpoint first: nothing follows it
             slab = cls._from_leveldb(path, generation, _open_leveldb(path, create=False))
-            slab._count_after_checkpoint()
+            if slab.db.get(CHECKPOINT_KEY) is None:
+                slab._count_after_checkpoint()
             return slab
         stats = SlabStats(manifest["messages"], manifest["bytes"], manifest["min_timestamp"],
                           manifest["max_timestamp"])

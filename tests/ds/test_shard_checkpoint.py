@@ -17,7 +17,7 @@ from broker.ds.db import MessagesDB
 from broker.ds.keys import meta_key
 from broker.ds.manifest import NAME as MANIFEST
 from broker.ds.replication_shard import ShardMachine
-from broker.ds.shard import CHECKPOINT_KEY
+from broker.ds.slab import CHECKPOINT_KEY
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk
 from tests.ds.conftest import message
