@@ -151,7 +151,10 @@ def plan(path: Path, selection: Selection) -> tuple[list[SlabTask], list[Skipped
     tasks: list[SlabTask] = []
     skipped: list[Skipped] = []
     for shard_dir in sorted(messages_dir(path).glob("shard-*")):
-        shard = int(shard_dir.name.removeprefix("shard-"))
+        number = shard_dir.name.removeprefix("shard-")
+        if not number.isdigit():
+            continue  # a Raft snapshot on its way in or out (replication_shard.py): no slabs
+        shard = int(number)
         if selection.shard is not None and shard != selection.shard:
             continue
         for slab_dir in sorted(shard_dir.glob("gen-*")):

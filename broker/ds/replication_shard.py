@@ -7,7 +7,7 @@ replays what LevelDB lost. `flush` syncs LevelDB and answers the index up to whi
 may be compacted.
 
 A snapshot is the database's content at the applied index as one byte string, cut into
-chunks by offset (the one being sent is kept until another is asked for):
+chunks by offset:
 
     snapshot := record*
     record   := kind:u8  length:u32  bytes
@@ -15,9 +15,16 @@ chunks by offset (the one being sent is kept until another is asked for):
                 (JSON); the key/value records that follow are that slab's
     kind 2   := a key/value pair: klen:u32 key value
 
-Installing writes it to a new directory and swaps it in, then reopens the database there.
-Whole snapshots in memory suit the sessions database and shards of a test cluster; shipping
-sealed generations as files is what large shards need.
+The sender spools it to a file beside the database (`<dir>.snapshot-out`) and reads each
+chunk asked for from there; the receiver appends chunks to `<dir>.snapshot-in`. Neither holds
+more than a chunk in memory: a shard's snapshot is as large as the shard (up to
+`generation_max_size` per generation), far more than a node may hold. The sender's file is
+kept until another snapshot is asked for or its last chunk is sent (a transfer that starts
+over gets a new one); a crash leaves at most these two files, removed at the next start.
+
+Installing a shard's snapshot writes it, a few MiB per LevelDB batch, to a new directory and
+swaps it in, then reopens the shard there; the sessions database is replaced in one atomic
+batch. The dump itself still runs on the event loop, as one blocking read of the database.
 """
 
 import json
@@ -42,6 +49,10 @@ from broker.raft.ready import SnapshotChunk, SnapshotMeta
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES: Final = 256 << 10
+# LevelDB batch size when a snapshot's slabs are written (their directory is not in use yet,
+# so a slab need not be one atomic batch).
+INSTALL_BATCH_BYTES: Final = 4 << 20
+_SPOOL_BUFFER: Final = 1 << 20
 _RECORD: Final = struct.Struct(">BI")
 _SLAB: Final = struct.Struct(">QQQ")
 _U32: Final = struct.Struct(">I")
@@ -62,13 +73,16 @@ def _pair(key: bytes, value: bytes) -> bytes:
     return _record(_PAIR_RECORD, _U32.pack(len(key)) + key + value)
 
 
-def _records(data: bytes) -> Iterator[tuple[int, bytes]]:
-    offset = 0
-    while offset < len(data):
-        kind, length = _RECORD.unpack_from(data, offset)
-        offset += _RECORD.size
-        yield kind, data[offset:offset + length]
-        offset += length
+def _records(path: Path) -> Iterator[tuple[int, bytes]]:
+    with path.open("rb", buffering=_SPOOL_BUFFER) as file:
+        while head := file.read(_RECORD.size):
+            if len(head) < _RECORD.size:
+                raise cmd.BadCommand("a snapshot cut short in a record's head")
+            kind, length = _RECORD.unpack(head)
+            body = file.read(length)
+            if len(body) < length:
+                raise cmd.BadCommand("a snapshot cut short in a record")
+            yield kind, body
 
 
 def _split_pair(body: bytes) -> tuple[bytes, bytes]:
@@ -79,14 +93,17 @@ def _split_pair(body: bytes) -> tuple[bytes, bytes]:
 class _Machine:
     """What both machines share: applied index, flush bookkeeping, snapshot chunking."""
 
-    def __init__(self, applied: tuple[int, int]) -> None:
+    def __init__(self, applied: tuple[int, int], directory: Path) -> None:
         self.applied_index, self.applied_term = applied
         # What LevelDB recovered at start is not known to be synced: 0 until a flush.
         self.flushed_index = 0
         self.unflushed_bytes = 0
         self.bad_commands = 0
-        self._outgoing: tuple[int, bytes] | None = None
-        self._incoming = bytearray()
+        self._outgoing_path = directory.with_name(directory.name + ".snapshot-out")
+        self._incoming_path = directory.with_name(directory.name + ".snapshot-in")
+        for leftover in (self._outgoing_path, self._incoming_path):
+            leftover.unlink(missing_ok=True)
+        self._outgoing: tuple[int, int] | None = None  # the spooled one's index and size
         self._proposed: tuple[bytes, list[TTV]] | None = None
 
     def proposing(self, data: bytes, messages: list[TTV]) -> None:
@@ -110,22 +127,35 @@ class _Machine:
 
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
         outgoing = self._outgoing
+        path = self._outgoing_path
         if outgoing is None or (index or self.applied_index) != outgoing[0]:
-            outgoing = self._outgoing = (self.applied_index, b"".join(self._dump()))
+            with path.open("wb", buffering=_SPOOL_BUFFER) as file:
+                for piece in self._dump():
+                    file.write(piece)
+                outgoing = self._outgoing = (self.applied_index, file.tell())
             offset = 0
-        at, data = outgoing
-        end = offset + CHUNK_BYTES
-        return at, data[offset:end], end >= len(data)
+        at, size = outgoing
+        with path.open("rb") as file:
+            file.seek(offset)
+            data = file.read(CHUNK_BYTES)
+        done = offset + len(data) >= size
+        if done:
+            self._outgoing = None
+            path.unlink()
+        return at, data, done
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
-        if chunk.offset == 0:
-            self._incoming = bytearray()
-        self._incoming += chunk.data
+        # The core hands chunks over in order, from offset 0 (core.py `_on_snapshot`).
+        path = self._incoming_path
+        with path.open("wb" if chunk.offset == 0 else "ab") as file:
+            file.write(chunk.data)
         if not chunk.done:
             return
-        data, self._incoming = bytes(self._incoming), bytearray()
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-        self._install(data, chunk.index, chunk.term, meta)
+        try:
+            self._install(path, chunk.index, chunk.term, meta)
+        finally:
+            path.unlink()
         self.applied_index, self.applied_term = chunk.index, chunk.term
         self.flushed_index = chunk.index
 
@@ -145,7 +175,7 @@ class _Machine:
     def _dump(self) -> Iterator[bytes]:
         raise NotImplementedError
 
-    def _install(self, data: bytes, index: int, term: int, meta: bytes) -> None:
+    def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         raise NotImplementedError
 
 
@@ -164,7 +194,7 @@ class ShardMachine(_Machine):
         self._db = db
         self.index = index
         self._reopen = reopen
-        super().__init__(self.shard.applied())
+        super().__init__(self.shard.applied(), self.shard.path)
 
     @property
     def shard(self) -> Shard:
@@ -210,7 +240,7 @@ class ShardMachine(_Machine):
                 if opened:
                     slab.close()
 
-    def _install(self, data: bytes, index: int, term: int, meta: bytes) -> None:
+    def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
         shard = self.shard
         fresh = shard.path.with_name(shard.path.name + ".snapshot")
@@ -219,8 +249,9 @@ class ShardMachine(_Machine):
         sealed: list[tuple[Path, int, int]] = []
         db: plyvel.DB | None = None
         batch: Any = None  # the open slab's LevelDB write batch
+        batched = 0  # bytes in it
         checkpoint: bytes | None = None  # the last slab's (the current one: see _dump)
-        for kind, body in _records(data):
+        for kind, body in _records(snapshot):
             if kind == _SLAB_RECORD:
                 if db is not None:
                     batch.write()
@@ -229,12 +260,16 @@ class ShardMachine(_Machine):
                 generation, _created, sealed_at = _SLAB.unpack_from(body)
                 path = generation_dir(fresh, generation)
                 db = plyvel.DB(str(path), create_if_missing=True)
-                batch = db.write_batch()
+                batch, batched = db.write_batch(), 0
                 if sealed_at:
                     sealed.append((path, generation, sealed_at))
-            elif kind == _PAIR_RECORD and batch is not None:
+            elif kind == _PAIR_RECORD and db is not None:
                 key, value = _split_pair(body)
                 batch.put(key, value)
+                batched += len(body)
+                if batched >= INSTALL_BATCH_BYTES:
+                    batch.write()
+                    batch, batched = db.write_batch(), 0
                 if key == CHECKPOINT_KEY:
                     checkpoint = value
         if db is None:  # a shard always has a current generation: this one is garbled
@@ -306,7 +341,7 @@ class KVMachine(_Machine):
         self.refused_serial = 0  # the last command of this node's refused whole
         self.chains = _stored_chains(kv)
         raw = kv.raw_get(APPLIED_KEY)
-        super().__init__(_APPLIED.unpack(raw) if raw else (0, 0))
+        super().__init__(_APPLIED.unpack(raw) if raw else (0, 0), kv.path)
 
     def snapshot(self) -> SnapshotMeta | None:
         return _snapshot_meta(self.kv.raw_get(SNAPSHOT_KEY))
@@ -358,8 +393,8 @@ class KVMachine(_Machine):
             if key not in (APPLIED_KEY, SNAPSHOT_KEY):
                 yield _pair(key, value)
 
-    def _install(self, data: bytes, index: int, term: int, meta: bytes) -> None:
-        pairs = [_split_pair(body) for kind, body in _records(data) if kind == _PAIR_RECORD]
+    def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
+        pairs = [_split_pair(body) for kind, body in _records(snapshot) if kind == _PAIR_RECORD]
         self.kv.replace(pairs, [(APPLIED_KEY, _APPLIED.pack(index, term)),
                                 (SNAPSHOT_KEY, meta)])
         self.chains = _stored_chains(self.kv)

@@ -5,60 +5,15 @@ Raft machine on real LevelDB directories and stop it the way a crash does (slabs
 checkpoint written on the way out)."""
 
 import shutil
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
-from broker.ds import Settings
-from broker.ds import replication_layer as cmd
-from broker.ds.db import MessagesDB
 from broker.ds.keys import meta_key
 from broker.ds.manifest import NAME as MANIFEST
-from broker.ds.replication_shard import ShardMachine
 from broker.ds.slab import CHECKPOINT_KEY
-from broker.raft.messages import NORMAL, Config, Entry
+from broker.raft.messages import Config
 from broker.raft.ready import SnapshotChunk
-from tests.ds.conftest import message
-
-
-@pytest.fixture
-def executor() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(2) as pool:
-        yield pool
-
-
-class Replica:
-    """Shard 0 of a `messages` database in `path`, as its Raft group applies it."""
-
-    def __init__(self, path: Path, executor: ThreadPoolExecutor, **settings: int) -> None:
-        self.db = MessagesDB("messages", path, Settings(n_shards=1, **settings), executor,
-                             lambda *_: None)
-        self.machine = ShardMachine(self.db, 0, self.db.reopen_shard)
-
-    def apply(self, index: int, data: bytes) -> None:
-        self.machine.apply(Entry(index, 1, NORMAL, data))
-
-    def crash(self) -> None:
-        self.db.close_shard_now(0)
-
-    def stored(self) -> list[tuple[int, str, bytes]]:
-        shard = self.machine.shard
-        out = []
-        for slab in shard.slabs.values():
-            for stream in slab.lts.streams():
-                out += [(m.timestamp, m.topic, m.payload)
-                        for m in slab.scan(stream, 0, 1_000_000, None)[0]]
-        return sorted(out)
-
-
-def stores(first: int, last: int, writer: str = "site-a") -> list[bytes]:
-    """STORE commands `first`..`last` of one writer, three messages each; clocks that stand
-    still, so timestamps come from the shard's last one (the case a replay must redo)."""
-    return [cmd.encode_store(1_000, writer, n, [message(f"t/{n % 2}", payload=b"%d-%d" % (n, i))
-                                                for i in range(3)])
-            for n in range(first, last + 1)]
+from tests.ds.replicas import Replica, by_generation, stores
 
 
 def test_a_restarted_shard_replays_past_its_checkpoint_to_the_same_keys(
@@ -138,20 +93,6 @@ def test_a_slab_written_with_the_applied_index_in_every_batch_is_converted(
     restarted.crash()
     assert Replica(tmp_path, executor).machine.applied_index == 6  # its checkpoint
 
-
-
-def by_generation(replica: Replica) -> dict[int, list[tuple[int, str, bytes]]]:
-    out: dict[int, list[tuple[int, str, bytes]]] = {}
-    for generation, slab in replica.machine.shard.slabs.items():
-        opened = slab.reopen()
-        try:
-            out[generation] = sorted(
-                (m.timestamp, m.topic, m.payload) for stream in slab.lts.streams()
-                for m in slab.scan(stream, 0, 1_000_000, None)[0])
-        finally:
-            if opened:
-                slab.close()
-    return out
 
 
 async def test_a_rotation_cut_short_by_a_crash_is_finished_at_open(

@@ -40,6 +40,17 @@ def test_plan_reads_sealed_slabs_and_reports_unsealed_ones(written) -> None:
         1 for r in expected if r["generation"] == 1)
 
 
+def test_plan_passes_over_a_raft_snapshot_beside_the_shards(written, tmp_path) -> None:
+    """A replicated node spools and installs snapshots next to the shard they are of."""
+    data_dir = tmp_path / "data"
+    shutil.copytree(written[0], data_dir)
+    messages = data_dir / "ds" / "messages"
+    (messages / "shard-000.snapshot-out").write_bytes(b"\x01")
+    (messages / "shard-001.snapshot").mkdir()
+    tasks, _ = slabs.plan(data_dir, slabs.Selection())
+    assert [(t.shard, t.generation) for t in tasks] == [(s, 1) for s in range(N_SHARDS)]
+
+
 def test_plan_prunes_by_shard_generation_time_and_structure(written) -> None:
     data_dir, _ = written
     tasks, _ = slabs.plan(data_dir, slabs.Selection(shard=2))
