@@ -136,6 +136,8 @@ class DsGroups:
             if (machine.applied_index - machine.flushed_index >= self._snapshot_interval
                     or machine.unflushed_bytes >= self._segment_bytes):
                 raft.compact(group, machine.flush())
+            else:
+                machine.drop_idle_spool()
 
     def _target(self, group: int) -> Target:
         members = self._metadata.member_sites()

@@ -18,19 +18,22 @@ chunks by offset:
 The sender spools it to a file beside the database (`<dir>.snapshot-out`) and reads each
 chunk asked for from there; the receiver appends chunks to `<dir>.snapshot-in`. Neither holds
 more than a chunk in memory: a shard's snapshot is as large as the shard (up to
-`generation_max_size` per generation), far more than a node may hold. The sender's file is
-kept until another snapshot is asked for or its last chunk is sent (a transfer that starts
-over gets a new one); a crash leaves at most these two files, removed at the next start.
+`generation_max_size` per generation), far more than a node may hold. The dump runs on the
+event loop, one blocking read of the database, so the spooled one serves every transfer
+that asks for a snapshot (a follower that starts over, another one catching up) until its
+last chunk is sent or it lies unused for `SPOOL_IDLE_SECONDS`; meanwhile `flush` keeps the
+log from being compacted past it, so it stays one the leader can send. A crash leaves at
+most these two files, removed at the next start.
 
 Installing a shard's snapshot writes it, a few MiB per LevelDB batch, to a new directory and
 swaps it in, then reopens the shard there; the sessions database is replaced in one atomic
-batch. The dump itself still runs on the event loop, as one blocking read of the database.
-"""
+batch. """
 
 import json
 import logging
 import shutil
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -53,6 +56,7 @@ CHUNK_BYTES: Final = 256 << 10
 # so a slab need not be one atomic batch).
 INSTALL_BATCH_BYTES: Final = 4 << 20
 _SPOOL_BUFFER: Final = 1 << 20
+SPOOL_IDLE_SECONDS: Final = 30.0
 _RECORD: Final = struct.Struct(">BI")
 _SLAB: Final = struct.Struct(">QQQ")
 _U32: Final = struct.Struct(">I")
@@ -104,6 +108,8 @@ class _Machine:
         for leftover in (self._outgoing_path, self._incoming_path):
             leftover.unlink(missing_ok=True)
         self._outgoing: tuple[int, int] | None = None  # the spooled one's index and size
+        self._spool_used = 0.0  # when a chunk of it was last read (monotonic)
+        self.spool_idle = SPOOL_IDLE_SECONDS
         self._proposed: tuple[bytes, list[TTV]] | None = None
 
     def proposing(self, data: bytes, messages: list[TTV]) -> None:
@@ -128,7 +134,7 @@ class _Machine:
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
         outgoing = self._outgoing
         path = self._outgoing_path
-        if outgoing is None or (index or self.applied_index) != outgoing[0]:
+        if outgoing is None or index not in (0, outgoing[0]):
             with path.open("wb", buffering=_SPOOL_BUFFER) as file:
                 for piece in self._dump():
                     file.write(piece)
@@ -139,10 +145,14 @@ class _Machine:
             file.seek(offset)
             data = file.read(CHUNK_BYTES)
         done = offset + len(data) >= size
+        self._spool_used = time.monotonic()
         if done:
-            self._outgoing = None
-            path.unlink()
+            self._drop_spool()
         return at, data, done
+
+    def _drop_spool(self) -> None:
+        self._outgoing = None
+        self._outgoing_path.unlink(missing_ok=True)
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
         # The core hands chunks over in order, from offset 0 (core.py `_on_snapshot`).
@@ -160,11 +170,21 @@ class _Machine:
         self.flushed_index = chunk.index
 
     def flush(self) -> int:
+        """Syncs what was applied; returns the index the log may be compacted up to."""
         if self.flushed_index < self.applied_index:
             self._mark(self.applied_index, self.applied_term, sync=True)
             self.flushed_index = self.applied_index
         self.unflushed_bytes = 0
-        return self.flushed_index
+        self.drop_idle_spool()
+        outgoing = self._outgoing
+        return self.flushed_index if outgoing is None else min(self.flushed_index, outgoing[0])
+
+    def drop_idle_spool(self) -> None:
+        """Removes a spooled snapshot no transfer read for `spool_idle` seconds: its
+        transfers were given up (a follower that asks again gets a new one)."""
+        if (self._outgoing is not None
+                and time.monotonic() - self._spool_used > self.spool_idle):
+            self._drop_spool()
 
     def _apply(self, entry: Entry) -> None:
         raise NotImplementedError

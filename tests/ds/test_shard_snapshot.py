@@ -66,20 +66,42 @@ async def test_a_snapshot_larger_than_memory_allows_moves_chunk_by_chunk(
     assert target.machine.applied_index == at + 1
 
 
-def test_a_transfer_asked_for_after_more_was_applied_starts_over_from_a_new_snapshot(
+def test_a_spooled_snapshot_serves_every_transfer_and_holds_back_compaction(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    """The dump blocks the event loop: one serves a follower that starts over and another
+    that catches up too, and the log keeps what follows it so the leader can still send it."""
     source = Replica(tmp_path / "source", executor)
     for index, data in enumerate(big_stores(1, 10), start=1):
         source.apply(index, data)
     at, first, done = source.machine.snapshot_chunk(0, 0)
     assert (at, done) == (10, False)
     source.apply(11, big_stores(11, 11)[0])
-    # The core's next request names the snapshot it started; a new one asked for gets the
-    # applied state, from its start (the core sees the index changed and starts over).
-    at, data, _ = source.machine.snapshot_chunk(10, len(first))
-    assert at == 10  # the spooled one is kept while its transfer goes on
-    again, restarted, _ = source.machine.snapshot_chunk(0, 0)
-    assert again == 11 and restarted[:64] == first[:64]
+    assert source.machine.flush() == 10  # not past the snapshot being sent
+    again, restarted, _ = source.machine.snapshot_chunk(0, 0)  # a new transfer
+    assert (again, restarted) == (10, first)
+    target = Replica(tmp_path / "target", executor)
+    assert transfer(source, target) == 10
+    held = by_generation(target)
+    assert sum(map(len, held.values())) == 10 * PER_STORE  # the state at 10, not at 11
+    assert source.machine.flush() == 11  # sent whole: the log may go
+    assert spooled(tmp_path) == []
+    # A stale request (an index no longer spooled) gets a new one, at the applied index.
+    assert source.machine.snapshot_chunk(10, 262_144)[0] == 11
+
+
+def test_a_spooled_snapshot_no_transfer_reads_is_dropped(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    replica = Replica(tmp_path, executor)
+    for index, data in enumerate(big_stores(1, 3), start=1):
+        replica.apply(index, data)
+    assert replica.machine.snapshot_chunk(0, 0)[0] == 3
+    replica.apply(4, big_stores(4, 4)[0])
+    replica.machine.drop_idle_spool()
+    assert spooled(tmp_path) != []  # read just now
+    replica.machine.spool_idle = 0.0
+    replica.machine.drop_idle_spool()
+    assert spooled(tmp_path) == []
+    assert replica.machine.flush() == 4
 
 
 def test_files_a_crash_left_mid_transfer_are_removed_at_start(
