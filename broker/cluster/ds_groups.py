@@ -261,8 +261,12 @@ class DsGroups:
     def stop(self) -> None:
         """Writes fail at once from now on, and so do those waiting for a commit (the
         links go down: none could commit), or closing the storage would wait for each until
-        its commit timeout: a drained node, in no group any more, for ever."""
+        its commit timeout: a drained node, in no group any more, for ever. A shard's
+        snapshot dump under way ends here, before the storage closes the slabs it reads."""
         self._stopping = True
+        for machine in self.machines.values():
+            if isinstance(machine, ShardMachine):
+                machine.end_dump(for_good=True)  # before the storage closes its slabs
         for task in self._committing - self._stopped:
             self._stopped.add(task)
             task.cancel()

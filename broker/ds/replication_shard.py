@@ -18,31 +18,42 @@ chunks by offset:
 The sender spools it to a file beside the database (`<dir>.snapshot-out`) and reads each
 chunk asked for from there; the receiver appends chunks to `<dir>.snapshot-in`. Neither holds
 more than a chunk in memory: a shard's snapshot is as large as the shard (up to
-`generation_max_size` per generation), far more than a node may hold. The dump runs on the
-event loop, one blocking read of the database, so the spooled one serves every transfer
-that asks for a snapshot (a follower that starts over, another one catching up) until its
-last chunk is sent or it lies unused for `SPOOL_IDLE_SECONDS`; meanwhile `flush` keeps the
-log from being compacted past it, so it stays one the leader can send. A crash leaves at
-most these two files, removed at the next start.
+`generation_max_size` per generation), far more than a node may hold. The spooled one serves
+every transfer that asks for a snapshot (a follower that starts over, another one catching
+up) until its last chunk is sent or it lies unused for `SPOOL_IDLE_SECONDS`; meanwhile
+`flush` keeps the log from being compacted past it, so it stays one the leader can send. A
+crash leaves at most these two files, removed at the next start.
+
+A shard is dumped on a worker thread: reading a whole shard would hold the event loop for
+seconds, long enough for every group this node leads to lose it. What the thread reads is
+fixed on the loop when the dump starts: the checkpoint is written, the current slab is read
+through a LevelDB snapshot (it goes on taking writes) and pinned, and the sealed ones,
+immutable, are pinned by the thread as it reads them (OpenSlabs); a sealed one dropped
+meanwhile fails the dump, and the next request starts another. Until the file is complete
+the machine answers None (the core asks again). The sessions database is dumped on the loop.
 
 Installing a shard's snapshot writes it, a few MiB per LevelDB batch, to a new directory and
 swaps it in, then reopens the shard there; the sessions database is replaced in one atomic
 batch. """
 
+import asyncio
+import concurrent.futures
 import json
 import logging
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
 from broker.ds.kv import KVStore
+from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
 from broker.ds.slab import CHECKPOINT_KEY, Slab
 from broker.ds.ttv import TTV
@@ -108,6 +119,7 @@ class _Machine:
         for leftover in (self._outgoing_path, self._incoming_path):
             leftover.unlink(missing_ok=True)
         self._outgoing: tuple[int, int] | None = None  # the spooled one's index and size
+        self._dump_at = 0  # the index of a dump under way (0: none)
         self._spool_used = 0.0  # when a chunk of it was last read (monotonic)
         self.spool_idle = SPOOL_IDLE_SECONDS
         self._proposed: tuple[bytes, list[TTV]] | None = None
@@ -131,17 +143,17 @@ class _Machine:
             self._mark(entry.index, entry.term)
         self.applied_index, self.applied_term = entry.index, entry.term
 
-    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
         outgoing = self._outgoing
-        path = self._outgoing_path
-        if outgoing is None or index not in (0, outgoing[0]):
-            with path.open("wb", buffering=_SPOOL_BUFFER) as file:
-                for piece in self._dump():
-                    file.write(piece)
-                outgoing = self._outgoing = (self.applied_index, file.tell())
+        if outgoing is None:
+            outgoing = self._spool()
+            if outgoing is None:
+                return None
             offset = 0
+        elif index not in (0, outgoing[0]):
+            return None  # one no longer kept: the core starts over, and gets the one spooled
         at, size = outgoing
-        with path.open("rb") as file:
+        with self._outgoing_path.open("rb") as file:
             file.seek(offset)
             data = file.read(CHUNK_BYTES)
         done = offset + len(data) >= size
@@ -149,6 +161,15 @@ class _Machine:
         if done:
             self._drop_spool()
         return at, data, done
+
+    def _spool(self) -> tuple[int, int] | None:
+        """A new snapshot of the applied state into the spool file: its (index, size), or
+        None while it is being written."""
+        with self._outgoing_path.open("wb", buffering=_SPOOL_BUFFER) as file:
+            for piece in self._dump():
+                file.write(piece)
+            self._outgoing = (self.applied_index, file.tell())
+        return self._outgoing
 
     def _drop_spool(self) -> None:
         self._outgoing = None
@@ -176,8 +197,10 @@ class _Machine:
             self.flushed_index = self.applied_index
         self.unflushed_bytes = 0
         self.drop_idle_spool()
-        outgoing = self._outgoing
-        return self.flushed_index if outgoing is None else min(self.flushed_index, outgoing[0])
+        held = [self._dump_at] if self._dump_at else []
+        if self._outgoing is not None:
+            held.append(self._outgoing[0])
+        return min([self.flushed_index, *held])
 
     def drop_idle_spool(self) -> None:
         """Removes a spooled snapshot no transfer read for `spool_idle` seconds: its
@@ -193,6 +216,7 @@ class _Machine:
         raise NotImplementedError
 
     def _dump(self) -> Iterator[bytes]:
+        """The snapshot's records (the sessions database's, read on the event loop)."""
         raise NotImplementedError
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
@@ -206,6 +230,59 @@ def _snapshot_meta(raw: bytes | None) -> SnapshotMeta | None:
     return SnapshotMeta(index, term, Config.decode(raw[_APPLIED.size:]))
 
 
+class DumpStopped(Exception):
+    pass
+
+
+class _Dump:
+    """A shard's dump under way: its thread's job and what the loop fixed for it."""
+
+    __slots__ = ("current", "done", "index", "job", "open_slabs", "stop", "view")
+
+    def __init__(self, index: int, job: "concurrent.futures.Future[int]",
+                 stop: threading.Event, view: Any, current: Slab, open_slabs: OpenSlabs,
+                 done: "asyncio.Future[None]") -> None:
+        self.index = index
+        self.job = job
+        self.stop = stop
+        self.view = view  # the current slab's LevelDB snapshot
+        self.current = current
+        self.open_slabs = open_slabs
+        self.done = done
+
+    def release(self) -> None:
+        self.view.close()
+        self.open_slabs.release(self.current)
+
+
+def _write_dump(path: Path, slabs: list[tuple[Slab, int]], current: Slab, view: Any,
+                open_slabs: OpenSlabs, thresholds: bytes, stop: threading.Event) -> int:
+    """On a worker thread: the shard's snapshot into `path`; returns its size."""
+    with path.open("wb", buffering=_SPOOL_BUFFER) as file:
+        for slab, sealed_at in slabs:
+            file.write(_record(_SLAB_RECORD, _SLAB.pack(slab.generation, slab.created,
+                                                         sealed_at) + thresholds))
+            if slab is current:
+                _write_pairs(file, view.iterator(), stop)
+                continue
+            open_slabs.acquire(slab)
+            try:
+                _write_pairs(file, slab.db.iterator(), stop)
+            finally:
+                open_slabs.release(slab)
+        return file.tell()
+
+
+def _write_pairs(file: IO[bytes], items: Any, stop: threading.Event) -> None:
+    try:
+        for n, (key, value) in enumerate(items):
+            if not n % 1024 and stop.is_set():
+                raise DumpStopped
+            file.write(_pair(key, value))
+    finally:
+        items.close()
+
+
 class ShardMachine(_Machine):
     """One shard of the messages database; `reopen` rebuilds the shard object after a
     snapshot replaced its directory."""
@@ -215,6 +292,10 @@ class ShardMachine(_Machine):
         self.index = index
         self._reopen = reopen
         super().__init__(self.shard.applied(), self.shard.path)
+        self._dumping: _Dump | None = None
+        self._refuse_dumps = False
+        # The last dump started: done once its file is complete, or it failed or stopped.
+        self.dumped: asyncio.Future[None] | None = None
 
     @property
     def shard(self) -> Shard:
@@ -244,24 +325,67 @@ class ShardMachine(_Machine):
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.shard.apply_mark(index, term, sync)
 
-    def _dump(self) -> Iterator[bytes]:
-        """Blocking: every slab of the shard, key by key (sealed ones opened for it)."""
+    def _spool(self) -> tuple[int, int] | None:
+        """Starts dumping the shard on a worker thread (see the module docstring)."""
+        if self._dumping is not None or self._refuse_dumps:
+            return None
         shard = self.shard
         shard.checkpoint_now()  # the current slab's counters and checkpoint: its data's
-        for generation, slab in sorted(shard.slabs.items()):
-            thresholds = json.dumps(list(shard.thresholds)).encode()
-            yield _record(_SLAB_RECORD, _SLAB.pack(generation, slab.created,
-                                                   slab.sealed_at or 0) + thresholds)
-            opened = slab.reopen()
-            try:
-                for key, value in slab.db.iterator():
-                    yield _pair(key, value)
-            finally:
-                if opened:
-                    slab.close()
+        current = shard.current
+        shard.open_slabs.acquire(current)  # open: pinned, not opened
+        try:
+            view = current.db.snapshot()
+        except BaseException:
+            shard.open_slabs.release(current)
+            raise
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        slabs = [(slab, slab.sealed_at or 0) for _, slab in sorted(shard.slabs.items())]
+        thresholds = json.dumps(list(shard.thresholds)).encode()
+        job = shard.executor.submit(_write_dump, self._outgoing_path, slabs, current, view,
+                                    shard.open_slabs, thresholds, stop)
+        dump = self._dumping = _Dump(self.applied_index, job, stop, view, current,
+                                     shard.open_slabs, loop.create_future())
+        self._dump_at = dump.index
+        self.dumped = dump.done
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._dumped, dump))
+        return None
+
+    def _dumped(self, dump: "_Dump") -> None:
+        """On the loop, once the dump's thread ended (or at once, by `end_dump`)."""
+        if self._dumping is not dump:
+            return  # ended already
+        self._dumping = None
+        self._dump_at = 0
+        dump.release()
+        job = dump.job
+        if job.cancelled() or job.exception() is not None:
+            if not dump.stop.is_set():
+                log.warning("snapshot of messages shard %d at index %d failed: %r",
+                            self.index, dump.index, job.exception())
+            self._outgoing_path.unlink(missing_ok=True)
+        else:
+            self._outgoing = (dump.index, job.result())
+            self._spool_used = time.monotonic()
+        if not dump.done.done():
+            dump.done.set_result(None)
+
+    def end_dump(self, for_good: bool = False) -> None:
+        """Blocking: stops a dump under way (its thread ends at the next key), before
+        the shard's slabs are closed under it; `for_good`: none starts any more (the node
+        is stopping)."""
+        self._refuse_dumps = self._refuse_dumps or for_good
+        dump = self._dumping
+        if dump is None:
+            return
+        dump.stop.set()
+        concurrent.futures.wait([dump.job])
+        self._dumped(dump)
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
+        self.end_dump()
+        self._drop_spool()
         shard = self.shard
         fresh = shard.path.with_name(shard.path.name + ".snapshot")
         shutil.rmtree(fresh, ignore_errors=True)

@@ -94,10 +94,10 @@ class Shard:
         self.path = path
         self.slabs: dict[int, Slab] = {slab.generation: slab for slab in slabs}
         self.current = slabs[-1]
-        self._open_slabs = open_slabs
+        self.open_slabs = open_slabs
         open_slabs.acquire(self.current)  # the writer's pin, for as long as it is current
         self.thresholds = thresholds
-        self._executor = executor
+        self.executor = executor
         self._on_change = on_change
         self._max_bytes = max_generation_bytes
         # builtin_raft: each writer's last STORE serial applied (a retry's copy is skipped),
@@ -163,7 +163,7 @@ class Shard:
             slab = self.current
             batch = self.cooker.cook(messages, now_us())
             started = time.perf_counter()
-            await slab.write(batch, sync, self._executor)
+            await slab.write(batch, sync, self.executor)
             if self._written(slab, batch, started):
                 await self._rotate_locked()
 
@@ -190,17 +190,17 @@ class Shard:
         old = self.current
         now = max(now_us(), self.cooker.last_timestamp)
         new = await loop.run_in_executor(
-            self._executor, _create_slab, self.path, old.generation + 1, self.thresholds, now
+            self.executor, _create_slab, self.path, old.generation + 1, self.thresholds, now
         )
-        self._open_slabs.acquire(new)
+        self.open_slabs.acquire(new)
         self.slabs[new.generation] = new
         self.current = new
         self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
         # Readers must see the end of the old generation now, not after compaction.
         old.sealed_at = now
         # The old generation keeps the writer's pin until its seal is done.
-        sealing = loop.run_in_executor(self._executor, old.seal, now, self.index)
-        sealing.add_done_callback(lambda _: self._open_slabs.release(old))
+        sealing = loop.run_in_executor(self.executor, old.seal, now, self.index)
+        sealing.add_done_callback(lambda _: self.open_slabs.release(old))
         self._sealing[old.generation] = sealing
         self._on_change(self.index, old.generation, None)
         return new.generation
@@ -233,8 +233,8 @@ class Shard:
         loop = asyncio.get_running_loop()
         for generation in dropped:
             slab = self.slabs.pop(generation)
-            self._open_slabs.drop(slab)
-            await loop.run_in_executor(self._executor, shutil.rmtree, slab.path)
+            self.open_slabs.drop(slab)
+            await loop.run_in_executor(self.executor, shutil.rmtree, slab.path)
             self._on_change(self.index, generation, None)
         return dropped
 
@@ -322,14 +322,14 @@ class Shard:
         new = _create_slab(self.path, old.generation + 1, self.thresholds, now,
                            _checkpoint_value(self._applied, self._writers))
         self._checkpointed = True
-        self._open_slabs.acquire(new)
+        self.open_slabs.acquire(new)
         self.slabs[new.generation] = new
         self.current = new
         self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
         old.sealed_at = now
         sealing = asyncio.get_running_loop().run_in_executor(
-            self._executor, old.seal, now, self.index)
-        sealing.add_done_callback(lambda _: self._open_slabs.release(old))
+            self.executor, old.seal, now, self.index)
+        sealing.add_done_callback(lambda _: self.open_slabs.release(old))
         self._sealing[old.generation] = sealing
         self._on_change(self.index, old.generation, None)
 
@@ -344,8 +344,8 @@ class Shard:
         loop = asyncio.get_running_loop()
         for generation in dropped:
             slab = self.slabs.pop(generation)
-            self._open_slabs.drop(slab)
-            loop.run_in_executor(self._executor, shutil.rmtree, slab.path, True)
+            self.open_slabs.drop(slab)
+            loop.run_in_executor(self.executor, shutil.rmtree, slab.path, True)
             self._on_change(self.index, generation, None)
         self.apply_mark(index, term)
         return dropped

@@ -39,9 +39,11 @@ class StateMachine(Protocol):
     def apply(self, entry: Entry) -> None:
         """A committed entry, in index order (configuration and no-op entries too)."""
 
-    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
-        """The bytes at `offset` of the snapshot at `index` (0: of the applied state,
-        choosing its index, which must not be compacted past): (index, data, done)."""
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
+        """The bytes at `offset` of the snapshot at `index` (0: one the machine chooses,
+        of an index it does not let the log be compacted past): (index, data, done). None
+        while the snapshot is being prepared: the core asks again when its snapshot
+        transfer times out."""
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
         """A received chunk; the one with `done` replaces the state, durably, at
@@ -214,8 +216,10 @@ class RaftHost:
             assert callable(context)
             context(False)
         for request in ready.snapshot_requests:
-            index, data, done = hosted.machine.snapshot_chunk(request.index, request.offset)
-            core.send_snapshot_chunk(request.peer, index, request.offset, data, done)
+            answer = hosted.machine.snapshot_chunk(request.index, request.offset)
+            if answer is not None:
+                index, data, done = answer
+                core.send_snapshot_chunk(request.peer, index, request.offset, data, done)
 
     def _apply(self, hosted: "_Group", entries: list[Entry]) -> None:
         machine = hosted.machine

@@ -8,6 +8,7 @@ from broker.ds import Settings
 from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
 from broker.ds.replication_shard import ShardMachine
+from broker.raft.host import StateMachine
 from broker.raft.messages import NORMAL, Entry
 from tests.ds.conftest import message
 
@@ -56,3 +57,16 @@ def by_generation(replica: Replica) -> dict[int, list[tuple[int, str, bytes]]]:
             if opened:
                 slab.close()
     return out
+
+
+async def snapshot_chunk(machine: StateMachine, index: int, offset: int
+                         ) -> tuple[int, bytes, bool]:
+    """The chunk, once the machine has its snapshot (a shard dumps it on a worker thread)."""
+    answer = machine.snapshot_chunk(index, offset)
+    if answer is None:
+        assert isinstance(machine, ShardMachine) and machine.dumped is not None
+        await machine.dumped
+        answer = machine.snapshot_chunk(index, offset)
+    assert answer is not None, "the dump failed"
+    return answer
+

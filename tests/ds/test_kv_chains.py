@@ -14,6 +14,7 @@ from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk
 from broker.session.durable import records as r
 from broker.session.durable.ownership import admitted, sessions_of, sweep_writes
+from tests.ds.replicas import snapshot_chunk
 
 
 def test_follows() -> None:
@@ -97,7 +98,7 @@ async def test_chains_are_durable_and_travel_in_snapshots(
     replica = Replica(first)
     replica.apply(cmd.encode_kv("A", 10, 0, [position("c1", b"1")]))
     replica.apply(cmd.encode_kv("B", 4, 0, []))
-    at, snapshot, done = replica.machine.snapshot_chunk(0, 0)
+    at, snapshot, done = await snapshot_chunk(replica.machine, 0, 0)
     assert done
     await first.close()
     assert Replica(open_storage(tmp_path / "a")).machine.chains == {"A": 10, "B": 4}

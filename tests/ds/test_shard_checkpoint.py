@@ -13,7 +13,7 @@ from broker.ds.manifest import NAME as MANIFEST
 from broker.ds.slab import CHECKPOINT_KEY
 from broker.raft.messages import Config
 from broker.raft.ready import SnapshotChunk
-from tests.ds.replicas import Replica, by_generation, stores
+from tests.ds.replicas import Replica, by_generation, snapshot_chunk, stores
 
 
 def test_a_restarted_shard_replays_past_its_checkpoint_to_the_same_keys(
@@ -54,12 +54,12 @@ def test_a_flush_checkpoints_what_was_applied(tmp_path: Path,
     assert restarted.machine.shard.duplicates == 1 and len(restarted.stored()) == 15
 
 
-def test_a_snapshot_carries_the_writers_of_its_index(tmp_path: Path,
-                                                     executor: ThreadPoolExecutor) -> None:
+async def test_a_snapshot_carries_the_writers_of_its_index(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
     source = Replica(tmp_path / "source", executor)
     for index, data in enumerate(stores(1, 4), start=1):
         source.apply(index, data)
-    at, data, done = source.machine.snapshot_chunk(0, 0)
+    at, data, done = await snapshot_chunk(source.machine, 0, 0)
     assert (at, done) == (4, True)
     target = Replica(tmp_path / "target", executor)
     target.machine.install_chunk(SnapshotChunk(4, 1, Config(frozenset({"a", "b", "c"})),

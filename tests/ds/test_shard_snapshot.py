@@ -1,6 +1,6 @@
-"""A replicated shard's snapshot goes through files on both sides (replication_shard.py): a
-shard can be far larger than a node may hold in memory, so neither the sender nor the
-receiver may hold more than a few chunks of it at once."""
+"""A replicated shard's snapshot (replication_shard.py): dumped on a worker thread from a
+view fixed when it starts, and moved through files on both sides, since a shard can be far
+larger than a node may hold in memory or stop its event loop to read."""
 
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +10,7 @@ from broker.ds import replication_layer as cmd
 from broker.raft.messages import Config
 from broker.raft.ready import SnapshotChunk
 from tests.ds.conftest import message
-from tests.ds.replicas import Replica, by_generation
+from tests.ds.replicas import Replica, by_generation, snapshot_chunk
 
 CONFIG = Config(frozenset({"a", "b", "c"}))
 PER_STORE = 200
@@ -24,15 +24,26 @@ def big_stores(first: int, last: int) -> list[bytes]:
             for n in range(first, last + 1)]
 
 
-def transfer(source: Replica, target: Replica) -> int:
+def filled(path: Path, executor: ThreadPoolExecutor, stores: int, **settings: int) -> Replica:
+    replica = Replica(path, executor, **settings)
+    for index, data in enumerate(big_stores(1, stores), start=1):
+        replica.apply(index, data)
+    return replica
+
+
+async def transfer(source: Replica, target: Replica) -> int:
     """Moves a snapshot chunk by chunk, as the Raft core asks for them; returns its index."""
     index = offset = 0
     while True:
-        at, data, done = source.machine.snapshot_chunk(index, offset)
+        at, data, done = await snapshot_chunk(source.machine, index, offset)
         target.machine.install_chunk(SnapshotChunk(at, 1, CONFIG, offset, data, done))
         if done:
             return at
         index, offset = at, offset + len(data)
+
+
+def held(replica: Replica) -> int:
+    return sum(map(len, by_generation(replica).values()))
 
 
 def spooled(*roots: Path) -> list[Path]:
@@ -41,60 +52,70 @@ def spooled(*roots: Path) -> list[Path]:
 
 async def test_a_snapshot_larger_than_memory_allows_moves_chunk_by_chunk(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
-    source = Replica(tmp_path / "source", executor, generation_max_size=8 << 20)
-    commands = big_stores(1, 120)  # 24 MiB of payload
-    for index, data in enumerate(commands, start=1):
-        source.apply(index, data)
-    await source.machine.shard.wait_sealed()
+    source = filled(tmp_path / "source", executor, 120, generation_max_size=8 << 20)
+    await source.machine.shard.wait_sealed()  # 24 MiB of payload
     assert len(source.machine.shard.slabs) >= 3  # sealed generations and the current one
     target = Replica(tmp_path / "target", executor)
 
     tracemalloc.start()
     try:
-        at = transfer(source, target)
+        at = await transfer(source, target)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
 
-    assert at == len(commands)
+    assert at == 120
     assert peak < 6 << 20, f"{peak / 2**20:.1f} MiB held at once for a 24 MiB snapshot"
     assert by_generation(target) == by_generation(source)
-    assert sum(len(messages) for messages in by_generation(target).values()) == 120 * PER_STORE
+    assert held(target) == 120 * PER_STORE
     assert target.machine.applied_index == at
     assert spooled(tmp_path) == []  # both files go once the transfer is done
     target.apply(at + 1, big_stores(at + 1, at + 1)[0])  # the target carries on from there
     assert target.machine.applied_index == at + 1
 
 
-def test_a_spooled_snapshot_serves_every_transfer_and_holds_back_compaction(
+async def test_the_dump_runs_off_the_event_loop_on_the_state_it_started_from(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
-    """The dump blocks the event loop: one serves a follower that starts over and another
-    that catches up too, and the log keeps what follows it so the leader can still send it."""
-    source = Replica(tmp_path / "source", executor)
-    for index, data in enumerate(big_stores(1, 10), start=1):
+    source = filled(tmp_path / "source", executor, 30)
+    assert source.machine.snapshot_chunk(0, 0) is None  # started, on a worker thread
+    dumped = source.machine.dumped
+    for index, data in enumerate(big_stores(31, 40), start=31):  # while it runs
         source.apply(index, data)
-    at, first, done = source.machine.snapshot_chunk(0, 0)
+    assert source.machine.flush() == 30  # the log keeps what follows the dump
+    assert dumped is not None
+    await dumped
+    target = Replica(tmp_path / "target", executor)
+    assert await transfer(source, target) == 30
+    assert held(target) == 30 * PER_STORE and held(source) == 40 * PER_STORE
+    assert source.machine.flush() == 40
+
+
+async def test_a_spooled_snapshot_serves_every_transfer_and_holds_back_compaction(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    """One dump serves a follower that starts over and another that catches up too, and
+    the log keeps what follows it so the leader can still send it."""
+    source = filled(tmp_path / "source", executor, 10)
+    at, first, done = await snapshot_chunk(source.machine, 0, 0)
     assert (at, done) == (10, False)
     source.apply(11, big_stores(11, 11)[0])
     assert source.machine.flush() == 10  # not past the snapshot being sent
-    again, restarted, _ = source.machine.snapshot_chunk(0, 0)  # a new transfer
-    assert (again, restarted) == (10, first)
+    assert source.machine.snapshot_chunk(0, 0) == (10, first, False)  # a new transfer
     target = Replica(tmp_path / "target", executor)
-    assert transfer(source, target) == 10
-    held = by_generation(target)
-    assert sum(map(len, held.values())) == 10 * PER_STORE  # the state at 10, not at 11
+    assert await transfer(source, target) == 10
+    assert held(target) == 10 * PER_STORE  # the state at 10, not at 11
     assert source.machine.flush() == 11  # sent whole: the log may go
     assert spooled(tmp_path) == []
-    # A stale request (an index no longer spooled) gets a new one, at the applied index.
-    assert source.machine.snapshot_chunk(10, 262_144)[0] == 11
+    # A request of the transfer that ended starts a new dump, at the applied index, which
+    # the core gets once it starts over.
+    assert source.machine.snapshot_chunk(10, 262_144) is None
+    assert (await snapshot_chunk(source.machine, 0, 0))[0] == 11
+    assert source.machine.snapshot_chunk(10, 0) is None  # not the one spooled now
 
 
-def test_a_spooled_snapshot_no_transfer_reads_is_dropped(
+async def test_a_spooled_snapshot_no_transfer_reads_is_dropped(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
-    replica = Replica(tmp_path, executor)
-    for index, data in enumerate(big_stores(1, 3), start=1):
-        replica.apply(index, data)
-    assert replica.machine.snapshot_chunk(0, 0)[0] == 3
+    replica = filled(tmp_path, executor, 3)
+    assert (await snapshot_chunk(replica.machine, 0, 0))[0] == 3
     replica.apply(4, big_stores(4, 4)[0])
     replica.machine.drop_idle_spool()
     assert spooled(tmp_path) != []  # read just now
@@ -102,6 +123,25 @@ def test_a_spooled_snapshot_no_transfer_reads_is_dropped(
     replica.machine.drop_idle_spool()
     assert spooled(tmp_path) == []
     assert replica.machine.flush() == 4
+
+
+async def test_a_dump_is_ended_before_its_slabs_are_closed(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    replica = filled(tmp_path, executor, 60)
+    assert replica.machine.snapshot_chunk(0, 0) is None
+    dumped = replica.machine.dumped
+    replica.machine.end_dump()  # as a snapshot install or the node's stop does
+    assert dumped is not None and dumped.done()
+    assert spooled(tmp_path) == []
+    assert replica.machine.flush() == 60  # nothing held back any more
+    replica.apply(61, big_stores(61, 61)[0])  # the shard goes on
+    assert (await snapshot_chunk(replica.machine, 0, 0))[0] == 61  # and dumps again
+    replica.machine.spool_idle = 0.0
+    replica.machine.drop_idle_spool()
+    replica.machine.end_dump(for_good=True)
+    assert replica.machine.snapshot_chunk(0, 0) is None  # the node stops: no new dump
+    assert replica.machine.dumped is not None and replica.machine.dumped.done()
+    assert spooled(tmp_path) == []
 
 
 def test_files_a_crash_left_mid_transfer_are_removed_at_start(

@@ -191,23 +191,31 @@ class SimMachine:
         self.checker.on_apply(self.group, self.node, self.index, self.digest)
 
     def flush(self) -> int:
+        """Flushes; the log may be compacted up to the result (not past a snapshot being
+        sent, as a shard keeps the entries after its spooled one)."""
         self.flushed = (self.index, self.digest)
-        return self.index
+        return min([self.index, *self.snapshots])
 
     def crash(self) -> None:
         self.index, self.digest = self.flushed
         self.snapshots.clear()
         self._receiving.clear()
 
-    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
+        if index == 0 and self.snapshots:
+            index = next(iter(self.snapshots))
         payload = self.snapshots.get(index)
         if payload is None:
-            index = self.index
-            # Padding makes the snapshot several chunks long.
-            payload = struct.pack(">Q", index) + self.digest + self.digest * 16
-            self.snapshots = {index: payload}
+            # Prepared now and served from the next request on, as a shard dumps its
+            # snapshot on a worker thread. Padding makes it several chunks long.
+            self.snapshots = {
+                self.index: struct.pack(">Q", self.index) + self.digest + self.digest * 16}
+            return None
         chunk = payload[offset:offset + self.CHUNK]
-        return index, chunk, offset + len(chunk) >= len(payload)
+        done = offset + len(chunk) >= len(payload)
+        if done:
+            self.snapshots = {}
+        return index, chunk, done
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
         if chunk.offset == 0:
