@@ -22,6 +22,7 @@ metadata group on the node's one write-ahead log and the cluster links.
 """
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Final
@@ -119,6 +120,8 @@ class DsGroups:
         if group in raft.host.groups:
             return
         machine = self.machines[group]
+        if isinstance(machine, ShardMachine):
+            machine.on_dumped = functools.partial(raft.snapshot_ready, group)
         raft.add_group(group, machine, voters, machine.applied_index, machine.snapshot())
 
     def round(self) -> None:

@@ -30,7 +30,8 @@ fixed on the loop when the dump starts: the checkpoint is written, the current s
 through a LevelDB snapshot (it goes on taking writes) and pinned, and the sealed ones,
 immutable, are pinned by the thread as it reads them (OpenSlabs); a sealed one dropped
 meanwhile fails the dump, and the next request starts another. Until the file is complete
-the machine answers None (the core asks again). The sessions database is dumped on the loop.
+the machine answers None; then `on_dumped` has the core ask again. The sessions database is
+dumped on the loop.
 
 Installing a shard's snapshot writes it, a few MiB per LevelDB batch, to a new directory and
 swaps it in, then reopens the shard there; the sessions database is replaced in one atomic
@@ -296,6 +297,7 @@ class ShardMachine(_Machine):
         self._refuse_dumps = False
         # The last dump started: done once its file is complete, or it failed or stopped.
         self.dumped: asyncio.Future[None] | None = None
+        self.on_dumped: Callable[[], None] | None = None  # a dump's file is complete
 
     @property
     def shard(self) -> Shard:
@@ -367,6 +369,8 @@ class ShardMachine(_Machine):
         else:
             self._outgoing = (dump.index, job.result())
             self._spool_used = time.monotonic()
+            if self.on_dumped is not None:
+                self.on_dumped()
         if not dump.done.done():
             dump.done.set_result(None)
 

@@ -2,10 +2,10 @@
 
 Inputs: `tick()` (logical time), `step(sender, message)`, `propose(data)`,
 `persisted(seq)` (a Ready's writes are on disk), `applied(index)`, `compact(index)`,
-`read_index(context)`, membership changes and `send_snapshot_chunk`. Outputs accumulate
-until `ready()` hands them over as one `Ready` (see ready.py for what the shell does with
-it). No sockets, clocks, threads or files: randomness comes from the `random.Random` given
-at construction, so a simulation replays exactly from its seed.
+`read_index(context)`, membership changes, `send_snapshot_chunk` and `snapshot_ready`.
+Outputs accumulate until `ready()` hands them over as one `Ready` (see ready.py for what the
+shell does with it). No sockets, clocks, threads or files: randomness comes from the
+`random.Random` given at construction, so a simulation replays exactly from its seed.
 
 Raft as in the paper and Ongaro's thesis, plus:
 - durability: the leader counts itself toward a commit majority only for entries it has
@@ -247,6 +247,18 @@ class RaftGroup:
 
     def applied(self, index: int) -> None:
         self.applied_index = max(self.applied_index, index)
+
+    def snapshot_ready(self) -> None:
+        """The state machine has a snapshot now, after answering a request for one with
+        None (it was preparing it): followers still waiting for their first chunk are asked
+        for again at once, not after the transfer's timeout."""
+        if self.role != LEADER:
+            return
+        pending = {request.peer for request in self._snapshot_requests}
+        for peer, pr in self.progress.items():
+            if pr.state == SNAPSHOT and pr.snapshot_index == 0 and peer not in pending:
+                pr.snapshot_ticks = 0
+                self._snapshot_requests.append(SnapshotRequest(peer, 0, 0))
 
     def compact(self, index: int) -> None:
         """The state machine's data is flushed up to `index`: entries up to there go."""

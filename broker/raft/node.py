@@ -102,6 +102,11 @@ class RaftNode:
         self.host.compact(group, index)
         self._schedule_flush()
 
+    def snapshot_ready(self, group: int) -> None:
+        """The group's state machine prepared the snapshot it answered None for."""
+        self.core(group).snapshot_ready()
+        self._schedule_flush()
+
     def unreachable(self, peer: str) -> None:
         self.host.unreachable(peer)
         self._schedule_flush()

@@ -77,6 +77,8 @@ async def test_a_snapshot_larger_than_memory_allows_moves_chunk_by_chunk(
 async def test_the_dump_runs_off_the_event_loop_on_the_state_it_started_from(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
     source = filled(tmp_path / "source", executor, 30)
+    told: list[int] = []
+    source.machine.on_dumped = lambda: told.append(source.machine.applied_index)
     assert source.machine.snapshot_chunk(0, 0) is None  # started, on a worker thread
     dumped = source.machine.dumped
     for index, data in enumerate(big_stores(31, 40), start=31):  # while it runs
@@ -84,6 +86,7 @@ async def test_the_dump_runs_off_the_event_loop_on_the_state_it_started_from(
     assert source.machine.flush() == 30  # the log keeps what follows the dump
     assert dumped is not None
     await dumped
+    assert told == [40]  # the core is told to ask again
     target = Replica(tmp_path / "target", executor)
     assert await transfer(source, target) == 30
     assert held(target) == 30 * PER_STORE and held(source) == 40 * PER_STORE

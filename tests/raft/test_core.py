@@ -15,6 +15,8 @@ from broker.raft.messages import (
     RequestVote,
     VoteResponse,
 )
+from broker.raft.progress import SNAPSHOT
+from broker.raft.ready import SnapshotRequest
 
 
 class Cluster:
@@ -269,3 +271,25 @@ def test_a_commit_notice_names_only_what_the_follower_matches_and_is_not_answere
     assert b.commit == index
     answer = b.ready()
     assert not answer.messages and not answer.after_persist
+
+
+def test_a_snapshot_the_machine_prepared_late_is_asked_for_again_at_once() -> None:
+    """A state machine answers a snapshot request with None while it prepares the snapshot
+    (a shard dumps it on a worker thread); once it has it, the follower's request is made
+    again now rather than after the transfer's timeout, and only once."""
+    cluster = Cluster("a", "b", "c")
+    leader = cluster.elect("a")
+    cluster.down.add("c")
+    for n in range(5):
+        leader.propose(b"%d" % n)
+        cluster.settle()
+    leader.applied(leader.commit)
+    leader.compact(leader.commit)  # c is now behind the leader's first entry
+    cluster.down.discard("c")
+    leader.unreachable("c")  # its link is back: what was lost on it is sent again
+    cluster.settle()  # the request is made, and dropped here: the machine answered None
+    assert leader.progress["c"].state == SNAPSHOT
+    assert not leader.has_ready()
+    leader.snapshot_ready()
+    leader.snapshot_ready()
+    assert leader.ready().snapshot_requests == [SnapshotRequest("c", 0, 0)]
