@@ -120,7 +120,6 @@ class _Machine:
         for leftover in (self._outgoing_path, self._incoming_path):
             leftover.unlink(missing_ok=True)
         self._outgoing: tuple[int, int] | None = None  # the spooled one's index and size
-        self._dump_at = 0  # the index of a dump under way (0: none)
         self._spool_used = 0.0  # when a chunk of it was last read (monotonic)
         self.spool_idle = SPOOL_IDLE_SECONDS
         self._proposed: tuple[bytes, list[TTV]] | None = None
@@ -198,10 +197,11 @@ class _Machine:
             self.flushed_index = self.applied_index
         self.unflushed_bytes = 0
         self.drop_idle_spool()
-        held = [self._dump_at] if self._dump_at else []
-        if self._outgoing is not None:
-            held.append(self._outgoing[0])
-        return min([self.flushed_index, *held])
+        return min([self.flushed_index, *self._kept()])
+
+    def _kept(self) -> list[int]:
+        """The indexes of the snapshots being sent or prepared: the log keeps what follows."""
+        return [] if self._outgoing is None else [self._outgoing[0]]
 
     def drop_idle_spool(self) -> None:
         """Removes a spooled snapshot no transfer read for `spool_idle` seconds: its
@@ -327,6 +327,10 @@ class ShardMachine(_Machine):
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.shard.apply_mark(index, term, sync)
 
+    def _kept(self) -> list[int]:
+        kept = super()._kept()
+        return kept if self._dumping is None else [*kept, self._dumping.index]
+
     def _spool(self) -> tuple[int, int] | None:
         """Starts dumping the shard on a worker thread (see the module docstring)."""
         if self._dumping is not None or self._refuse_dumps:
@@ -348,7 +352,6 @@ class ShardMachine(_Machine):
                                     shard.open_slabs, thresholds, stop)
         dump = self._dumping = _Dump(self.applied_index, job, stop, view, current,
                                      shard.open_slabs, loop.create_future())
-        self._dump_at = dump.index
         self.dumped = dump.done
         job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._dumped, dump))
         return None
@@ -358,7 +361,6 @@ class ShardMachine(_Machine):
         if self._dumping is not dump:
             return  # ended already
         self._dumping = None
-        self._dump_at = 0
         dump.release()
         job = dump.job
         if job.cancelled() or job.exception() is not None:
@@ -371,8 +373,7 @@ class ShardMachine(_Machine):
             self._spool_used = time.monotonic()
             if self.on_dumped is not None:
                 self.on_dumped()
-        if not dump.done.done():
-            dump.done.set_result(None)
+        dump.done.set_result(None)
 
     def end_dump(self, for_good: bool = False) -> None:
         """Blocking: stops a dump under way (its thread ends at the next key), before
@@ -398,7 +399,7 @@ class ShardMachine(_Machine):
         db: plyvel.DB | None = None
         batch: Any = None  # the open slab's LevelDB write batch
         batched = 0  # bytes in it
-        checkpoint: bytes | None = None  # the last slab's (the current one: see _dump)
+        checkpoint: bytes | None = None  # the last slab's (the current one: see _spool)
         for kind, body in _records(snapshot):
             if kind == _SLAB_RECORD:
                 if db is not None:
