@@ -4,7 +4,7 @@ This is the seam between protocol handling (connections) and state; everything t
 reaches more than one client goes through `publish`.
 """
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -124,7 +124,7 @@ class Node:
             listener(topic_filter, None, client_id, False)
         self._durable_topics.clear()
 
-    def durable_state_applied(self, writes: list[tuple[bytes, bytes | None]],
+    def durable_state_applied(self, writes: Iterable[tuple[bytes, bytes | None]],
                               replaced: bool) -> None:
         """Replicated storage: writes to the `sessions` database, from any node, applied
         here. Subscriptions of durable sessions become this node's durable filters, so a

@@ -36,7 +36,7 @@ from broker.cluster.proposer import CommitTimeout
 from broker.config.loader import Config
 from broker.ds import DurableStorage
 from broker.ds import replication_layer as cmd
-from broker.ds.replication_shard import Admit, KVMachine, SessionsOf, ShardMachine
+from broker.ds.replication_shard import Admit, KVMachine, OnWrites, SessionsOf, ShardMachine
 from broker.ds.shard import now_us
 from broker.ds.ttv import TTV
 from broker.metrics import Sample
@@ -68,7 +68,7 @@ class WritesRefused(Exception):
 
 class DsGroups:
     def __init__(self, config: Config, ds: DurableStorage, metadata: MetadataGroup,
-                 on_session_writes: Callable[[list[cmd.KVWrite], bool], None],
+                 on_session_writes: OnWrites,
                  admit: Admit, on_refused: Callable[[set[str]], None],
                  sessions_of: SessionsOf) -> None:
         self._ds = ds
@@ -120,8 +120,7 @@ class DsGroups:
         if group in raft.host.groups:
             return
         machine = self.machines[group]
-        if isinstance(machine, ShardMachine):
-            machine.on_dumped = functools.partial(raft.snapshot_ready, group)
+        machine.on_dumped = functools.partial(raft.snapshot_ready, group)
         raft.add_group(group, machine, voters, machine.applied_index, machine.snapshot())
 
     def round(self) -> None:
@@ -264,12 +263,11 @@ class DsGroups:
     def stop(self) -> None:
         """Writes fail at once from now on, and so do those waiting for a commit (the
         links go down: none could commit), or closing the storage would wait for each until
-        its commit timeout: a drained node, in no group any more, for ever. A shard's
-        snapshot dump under way ends here, before the storage closes the slabs it reads."""
+        its commit timeout: a drained node, in no group any more, for ever. A snapshot dump
+        under way ends here, before the storage closes the databases it reads."""
         self._stopping = True
         for machine in self.machines.values():
-            if isinstance(machine, ShardMachine):
-                machine.end_dump(for_good=True)  # before the storage closes its slabs
+            machine.end_dump(for_good=True)  # before the storage closes what it reads
         for task in self._committing - self._stopped:
             self._stopped.add(task)
             task.cancel()

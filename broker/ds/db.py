@@ -19,7 +19,7 @@ from typing import Any
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.ds.files import write_atomically
+from broker.ds.files import recover_swap, write_atomically
 from broker.ds.iterator import Iterator, Stream, read_plan
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.settings import Settings
@@ -65,8 +65,10 @@ class MessagesDB:
 
     def _open_shard(self, i: int) -> Shard:
         settings = self._settings
+        path = self.path / f"shard-{i:03d}"
+        recover_swap(path)  # a snapshot install a crash cut short
         return Shard.open(
-            i, self.path / f"shard-{i:03d}", settings.wildcard_thresholds, self._executor,
+            i, path, settings.wildcard_thresholds, self._executor,
             self._on_change, settings.buffer, settings.generation_max_size, self.open_slabs,
         )
 

@@ -1,6 +1,8 @@
-"""Crash-safe small files: after a crash a file written here is whole (old or new)."""
+"""Crash-safe files and directories: after a crash one written or swapped in here is whole
+(old or new)."""
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -21,3 +23,37 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def staging(path: Path) -> Path:
+    """Where a database that will replace `path` is built (a snapshot being installed)."""
+    return path.with_name(path.name + ".snapshot")
+
+
+def swap_in(path: Path) -> None:
+    """Blocking: the complete database built at `staging(path)` replaces `path`. Two
+    renames: a crash between them leaves no `path`, and `recover_swap` finishes the swap."""
+    fresh, retired = staging(path), _retired(path)
+    shutil.rmtree(retired, ignore_errors=True)
+    path.rename(retired)
+    fresh.rename(path)
+    fsync_dir(path.parent)
+    shutil.rmtree(retired)
+
+
+def recover_swap(path: Path) -> None:
+    """Blocking, before `path` is opened: finishes a `swap_in` a crash cut short, or drops
+    a staged database that never got that far (it may be incomplete; the replica then has
+    its old state and asks for the snapshot again)."""
+    fresh, retired = staging(path), _retired(path)
+    if fresh.exists():
+        if path.exists():
+            shutil.rmtree(fresh)
+        else:
+            fresh.rename(path)
+            fsync_dir(path.parent)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _retired(path: Path) -> Path:
+    return path.with_name(path.name + ".retired")

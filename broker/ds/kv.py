@@ -8,9 +8,10 @@ Commits are group-committed through the same write buffer as messages.
 """
 
 import asyncio
+import shutil
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
@@ -19,7 +20,8 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
-from broker.ds.slab import prepare_batch, write_batch
+from broker.ds.files import recover_swap, staging, swap_in
+from broker.ds.slab import Batches, prepare_batch, write_batch
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
 _LOG_LIMIT: Final = 100_000
@@ -32,9 +34,10 @@ class KVStore:
     ) -> None:
         self.name = name
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recover_swap(path)  # a snapshot install a crash cut short
         self._db = plyvel.DB(str(path), create_if_missing=True)
-        self._executor = executor
+        self.executor = executor
         self._serial = 0
         self._log: deque[tuple[int, frozenset[bytes]]] = deque(maxlen=_LOG_LIMIT)
         # Transactions begun and not committed, weakly: an abandoned one is simply forgotten.
@@ -146,15 +149,22 @@ class KVStore:
         if self.replicate is not None:
             await self.replicate(list(dict(writes).items()))
             return
-        await write_batch(self._db, _cooked(dict(writes)), sync, self._executor)
+        await write_batch(self._db, _cooked(dict(writes)), sync, self.executor)
 
     # ---- builtin_raft: the sessions group's replica ---------------------------------------
     def raw_get(self, key: bytes) -> bytes | None:
         """What LevelDB holds, without the overlay of writes on their way."""
         return self._db.get(key)  # type: ignore[no-any-return]
 
-    def raw_items(self) -> list[tuple[bytes, bytes]]:
-        return list(self._db.iterator())
+    def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every key LevelDB holds, read as the caller goes (do not write meanwhile)."""
+        with self._db.iterator() as items:
+            yield from items
+
+    def view(self) -> Any:
+        """A LevelDB snapshot: what the database holds now, for a reader on another thread
+        (close it before the database closes)."""
+        return self._db.snapshot()
 
     def apply(self, writes: list[Write], extra: list[tuple[bytes, bytes]],
               sync: bool = False) -> None:
@@ -164,13 +174,28 @@ class KVStore:
         cooked.puts.extend(extra)
         prepare_batch(self._db, cooked, sync).write()
 
-    def replace(self, pairs: list[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> None:
-        """Blocking: the whole content becomes `pairs` (a snapshot installed), durably."""
-        with self._db.write_batch(sync=True) as batch:
-            for key in self._db.iterator(include_value=False):
-                batch.delete(key)
-            for key, value in [*pairs, *extra]:
-                batch.put(key, value)
+    def replace(self, pairs: Iterable[tuple[bytes, bytes]],
+                last: list[tuple[bytes, bytes]]) -> None:
+        """Blocking: the whole content becomes `pairs`, then `last` (a snapshot installed),
+        durably, without holding them in memory: written into a new database, which is
+        then swapped in whole (files.swap_in)."""
+        fresh = staging(self.path)
+        shutil.rmtree(fresh, ignore_errors=True)
+        try:
+            db = plyvel.DB(str(fresh), create_if_missing=True)
+            try:
+                batches = Batches(db)
+                for key, value in pairs:
+                    batches.put(key, value)
+                batches.finish(last)
+            finally:
+                db.close()
+        except BaseException:
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise
+        self._db.close()
+        swap_in(self.path)
+        self._db = plyvel.DB(str(self.path))
         self._pending.clear()
 
     async def drain(self) -> None:

@@ -24,28 +24,31 @@ up) until its last chunk is sent or it lies unused for `SPOOL_IDLE_SECONDS`; mea
 `flush` keeps the log from being compacted past it, so it stays one the leader can send. A
 crash leaves at most these two files, removed at the next start.
 
-A shard is dumped on a worker thread: reading a whole shard would hold the event loop for
-seconds, long enough for every group this node leads to lose it. What the thread reads is
-fixed on the loop when the dump starts: the checkpoint is written, the current slab is read
-through a LevelDB snapshot (it goes on taking writes) and pinned, and the sealed ones,
-immutable, are pinned by the thread as it reads them (OpenSlabs); a sealed one dropped
-meanwhile fails the dump, and the next request starts another. Until the file is complete
-the machine answers None; then `on_dumped` has the core ask again. The sessions database is
-dumped on the loop.
+A snapshot is dumped on a worker thread: reading a whole database would hold the event loop
+for seconds, long enough for every group this node leads to lose it. What the thread reads is
+fixed on the loop when the dump starts. For a shard: the checkpoint is written, the current
+slab is read through a LevelDB snapshot (it goes on taking writes) and pinned, and the sealed
+ones, immutable, are pinned by the thread as it reads them (OpenSlabs); a sealed one dropped
+meanwhile fails the dump, and the next request starts another. For the sessions database: a
+LevelDB snapshot of it. Until the file is complete the machine answers None; then
+`on_dumped` has the core ask again. A dump under way is ended (`end_dump`) before anything
+closes what it reads.
 
-Installing a shard's snapshot writes it, a few MiB per LevelDB batch, to a new directory and
-swaps it in, then reopens the shard there; the sessions database is replaced in one atomic
-batch. """
+Installing a snapshot writes it, a few MiB per LevelDB batch, the last one synced, into new
+directories beside the database (`<dir>.snapshot`), then swaps them in (files.swap_in): a
+crash leaves the old database or the new one, never a mix (files.recover_swap at the next
+start). """
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import logging
 import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -53,10 +56,11 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
+from broker.ds.files import staging, swap_in
 from broker.ds.kv import KVStore
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
-from broker.ds.slab import CHECKPOINT_KEY, Slab
+from broker.ds.slab import CHECKPOINT_KEY, Batches, Slab
 from broker.ds.ttv import TTV
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
@@ -64,9 +68,6 @@ from broker.raft.ready import SnapshotChunk, SnapshotMeta
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES: Final = 256 << 10
-# LevelDB batch size when a snapshot's slabs are written (their directory is not in use yet,
-# so a slab need not be one atomic batch).
-INSTALL_BATCH_BYTES: Final = 4 << 20
 _SPOOL_BUFFER: Final = 1 << 20
 SPOOL_IDLE_SECONDS: Final = 30.0
 _RECORD: Final = struct.Struct(">BI")
@@ -79,6 +80,8 @@ APPLIED_KEY: Final = b"A" + b"raft_applied"  # sessions: the last command applie
 SNAPSHOT_KEY: Final = b"A" + b"raft_snapshot"  # (index, term, config) of the last installed
 # Writer -> serial of its last KV command applied: a database key, so snapshots carry it.
 CHAINS_KEY: Final = b"A" + b"raft_kv_chains"
+# A replica's own: the snapshot installed sets them.
+_NOT_DUMPED: Final = frozenset({APPLIED_KEY, SNAPSHOT_KEY})
 
 
 def _record(kind: int, data: bytes) -> bytes:
@@ -106,6 +109,19 @@ def _split_pair(body: bytes) -> tuple[bytes, bytes]:
     return body[4:4 + klen], body[4 + klen:]
 
 
+def _pairs(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """The key/value pairs of a sessions snapshot, read as they are consumed (a generator
+    function: mypyc makes a list of a generator expression passed as an argument)."""
+    for kind, body in _records(path):
+        if kind == _PAIR_RECORD:
+            yield _split_pair(body)
+
+
+# Writes a snapshot's records into the file, on a worker thread; ends at the next key once
+# the event is set (DumpStopped).
+DumpWriter = Callable[[IO[bytes], threading.Event], None]
+
+
 class _Machine:
     """What both machines share: applied index, flush bookkeeping, snapshot chunking."""
 
@@ -123,6 +139,11 @@ class _Machine:
         self._spool_used = 0.0  # when a chunk of it was last read (monotonic)
         self.spool_idle = SPOOL_IDLE_SECONDS
         self._proposed: tuple[bytes, list[TTV]] | None = None
+        self._dumping: _Dump | None = None
+        self._refuse_dumps = False
+        # The last dump started: done once its file is complete, or it failed or stopped.
+        self.dumped: asyncio.Future[None] | None = None
+        self.on_dumped: Callable[[], None] | None = None  # a dump's file is complete
 
     def proposing(self, data: bytes, messages: list[TTV]) -> None:
         """This node proposes `data`, the encoding of `messages`: applied without decoding
@@ -163,13 +184,54 @@ class _Machine:
         return at, data, done
 
     def _spool(self) -> tuple[int, int] | None:
-        """A new snapshot of the applied state into the spool file: its (index, size), or
-        None while it is being written."""
-        with self._outgoing_path.open("wb", buffering=_SPOOL_BUFFER) as file:
-            for piece in self._dump():
-                file.write(piece)
-            self._outgoing = (self.applied_index, file.tell())
-        return self._outgoing
+        """Starts dumping the applied state into the spool file on a worker thread (see the
+        module docstring): None until it is complete."""
+        if self._dumping is not None or self._refuse_dumps:
+            return None
+        write, release = self._start_dump()
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        try:
+            job = self._executor().submit(_write_dump, self._outgoing_path, write, stop)
+        except BaseException:
+            release()
+            raise
+        dump = self._dumping = _Dump(self.applied_index, job, stop, release,
+                                     loop.create_future())
+        self.dumped = dump.done
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._dumped, dump))
+        return None
+
+    def _dumped(self, dump: "_Dump") -> None:
+        """On the loop, once the dump's thread ended (or at once, by `end_dump`)."""
+        if self._dumping is not dump:
+            return  # ended already
+        self._dumping = None
+        dump.release()
+        job = dump.job
+        if job.cancelled() or job.exception() is not None:
+            if not dump.stop.is_set():
+                log.warning("snapshot of %s at index %d failed: %r", self._name(),
+                            dump.index, job.exception())
+            self._outgoing_path.unlink(missing_ok=True)
+        else:
+            self._outgoing = (dump.index, job.result())
+            self._spool_used = time.monotonic()
+            if self.on_dumped is not None:
+                self.on_dumped()
+        dump.done.set_result(None)
+
+    def end_dump(self, for_good: bool = False) -> None:
+        """Blocking: stops a dump under way (its thread ends at the next key), before what
+        it reads is closed under it; `for_good`: none starts any more (the node is
+        stopping)."""
+        self._refuse_dumps = self._refuse_dumps or for_good
+        dump = self._dumping
+        if dump is None:
+            return
+        dump.stop.set()
+        concurrent.futures.wait([dump.job])
+        self._dumped(dump)
 
     def _drop_spool(self) -> None:
         self._outgoing = None
@@ -201,7 +263,8 @@ class _Machine:
 
     def _kept(self) -> list[int]:
         """The indexes of the snapshots being sent or prepared: the log keeps what follows."""
-        return [] if self._outgoing is None else [self._outgoing[0]]
+        kept = [] if self._outgoing is None else [self._outgoing[0]]
+        return kept if self._dumping is None else [*kept, self._dumping.index]
 
     def drop_idle_spool(self) -> None:
         """Removes a spooled snapshot no transfer read for `spool_idle` seconds: its
@@ -216,8 +279,15 @@ class _Machine:
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         raise NotImplementedError
 
-    def _dump(self) -> Iterator[bytes]:
-        """The snapshot's records (the sessions database's, read on the event loop)."""
+    def _name(self) -> str:
+        raise NotImplementedError
+
+    def _executor(self) -> concurrent.futures.Executor:
+        raise NotImplementedError
+
+    def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
+        """On the loop: fixes what the dump reads; returns what writes the snapshot's
+        records (on the worker thread) and what releases what was fixed."""
         raise NotImplementedError
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
@@ -236,50 +306,50 @@ class DumpStopped(Exception):
 
 
 class _Dump:
-    """A shard's dump under way: its thread's job and what the loop fixed for it."""
+    """A dump under way: its thread's job, and what releases what the loop fixed for it."""
 
-    __slots__ = ("current", "done", "index", "job", "open_slabs", "stop", "view")
+    __slots__ = ("done", "index", "job", "release", "stop")
 
     def __init__(self, index: int, job: "concurrent.futures.Future[int]",
-                 stop: threading.Event, view: Any, current: Slab, open_slabs: OpenSlabs,
+                 stop: threading.Event, release: Callable[[], None],
                  done: "asyncio.Future[None]") -> None:
         self.index = index
         self.job = job
         self.stop = stop
-        self.view = view  # the current slab's LevelDB snapshot
-        self.current = current
-        self.open_slabs = open_slabs
+        self.release = release
         self.done = done
 
-    def release(self) -> None:
-        self.view.close()
-        self.open_slabs.release(self.current)
 
-
-def _write_dump(path: Path, slabs: list[tuple[Slab, int]], current: Slab, view: Any,
-                open_slabs: OpenSlabs, thresholds: bytes, stop: threading.Event) -> int:
-    """On a worker thread: the shard's snapshot into `path`; returns its size."""
+def _write_dump(path: Path, write: DumpWriter, stop: threading.Event) -> int:
+    """On a worker thread: the snapshot into `path`; returns its size."""
     with path.open("wb", buffering=_SPOOL_BUFFER) as file:
-        for slab, sealed_at in slabs:
-            file.write(_record(_SLAB_RECORD, _SLAB.pack(slab.generation, slab.created,
-                                                         sealed_at) + thresholds))
-            if slab is current:
-                _write_pairs(file, view.iterator(), stop)
-                continue
-            open_slabs.acquire(slab)
-            try:
-                _write_pairs(file, slab.db.iterator(), stop)
-            finally:
-                open_slabs.release(slab)
+        write(file, stop)
         return file.tell()
 
 
-def _write_pairs(file: IO[bytes], items: Any, stop: threading.Event) -> None:
+def _write_slabs(file: IO[bytes], stop: threading.Event, slabs: list[tuple[Slab, int]],
+                 current: Slab, view: Any, open_slabs: OpenSlabs, thresholds: bytes) -> None:
+    for slab, sealed_at in slabs:
+        file.write(_record(_SLAB_RECORD, _SLAB.pack(slab.generation, slab.created,
+                                                     sealed_at) + thresholds))
+        if slab is current:
+            _write_pairs(file, stop, view.iterator())
+            continue
+        open_slabs.acquire(slab)
+        try:
+            _write_pairs(file, stop, slab.db.iterator())
+        finally:
+            open_slabs.release(slab)
+
+
+def _write_pairs(file: IO[bytes], stop: threading.Event, items: Any,
+                 skip: frozenset[bytes] = frozenset()) -> None:
     try:
         for n, (key, value) in enumerate(items):
             if not n % 1024 and stop.is_set():
                 raise DumpStopped
-            file.write(_pair(key, value))
+            if key not in skip:
+                file.write(_pair(key, value))
     finally:
         items.close()
 
@@ -293,11 +363,6 @@ class ShardMachine(_Machine):
         self.index = index
         self._reopen = reopen
         super().__init__(self.shard.applied(), self.shard.path)
-        self._dumping: _Dump | None = None
-        self._refuse_dumps = False
-        # The last dump started: done once its file is complete, or it failed or stopped.
-        self.dumped: asyncio.Future[None] | None = None
-        self.on_dumped: Callable[[], None] | None = None  # a dump's file is complete
 
     @property
     def shard(self) -> Shard:
@@ -327,118 +392,85 @@ class ShardMachine(_Machine):
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.shard.apply_mark(index, term, sync)
 
-    def _kept(self) -> list[int]:
-        kept = super()._kept()
-        return kept if self._dumping is None else [*kept, self._dumping.index]
+    def _name(self) -> str:
+        return f"messages shard {self.index}"
 
-    def _spool(self) -> tuple[int, int] | None:
-        """Starts dumping the shard on a worker thread (see the module docstring)."""
-        if self._dumping is not None or self._refuse_dumps:
-            return None
+    def _executor(self) -> concurrent.futures.Executor:
+        return self.shard.executor
+
+    def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
         shard = self.shard
         shard.checkpoint_now()  # the current slab's counters and checkpoint: its data's
         current = shard.current
-        shard.open_slabs.acquire(current)  # open: pinned, not opened
+        open_slabs = shard.open_slabs
+        open_slabs.acquire(current)  # open: pinned, not opened
         try:
             view = current.db.snapshot()
         except BaseException:
-            shard.open_slabs.release(current)
+            open_slabs.release(current)
             raise
-        loop = asyncio.get_running_loop()
-        stop = threading.Event()
         slabs = [(slab, slab.sealed_at or 0) for _, slab in sorted(shard.slabs.items())]
         thresholds = json.dumps(list(shard.thresholds)).encode()
-        job = shard.executor.submit(_write_dump, self._outgoing_path, slabs, current, view,
-                                    shard.open_slabs, thresholds, stop)
-        dump = self._dumping = _Dump(self.applied_index, job, stop, view, current,
-                                     shard.open_slabs, loop.create_future())
-        self.dumped = dump.done
-        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._dumped, dump))
-        return None
 
-    def _dumped(self, dump: "_Dump") -> None:
-        """On the loop, once the dump's thread ended (or at once, by `end_dump`)."""
-        if self._dumping is not dump:
-            return  # ended already
-        self._dumping = None
-        dump.release()
-        job = dump.job
-        if job.cancelled() or job.exception() is not None:
-            if not dump.stop.is_set():
-                log.warning("snapshot of messages shard %d at index %d failed: %r",
-                            self.index, dump.index, job.exception())
-            self._outgoing_path.unlink(missing_ok=True)
-        else:
-            self._outgoing = (dump.index, job.result())
-            self._spool_used = time.monotonic()
-            if self.on_dumped is not None:
-                self.on_dumped()
-        dump.done.set_result(None)
+        def release() -> None:
+            view.close()
+            open_slabs.release(current)
 
-    def end_dump(self, for_good: bool = False) -> None:
-        """Blocking: stops a dump under way (its thread ends at the next key), before
-        the shard's slabs are closed under it; `for_good`: none starts any more (the node
-        is stopping)."""
-        self._refuse_dumps = self._refuse_dumps or for_good
-        dump = self._dumping
-        if dump is None:
-            return
-        dump.stop.set()
-        concurrent.futures.wait([dump.job])
-        self._dumped(dump)
+        return functools.partial(_write_slabs, slabs=slabs, current=current, view=view,
+                                 open_slabs=open_slabs, thresholds=thresholds), release
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
         self.end_dump()
         self._drop_spool()
         shard = self.shard
-        fresh = shard.path.with_name(shard.path.name + ".snapshot")
+        fresh = staging(shard.path)
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir(parents=True)
-        sealed: list[tuple[Path, int, int]] = []
-        db: plyvel.DB | None = None
-        batch: Any = None  # the open slab's LevelDB write batch
-        batched = 0  # bytes in it
-        checkpoint: bytes | None = None  # the last slab's (the current one: see _spool)
-        for kind, body in _records(snapshot):
-            if kind == _SLAB_RECORD:
-                if db is not None:
-                    batch.write()
-                    db.close()
-                checkpoint = None
-                generation, _created, sealed_at = _SLAB.unpack_from(body)
-                path = generation_dir(fresh, generation)
-                db = plyvel.DB(str(path), create_if_missing=True)
-                batch, batched = db.write_batch(), 0
-                if sealed_at:
-                    sealed.append((path, generation, sealed_at))
-            elif kind == _PAIR_RECORD and db is not None:
-                key, value = _split_pair(body)
-                batch.put(key, value)
-                batched += len(body)
-                if batched >= INSTALL_BATCH_BYTES:
-                    batch.write()
-                    batch, batched = db.write_batch(), 0
-                if key == CHECKPOINT_KEY:
-                    checkpoint = value
-        if db is None:  # a shard always has a current generation: this one is garbled
-            raise cmd.BadCommand("a shard snapshot without a generation")
-        batch.put(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term))
-        batch.put(SNAPSHOT_KEY, meta)
-        batch.write()
-        db.close()
-        for slab_path, generation, until in sealed:
-            slab = Slab.open(slab_path, generation)
-            slab.seal(until, self.index)
-            slab.close()
+        try:
+            sealed = _build_slabs(fresh, snapshot, index, term, meta)
+            for slab_path, generation, until in sealed:
+                slab = Slab.open(slab_path, generation)
+                slab.seal(until, self.index)
+                slab.close()
+        except BaseException:
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise
         self._db.close_shard_now(self.index)
-        retired = shard.path.with_name(shard.path.name + ".retired")
-        shutil.rmtree(retired, ignore_errors=True)
-        shard.path.rename(retired)
-        fresh.rename(shard.path)
-        shutil.rmtree(retired, ignore_errors=True)
+        swap_in(shard.path)
         self._reopen(self.index)
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
+
+
+def _build_slabs(fresh: Path, snapshot: Path, index: int, term: int,
+                 meta: bytes) -> list[tuple[Path, int, int]]:
+    """A shard snapshot's slabs written into `fresh`: the sealed ones' (path, generation,
+    sealed at), to be sealed once written."""
+    sealed: list[tuple[Path, int, int]] = []
+    batches: Batches | None = None  # the open slab's
+    checkpoint: bytes | None = None  # the last slab's (the current one: see _start_dump)
+    for kind, body in _records(snapshot):
+        if kind == _SLAB_RECORD:
+            if batches is not None:
+                batches.finish([])
+                batches.db.close()
+            checkpoint = None
+            generation, _created, sealed_at = _SLAB.unpack_from(body)
+            path = generation_dir(fresh, generation)
+            batches = Batches(plyvel.DB(str(path), create_if_missing=True))
+            if sealed_at:
+                sealed.append((path, generation, sealed_at))
+        elif kind == _PAIR_RECORD and batches is not None:
+            key, value = _split_pair(body)
+            batches.put(key, value)
+            if key == CHECKPOINT_KEY:
+                checkpoint = value
+    if batches is None:  # a shard always has a current generation: this one is garbled
+        raise cmd.BadCommand("a shard snapshot without a generation")
+    batches.finish([(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term)),
+                    (SNAPSHOT_KEY, meta)])
+    batches.db.close()
+    return sealed
 
 
 # (writer, writes, stored value of a key, the command's serial) -> (the admitted writes,
@@ -446,6 +478,8 @@ class ShardMachine(_Machine):
 Admit = Callable[[str, list[cmd.KVWrite], Callable[[bytes], bytes | None], int],
                  tuple[list[cmd.KVWrite], set[str]]]
 SessionsOf = Callable[[list[cmd.KVWrite]], set[str]]  # the client IDs whose keys are written
+# (writes applied, whether they replace everything: a snapshot's whole content)
+OnWrites = Callable[[Iterable[cmd.KVWrite], bool], None]
 
 
 def follows(last: int, command: cmd.KVCommand) -> bool | None:
@@ -475,7 +509,7 @@ class KVMachine(_Machine):
     command that does not follow its writer's chain (`follows`; `sessions_of` names them)."""
 
     def __init__(self, kv: KVStore,
-                 on_writes: Callable[[list[cmd.KVWrite], bool], None] | None = None,
+                 on_writes: OnWrites | None = None,
                  admit: Admit | None = None, me: str = "",
                  on_refused: Callable[[set[str]], None] | None = None,
                  sessions_of: SessionsOf | None = None) -> None:
@@ -537,15 +571,25 @@ class KVMachine(_Machine):
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.kv.apply([], [(APPLIED_KEY, _APPLIED.pack(index, term))], sync)
 
-    def _dump(self) -> Iterator[bytes]:
-        for key, value in self.kv.raw_items():
-            if key not in (APPLIED_KEY, SNAPSHOT_KEY):
-                yield _pair(key, value)
+    def _name(self) -> str:
+        return "the sessions database"
+
+    def _executor(self) -> concurrent.futures.Executor:
+        return self.kv.executor
+
+    def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
+        view = self.kv.view()
+
+        def write(file: IO[bytes], stop: threading.Event) -> None:
+            _write_pairs(file, stop, view.iterator(), _NOT_DUMPED)
+
+        return write, view.close
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
-        pairs = [_split_pair(body) for kind, body in _records(snapshot) if kind == _PAIR_RECORD]
-        self.kv.replace(pairs, [(APPLIED_KEY, _APPLIED.pack(index, term)),
-                                (SNAPSHOT_KEY, meta)])
+        self.end_dump()
+        self._drop_spool()
+        self.kv.replace(_pairs(snapshot),
+                        [(APPLIED_KEY, _APPLIED.pack(index, term)), (SNAPSHOT_KEY, meta)])
         self.chains = _stored_chains(self.kv)
         if self.on_writes is not None:
-            self.on_writes([(key, value) for key, value in pairs], True)
+            self.on_writes(self.kv.raw_items(), True)

@@ -1,16 +1,22 @@
-"""Shard 0 of a `messages` database as its Raft group applies it, on real LevelDB
-directories: the replicas of the replicated-shard tests."""
+"""The Raft state machines of Durable Storage as their groups apply them, on real LevelDB
+directories: shard 0 of a `messages` database and the `sessions` database, the replicas of
+the replicated-storage tests."""
 
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from broker.ds import Settings
+from broker.ds import DurableStorage, Settings
 from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
-from broker.ds.replication_shard import ShardMachine
+from broker.ds.replication_shard import Admit, KVMachine, OnWrites, ShardMachine
 from broker.raft.host import StateMachine
-from broker.raft.messages import NORMAL, Entry
+from broker.raft.messages import NORMAL, Config, Entry
+from broker.raft.ready import SnapshotChunk
+from broker.session.durable.ownership import sessions_of
 from tests.ds.conftest import message
+
+CONFIG = Config(frozenset({"a", "b", "c"}))
 
 
 class Replica:
@@ -59,14 +65,50 @@ def by_generation(replica: Replica) -> dict[int, list[tuple[int, str, bytes]]]:
     return out
 
 
+class SessionsReplica:
+    """The sessions database of a storage, as its Raft group applies it on node `me`."""
+
+    def __init__(self, storage: DurableStorage, me: str = "A", admit: Admit | None = None,
+                 on_writes: OnWrites | None = None) -> None:
+        self.refused: list[set[str]] = []
+        self.machine = KVMachine(storage.sessions, on_writes, admit, me, self.refused.append,
+                                 sessions_of)
+        self.index = self.machine.applied_index
+
+    def apply(self, data: bytes) -> None:
+        self.index += 1
+        self.machine.apply(Entry(self.index, 1, NORMAL, data))
+
+
 async def snapshot_chunk(machine: StateMachine, index: int, offset: int
                          ) -> tuple[int, bytes, bool]:
-    """The chunk, once the machine has its snapshot (a shard dumps it on a worker thread)."""
+    """The chunk, once the machine has its snapshot (dumped on a worker thread)."""
     answer = machine.snapshot_chunk(index, offset)
     if answer is None:
-        assert isinstance(machine, ShardMachine) and machine.dumped is not None
+        assert isinstance(machine, ShardMachine | KVMachine) and machine.dumped is not None
         await machine.dumped
         answer = machine.snapshot_chunk(index, offset)
     assert answer is not None, "the dump failed"
     return answer
 
+
+async def transfer(source: StateMachine, target: StateMachine) -> int:
+    """Moves a snapshot chunk by chunk, as the Raft core asks for them; returns its index."""
+    index = offset = 0
+    while True:
+        at, data, done = await snapshot_chunk(source, index, offset)
+        target.install_chunk(SnapshotChunk(at, 1, CONFIG, offset, data, done))
+        if done:
+            return at
+        index, offset = at, offset + len(data)
+
+
+
+async def traced_transfer(source: StateMachine, target: StateMachine) -> tuple[int, int]:
+    """`transfer`, and the most Python memory held at once meanwhile (bytes), both nodes'."""
+    tracemalloc.start()
+    try:
+        at = await transfer(source, target)
+        return at, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

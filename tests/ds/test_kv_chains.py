@@ -9,12 +9,12 @@ import pytest
 
 from broker.ds import DurableStorage
 from broker.ds import replication_layer as cmd
-from broker.ds.replication_shard import Admit, KVMachine, follows
-from broker.raft.messages import NORMAL, Config, Entry
+from broker.ds.replication_shard import follows
+from broker.raft.messages import Config
 from broker.raft.ready import SnapshotChunk
 from broker.session.durable import records as r
-from broker.session.durable.ownership import admitted, sessions_of, sweep_writes
-from tests.ds.replicas import snapshot_chunk
+from broker.session.durable.ownership import admitted, sweep_writes
+from tests.ds.replicas import SessionsReplica, snapshot_chunk
 
 
 def test_follows() -> None:
@@ -30,21 +30,6 @@ def test_follows() -> None:
     assert follows(9, command(3, None)) is True  # KV_V1: no chain
 
 
-class Replica:
-    """One replica of the sessions database as node `me` runs it."""
-
-    def __init__(self, storage: DurableStorage, me: str = "A", admit: Admit | None = None
-                 ) -> None:
-        self.refused: list[set[str]] = []
-        self.machine = KVMachine(storage.sessions, me=me, admit=admit,
-                                 on_refused=self.refused.append, sessions_of=sessions_of)
-        self.index = self.machine.applied_index
-
-    def apply(self, data: bytes) -> None:
-        self.index += 1
-        self.machine.apply(Entry(self.index, 1, NORMAL, data))
-
-
 def record(client_id: str, first: int) -> cmd.KVWrite:
     return r.batch_key(client_id, first), b"record"
 
@@ -54,11 +39,11 @@ def position(client_id: str, value: bytes) -> cmd.KVWrite:
 
 
 @pytest.fixture
-def replica(open_storage: Callable[..., DurableStorage]) -> Replica:
-    return Replica(open_storage())
+def replica(open_storage: Callable[..., DurableStorage]) -> SessionsReplica:
+    return SessionsReplica(open_storage())
 
 
-def test_a_gap_is_refused_whole_and_told_to_its_writer(replica: Replica) -> None:
+def test_a_gap_is_refused_whole_and_told_to_its_writer(replica: SessionsReplica) -> None:
     kv = replica.machine.kv
     replica.apply(cmd.encode_kv("A", 10, 0, [record("c1", 1), position("c1", b"1")]))
     # Command 11 (c1's next record) timed out and never reached the log; 12 followed it.
@@ -74,7 +59,7 @@ def test_a_gap_is_refused_whole_and_told_to_its_writer(replica: Replica) -> None
     assert replica.machine.chains == {"A": 13}
 
 
-def test_a_late_command_its_writer_chained_past_is_skipped(replica: Replica) -> None:
+def test_a_late_command_its_writer_chained_past_is_skipped(replica: SessionsReplica) -> None:
     kv = replica.machine.kv
     replica.apply(cmd.encode_kv("A", 10, 0, [position("c1", b"1")]))
     replica.apply(cmd.encode_kv("A", 12, 10, [position("c1", b"2")]))
@@ -85,7 +70,7 @@ def test_a_late_command_its_writer_chained_past_is_skipped(replica: Replica) -> 
     assert replica.machine.applied_index == replica.index
 
 
-def test_other_writers_refusals_are_not_told_here(replica: Replica) -> None:
+def test_other_writers_refusals_are_not_told_here(replica: SessionsReplica) -> None:
     replica.apply(cmd.encode_kv("B", 5, 0, [position("c9", b"1")]))
     replica.apply(cmd.encode_kv("B", 7, 6, [position("c9", b"2")]))
     assert replica.refused == []  # B's refusal is B's to hear, on its own replica
@@ -95,14 +80,14 @@ def test_other_writers_refusals_are_not_told_here(replica: Replica) -> None:
 async def test_chains_are_durable_and_travel_in_snapshots(
         open_storage: Callable[..., DurableStorage], tmp_path: Path) -> None:
     first = open_storage(tmp_path / "a")
-    replica = Replica(first)
+    replica = SessionsReplica(first)
     replica.apply(cmd.encode_kv("A", 10, 0, [position("c1", b"1")]))
     replica.apply(cmd.encode_kv("B", 4, 0, []))
     at, snapshot, done = await snapshot_chunk(replica.machine, 0, 0)
     assert done
     await first.close()
-    assert Replica(open_storage(tmp_path / "a")).machine.chains == {"A": 10, "B": 4}
-    other = Replica(open_storage(tmp_path / "b"))
+    assert SessionsReplica(open_storage(tmp_path / "a")).machine.chains == {"A": 10, "B": 4}
+    other = SessionsReplica(open_storage(tmp_path / "b"))
     other.machine.install_chunk(SnapshotChunk(at, 1, Config(frozenset({"A"})), 0, snapshot,
                                               True))
     assert other.machine.chains == {"A": 10, "B": 4}
@@ -111,7 +96,7 @@ async def test_chains_are_durable_and_travel_in_snapshots(
     assert other.machine.chain_breaks == 1
 
 
-def test_kv_v1_commands_are_applied_unchained(replica: Replica) -> None:
+def test_kv_v1_commands_are_applied_unchained(replica: SessionsReplica) -> None:
     name = b"A"
     legacy = (bytes((cmd.KV_V1,)) + len(name).to_bytes(2, "big") + name
               + (1).to_bytes(4, "big") + (2).to_bytes(4, "big") + b"kk"
@@ -126,7 +111,7 @@ def test_a_tombstone_is_dated_by_its_command_and_swept_by_a_later_one(
     """The end of a session is dated by the serial of the command that ended it (its
     writer's clock), the same on every replica; the leader's sweep deletes it once that is
     older than its cutoff."""
-    replica = Replica(open_storage(), admit=admitted)
+    replica = SessionsReplica(open_storage(), admit=admitted)
     kv = replica.machine.kv
     meta = r.Meta(60, 5, False, None, None, "A", 3, True).to_bytes()
     replica.apply(cmd.encode_kv("A", 1_000, 0, [(r.meta_key("c"), meta)]))

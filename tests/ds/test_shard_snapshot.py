@@ -2,17 +2,13 @@
 view fixed when it starts, and moved through files on both sides, since a shard can be far
 larger than a node may hold in memory or stop its event loop to read."""
 
-import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.ds import replication_layer as cmd
-from broker.raft.messages import Config
-from broker.raft.ready import SnapshotChunk
 from tests.ds.conftest import message
-from tests.ds.replicas import Replica, by_generation, snapshot_chunk
+from tests.ds.replicas import Replica, by_generation, snapshot_chunk, traced_transfer, transfer
 
-CONFIG = Config(frozenset({"a", "b", "c"}))
 PER_STORE = 200
 
 
@@ -31,17 +27,6 @@ def filled(path: Path, executor: ThreadPoolExecutor, stores: int, **settings: in
     return replica
 
 
-async def transfer(source: Replica, target: Replica) -> int:
-    """Moves a snapshot chunk by chunk, as the Raft core asks for them; returns its index."""
-    index = offset = 0
-    while True:
-        at, data, done = await snapshot_chunk(source.machine, index, offset)
-        target.machine.install_chunk(SnapshotChunk(at, 1, CONFIG, offset, data, done))
-        if done:
-            return at
-        index, offset = at, offset + len(data)
-
-
 def held(replica: Replica) -> int:
     return sum(map(len, by_generation(replica).values()))
 
@@ -57,12 +42,7 @@ async def test_a_snapshot_larger_than_memory_allows_moves_chunk_by_chunk(
     assert len(source.machine.shard.slabs) >= 3  # sealed generations and the current one
     target = Replica(tmp_path / "target", executor)
 
-    tracemalloc.start()
-    try:
-        at = await transfer(source, target)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    at, peak = await traced_transfer(source.machine, target.machine)
 
     assert at == 120
     assert peak < 6 << 20, f"{peak / 2**20:.1f} MiB held at once for a 24 MiB snapshot"
@@ -88,7 +68,7 @@ async def test_the_dump_runs_off_the_event_loop_on_the_state_it_started_from(
     await dumped
     assert told == [40]  # the core is told to ask again
     target = Replica(tmp_path / "target", executor)
-    assert await transfer(source, target) == 30
+    assert await transfer(source.machine, target.machine) == 30
     assert held(target) == 30 * PER_STORE and held(source) == 40 * PER_STORE
     assert source.machine.flush() == 40
 
@@ -104,7 +84,7 @@ async def test_a_spooled_snapshot_serves_every_transfer_and_holds_back_compactio
     assert source.machine.flush() == 10  # not past the snapshot being sent
     assert source.machine.snapshot_chunk(0, 0) == (10, first, False)  # a new transfer
     target = Replica(tmp_path / "target", executor)
-    assert await transfer(source, target) == 10
+    assert await transfer(source.machine, target.machine) == 10
     assert held(target) == 10 * PER_STORE  # the state at 10, not at 11
     assert source.machine.flush() == 11  # sent whole: the log may go
     assert spooled(tmp_path) == []
