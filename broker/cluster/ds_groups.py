@@ -120,7 +120,7 @@ class DsGroups:
         if group in raft.host.groups:
             return
         machine = self.machines[group]
-        machine.on_dumped = functools.partial(raft.snapshot_ready, group)
+        machine.spool.on_dumped = functools.partial(raft.snapshot_ready, group)
         raft.add_group(group, machine, voters, machine.applied_index, machine.snapshot())
 
     def round(self) -> None:
@@ -139,7 +139,7 @@ class DsGroups:
                     or machine.unflushed_bytes >= self._segment_bytes):
                 raft.compact(group, machine.flush())
             else:
-                machine.drop_idle_spool()
+                machine.spool.drop_idle()
 
     def _target(self, group: int) -> Target:
         members = self._metadata.member_sites()
@@ -267,7 +267,7 @@ class DsGroups:
         under way ends here, before the storage closes the databases it reads."""
         self._stopping = True
         for machine in self.machines.values():
-            machine.end_dump(for_good=True)  # before the storage closes what it reads
+            machine.spool.end_dump(for_good=True)  # before the storage closes what it reads
         for task in self._committing - self._stopped:
             self._stopped.add(task)
             task.cancel()

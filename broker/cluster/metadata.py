@@ -20,6 +20,7 @@ messages; its asyncio shell lives here.
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -127,6 +128,7 @@ class MetadataGroup:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self.proposer.stop()
+        self.machine.spool.end_dump(for_good=True)  # before the store closes
         if self._raft is not None:
             self.machine.flush()
             await self._raft.close()
@@ -142,8 +144,16 @@ class MetadataGroup:
                         tick_seconds=self._tick, election_ticks=self._election_ticks,
                         heartbeat_ticks=2, segment_bytes=self._segment_bytes)
 
+    def _reset_machine(self) -> None:
+        """This node's retained messages are not the group's: they go, with the machine
+        that held them (and its snapshot dump, if one is under way)."""
+        self.machine.spool.end_dump(for_good=True)
+        self._store.clear()
+        self.machine = RetainedMachine(self._store, self._refused)
+
     def _host(self, record: GroupRecord) -> None:
         assert self._raft is not None
+        self.machine.spool.on_dumped = functools.partial(self._raft.snapshot_ready, GROUP)
         self._raft.add_group(GROUP, self.machine, frozenset(record.voters),
                              self.machine.applied_index, self.machine.snapshot())
         for hosted in self.hosted:
@@ -266,8 +276,7 @@ class MetadataGroup:
             if self.machine.unlogged():
                 log.warning("discarding %d retained messages stored before this node joined"
                             " the group: the group's are the cluster's", len(self._store))
-                self._store.clear()
-                self.machine = RetainedMachine(self._store, self._refused)
+                self._reset_machine()
             self._save()
             self._host(adopted)
         elif record is not None and record.epoch != epoch:
@@ -426,8 +435,7 @@ class MetadataGroup:
         record = self.bootstrap.decided(epoch, created)
         if record is not None:
             if self.machine.unlogged():
-                self._store.clear()
-                self.machine = RetainedMachine(self._store, self._refused)
+                self._reset_machine()
             self._save()
             self._host(record)
             log.info("metadata Raft group created (epoch %x) by its coordinator", epoch)
@@ -464,8 +472,7 @@ class MetadataGroup:
             await self._raft.close()
         self.bootstrap.forget()
         self._save()
-        self._store.clear()
-        self.machine = RetainedMachine(self._store, self._refused)
+        self._reset_machine()
         self._raft = self._open()
         self.proposer = Proposer(self._submit, self.proposer.timeout)
         self.proposer.start()

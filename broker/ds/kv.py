@@ -8,7 +8,6 @@ Commits are group-committed through the same write buffer as messages.
 """
 
 import asyncio
-import shutil
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -18,10 +17,11 @@ from typing import Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
+from broker.ds import bulk
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
-from broker.ds.files import recover_swap, staging, swap_in
-from broker.ds.slab import Batches, prepare_batch, write_batch
+from broker.ds.files import recover_swap
+from broker.ds.slab import prepare_batch, write_batch
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
 _LOG_LIMIT: Final = 100_000
@@ -177,25 +177,8 @@ class KVStore:
     def replace(self, pairs: Iterable[tuple[bytes, bytes]],
                 last: list[tuple[bytes, bytes]]) -> None:
         """Blocking: the whole content becomes `pairs`, then `last` (a snapshot installed),
-        durably, without holding them in memory: written into a new database, which is
-        then swapped in whole (files.swap_in)."""
-        fresh = staging(self.path)
-        shutil.rmtree(fresh, ignore_errors=True)
-        try:
-            db = plyvel.DB(str(fresh), create_if_missing=True)
-            try:
-                batches = Batches(db)
-                for key, value in pairs:
-                    batches.put(key, value)
-                batches.finish(last)
-            finally:
-                db.close()
-        except BaseException:
-            shutil.rmtree(fresh, ignore_errors=True)
-            raise
-        self._db.close()
-        swap_in(self.path)
-        self._db = plyvel.DB(str(self.path))
+        durably, without holding them in memory (bulk.replace)."""
+        self._db = bulk.replace(self.path, pairs, last, self._db.close)
         self._pending.clear()
 
     async def drain(self) -> None:

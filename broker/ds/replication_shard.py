@@ -15,31 +15,18 @@ chunks by offset:
                 (JSON); the key/value records that follow are that slab's
     kind 2   := a key/value pair: klen:u32 key value
 
-The sender spools it to a file beside the database (`<dir>.snapshot-out`) and reads each
-chunk asked for from there; the receiver appends chunks to `<dir>.snapshot-in`. Neither holds
-more than a chunk in memory: a shard's snapshot is as large as the shard (up to
-`generation_max_size` per generation), far more than a node may hold. The spooled one serves
-every transfer that asks for a snapshot (a follower that starts over, another one catching
-up) until its last chunk is sent or it lies unused for `SPOOL_IDLE_SECONDS`; meanwhile
-`flush` keeps the log from being compacted past it, so it stays one the leader can send. A
-crash leaves at most these two files, removed at the next start.
-
-A snapshot is dumped on a worker thread: reading a whole database would hold the event loop
-for seconds, long enough for every group this node leads to lose it. What the thread reads is
-fixed on the loop when the dump starts. For a shard: the checkpoint is written, the current
-slab is read through a LevelDB snapshot (it goes on taking writes) and pinned, and the sealed
-ones, immutable, are pinned by the thread as it reads them (OpenSlabs); a sealed one dropped
-meanwhile fails the dump, and the next request starts another. For the sessions database: a
-LevelDB snapshot of it. Until the file is complete the machine answers None; then
-`on_dumped` has the core ask again. A dump under way is ended (`end_dump`) before anything
-closes what it reads.
+It moves through files on both nodes and is dumped on a worker thread (broker/raft/spool.py).
+What the thread reads is fixed on the loop when the dump starts. For a shard: the checkpoint
+is written, the current slab is read through a LevelDB snapshot (it goes on taking writes)
+and pinned, and the sealed ones, immutable, are pinned by the thread as it reads them
+(OpenSlabs); a sealed one dropped meanwhile fails the dump, and the next request starts
+another. For the sessions database: a LevelDB snapshot of it.
 
 Installing a snapshot writes it, a few MiB per LevelDB batch, the last one synced, into new
 directories beside the database (`<dir>.snapshot`), then swaps them in (files.swap_in): a
 crash leaves the old database or the new one, never a mix (files.recover_swap at the next
 start). """
 
-import asyncio
 import concurrent.futures
 import functools
 import json
@@ -47,7 +34,6 @@ import logging
 import shutil
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
@@ -55,21 +41,21 @@ from typing import IO, Any, Final
 import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import replication_layer as cmd
+from broker.ds.bulk import Batches
 from broker.ds.db import MessagesDB
 from broker.ds.files import staging, swap_in
 from broker.ds.kv import KVStore
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
-from broker.ds.slab import CHECKPOINT_KEY, Batches, Slab
+from broker.ds.slab import CHECKPOINT_KEY, Slab
 from broker.ds.ttv import TTV
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
+from broker.raft.spool import DumpStopped, DumpWriter, SnapshotSpool
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES: Final = 256 << 10
-_SPOOL_BUFFER: Final = 1 << 20
-SPOOL_IDLE_SECONDS: Final = 30.0
+_READ_BUFFER: Final = 1 << 20
 _RECORD: Final = struct.Struct(">BI")
 _SLAB: Final = struct.Struct(">QQQ")
 _U32: Final = struct.Struct(">I")
@@ -93,7 +79,7 @@ def _pair(key: bytes, value: bytes) -> bytes:
 
 
 def _records(path: Path) -> Iterator[tuple[int, bytes]]:
-    with path.open("rb", buffering=_SPOOL_BUFFER) as file:
+    with path.open("rb", buffering=_READ_BUFFER) as file:
         while head := file.read(_RECORD.size):
             if len(head) < _RECORD.size:
                 raise cmd.BadCommand("a snapshot cut short in a record's head")
@@ -117,33 +103,17 @@ def _pairs(path: Path) -> Iterator[tuple[bytes, bytes]]:
             yield _split_pair(body)
 
 
-# Writes a snapshot's records into the file, on a worker thread; ends at the next key once
-# the event is set (DumpStopped).
-DumpWriter = Callable[[IO[bytes], threading.Event], None]
-
-
 class _Machine:
-    """What both machines share: applied index, flush bookkeeping, snapshot chunking."""
+    """What both machines share: applied index, flush bookkeeping, snapshot files."""
 
-    def __init__(self, applied: tuple[int, int], directory: Path) -> None:
+    def __init__(self, applied: tuple[int, int], directory: Path, name: str) -> None:
         self.applied_index, self.applied_term = applied
         # What LevelDB recovered at start is not known to be synced: 0 until a flush.
         self.flushed_index = 0
         self.unflushed_bytes = 0
         self.bad_commands = 0
-        self._outgoing_path = directory.with_name(directory.name + ".snapshot-out")
-        self._incoming_path = directory.with_name(directory.name + ".snapshot-in")
-        for leftover in (self._outgoing_path, self._incoming_path):
-            leftover.unlink(missing_ok=True)
-        self._outgoing: tuple[int, int] | None = None  # the spooled one's index and size
-        self._spool_used = 0.0  # when a chunk of it was last read (monotonic)
-        self.spool_idle = SPOOL_IDLE_SECONDS
+        self.spool = SnapshotSpool(directory, name, self._executor, self._start_dump)
         self._proposed: tuple[bytes, list[TTV]] | None = None
-        self._dumping: _Dump | None = None
-        self._refuse_dumps = False
-        # The last dump started: done once its file is complete, or it failed or stopped.
-        self.dumped: asyncio.Future[None] | None = None
-        self.on_dumped: Callable[[], None] | None = None  # a dump's file is complete
 
     def proposing(self, data: bytes, messages: list[TTV]) -> None:
         """This node proposes `data`, the encoding of `messages`: applied without decoding
@@ -165,92 +135,14 @@ class _Machine:
         self.applied_index, self.applied_term = entry.index, entry.term
 
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
-        outgoing = self._outgoing
-        if outgoing is None:
-            outgoing = self._spool()
-            if outgoing is None:
-                return None
-            offset = 0
-        elif index not in (0, outgoing[0]):
-            return None  # one no longer kept: the core starts over, and gets the one spooled
-        at, size = outgoing
-        with self._outgoing_path.open("rb") as file:
-            file.seek(offset)
-            data = file.read(CHUNK_BYTES)
-        done = offset + len(data) >= size
-        self._spool_used = time.monotonic()
-        if done:
-            self._drop_spool()
-        return at, data, done
-
-    def _spool(self) -> tuple[int, int] | None:
-        """Starts dumping the applied state into the spool file on a worker thread (see the
-        module docstring): None until it is complete."""
-        if self._dumping is not None or self._refuse_dumps:
-            return None
-        write, release = self._start_dump()
-        loop = asyncio.get_running_loop()
-        stop = threading.Event()
-        try:
-            job = self._executor().submit(_write_dump, self._outgoing_path, write, stop)
-        except BaseException:
-            release()
-            raise
-        dump = self._dumping = _Dump(self.applied_index, job, stop, release,
-                                     loop.create_future())
-        self.dumped = dump.done
-        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._dumped, dump))
-        return None
-
-    def _dumped(self, dump: "_Dump") -> None:
-        """On the loop, once the dump's thread ended (or at once, by `end_dump`)."""
-        if self._dumping is not dump:
-            return  # ended already
-        self._dumping = None
-        dump.release()
-        job = dump.job
-        if job.cancelled() or job.exception() is not None:
-            if not dump.stop.is_set():
-                log.warning("snapshot of %s at index %d failed: %r", self._name(),
-                            dump.index, job.exception())
-            self._outgoing_path.unlink(missing_ok=True)
-        else:
-            self._outgoing = (dump.index, job.result())
-            self._spool_used = time.monotonic()
-            if self.on_dumped is not None:
-                self.on_dumped()
-        dump.done.set_result(None)
-
-    def end_dump(self, for_good: bool = False) -> None:
-        """Blocking: stops a dump under way (its thread ends at the next key), before what
-        it reads is closed under it; `for_good`: none starts any more (the node is
-        stopping)."""
-        self._refuse_dumps = self._refuse_dumps or for_good
-        dump = self._dumping
-        if dump is None:
-            return
-        dump.stop.set()
-        concurrent.futures.wait([dump.job])
-        self._dumped(dump)
-
-    def _drop_spool(self) -> None:
-        self._outgoing = None
-        self._outgoing_path.unlink(missing_ok=True)
+        return self.spool.chunk(self.applied_index, index, offset)
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
-        # The core hands chunks over in order, from offset 0 (core.py `_on_snapshot`).
-        path = self._incoming_path
-        with path.open("wb" if chunk.offset == 0 else "ab") as file:
-            file.write(chunk.data)
-        if not chunk.done:
-            return
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-        try:
-            self._install(path, chunk.index, chunk.term, meta)
-        finally:
-            path.unlink()
-        self.applied_index, self.applied_term = chunk.index, chunk.term
-        self.flushed_index = chunk.index
+        if self.spool.receive(chunk, lambda path: self._install(path, chunk.index, chunk.term,
+                                                                meta)):
+            self.applied_index, self.applied_term = chunk.index, chunk.term
+            self.flushed_index = chunk.index
 
     def flush(self) -> int:
         """Syncs what was applied; returns the index the log may be compacted up to."""
@@ -258,20 +150,8 @@ class _Machine:
             self._mark(self.applied_index, self.applied_term, sync=True)
             self.flushed_index = self.applied_index
         self.unflushed_bytes = 0
-        self.drop_idle_spool()
-        return min([self.flushed_index, *self._kept()])
-
-    def _kept(self) -> list[int]:
-        """The indexes of the snapshots being sent or prepared: the log keeps what follows."""
-        kept = [] if self._outgoing is None else [self._outgoing[0]]
-        return kept if self._dumping is None else [*kept, self._dumping.index]
-
-    def drop_idle_spool(self) -> None:
-        """Removes a spooled snapshot no transfer read for `spool_idle` seconds: its
-        transfers were given up (a follower that asks again gets a new one)."""
-        if (self._outgoing is not None
-                and time.monotonic() - self._spool_used > self.spool_idle):
-            self._drop_spool()
+        self.spool.drop_idle()
+        return min([self.flushed_index, *self.spool.kept()])
 
     def _apply(self, entry: Entry) -> None:
         raise NotImplementedError
@@ -279,15 +159,11 @@ class _Machine:
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         raise NotImplementedError
 
-    def _name(self) -> str:
-        raise NotImplementedError
-
     def _executor(self) -> concurrent.futures.Executor:
         raise NotImplementedError
 
     def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
-        """On the loop: fixes what the dump reads; returns what writes the snapshot's
-        records (on the worker thread) and what releases what was fixed."""
+        """On the loop: fixes what the dump reads (see spool.py)."""
         raise NotImplementedError
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
@@ -299,32 +175,6 @@ def _snapshot_meta(raw: bytes | None) -> SnapshotMeta | None:
         return None
     index, term = _APPLIED.unpack_from(raw)
     return SnapshotMeta(index, term, Config.decode(raw[_APPLIED.size:]))
-
-
-class DumpStopped(Exception):
-    pass
-
-
-class _Dump:
-    """A dump under way: its thread's job, and what releases what the loop fixed for it."""
-
-    __slots__ = ("done", "index", "job", "release", "stop")
-
-    def __init__(self, index: int, job: "concurrent.futures.Future[int]",
-                 stop: threading.Event, release: Callable[[], None],
-                 done: "asyncio.Future[None]") -> None:
-        self.index = index
-        self.job = job
-        self.stop = stop
-        self.release = release
-        self.done = done
-
-
-def _write_dump(path: Path, write: DumpWriter, stop: threading.Event) -> int:
-    """On a worker thread: the snapshot into `path`; returns its size."""
-    with path.open("wb", buffering=_SPOOL_BUFFER) as file:
-        write(file, stop)
-        return file.tell()
 
 
 def _write_slabs(file: IO[bytes], stop: threading.Event, slabs: list[tuple[Slab, int]],
@@ -362,7 +212,7 @@ class ShardMachine(_Machine):
         self._db = db
         self.index = index
         self._reopen = reopen
-        super().__init__(self.shard.applied(), self.shard.path)
+        super().__init__(self.shard.applied(), self.shard.path, f"messages shard {index}")
 
     @property
     def shard(self) -> Shard:
@@ -392,9 +242,6 @@ class ShardMachine(_Machine):
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.shard.apply_mark(index, term, sync)
 
-    def _name(self) -> str:
-        return f"messages shard {self.index}"
-
     def _executor(self) -> concurrent.futures.Executor:
         return self.shard.executor
 
@@ -421,8 +268,8 @@ class ShardMachine(_Machine):
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
-        self.end_dump()
-        self._drop_spool()
+        self.spool.end_dump()
+        self.spool.drop()
         shard = self.shard
         fresh = staging(shard.path)
         shutil.rmtree(fresh, ignore_errors=True)
@@ -524,7 +371,8 @@ class KVMachine(_Machine):
         self.refused_serial = 0  # the last command of this node's refused whole
         self.chains = _stored_chains(kv)
         raw = kv.raw_get(APPLIED_KEY)
-        super().__init__(_APPLIED.unpack(raw) if raw else (0, 0), kv.path)
+        super().__init__(_APPLIED.unpack(raw) if raw else (0, 0), kv.path,
+                         "the sessions database")
 
     def snapshot(self) -> SnapshotMeta | None:
         return _snapshot_meta(self.kv.raw_get(SNAPSHOT_KEY))
@@ -571,9 +419,6 @@ class KVMachine(_Machine):
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.kv.apply([], [(APPLIED_KEY, _APPLIED.pack(index, term))], sync)
 
-    def _name(self) -> str:
-        return "the sessions database"
-
     def _executor(self) -> concurrent.futures.Executor:
         return self.kv.executor
 
@@ -586,8 +431,8 @@ class KVMachine(_Machine):
         return write, view.close
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
-        self.end_dump()
-        self._drop_spool()
+        self.spool.end_dump()
+        self.spool.drop()
         self.kv.replace(_pairs(snapshot),
                         [(APPLIED_KEY, _APPLIED.pack(index, term)), (SNAPSHOT_KEY, meta)])
         self.chains = _stored_chains(self.kv)

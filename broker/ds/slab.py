@@ -46,7 +46,6 @@ class SlabClosed(Exception):
 # `max_open_slabs` open at once, 2 MiB each bounds the caches at 128 MiB for the default 64.
 # Readers stream a slab forward once, so a larger cache would hold blocks never read again.
 BLOCK_CACHE_SIZE: Final = 2 * 1024 * 1024
-BULK_BATCH_BYTES: Final = 4 << 20  # see Batches
 
 
 def _open_leveldb(path: Path, create: bool) -> plyvel.DB:
@@ -78,31 +77,6 @@ async def write_batch(db: plyvel.DB, batch: CookedBatch, sync: bool, executor: E
         await asyncio.get_running_loop().run_in_executor(executor, prepared.write)
     else:
         prepared.write()
-
-
-class Batches:
-    """Writes into a LevelDB nothing uses yet (a snapshot being installed), BULK_BATCH_BYTES
-    per batch: the content need not be one atomic batch there, nor in memory at once."""
-
-    def __init__(self, db: plyvel.DB) -> None:
-        self.db = db
-        self._batch = db.write_batch()
-        self._size = 0
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self._batch.put(key, value)
-        self._size += len(key) + len(value)
-        if self._size >= BULK_BATCH_BYTES:
-            self._batch.write()
-            self._batch, self._size = self.db.write_batch(), 0
-
-    def finish(self, last: list[tuple[bytes, bytes]]) -> None:
-        """The rest, then `last` in a synced batch: everything written is then on disk
-        (LevelDB syncs the tables it makes; the sync, its log)."""
-        self._batch.write()
-        with self.db.write_batch(sync=True) as batch:
-            for key, value in last:
-                batch.put(key, value)
 
 
 class Slab:

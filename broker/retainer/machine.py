@@ -10,24 +10,31 @@ admitted them (default lifetime fixed there, so every replica stores the same de
     record   := broker/retainer/store.py's record
 
 A snapshot is the store's content at the applied index, `count:u32` then per topic
-`length:u32 topic length:u32 record`, cut into chunks by offset. The snapshot being sent is
-kept in memory until another is asked for (the retained set is small next to the message
-store; sending it from a LevelDB snapshot in pieces is left for when it is not).
+`length:u32 topic length:u32 record`, cut into chunks by offset. It moves through files on
+both nodes, dumped on a worker thread from a LevelDB snapshot of the store
+(broker/raft/spool.py), and is installed into a new database swapped in whole
+(RetainedStore.replace): the metadata group's leader must not stop its event loop to read a
+large retained set, nor either node hold a second copy of it in memory.
 """
 
+import concurrent.futures
 import struct
-from collections.abc import Callable
-from typing import Final
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, Final
 
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
+from broker.raft.spool import DumpStopped, DumpWriter, SnapshotSpool
 from broker.retainer.store import RetainedStore, decode_record
 from broker.session.message import Message
 
 SET: Final = 1
-CHUNK_BYTES: Final = 256 << 10
 _U32: Final = struct.Struct(">I")
 _COMMAND: Final = struct.Struct(">BI")
+_READ_BUFFER: Final = 1 << 20
+_dumps: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 class BadCommand(ValueError):
@@ -63,25 +70,50 @@ def decode_commands(data: bytes) -> list[tuple[Message, bytes]]:
     return messages
 
 
-def encode_snapshot(records: list[tuple[bytes, bytes]]) -> bytes:
-    parts = [_U32.pack(len(records))]
-    for key, record in records:
-        parts += (_U32.pack(len(key)), key, _U32.pack(len(record)), record)
-    return b"".join(parts)
+def _write_snapshot(file: IO[bytes], stop: threading.Event, items: Any) -> None:
+    """The records of a LevelDB iterator over the store; the count, unknown until the end,
+    is written over the placeholder at the start."""
+    count = 0
+    file.write(_U32.pack(0))
+    try:
+        for key, record in items:
+            if not count % 1024 and stop.is_set():
+                raise DumpStopped
+            if not key.startswith(b"\x00"):  # markers (RetainedStore), not topics
+                file.write(_U32.pack(len(key)) + key + _U32.pack(len(record)) + record)
+                count += 1
+    finally:
+        items.close()
+    end = file.tell()
+    file.seek(0)
+    file.write(_U32.pack(count))
+    file.seek(end)
 
 
-def decode_snapshot(data: bytes) -> list[tuple[bytes, bytes]]:
-    (count,) = _U32.unpack_from(data)
-    offset = _U32.size
-    records = []
-    for _ in range(count):
-        (length,) = _U32.unpack_from(data, offset)
-        key = data[offset + 4:offset + 4 + length]
-        offset += 4 + length
-        (length,) = _U32.unpack_from(data, offset)
-        records.append((key, data[offset + 4:offset + 4 + length]))
-        offset += 4 + length
-    return records
+def _read_snapshot(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """The (topic, record) pairs of a snapshot file, read as they are consumed."""
+    with path.open("rb", buffering=_READ_BUFFER) as file:
+        (count,) = _U32.unpack(_read(file, _U32.size))
+        for _ in range(count):
+            key = _read(file, _U32.unpack(_read(file, _U32.size))[0])
+            yield key, _read(file, _U32.unpack(_read(file, _U32.size))[0])
+        if file.read(1):
+            raise BadCommand("bytes after the last record of a retained snapshot")
+
+
+def _read(file: IO[bytes], size: int) -> bytes:
+    data = file.read(size)
+    if len(data) < size:
+        raise BadCommand("a retained snapshot cut short")
+    return data
+
+
+def _executor() -> concurrent.futures.Executor:
+    """The thread the metadata group's snapshots are dumped on (made at the first)."""
+    global _dumps
+    if _dumps is None:
+        _dumps = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="retained-dump")
+    return _dumps
 
 
 class RetainedMachine:
@@ -96,11 +128,11 @@ class RetainedMachine:
         self.flushed_index = 0
         self.unflushed_bytes = 0  # command bytes applied since the last flush
         self.bad_commands = 0
-        self._outgoing: tuple[int, bytes] | None = None  # the snapshot being sent
+        self.spool = SnapshotSpool(store.path, "the retained messages", _executor,
+                                   self._start_dump)
         # The entry this node proposed as the leader, with its messages: applied without
         # decoding what it has just encoded (the log hands back the very same bytes).
         self._proposed: tuple[bytes, list[tuple[Message, bytes]]] | None = None
-        self._incoming = bytearray()
 
     def unlogged(self) -> bool:
         """Retained messages stored before the node had a Raft group (no position)."""
@@ -141,28 +173,27 @@ class RetainedMachine:
             self.bad_commands += 1
             return []
 
-    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
-        outgoing = self._outgoing
-        if outgoing is None or (index or self.applied_index) != outgoing[0]:
-            # A new one (or one asked for that is no longer kept: the core starts over).
-            outgoing = self._outgoing = (self.applied_index,
-                                         encode_snapshot(self.store.records()))
-            offset = 0
-        at, data = outgoing
-        end = offset + CHUNK_BYTES
-        return at, data[offset:end], end >= len(data)
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
+        return self.spool.chunk(self.applied_index, index, offset)
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
-        if chunk.offset == 0:  # (the core hands chunks over in order, from 0)
-            self._incoming = bytearray()
-        self._incoming += chunk.data
-        if not chunk.done:
-            return
-        records = decode_snapshot(bytes(self._incoming))
-        self._incoming = bytearray()
-        self.store.replace(records, chunk.index, chunk.term, chunk.config.encode())
-        self.applied_index, self.applied_term = chunk.index, chunk.term
-        self.flushed_index = chunk.index
+        if self.spool.receive(chunk, lambda path: self._install(path, chunk)):
+            self.applied_index, self.applied_term = chunk.index, chunk.term
+            self.flushed_index = chunk.index
+
+    def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
+        view = self.store.view()
+
+        def write(file: IO[bytes], stop: threading.Event) -> None:
+            _write_snapshot(file, stop, view.iterator())
+
+        return write, view.close
+
+    def _install(self, path: Path, chunk: SnapshotChunk) -> None:
+        self.spool.end_dump()
+        self.spool.drop()
+        self.store.replace(_read_snapshot(path), chunk.index, chunk.term,
+                           chunk.config.encode())
 
     # ---- durability ---------------------------------------------------------------------
     def flush(self) -> int:
@@ -171,4 +202,5 @@ class RetainedMachine:
             self.store.flush(self.applied_index, self.applied_term)
             self.flushed_index = self.applied_index
         self.unflushed_bytes = 0
-        return self.flushed_index
+        self.spool.drop_idle()
+        return min([self.flushed_index, *self.spool.kept()])

@@ -28,11 +28,14 @@ with a NUL byte are such markers, never topics: MQTT forbids U+0000 in topic nam
 import dataclasses
 import struct
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
+from broker.ds import bulk
+from broker.ds.files import recover_swap
 from broker.mqtt.codec import Decoder, encode_publish
 from broker.mqtt.constants import MQTT_5
 from broker.mqtt.packets import Publish
@@ -80,7 +83,9 @@ class RetainedStore:
     def __init__(
         self, path: Path, max_messages: int, max_payload_size: int, default_expiry: float
     ) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recover_swap(path)  # a snapshot install a crash cut short
         self._db = plyvel.DB(str(path), create_if_missing=True)
         self._index: TopicTrie[Message] = TopicTrie()
         self._max_messages = max_messages
@@ -155,19 +160,18 @@ class RetainedStore:
         earlier unsynced write too), recording the position it reflects."""
         self._db.put(_APPLIED, _POSITION.pack(index, term), sync=True)
 
-    def records(self) -> list[tuple[bytes, bytes]]:
-        """Every stored (topic, record), for a snapshot."""
-        return [(key, record) for key, record in self._db if not key.startswith(_MARKER)]
+    def view(self) -> Any:
+        """A LevelDB snapshot: what the store holds now, for a reader on another thread
+        (close it before the store closes)."""
+        return self._db.snapshot()
 
-    def replace(self, records: list[tuple[bytes, bytes]], index: int, term: int,
+    def replace(self, records: Iterable[tuple[bytes, bytes]], index: int, term: int,
                 config: bytes) -> None:
-        """Replaces the whole content with a snapshot's, durably, at `index`, `term`."""
-        with self._db.write_batch(sync=True) as batch:
-            self._delete_all(batch)
-            for key, record in records:
-                batch.put(key, record)
-            batch.put(_APPLIED, _POSITION.pack(index, term))
-            batch.put(_SNAPSHOT, _POSITION.pack(index, term) + config)
+        """Replaces the whole content with a snapshot's (topic, record) pairs, durably, at
+        `index`, `term`, without holding them twice in memory (bulk.replace)."""
+        self._db = bulk.replace(self.path, records, [
+            (_APPLIED, _POSITION.pack(index, term)),
+            (_SNAPSHOT, _POSITION.pack(index, term) + config)], self._db.close)
         self._index = TopicTrie()
         self._load()
 

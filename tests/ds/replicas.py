@@ -85,8 +85,8 @@ async def snapshot_chunk(machine: StateMachine, index: int, offset: int
     """The chunk, once the machine has its snapshot (dumped on a worker thread)."""
     answer = machine.snapshot_chunk(index, offset)
     if answer is None:
-        assert isinstance(machine, ShardMachine | KVMachine) and machine.dumped is not None
-        await machine.dumped
+        assert isinstance(machine, ShardMachine | KVMachine) and machine.spool.dumped is not None
+        await machine.spool.dumped
         answer = machine.snapshot_chunk(index, offset)
     assert answer is not None, "the dump failed"
     return answer

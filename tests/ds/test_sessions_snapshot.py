@@ -47,9 +47,9 @@ async def test_the_dump_runs_off_the_event_loop_on_the_state_it_started_from(
         open_storage: Callable[..., DurableStorage], tmp_path: Path) -> None:
     source = filled(open_storage(tmp_path / "source"), 20)
     told: list[int] = []
-    source.machine.on_dumped = lambda: told.append(source.machine.applied_index)
+    source.machine.spool.on_dumped = lambda: told.append(source.machine.applied_index)
     assert source.machine.snapshot_chunk(0, 0) is None  # started, on a worker thread
-    dumped = source.machine.dumped
+    dumped = source.machine.spool.dumped
     for data in commands(21, 30):  # applied before the loop hears the dump is done
         source.apply(data)
     assert source.machine.flush() == 20  # the log keeps what follows the dump
@@ -109,11 +109,11 @@ async def test_a_dump_is_ended_before_the_database_closes(
     storage = open_storage(tmp_path)
     replica = filled(storage, 40)
     assert replica.machine.snapshot_chunk(0, 0) is None
-    dumped = replica.machine.dumped
-    replica.machine.end_dump(for_good=True)  # as the node's stop does
+    dumped = replica.machine.spool.dumped
+    replica.machine.spool.end_dump(for_good=True)  # as the node's stop does
     assert dumped is not None and dumped.done()  # its thread reads no more
-    replica.machine.spool_idle = 0.0
-    replica.machine.drop_idle_spool()  # had it ended before it was stopped
+    replica.machine.spool.idle = 0.0
+    replica.machine.spool.drop_idle()  # had it ended before it was stopped
     assert replica.machine.snapshot_chunk(0, 0) is None  # and none starts again
-    assert replica.machine.dumped is dumped
+    assert replica.machine.spool.dumped is dumped
     await storage.close()

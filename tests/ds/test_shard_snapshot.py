@@ -58,9 +58,9 @@ async def test_the_dump_runs_off_the_event_loop_on_the_state_it_started_from(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
     source = filled(tmp_path / "source", executor, 30)
     told: list[int] = []
-    source.machine.on_dumped = lambda: told.append(source.machine.applied_index)
+    source.machine.spool.on_dumped = lambda: told.append(source.machine.applied_index)
     assert source.machine.snapshot_chunk(0, 0) is None  # started, on a worker thread
-    dumped = source.machine.dumped
+    dumped = source.machine.spool.dumped
     for index, data in enumerate(big_stores(31, 40), start=31):  # while it runs
         source.apply(index, data)
     assert source.machine.flush() == 30  # the log keeps what follows the dump
@@ -100,10 +100,10 @@ async def test_a_spooled_snapshot_no_transfer_reads_is_dropped(
     replica = filled(tmp_path, executor, 3)
     assert (await snapshot_chunk(replica.machine, 0, 0))[0] == 3
     replica.apply(4, big_stores(4, 4)[0])
-    replica.machine.drop_idle_spool()
+    replica.machine.spool.drop_idle()
     assert spooled(tmp_path) != []  # read just now
-    replica.machine.spool_idle = 0.0
-    replica.machine.drop_idle_spool()
+    replica.machine.spool.idle = 0.0
+    replica.machine.spool.drop_idle()
     assert spooled(tmp_path) == []
     assert replica.machine.flush() == 4
 
@@ -112,18 +112,18 @@ async def test_a_dump_is_ended_before_its_slabs_are_closed(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
     replica = filled(tmp_path, executor, 60)
     assert replica.machine.snapshot_chunk(0, 0) is None
-    dumped = replica.machine.dumped
-    replica.machine.end_dump()  # as a snapshot install or the node's stop does
+    dumped = replica.machine.spool.dumped
+    replica.machine.spool.end_dump()  # as a snapshot install or the node's stop does
     assert dumped is not None and dumped.done()
     assert spooled(tmp_path) == []
     assert replica.machine.flush() == 60  # nothing held back any more
     replica.apply(61, big_stores(61, 61)[0])  # the shard goes on
     assert (await snapshot_chunk(replica.machine, 0, 0))[0] == 61  # and dumps again
-    replica.machine.spool_idle = 0.0
-    replica.machine.drop_idle_spool()
-    replica.machine.end_dump(for_good=True)
+    replica.machine.spool.idle = 0.0
+    replica.machine.spool.drop_idle()
+    replica.machine.spool.end_dump(for_good=True)
     assert replica.machine.snapshot_chunk(0, 0) is None  # the node stops: no new dump
-    assert replica.machine.dumped is not None and replica.machine.dumped.done()
+    assert replica.machine.spool.dumped is not None and replica.machine.spool.dumped.done()
     assert spooled(tmp_path) == []
 
 

@@ -1,7 +1,7 @@
 """A snapshot install builds a whole new database beside the old one and swaps it in
 (files.swap_in): after a crash at any point the next start finds the old database or the
-new one, never a mix and never none (files.recover_swap), for the sessions database and a
-messages shard alike."""
+new one, never a mix and never none (files.recover_swap), for the sessions database, a
+messages shard and the retained messages alike."""
 
 import shutil
 from collections.abc import Callable
@@ -13,6 +13,8 @@ import pytest
 
 from broker.ds import DurableStorage
 from broker.ds.files import staging, swap_in
+from broker.retainer.store import RetainedStore
+from broker.session.message import Message
 from tests.ds.replicas import Replica, by_generation, stores
 
 
@@ -54,6 +56,25 @@ async def test_the_sessions_database_after_a_crash_in_a_swap(
     crash(path)
     reopened = open_storage(tmp_path)
     assert reopened.sessions.raw_get(b"k") == CRASHES[crash].encode()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("crash", CRASHES, ids=lambda crash: crash.__name__)
+def test_the_retained_messages_after_a_crash_in_a_swap(
+        tmp_path: Path, crash: Callable[[Path], None]) -> None:
+    def opened() -> RetainedStore:
+        return RetainedStore(tmp_path / "retained", 0, 1 << 20, 0)
+
+    store = opened()
+    store.put(Message("t", b"old", retain=True))
+    store.close()
+    new = RetainedStore(staging(tmp_path / "retained"), 0, 1 << 20, 0)
+    new.put(Message("t", b"new", retain=True))
+    new.close()
+    crash(tmp_path / "retained")
+    store = opened()
+    assert [m.payload for m in store.match("t")] == [CRASHES[crash].encode()]
+    store.close()
     assert leftovers(tmp_path) == []
 
 

@@ -1,0 +1,65 @@
+"""Bulk loading of LevelDB databases nothing uses yet: Raft snapshots being installed.
+
+A snapshot can be larger than a node may hold in memory, and need not be one atomic batch
+while nothing reads the database it goes into: it is written a few MiB per batch, the last
+one synced, and the finished database then replaces the one in use whole (files.swap_in).
+"""
+
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Final
+
+import plyvel  # type: ignore[import-untyped]
+
+from broker.ds.files import staging, swap_in
+
+BATCH_BYTES: Final = 4 << 20
+
+
+class Batches:
+    """Writes into a database nothing uses yet, BATCH_BYTES per batch."""
+
+    def __init__(self, db: plyvel.DB) -> None:
+        self.db = db
+        self._batch = db.write_batch()
+        self._size = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._batch.put(key, value)
+        self._size += len(key) + len(value)
+        if self._size >= BATCH_BYTES:
+            self._batch.write()
+            self._batch, self._size = self.db.write_batch(), 0
+
+    def finish(self, last: list[tuple[bytes, bytes]]) -> None:
+        """The rest, then `last` in a synced batch: everything written is then on disk
+        (LevelDB syncs the tables it makes; the sync, its log)."""
+        self._batch.write()
+        with self.db.write_batch(sync=True) as batch:
+            for key, value in last:
+                batch.put(key, value)
+
+
+def replace(path: Path, pairs: Iterable[tuple[bytes, bytes]], last: list[tuple[bytes, bytes]],
+            close: Callable[[], None]) -> plyvel.DB:
+    """Blocking: the database at `path` becomes `pairs`, then `last`, durably: built beside
+    it, then, once `close()` closed the one in use, swapped in; returns it opened. If
+    building fails (a garbled snapshot), the database in use stays as it was."""
+    fresh = staging(path)
+    shutil.rmtree(fresh, ignore_errors=True)
+    try:
+        db = plyvel.DB(str(fresh), create_if_missing=True)
+        try:
+            batches = Batches(db)
+            for key, value in pairs:
+                batches.put(key, value)
+            batches.finish(last)
+        finally:
+            db.close()
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    close()
+    swap_in(path)
+    return plyvel.DB(str(path))
