@@ -95,9 +95,8 @@ class DsGroups:
         # The operator's placement file, when there is one (set by the app's watcher).
         self.placement: Placement | None = None
         self._stopping = False
-        # The tasks waiting for a commit, and those of them `stop` cancelled.
-        self._committing: set[asyncio.Task[Any]] = set()
-        self._stopped: set[asyncio.Task[Any]] = set()
+        # The tasks waiting for a commit -> whether `stop` cancelled it.
+        self._committing: dict[asyncio.Task[Any], bool] = {}
         self.timed_out = 0
         metadata.hosted.append(self)
 
@@ -224,7 +223,7 @@ class DsGroups:
         # every durable PUBLISH, and a task costs two more turns of a busy event loop.
         task = asyncio.current_task()
         assert task is not None
-        self._committing.add(task)
+        self._committing[task] = False
         try:
             async with asyncio.timeout(self._timeout):
                 await self._metadata.commit(group, data, proposing)
@@ -234,13 +233,12 @@ class DsGroups:
                 f"{self._name(group)}: not committed within {self._timeout:g} s (no leader"
                 " reachable: this node is on a minority's side?)") from None
         except asyncio.CancelledError:
-            if task in self._stopped:
+            if self._committing.get(task):
                 task.uncancel()
                 raise CommitTimeout("the node is stopping") from None
             raise
         finally:
-            self._committing.discard(task)
-            self._stopped.discard(task)
+            self._committing.pop(task, None)
 
     async def sync(self, sessions: bool = True) -> bool:
         """True once this node's replicas hold everything committed before the call, in
@@ -268,9 +266,10 @@ class DsGroups:
         self._stopping = True
         for machine in self.machines.values():
             machine.spool.end_dump(for_good=True)  # before the storage closes what it reads
-        for task in self._committing - self._stopped:
-            self._stopped.add(task)
-            task.cancel()
+        for task, stopped in list(self._committing.items()):
+            if not stopped:
+                self._committing[task] = True
+                task.cancel()
 
     def forget(self, site: str) -> str:
         """`broker ctl ds forget SITE`: a site whose node and data are gone for good stops

@@ -438,3 +438,4 @@ class KVMachine(_Machine):
         self.chains = _stored_chains(self.kv)
         if self.on_writes is not None:
             self.on_writes(self.kv.raw_items(), True)
+        log.info("the sessions database replaced by a snapshot at index %d", index)

@@ -18,6 +18,7 @@ large retained set, nor either node hold a second copy of it in memory.
 """
 
 import concurrent.futures
+import logging
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -29,6 +30,8 @@ from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.spool import DumpStopped, DumpWriter, SnapshotSpool
 from broker.retainer.store import RetainedStore, decode_record
 from broker.session.message import Message
+
+log = logging.getLogger(__name__)
 
 SET: Final = 1
 _U32: Final = struct.Struct(">I")
@@ -194,6 +197,7 @@ class RetainedMachine:
         self.spool.drop()
         self.store.replace(_read_snapshot(path), chunk.index, chunk.term,
                            chunk.config.encode())
+        log.info("retained messages replaced by a snapshot at index %d", chunk.index)
 
     # ---- durability ---------------------------------------------------------------------
     def flush(self) -> int:

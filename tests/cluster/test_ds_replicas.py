@@ -144,3 +144,52 @@ def test_a_node_back_on_a_new_data_dir_replaces_its_old_site(
         assert old not in http_json(nodes[0].http, "/api/v5/ds/sites")
         assert publisher.publish(topic, f"{round_}".encode(), qos=1) == 0
     assert [m.payload for m in subscriber.wait_messages(2)] == [b"0", b"1"]
+
+
+def test_a_node_on_an_empty_data_dir_catches_up_from_snapshots_of_every_group(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """With logs compacted every 8 entries, a node whose data dir was lost is sent a
+    snapshot of each group it rejoins: a `messages` shard, `sessions` and the retained
+    messages (the metadata group's). Then, with the session's own node dead, the session
+    resumes on it, its messages come, and so does a retained message, from what the
+    snapshots carried."""
+    nodes = cluster.start(3, **REPLICATED, **{"durable_storage.raft.snapshot_interval": "8"})
+    cluster.all_running(nodes)
+    _groups_led(nodes, 2 + N_SHARDS)
+    subscriber, publisher, topic = durable_pair(clients, nodes[0], nodes[1], "snapshots")
+    sent = [f"m{i}".encode() for i in range(60)]
+    for payload in sent[:30]:  # delivered and acknowledged: `sessions` commands
+        assert publisher.publish(topic, payload, qos=1) == 0
+    subscriber.wait_messages(30)
+    subscriber.disconnect()
+    for payload in sent[30:]:  # stored for it while it is away
+        assert publisher.publish(topic, payload, qos=1) == 0
+    kept = {b"k%d" % index for index in range(12)}
+    for index in range(12):  # metadata commands (0x10: no subscriber, retained all the same)
+        assert publisher.publish(f"{topic}-kept/{index}", b"k%d" % index, qos=1,
+                                 retain=True) == 0x10
+    for index in range(10):  # more `sessions` commands
+        other = _client(clients, nodes[1], unique("other"))
+        other.connect(clean_start=False, session_expiry=3600)
+        other.subscribe(f"{topic}-other/{index}", qos=1)
+        other.disconnect()
+    lost = nodes[2]
+    lost.process.kill()
+    shutil.rmtree(lost.process.data_dir)
+    lost.process.start()
+    sites = {http_json(node.http, "/api/v5/raft")["site"] for node in nodes}
+    wait_until(lambda: all(_voters_of_every_group(node) == sites for node in nodes), 60,
+               "the new site voting in every group")
+    for installed in ("messages shard", "the sessions database", "retained messages"):
+        wait_until(lambda installed=installed: f"{installed}" in "\n".join(
+            line for line in lost.process.log_lines if "replaced by a snapshot" in line),
+            30, f"a snapshot of {installed} installed on the new node")
+    nodes[0].process.kill()  # the session's node: the session moves to the new one
+    resumed = _client(clients, lost, subscriber.client_id)
+    assert resumed.connect(clean_start=False, session_expiry=3600).session_present
+    resumed.subscribe(f"{topic}-kept/#", qos=1)
+    wait_until(lambda: set(sent[30:]) | kept <= {m.payload for m in resumed.messages}, 30,
+               "the messages stored for the session and the retained ones")
+    got = resumed.barrier()
+    assert {m.payload for m in got} <= set(sent) | kept
+    assert {m.payload for m in got if m.retain} == kept
