@@ -115,8 +115,8 @@ def format_info(info: dict[str, Any]) -> str:
     for db in info["databases"]:
         lines.append("")
         if "shards" not in db:
-            lines.append(f"DB {db['name']}: {db['n_shards']} shard, {db['keys']} keys,"
-                         f" {db['commits']} transactions since start")
+            lines.append(f"DB {db['name']}: {db['n_shards']} shard, about {db['bytes']} bytes"
+                         f" on disk, {db['commits']} transactions since start")
             continue
         lines.append(f"DB {db['name']}: {db['n_shards']} shards, replication factor"
                      f" {db['replication_factor']}")

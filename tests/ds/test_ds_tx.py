@@ -1,6 +1,8 @@
 """OCC transactions on the `sessions` database."""
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -204,3 +206,28 @@ async def test_a_write_without_fsync_right_after_a_flush_shadows_nothing(open_st
     await old
     assert seen == [b"new"]
     assert kv.get(b"k") == b"new"
+
+
+async def test_the_sessions_database_is_described_without_reading_every_key(
+        open_storage: Callable[..., DurableStorage]) -> None:
+    """The dashboard asks for it every second: a million sessions must not be read each
+    time, on the event loop."""
+    storage = open_storage()
+    sessions = storage.sessions
+    sessions.apply([(b"s%06d" % i, bytes(100)) for i in range(20_000)], [])
+    real = sessions._db
+
+    class Unscannable:
+        def __getattr__(self, name: str) -> Any:
+            if name == "iterator":
+                raise AssertionError("info() read the keys")
+            return getattr(real, name)
+
+    sessions._db = Unscannable()
+    try:
+        info = sessions.info()
+    finally:
+        sessions._db = real
+    assert info["name"] == "sessions" and info["commits"] == sessions.commits
+    real.compact_range()
+    assert sessions.info()["bytes"] > 0

@@ -356,7 +356,7 @@ async function storage() {
   $("storage").replaceChildren(...info.databases.map((db) => {
     const title = el("h2", {}, `Database ${db.name}`);
     if (!db.shards) {  // the sessions database: one LevelDB, no generations
-      return el("div", {}, title, el("p", {}, `${db.keys} keys, ${db.commits} commits`));
+      return el("div", {}, title, el("p", {}, `about ${db.bytes} bytes on disk, ${db.commits} commits`));
     }
     title.append(` (${db.n_shards} shards, replication factor ${db.replication_factor})`);
     const rows = db.shards.flatMap((shard) => shard.generations.map((g) =>
