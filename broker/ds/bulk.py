@@ -5,14 +5,13 @@ while nothing reads the database it goes into: it is written a few MiB per batch
 one synced, and the finished database then replaces the one in use whole (files.swap_in).
 """
 
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.ds.files import staging, swap_in
+from broker.ds.files import rebuild, recover_swap
 
 BATCH_BYTES: Final = 4 << 20
 
@@ -41,14 +40,20 @@ class Batches:
                 batch.put(key, value)
 
 
+def open_db(path: Path) -> plyvel.DB:
+    """Blocking: the database at `path`, which `replace` may have been swapping in when a
+    crash cut it short (files.recover_swap)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recover_swap(path)
+    return plyvel.DB(str(path), create_if_missing=True)
+
+
 def replace(path: Path, pairs: Iterable[tuple[bytes, bytes]], last: list[tuple[bytes, bytes]],
             close: Callable[[], None]) -> plyvel.DB:
-    """Blocking: the database at `path` becomes `pairs`, then `last`, durably: built beside
-    it, then, once `close()` closed the one in use, swapped in; returns it opened. If
-    building fails (a garbled snapshot), the database in use stays as it was."""
-    fresh = staging(path)
-    shutil.rmtree(fresh, ignore_errors=True)
-    try:
+    """Blocking: the database at `path` becomes `pairs`, then `last`, durably
+    (files.rebuild: built beside it, then swapped in once `close()` closed the one in use);
+    returns it opened."""
+    def build(fresh: Path) -> None:
         db = plyvel.DB(str(fresh), create_if_missing=True)
         try:
             batches = Batches(db)
@@ -57,9 +62,6 @@ def replace(path: Path, pairs: Iterable[tuple[bytes, bytes]], last: list[tuple[b
             batches.finish(last)
         finally:
             db.close()
-    except BaseException:
-        shutil.rmtree(fresh, ignore_errors=True)
-        raise
-    close()
-    swap_in(path)
+
+    rebuild(path, build, close)
     return plyvel.DB(str(path))

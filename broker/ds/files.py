@@ -3,6 +3,7 @@
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -28,6 +29,21 @@ def write_atomically(path: Path, data: bytes) -> None:
 def staging(path: Path) -> Path:
     """Where a database that will replace `path` is built (a snapshot being installed)."""
     return path.with_name(path.name + ".snapshot")
+
+
+def rebuild(path: Path, build: Callable[[Path], None], close: Callable[[], None]) -> None:
+    """Blocking: `build(staging(path))` makes the new content beside `path`; once `close()`
+    closed what is in use, it is swapped in. If building fails (a garbled snapshot), what is
+    in use stays as it was and the staged part goes."""
+    fresh = staging(path)
+    shutil.rmtree(fresh, ignore_errors=True)
+    try:
+        build(fresh)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    close()
+    swap_in(path)
 
 
 def swap_in(path: Path) -> None:

@@ -15,12 +15,9 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
 
-import plyvel  # type: ignore[import-untyped]
-
 from broker.ds import bulk
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
-from broker.ds.files import recover_swap
 from broker.ds.slab import prepare_batch, write_batch
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
 
@@ -34,9 +31,7 @@ class KVStore:
     ) -> None:
         self.name = name
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        recover_swap(path)  # a snapshot install a crash cut short
-        self._db = plyvel.DB(str(path), create_if_missing=True)
+        self._db = bulk.open_db(path)
         self.executor = executor
         self._serial = 0
         self._log: deque[tuple[int, frozenset[bytes]]] = deque(maxlen=_LOG_LIMIT)

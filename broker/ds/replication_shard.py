@@ -31,7 +31,6 @@ import concurrent.futures
 import functools
 import json
 import logging
-import shutil
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -43,7 +42,7 @@ import plyvel  # type: ignore[import-untyped]
 from broker.ds import replication_layer as cmd
 from broker.ds.bulk import Batches
 from broker.ds.db import MessagesDB
-from broker.ds.files import staging, swap_in
+from broker.ds.files import rebuild
 from broker.ds.kv import KVStore
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
@@ -51,11 +50,10 @@ from broker.ds.slab import CHECKPOINT_KEY, Slab
 from broker.ds.ttv import TTV
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
-from broker.raft.spool import DumpStopped, DumpWriter, SnapshotSpool
+from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool
 
 log = logging.getLogger(__name__)
 
-_READ_BUFFER: Final = 1 << 20
 _RECORD: Final = struct.Struct(">BI")
 _SLAB: Final = struct.Struct(">QQQ")
 _U32: Final = struct.Struct(">I")
@@ -79,7 +77,7 @@ def _pair(key: bytes, value: bytes) -> bytes:
 
 
 def _records(path: Path) -> Iterator[tuple[int, bytes]]:
-    with path.open("rb", buffering=_READ_BUFFER) as file:
+    with path.open("rb", buffering=FILE_BUFFER) as file:
         while head := file.read(_RECORD.size):
             if len(head) < _RECORD.size:
                 raise cmd.BadCommand("a snapshot cut short in a record's head")
@@ -268,31 +266,17 @@ class ShardMachine(_Machine):
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
-        self.spool.end_dump()
-        self.spool.drop()
-        shard = self.shard
-        fresh = staging(shard.path)
-        shutil.rmtree(fresh, ignore_errors=True)
-        fresh.mkdir(parents=True)
-        try:
-            sealed = _build_slabs(fresh, snapshot, index, term, meta)
-            for slab_path, generation, until in sealed:
-                slab = Slab.open(slab_path, generation)
-                slab.seal(until, self.index)
-                slab.close()
-        except BaseException:
-            shutil.rmtree(fresh, ignore_errors=True)
-            raise
-        self._db.close_shard_now(self.index)
-        swap_in(shard.path)
+        rebuild(self.shard.path, lambda fresh: _build_slabs(fresh, snapshot, self.index, index,
+                                                            term, meta),
+                lambda: self._db.close_shard_now(self.index))
         self._reopen(self.index)
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
 
 
-def _build_slabs(fresh: Path, snapshot: Path, index: int, term: int,
-                 meta: bytes) -> list[tuple[Path, int, int]]:
-    """A shard snapshot's slabs written into `fresh`: the sealed ones' (path, generation,
-    sealed at), to be sealed once written."""
+def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
+                 meta: bytes) -> None:
+    """A shard snapshot's slabs written into `fresh`, the sealed ones sealed once written."""
+    fresh.mkdir(parents=True)
     sealed: list[tuple[Path, int, int]] = []
     batches: Batches | None = None  # the open slab's
     checkpoint: bytes | None = None  # the last slab's (the current one: see _start_dump)
@@ -317,7 +301,10 @@ def _build_slabs(fresh: Path, snapshot: Path, index: int, term: int,
     batches.finish([(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term)),
                     (SNAPSHOT_KEY, meta)])
     batches.db.close()
-    return sealed
+    for slab_path, generation, until in sealed:
+        slab = Slab.open(slab_path, generation)
+        slab.seal(until, shard)
+        slab.close()
 
 
 # (writer, writes, stored value of a key, the command's serial) -> (the admitted writes,
@@ -431,8 +418,6 @@ class KVMachine(_Machine):
         return write, view.close
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
-        self.spool.end_dump()
-        self.spool.drop()
         self.kv.replace(_pairs(snapshot),
                         [(APPLIED_KEY, _APPLIED.pack(index, term)), (SNAPSHOT_KEY, meta)])
         self.chains = _stored_chains(self.kv)

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES: Final = 256 << 10
 IDLE_SECONDS: Final = 30.0
-_BUFFER: Final = 1 << 20
+FILE_BUFFER: Final = 1 << 20  # of the snapshot files, written and read
 
 # Writes a snapshot into the file, on a worker thread; ends soon (DumpStopped) once the event
 # is set.
@@ -66,7 +66,7 @@ class _Dump:
 
 def _write_dump(path: Path, write: DumpWriter, stop: threading.Event) -> int:
     """On a worker thread: the snapshot into `path`; returns its size."""
-    with path.open("wb", buffering=_BUFFER) as file:
+    with path.open("wb", buffering=FILE_BUFFER) as file:
         write(file, stop)
         return file.tell()
 
@@ -114,12 +114,16 @@ class SnapshotSpool:
 
     def receive(self, chunk: SnapshotChunk, install: Callable[[Path], None]) -> bool:
         """Appends a received chunk; with the last one, `install(the complete file)`, and
-        True. The core hands chunks over in order, from offset 0 (core.py `_on_snapshot`)."""
+        True. The core hands chunks over in order, from offset 0 (core.py `_on_snapshot`).
+        A dump under way and a spooled snapshot end first: they are of the state being
+        replaced, and the install closes what a dump reads."""
         path = self._incoming_path
         with path.open("wb" if chunk.offset == 0 else "ab") as file:
             file.write(chunk.data)
         if not chunk.done:
             return False
+        self.end_dump()
+        self.drop()
         try:
             install(path)
         finally:

@@ -27,7 +27,7 @@ from typing import IO, Any, Final
 
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
-from broker.raft.spool import DumpStopped, DumpWriter, SnapshotSpool
+from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool
 from broker.retainer.store import RetainedStore, decode_record
 from broker.session.message import Message
 
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 SET: Final = 1
 _U32: Final = struct.Struct(">I")
 _COMMAND: Final = struct.Struct(">BI")
-_READ_BUFFER: Final = 1 << 20
 _dumps: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -95,7 +94,7 @@ def _write_snapshot(file: IO[bytes], stop: threading.Event, items: Any) -> None:
 
 def _read_snapshot(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """The (topic, record) pairs of a snapshot file, read as they are consumed."""
-    with path.open("rb", buffering=_READ_BUFFER) as file:
+    with path.open("rb", buffering=FILE_BUFFER) as file:
         (count,) = _U32.unpack(_read(file, _U32.size))
         for _ in range(count):
             key = _read(file, _U32.unpack(_read(file, _U32.size))[0])
@@ -193,8 +192,6 @@ class RetainedMachine:
         return write, view.close
 
     def _install(self, path: Path, chunk: SnapshotChunk) -> None:
-        self.spool.end_dump()
-        self.spool.drop()
         self.store.replace(_read_snapshot(path), chunk.index, chunk.term,
                            chunk.config.encode())
         log.info("retained messages replaced by a snapshot at index %d", chunk.index)

@@ -32,10 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
-import plyvel  # type: ignore[import-untyped]
-
 from broker.ds import bulk
-from broker.ds.files import recover_swap
 from broker.mqtt.codec import Decoder, encode_publish
 from broker.mqtt.constants import MQTT_5
 from broker.mqtt.packets import Publish
@@ -84,9 +81,7 @@ class RetainedStore:
         self, path: Path, max_messages: int, max_payload_size: int, default_expiry: float
     ) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        recover_swap(path)  # a snapshot install a crash cut short
-        self._db = plyvel.DB(str(path), create_if_missing=True)
+        self._db = bulk.open_db(path)
         self._index: TopicTrie[Message] = TopicTrie()
         self._max_messages = max_messages
         self._max_payload_size = max_payload_size
