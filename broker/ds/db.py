@@ -70,6 +70,7 @@ class MessagesDB:
         return Shard.open(
             i, path, settings.wildcard_thresholds, self._executor,
             self._on_change, settings.buffer, settings.generation_max_size, self.open_slabs,
+            settings.leveldb_compression,
         )
 
     def close_shard_now(self, i: int) -> None:

@@ -20,7 +20,10 @@ data (the counters, when they lived at b"M" and were written with every batch) m
 new table overlap the last one, so each compaction decompressed and rewrote them: writing
 1.4M 120-byte messages in batches of 35 took 9.2 s of CPU that way against 5.4 s now. The
 Raft checkpoint of a replicated shard goes with the counters for the same reason (shard.py):
-written with every batch of 240, it took 2M such writes from 1.8 s of CPU to 5.3 s.
+written with every batch of 240, it took 2M such writes from 1.8 s of CPU to 5.3 s. With
+many streams in a shard, as a fleet of devices makes, tables overlap whatever the layout
+and each compaction rewrites them: the slabs' tables are therefore written uncompressed by
+default (slab.py, `durable_storage.messages.compression`).
 """
 
 import hashlib

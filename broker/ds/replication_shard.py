@@ -46,7 +46,7 @@ from broker.ds.files import rebuild
 from broker.ds.kv import KVStore
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
-from broker.ds.slab import CHECKPOINT_KEY, Slab
+from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab
 from broker.ds.ttv import TTV
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
@@ -266,15 +266,16 @@ class ShardMachine(_Machine):
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
+        compression = self.shard.compression
         rebuild(self.shard.path, lambda fresh: _build_slabs(fresh, snapshot, self.index, index,
-                                                            term, meta),
+                                                            term, meta, compression),
                 lambda: self._db.close_shard_now(self.index))
         self._reopen(self.index)
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
 
 
 def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
-                 meta: bytes) -> None:
+                 meta: bytes, compression: Compression) -> None:
     """A shard snapshot's slabs written into `fresh`, the sealed ones sealed once written."""
     fresh.mkdir(parents=True)
     sealed: list[tuple[Path, int, int]] = []
@@ -288,7 +289,8 @@ def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
             checkpoint = None
             generation, _created, sealed_at = _SLAB.unpack_from(body)
             path = generation_dir(fresh, generation)
-            batches = Batches(plyvel.DB(str(path), create_if_missing=True))
+            batches = Batches(plyvel.DB(str(path), create_if_missing=True,
+                                        compression=compression))
             if sealed_at:
                 sealed.append((path, generation, sealed_at))
         elif kind == _PAIR_RECORD and batches is not None:
@@ -302,7 +304,7 @@ def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
                     (SNAPSHOT_KEY, meta)])
     batches.db.close()
     for slab_path, generation, until in sealed:
-        slab = Slab.open(slab_path, generation)
+        slab = Slab.open(slab_path, generation, compression)
         slab.seal(until, shard)
         slab.close()
 

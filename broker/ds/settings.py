@@ -20,6 +20,7 @@ class Settings:
     generation_interval: float = 3600.0
     generation_max_size: int = 1 << 30
     max_open_slabs: int = 64
+    compression: str = "none"
     retention_period: float = 86400.0
     site_id: str = ""
 
@@ -36,9 +37,14 @@ class Settings:
             generation_interval=config[prefix + "generation_interval"],
             generation_max_size=config[prefix + "generation_max_size"],
             max_open_slabs=config[prefix + "max_open_slabs"],
+            compression=config[prefix + "compression"],
             retention_period=config["durable_sessions.message_retention_period"],
             site_id=config["node.site_id"],
         )
+
+    @property
+    def leveldb_compression(self) -> str | None:
+        return None if self.compression == "none" else self.compression
 
     @property
     def buffer(self) -> tuple[float, int, float]:

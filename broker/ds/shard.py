@@ -42,7 +42,7 @@ from broker.ds.cook import STATS_KEY, CookedBatch, Cooker
 from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import Store
-from broker.ds.slab import CHECKPOINT_KEY, Slab, prepare_batch
+from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab, prepare_batch
 from broker.ds.ttv import TTV
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,10 @@ class Shard:
     def __init__(
         self, index: int, path: Path, slabs: list[Slab], thresholds: tuple[int, ...],
         executor: Executor, on_change: ChangeListener, buffer_settings: tuple[float, int, float],
-        max_generation_bytes: int, open_slabs: OpenSlabs,
+        max_generation_bytes: int, open_slabs: OpenSlabs, compression: Compression = None,
     ) -> None:
         self.index = index
+        self.compression = compression
         self.path = path
         self.slabs: dict[int, Slab] = {slab.generation: slab for slab in slabs}
         self.current = slabs[-1]
@@ -123,7 +124,7 @@ class Shard:
     def open(
         cls, index: int, path: Path, thresholds: tuple[int, ...], executor: Executor,
         on_change: ChangeListener, buffer_settings: tuple[float, int, float],
-        max_generation_bytes: int, open_slabs: OpenSlabs,
+        max_generation_bytes: int, open_slabs: OpenSlabs, compression: Compression = None,
     ) -> "Shard":
         """Blocking (call before serving): reads every slab's state, finishes interrupted
         seals; only the current generation is left open."""
@@ -133,7 +134,7 @@ class Shard:
         generations = sorted(
             int(child.name[len(_GEN_PREFIX):]) for child in path.glob(f"{_GEN_PREFIX}*")
         )
-        slabs = [Slab.open(generation_dir(path, g), g) for g in generations]
+        slabs = [Slab.open(generation_dir(path, g), g, compression) for g in generations]
         for slab in slabs[:-1]:
             if not slab.sealed:
                 log.info("finishing the seal of %s", slab.path)
@@ -145,15 +146,15 @@ class Shard:
             full = slabs[-1]
             log.info("finishing the rotation of %s", full.path)
             until = full.stats.max_timestamp
-            slabs.append(_create_slab(path, full.generation + 1, thresholds, until,
+            slabs.append(_create_slab(path, full.generation + 1, thresholds, until, compression,
                                       full.db.get(CHECKPOINT_KEY)))
             full.seal(until, index)
             full.close()
         elif not slabs or slabs[-1].sealed:
             slabs.append(_create_slab(path, generations[-1] + 1 if generations else 1,
-                                      thresholds, now_us()))
+                                      thresholds, now_us(), compression))
         return cls(index, path, slabs, thresholds, executor, on_change, buffer_settings,
-                   max_generation_bytes, open_slabs)
+                   max_generation_bytes, open_slabs, compression)
 
     async def _flush(self, messages: list[TTV], sync: bool) -> None:
         if self.replication is not None:
@@ -190,7 +191,8 @@ class Shard:
         old = self.current
         now = max(now_us(), self.cooker.last_timestamp)
         new = await loop.run_in_executor(
-            self.executor, _create_slab, self.path, old.generation + 1, self.thresholds, now
+            self.executor, _create_slab, self.path, old.generation + 1, self.thresholds, now,
+            self.compression,
         )
         self.open_slabs.acquire(new)
         self.slabs[new.generation] = new
@@ -319,7 +321,7 @@ class Shard:
         self._write_checkpoint(sync=True)
         now = max(clock, self.cooker.last_timestamp)
         self._applied = (index, term)
-        new = _create_slab(self.path, old.generation + 1, self.thresholds, now,
+        new = _create_slab(self.path, old.generation + 1, self.thresholds, now, self.compression,
                            _checkpoint_value(self._applied, self._writers))
         self._checkpointed = True
         self.open_slabs.acquire(new)
@@ -394,15 +396,15 @@ def checkpoint_at(checkpoint: bytes | None, index: int, term: int) -> bytes:
 
 
 def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int,
-                 checkpoint: bytes | None = None) -> Slab:
+                 compression: Compression, checkpoint: bytes | None = None) -> Slab:
     """Built under a temporary name and renamed, so a crash never leaves a half-made slab
     that looks real."""
     final = generation_dir(shard_dir, generation)
     tmp = final.with_name(final.name + _TMP_SUFFIX)
-    slab = Slab.create(tmp, generation, thresholds, now)
+    slab = Slab.create(tmp, generation, thresholds, now, compression)
     if checkpoint is not None:
         slab.db.put(CHECKPOINT_KEY, checkpoint, sync=True)
     slab.close()
     tmp.rename(final)
     fsync_dir(shard_dir)
-    return Slab.open(final, generation)
+    return Slab.open(final, generation, compression)

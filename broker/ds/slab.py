@@ -48,10 +48,19 @@ class SlabClosed(Exception):
 BLOCK_CACHE_SIZE: Final = 2 * 1024 * 1024
 
 
-def _open_leveldb(path: Path, create: bool) -> plyvel.DB:
+Compression = str | None
+"""LevelDB's block compression of the tables a slab writes from now on: "snappy", or None
+(tables already written keep theirs; LevelDB reads both). None is the default
+(`durable_storage.messages.compression`): with many streams in a shard every table
+overlaps the others (keys.py), so each compaction rewrites them, and compression is paid
+again at every rewrite, not once per message (bench/compaction_bench.py)."""
+
+
+def _open_leveldb(path: Path, create: bool, compression: Compression) -> plyvel.DB:
     return plyvel.DB(
         str(path), create_if_missing=create, error_if_exists=create,
         max_open_files=MAX_OPEN_FILES, lru_cache_size=BLOCK_CACHE_SIZE,
+        compression=compression,
     )
 
 
@@ -82,9 +91,10 @@ async def write_batch(db: plyvel.DB, batch: CookedBatch, sync: bool, executor: E
 class Slab:
     def __init__(
         self, path: Path, generation: int, created: int, lts: LTS, stats: SlabStats,
-        sealed_at: int | None, db: plyvel.DB | None,
+        sealed_at: int | None, db: plyvel.DB | None, compression: Compression = None,
     ) -> None:
         self.path = path
+        self.compression = compression
         self.generation = generation
         self.created = created
         self.lts = lts
@@ -99,31 +109,34 @@ class Slab:
         self.keys_visited = 0
 
     @classmethod
-    def create(cls, path: Path, generation: int, thresholds: Sequence[int], now_us: int) -> "Slab":
-        db = _open_leveldb(path, create=True)
+    def create(cls, path: Path, generation: int, thresholds: Sequence[int], now_us: int,
+               compression: Compression = None) -> "Slab":
+        db = _open_leveldb(path, True, compression)
         with db.write_batch(sync=True) as batch:
             batch.put(_CREATED, keys.pack_u64(now_us))
             batch.put(_THRESHOLDS, json.dumps(list(thresholds)).encode())
-        return cls._from_leveldb(path, generation, db)
+        return cls._from_leveldb(path, generation, db, compression)
 
     @classmethod
-    def open(cls, path: Path, generation: int) -> "Slab":
+    def open(cls, path: Path, generation: int, compression: Compression = None) -> "Slab":
         """Blocking. A sealed slab is read from its manifest and left closed; any other is
         opened, and what was stored after its counters' checkpoint is counted, unless the
         Raft log replays it (a replicated slab)."""
         manifest = read_manifest(path)
         if manifest is None:  # a seal writes the checkpoint first: nothing follows it
-            slab = cls._from_leveldb(path, generation, _open_leveldb(path, create=False))
+            slab = cls._from_leveldb(path, generation, _open_leveldb(path, False, compression),
+                                     compression)
             if slab.db.get(CHECKPOINT_KEY) is None:
                 slab._count_after_checkpoint()
             return slab
         stats = SlabStats(manifest["messages"], manifest["bytes"], manifest["min_timestamp"],
                           manifest["max_timestamp"])
         return cls(path, generation, manifest["since"], LTS.from_json(manifest["lts"]), stats,
-                   manifest["until"], None)
+                   manifest["until"], None, compression)
 
     @classmethod
-    def _from_leveldb(cls, path: Path, generation: int, db: plyvel.DB) -> "Slab":
+    def _from_leveldb(cls, path: Path, generation: int, db: plyvel.DB,
+                      compression: Compression) -> "Slab":
         created = db.get(_CREATED)
         thresholds = db.get(_THRESHOLDS)
         if created is None or thresholds is None:
@@ -133,7 +146,7 @@ class Slab:
             keys.parse_edge(key, value) for key, value in db.iterator(prefix=keys.EDGE)
         ))
         return cls(path, generation, keys.unpack_u64_from(created, 0)[0], lts,
-                   SlabStats.decode(db.get(STATS_KEY)), None, db)
+                   SlabStats.decode(db.get(STATS_KEY)), None, db, compression)
 
     @property
     def db(self) -> plyvel.DB:
@@ -152,7 +165,7 @@ class Slab:
         with self._opening:
             if self._db is not None:
                 return False
-            self._db = _open_leveldb(self.path, create=False)
+            self._db = _open_leveldb(self.path, False, self.compression)
             return True
 
     def close(self) -> None:

@@ -94,3 +94,26 @@ async def test_generation_timer_seals_and_subscribers_see_the_end(open_storage) 
     storage.start()
     assert await subscription.next() == (None, [])  # woken by the seal, not by polling
     assert storage.messages.shards[0].slabs[1].sealed
+
+
+def _tables_bytes(generation: Path) -> int:
+    return sum(table.stat().st_size for table in generation.glob("*.ldb"))
+
+
+async def test_compression_setting_decides_how_the_tables_are_written(
+        open_storage, tmp_path) -> None:
+    """The same compressible messages, sealed (so compacted into tables) under each setting:
+    snappy's tables are a fraction of the uncompressed ones', and both read back alike."""
+    sizes = {}
+    for compression in ("none", "snappy"):
+        root = tmp_path / compression
+        storage = open_storage(root, n_shards=1, compression=compression)
+        batch = [message(f"dev/{i % 7}/t", payload=b'{"temp": 21.5, "unit": "C"}' * 8)
+                 for i in range(3000)]
+        await storage.store_batch(MESSAGES, batch)
+        assert await storage.seal() == 1
+        await storage.messages.shards[0].wait_sealed()
+        assert len(read_all(storage, "dev/+/t")) == 3000
+        sizes[compression] = _tables_bytes(generation_dir(shard_dir(root), 1))
+    assert sizes["none"] > 3000 * 8 * 27  # every payload byte on disk
+    assert sizes["snappy"] * 4 < sizes["none"]
