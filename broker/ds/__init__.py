@@ -5,6 +5,7 @@ Imports topics (broker.mqtt) and nothing about connections, sessions or routing.
 entry point is `DurableStorage`; see README "Durable Storage".
 """
 
+from broker.ds.cook import StreamWrite
 from broker.ds.iterator import Iterator, Stream
 from broker.ds.settings import Settings
 from broker.ds.shard import now_us
@@ -23,6 +24,7 @@ __all__ = [
     "Settings",
     "SiteIdMismatch",
     "Stream",
+    "StreamWrite",
     "Subscription",
     "Transaction",
     "TxAborted",

@@ -14,7 +14,7 @@ from typing import Final
 
 from broker.ds import keys
 from broker.ds.lts import LTS, Edge
-from broker.ds.ttv import TTV, pack_value
+from broker.ds.ttv import TTV, decode_value, encoded_topic, pack_value, stamped
 
 _STATS: Final = struct.Struct(">QQQQ")
 STATS_KEY: Final = keys.meta_key("stats")
@@ -45,6 +45,26 @@ class SlabStats:
         return cls(*_STATS.unpack(raw)) if raw else cls()
 
 
+class StreamWrite:
+    """A batch's messages in one stream, for its real-time readers (subscribe.py), timestamps
+    set: the writer's own objects, or, on a replica applying a command another node
+    encoded, decoded from the stored values only when a reader asks (a replica's streams
+    mostly have no reader on its node, and decoding would cost it more than the write)."""
+
+    __slots__ = ("_messages", "_values", "last")
+
+    def __init__(self) -> None:
+        self.last = 0  # the timestamp of the batch's last message in the stream
+        self._messages: list[TTV] = []
+        self._values: list[bytes] = []
+
+    def messages(self) -> list[TTV]:
+        if self._values:
+            self._messages = [decode_value(value) for value in self._values]
+            self._values = []
+        return self._messages
+
+
 @dataclass(slots=True)
 class CookedBatch:
     """Deterministic mutations of one slab; `streams` says which streams got data (to wake
@@ -52,9 +72,9 @@ class CookedBatch:
 
     puts: list[tuple[bytes, bytes]] = field(default_factory=list)
     deletes: list[bytes] = field(default_factory=list)
-    # stream -> its messages in this batch, timestamps set: real-time readers of a stream
-    # are handed these instead of reading back what was just written.
-    streams: dict[int, list[TTV]] = field(default_factory=dict)
+    # stream -> its messages in this batch: real-time readers of a stream are handed these
+    # instead of reading back what was just written.
+    streams: dict[int, StreamWrite] = field(default_factory=dict)
     messages: int = 0
     size: int = 0
     last_timestamp: int = 0
@@ -87,6 +107,7 @@ class Cooker:
         # learned. Per-message work is most of a write's CPU cost, so it is kept to lookups.
         self._routes: dict[str, Route] = {}
         self._publishers: dict[str, bytes] = {}
+        self._encoded_routes: dict[bytes, Route] = {}  # the same, by the topic's UTF-8
 
     def _learn(self, topic: str, edges: list[Edge]) -> Route:
         stream, varying = self.lts.learn(topic, edges)
@@ -105,6 +126,16 @@ class Cooker:
         encoded = self._publishers[publisher] = publisher.encode()
         return encoded
 
+    def _route(self, topic: str, edges: list[Edge]) -> Route:
+        return self._routes.get(topic) or self._learn(topic, edges)
+
+    def _stream(self, streams: dict[int, StreamWrite], stream: int, ts: int) -> StreamWrite:
+        written = streams.get(stream)
+        if written is None:
+            written = streams[stream] = StreamWrite()
+        written.last = ts
+        return written
+
     def cook(self, messages: Sequence[TTV], now_us: int) -> CookedBatch:
         """Timestamps are max(clock, previous + 1): strictly increasing per shard even if
         the clock steps back, so a reader's position (stream, last timestamp) never skips a
@@ -112,47 +143,90 @@ class Cooker:
         batch = CookedBatch()
         edges: list[Edge] = []
         puts = batch.puts
-        append = puts.append
-        pack_ts = keys.pack_u64
-        ts = self.last_timestamp
-        first = ts + 1 if now_us <= ts else now_us
+        ts = start = self.last_timestamp
         size = 0
-        routes, publishers = self._routes, self._publishers
+        publishers = self._publishers
         streams = batch.streams
         for message in messages:
             ts = ts + 1 if now_us <= ts else now_us
-            topic = message.topic
-            route = routes.get(topic) or self._learn(topic, edges)
-            stream, master, indexes, topic_bytes = route
+            stream, master, indexes, topic_bytes = self._route(message.topic, edges)
             message.timestamp = ts
-            fresh = streams.get(stream)
-            if fresh is None:
-                fresh = streams[stream] = []
-            fresh.append(message)
-            ts_bytes = pack_ts(ts)
-            key = master + ts_bytes
+            self._stream(streams, stream, ts)._messages.append(message)
+            ts_bytes = keys.pack_u64(ts)
             publisher = message.publisher
             value = pack_value(
                 topic_bytes, publishers.get(publisher) or self._publisher(publisher), message, ts
             )
-            append((key, value))
-            size += len(key) + len(value)
-            for prefix in indexes:
-                append((prefix + ts_bytes, b""))
-                size += len(prefix) + 8
-        puts.extend((keys.edge_key(p, level), keys.pack_u32(c)) for p, level, c in edges)
+            size += _put(puts, master, indexes, ts_bytes, value)
+        return self._close(batch, edges, len(messages), size, start, now_us, ts)
+
+    def cook_encoded(self, data: bytes, spans: list[int], messages: list[TTV] | None,
+                     now_us: int) -> CookedBatch:
+        """`cook` for messages already in the stored format (a STORE command's values, their
+        timestamps 0): `spans` holds each value's start and end in `data`, and each value is
+        stored with its timestamp set, as `cook` would have packed it. `messages`: the same
+        messages as objects (on the node that encoded them), handed to real-time readers;
+        without them readers get the values decoded on demand. The values were checked when
+        the command was decoded (replication_layer.decode_store), so nothing here fails
+        half-way through a batch."""
+        batch = CookedBatch()
+        edges: list[Edge] = []
+        puts = batch.puts
+        ts = start = self.last_timestamp
+        size = 0
+        encoded_routes, streams = self._encoded_routes, batch.streams
+        count = len(spans) // 2
+        for i in range(count):
+            begin, end = spans[2 * i], spans[2 * i + 1]
+            ts = ts + 1 if now_us <= ts else now_us
+            topic = encoded_topic(data, begin, end)
+            route = encoded_routes.get(topic)
+            if route is None:
+                route = self._route(topic.decode(), edges)
+                if len(encoded_routes) >= _CACHE_LIMIT:
+                    encoded_routes.clear()
+                encoded_routes[topic] = route
+            stream, master, indexes, _ = route
+            ts_bytes = keys.pack_u64(ts)
+            value = stamped(data, begin, end, ts_bytes)
+            written = self._stream(streams, stream, ts)
+            if messages is None:
+                written._values.append(value)
+            else:
+                message = messages[i]
+                message.timestamp = ts
+                written._messages.append(message)
+            size += _put(puts, master, indexes, ts_bytes, value)
+        return self._close(batch, edges, count, size, start, now_us, ts)
+
+    def _close(self, batch: CookedBatch, edges: list[Edge], count: int, size: int,
+               start: int, now_us: int, ts: int) -> CookedBatch:
+        """The learned edges, the slab's counters and, when due, their checkpoint."""
+        batch.puts.extend((keys.edge_key(p, level), keys.pack_u32(c)) for p, level, c in edges)
         stats = self.stats
-        if messages:
+        if count:
             if not stats.messages:
-                stats.min_timestamp = first
-            stats.messages += len(messages)
+                stats.min_timestamp = start + 1 if now_us <= start else now_us
+            stats.messages += count
             stats.size += size
             stats.max_timestamp = ts
         if stats.size - self._checkpointed >= self._checkpoint_bytes:
-            puts.append((STATS_KEY, stats.encode()))
+            batch.puts.append((STATS_KEY, stats.encode()))
             batch.checkpoint = True
             self._checkpointed = stats.size
-        batch.messages = len(messages)
+        batch.messages = count
         batch.size = size
         batch.last_timestamp = self.last_timestamp = ts
         return batch
+
+
+def _put(puts: list[tuple[bytes, bytes]], master: bytes, indexes: tuple[bytes, ...],
+         ts_bytes: bytes, value: bytes) -> int:
+    """A message's master key and its index keys (one per varying level); their size."""
+    key = master + ts_bytes
+    puts.append((key, value))
+    size = len(key) + len(value)
+    for prefix in indexes:
+        puts.append((prefix + ts_bytes, b""))
+        size += len(prefix) + 8
+    return size

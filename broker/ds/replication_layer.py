@@ -28,7 +28,8 @@ command only if it follows the last one applied of its writer (replication_shard
 the replicas hold a prefix of each writer's KV commands, never one with a gap: a durable
 session's record of what was sent goes out before its commit (session.py), and a later
 read position applied without the record before it would skip messages. TTV values are
-ttv.py's format with timestamp 0 (the cooker assigns it). The sessions database admits a
+ttv.py's format with timestamp 0: the cooker sets each one's timestamp in place and stores
+it as it is, without decoding it (cook.py, `cook_encoded`). The sessions database admits a
 KV command's writes by their `writer` (a node may change only the sessions it owns: see
 broker/session/durable/ownership.py). A command that cannot be decoded
 is skipped by every replica alike (BadCommand), so the replicas stay the same.
@@ -38,7 +39,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-from broker.ds.ttv import TTV, decode_value, encode_value
+from broker.ds.ttv import TTV, encode_value, encoded_topic
 
 STORE: Final = 1
 ROTATE: Final = 2
@@ -73,7 +74,9 @@ class Store(NamedTuple):
     clock: int
     writer: str
     serial: int
-    messages: list[TTV]
+    data: bytes  # the command: its values are stored as they are (cook.py, cook_encoded)
+    spans: list[int]  # each message's value: its start and end in `data`
+    messages: list[TTV] | None  # the messages as objects, on the node that encoded them
 
 
 def encode_store(clock: int, writer: str, serial: int, messages: Sequence[TTV]) -> bytes:
@@ -124,29 +127,33 @@ def decode_clock(data: bytes) -> int:
 
 
 def decode_store(data: bytes, messages: list[TTV] | None = None) -> Store:
-    """With `messages` (this node encoded the command and has them), the header only."""
+    """The values are located, not decoded: `messages` (this node encoded the command and
+    has them) are handed on as they are."""
     try:
         _, clock, serial, wlen = _STORE_HEAD.unpack_from(data)
         offset = _STORE_HEAD.size + wlen
         writer = data[_STORE_HEAD.size:offset].decode()
-        if messages is not None:
-            return Store(clock, writer, serial, messages)
         (count,) = _U32.unpack_from(data, offset)
         offset += 4
-        messages = []
+        spans: list[int] = []
         for _ in range(count):
             (length,) = _U32.unpack_from(data, offset)
             offset += 4
             end = offset + length
             if end > len(data):
                 raise BadCommand("message past the end of the command")
-            messages.append(decode_value(data[offset:end]))
+            if messages is None:  # checked before anything is applied: see cook_encoded
+                encoded_topic(data, offset, end).decode()
+            spans.append(offset)
+            spans.append(end)
             offset = end
-    except (struct.error, ValueError, IndexError, UnicodeDecodeError) as error:
+    except (struct.error, ValueError, IndexError) as error:
         raise BadCommand(f"STORE command: {error}") from None
     if offset != len(data):
         raise BadCommand("bytes after the last message of a STORE command")
-    return Store(clock, writer, serial, messages)
+    if messages is not None and len(messages) != count:
+        raise BadCommand(f"STORE command of {count} messages, proposed with {len(messages)}")
+    return Store(clock, writer, serial, data, spans, messages)
 
 
 def decode_kv(data: bytes) -> KVCommand:

@@ -38,7 +38,7 @@ from typing import Any, Final, Protocol
 
 from broker.ds import keys
 from broker.ds.buffer import WriteBuffer
-from broker.ds.cook import STATS_KEY, CookedBatch, Cooker
+from broker.ds.cook import STATS_KEY, CookedBatch, Cooker, StreamWrite
 from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import Store
@@ -52,7 +52,7 @@ _TMP_SUFFIX: Final = ".tmp"
 
 # (shard, generation, the messages written per stream, or None for "all of them": sealed
 # or dropped)
-ChangeListener = Callable[[int, int, dict[int, list[TTV]] | None], None]
+ChangeListener = Callable[[int, int, dict[int, StreamWrite] | None], None]
 
 
 _APPLIED: Final = struct.Struct(">QQ")
@@ -292,7 +292,7 @@ class Shard:
         writers[store.writer] = store.serial
         self._applied = (index, term)
         slab = self.current
-        batch = self.cooker.cook(store.messages, store.clock)
+        batch = self.cooker.cook_encoded(store.data, store.spans, store.messages, store.clock)
         if batch.checkpoint or not self._checkpointed:
             batch.puts += self._checkpoint()
             self._checkpointed = True

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
+from broker.ds.cook import StreamWrite
 from broker.ds.db import MessagesDB
 from broker.ds.iterator import Iterator, Stream
 from broker.ds.kv import KVStore
@@ -50,7 +51,7 @@ class DurableStorage:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _on_change(
-        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
+        self, shard: int, generation: int, streams: dict[int, StreamWrite] | None
     ) -> None:
         self.subscriptions.on_change(shard, generation, streams)
         for listener in self.change_listeners:

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
+from broker.ds.cook import StreamWrite
 from broker.ds.iterator import Iterator, Stream
 from broker.ds.ttv import TTV
 from broker.mqtt.topic import topic_matches
@@ -104,7 +105,7 @@ class SubscriptionPool:
         return subscription
 
     def on_change(
-        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
+        self, shard: int, generation: int, streams: dict[int, StreamWrite] | None
     ) -> None:
         """A write (the messages per stream), a seal or a drop (None). Subscribers that had
         read everything up to this write get its messages as they are, whether idle or
@@ -119,10 +120,10 @@ class SubscriptionPool:
                         if subscription.idle_on is not None:
                             self._wake(subscription)
             return
-        for stream_id, fresh in streams.items():
+        for stream_id, written in streams.items():
             stream = Stream(self._db, shard, generation, stream_id)
             previous = self._last.get(stream)
-            self._last[stream] = fresh[-1].timestamp
+            self._last[stream] = written.last
             waiting = self._on_stream.get(stream)
             if not waiting:
                 continue
@@ -136,7 +137,7 @@ class SubscriptionPool:
                 elif subscription.idle_on is not None:
                     self._wake(subscription)
             for (iterator, batch_size), subscribers in groups.items():
-                self._hand_over(stream, iterator, batch_size, fresh, subscribers)
+                self._hand_over(stream, iterator, batch_size, written.messages(), subscribers)
 
     def _wake(self, subscription: Subscription) -> None:
         subscription.idle_on = None

@@ -30,6 +30,7 @@ from broker.mqtt.properties import ALLOWED_PROPERTIES, decode_properties, encode
 FORMAT_VERSION: Final = 1
 _HEAD: Final = struct.Struct(">BBQHH")
 _HEAD_SIZE: Final = _HEAD.size
+_TIMESTAMP_END: Final = 10
 _pack_head: Final = _HEAD.pack
 _PUBLISH_PROPERTIES: Final = ALLOWED_PROPERTIES[PacketType.PUBLISH]
 _NO_PROPERTIES: Final = b"\x00"
@@ -94,3 +95,23 @@ def decode_value(value: bytes) -> TTV:
         properties, pos = decode_properties(value, pos, len(value), _PUBLISH_PROPERTIES)
     return TTV(value[_HEAD_SIZE:topic_end].decode(), value[pos:], flags & 3, bool(flags & 4),
                value[topic_end:topic_end + publisher_len].decode(), properties, timestamp)
+
+
+def encoded_topic(data: bytes, start: int, end: int) -> bytes:
+    """The topic, as UTF-8, of the value at `data[start:end]`, whose header is checked
+    against its length (a replica cooks values it did not encode: see `stamped`)."""
+    # Indexing, not struct: compiled, a byte read is a load, a struct call a Python call.
+    topic_at = start + _HEAD_SIZE
+    if end <= topic_at or data[start] != FORMAT_VERSION:
+        raise ValueError("not a TTV value of format version 1")
+    topic_end = topic_at + (data[start + 10] << 8 | data[start + 11])
+    if topic_end + (data[start + 12] << 8 | data[start + 13]) >= end:
+        raise ValueError("TTV value shorter than its header says")  # properties: 1 byte+
+    return data[topic_at:topic_end]
+
+
+def stamped(data: bytes, start: int, end: int, timestamp: bytes) -> bytes:
+    """The value at `data[start:end]` with its timestamp (8 bytes, big-endian) set: how a
+    replica stores a message it received encoded, without decoding it and encoding it
+    again (which would cost it more than the LevelDB write)."""
+    return data[start:start + 2] + timestamp + data[start + _TIMESTAMP_END:end]

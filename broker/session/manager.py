@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from broker.ds import TTV
+from broker.ds import StreamWrite
 from broker.mqtt.constants import MAX_UINT32, PropertyId, ReasonCode
 from broker.mqtt.packets import Will
 from broker.session.durable import records
@@ -57,7 +57,7 @@ class SessionManager:
             durable.ds.change_listeners.append(self._streams_changed)
 
     def _streams_changed(
-        self, shard: int, generation: int, streams: dict[int, list[TTV]] | None
+        self, shard: int, generation: int, streams: dict[int, StreamWrite] | None
     ) -> None:
         """A write to DS: if it created a stream (or a generation was sealed or dropped),
         connected durable sessions look for streams they should now read."""

@@ -10,6 +10,7 @@ from broker.ds import DurableStorage, Settings
 from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
 from broker.ds.replication_shard import Admit, KVMachine, OnWrites, ShardMachine
+from broker.ds.shard import ChangeListener
 from broker.raft.host import StateMachine
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk
@@ -22,9 +23,10 @@ CONFIG = Config(frozenset({"a", "b", "c"}))
 class Replica:
     """Shard 0 of a `messages` database in `path`, as its Raft group applies it."""
 
-    def __init__(self, path: Path, executor: ThreadPoolExecutor, **settings: int) -> None:
+    def __init__(self, path: Path, executor: ThreadPoolExecutor,
+                 on_change: ChangeListener = lambda *_: None, **settings: int) -> None:
         self.db = MessagesDB("messages", path, Settings(n_shards=1, **settings), executor,
-                             lambda *_: None)
+                             on_change)
         self.machine = ShardMachine(self.db, 0, self.db.reopen_shard)
 
     def apply(self, index: int, data: bytes) -> None:
