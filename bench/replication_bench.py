@@ -156,7 +156,11 @@ def client_led_by(members: list[Running], node: Running, candidates: Iterable[st
     if members[0].name != "ours" or len(members) == 1:
         return options[0]
     me, leaders = raft_status(node)["site"], shard_leaders(node)
-    return next(c for c in options if leaders.get(shard_of(c, N_SHARDS)) == me)
+    led = next((c for c in options if leaders.get(shard_of(c, N_SHARDS)) == me), None)
+    if led is None:  # elections placed every leader elsewhere: the round would not measure
+        raise RuntimeError(f"{node.node} leads no shard of {len(options)} candidate client "
+                           f"IDs (leaders: {sorted(set(map(str, leaders.values())))})")
+    return led
 
 
 # ---- the PUBACK probe --------------------------------------------------------------------
