@@ -104,8 +104,9 @@ def encoded_topic(data: bytes, start: int, end: int) -> bytes:
     topic_at = start + _HEAD_SIZE
     if end <= topic_at or data[start] != FORMAT_VERSION:
         raise ValueError("not a TTV value of format version 1")
-    topic_end = topic_at + (data[start + 10] << 8 | data[start + 11])
-    if topic_end + (data[start + 12] << 8 | data[start + 13]) >= end:
+    lengths = start + _TIMESTAMP_END  # T, then P: 2 bytes each
+    topic_end = topic_at + (data[lengths] << 8 | data[lengths + 1])
+    if topic_end + (data[lengths + 2] << 8 | data[lengths + 3]) >= end:
         raise ValueError("TTV value shorter than its header says")  # properties: 1 byte+
     return data[topic_at:topic_end]
 

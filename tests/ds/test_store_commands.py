@@ -97,3 +97,15 @@ def test_a_store_with_a_garbled_value_is_skipped_whole_by_every_replica(
     assert replica.machine.bad_commands == 1
     assert replica.machine.applied_index == 2
     assert len(replica.stored()) == 10  # the second command whole, nothing of the first
+
+
+def test_a_proposer_whose_objects_do_not_match_its_command_stores_the_values(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    """Skipping the command on the proposer alone would set its replica apart from the rest."""
+    proposer, replica = Replica(tmp_path / "a", executor), Replica(tmp_path / "b", executor)
+    data = cmd.encode_store(1_000, "site-a", 1, batch(1))
+    proposer.machine.proposing(data, batch(1)[:3])
+    proposer.apply(1, data)
+    replica.apply(1, data)
+    assert proposer.machine.bad_commands == 0
+    assert written(proposer) == written(replica) and len(proposer.stored()) == 10
