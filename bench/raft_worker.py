@@ -102,6 +102,9 @@ async def ours(args: argparse.Namespace) -> None:
         def send(self, peer: str, data: bytes) -> None:
             cluster.send(peer, Channel.RAFT, data)
 
+        def flush(self) -> None:
+            cluster.flush()
+
     class Counter:
         """The trivial state machine: counts commands, in memory; its snapshot is the
         count, in one chunk."""

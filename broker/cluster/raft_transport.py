@@ -43,6 +43,9 @@ class RaftTransport:
         if not self._cluster.send(peer, Channel.RAFT, _EPOCH.pack(self._epoch_of(group)) + data):
             self.unlinked += 1
 
+    def flush(self) -> None:
+        self._cluster.flush()
+
     def _frame(self, site: str, payload: bytes) -> None:
         if len(payload) < _HEAD:
             self.garbled += 1

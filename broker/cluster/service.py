@@ -145,6 +145,12 @@ class Cluster:
         link.send(channel, payload)
         return True
 
+    def flush(self) -> None:
+        """Writes what was sent to every peer now rather than at the end of the loop's
+        turn (Raft's messages: see raft/host.py's Transport)."""
+        for link in self.links.values():
+            link.flush()
+
     def broadcast(self, channel: Channel, payload: bytes) -> None:
         for link in self.links.values():
             link.send(channel, payload)

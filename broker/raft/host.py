@@ -34,6 +34,12 @@ class Transport(Protocol):
 
     def send(self, peer: str, data: bytes) -> None: ...
 
+    def flush(self) -> None:
+        """What was sent leaves now. The host calls it once a flush's messages are all
+        sent, and before it applies entries: a follower starts its fsync, a leader learns
+        of a commit, without waiting for the rest of the event loop's turn (on a busy
+        leader, its client traffic)."""
+
 
 class StateMachine(Protocol):
     def apply(self, entry: Entry) -> None:
@@ -162,6 +168,7 @@ class RaftHost:
             return None
         batch = HostBatch(None)
         readies = [(hosted, self._collect(hosted, batch)) for hosted in busy]
+        self.transport.flush()
         if self.wal.pending():
             batch.wal = self.wal.take()
         self._unsynced.append(batch)
@@ -251,6 +258,7 @@ class RaftHost:
             for peer, message in done.after_persist:
                 send(peer, encode(message))
             self.messages_sent += len(done.after_persist)
+        self.transport.flush()
 
     # ---------------------------------------------------------------- metrics
 

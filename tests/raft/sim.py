@@ -518,6 +518,9 @@ class _NodeTransport:
     def send(self, peer: str, data: bytes) -> None:
         self.sim.send(self.node, peer, data)
 
+    def flush(self) -> None:
+        """The simulated network delivers each message on its own."""
+
 
 class SimNode:
     def __init__(self, sim: Simulation, node: str) -> None:

@@ -1,6 +1,7 @@
 """The host's flush on a real write-ahead log: the order of the log write and the apply."""
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.raft.core import LEADER
@@ -30,6 +31,9 @@ class Recording:
 class Nowhere:
     def send(self, peer: str, data: bytes) -> None:
         raise AssertionError("a single voter sends nothing")
+
+    def flush(self) -> None:
+        pass
 
 
 def test_a_flush_hands_its_log_write_out_before_it_applies(tmp_path: Path) -> None:
@@ -65,3 +69,79 @@ def test_a_flush_hands_its_log_write_out_before_it_applies(tmp_path: Path) -> No
     flush()  # B written, then A applied
     flush()  # B applied (nothing to write)
     assert events == ["write", "write", "apply A", "apply B"]
+
+
+class Wire:
+    """Holds what a host sends until it flushes, as the cluster links hold a loop turn's
+    frames: what a flush left behind would wait for the end of a busy leader's turn."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.queued: list[tuple[str, bytes]] = []
+        self.out: list[tuple[str, bytes]] = []
+
+    def send(self, peer: str, data: bytes) -> None:
+        self.queued.append((peer, data))
+
+    def flush(self) -> None:
+        if self.queued:
+            self.events.append(f"sent {len(self.queued)}")
+            self.out += self.queued
+            self.queued.clear()
+
+
+def test_messages_leave_with_the_flush_that_made_them(tmp_path: Path) -> None:
+    """The leader's appends are out before its log write and its applies; a follower's
+    answer is out as soon as its log write is synced. Nothing waits in the links for the
+    rest of the event loop's turn."""
+    events: list[str] = []
+    wires = {name: Wire(events) for name in "ab"}
+    hosts = {}
+    for name in "ab":
+        wal = WriteAheadLog(FileStore(str(tmp_path / name)))
+        hosts[name] = RaftHost(name, wal, wires[name], random.Random(ord(name)))
+        hosts[name].add_group(1, Recording(events), voters=frozenset("ab"))
+
+    def write_for(name: str) -> Callable[[HostBatch], None]:
+        def write(batch: HostBatch) -> None:
+            assert batch.wal is not None
+            events.append(f"write {name}")
+            hosts[name].wal.write(batch.wal)
+            hosts[name].wal.sync([batch.wal])
+        return write
+
+    def flush(name: str) -> None:
+        batch = hosts[name].flush(write_for(name))
+        if batch is not None and batch.wal is not None:
+            hosts[name].synced(batch)
+
+    def deliver() -> None:
+        for name, wire in wires.items():
+            out, wire.out = wire.out, []
+            for peer, data in out:
+                hosts[peer].receive(name, data)
+
+    leader = hosts["a"].core(1)
+    for _ in range(200):
+        hosts["a"].tick()
+        for name in "ab":
+            flush(name)
+        deliver()
+        if leader.role == LEADER and leader.commit >= 1:
+            break
+    assert leader.role == LEADER
+    events.clear()
+    hosts["a"].propose(1, b"A", lambda ok: None)
+    flush("a")
+    assert events == ["sent 1", "write a"]
+    deliver()
+    events.clear()
+    batch = hosts["b"].flush(write_for("b"))
+    assert batch is not None and events[-1] == "write b"
+    answered = len(wires["b"].out)
+    hosts["b"].synced(batch)  # the append's answer, held for the write, leaves with it
+    assert events[-1] == "sent 1" and len(wires["b"].out) == answered + 1
+    deliver()
+    events.clear()
+    flush("a")  # committed: the follower is told before the leader applies
+    assert events == ["sent 1", "apply A"]

@@ -36,6 +36,9 @@ class Link:
         loop = asyncio.get_running_loop()
         loop.call_soon(self._deliver, peer, data)
 
+    def flush(self) -> None:
+        """Each message is on its way once sent."""
+
     def _deliver(self, peer: str, data: bytes) -> None:
         node = self.network.nodes.get(peer)
         if node is not None and self.source in self.network.nodes:
