@@ -2,8 +2,10 @@
 
 A thin asyncio shell over the sans-I/O `Handshake` and `FrameDecoder`. Everything a node
 sends a peer in one event-loop turn (route updates, forwarded PUBLISHes, Raft messages, RPC)
-leaves in one write, as the client hot path does. What arrives is handed to the owner by
-channel; anything that is not a valid frame closes the link with a log line, never raises.
+leaves in one write, as the client hot path does, unless the sender flushes sooner (Raft
+flushes its messages with each of its flushes: see raft/host.py's Transport). What arrives
+is handed to the owner by channel; anything that is not a valid frame closes the link with
+a log line, never raises.
 """
 
 import asyncio
@@ -106,7 +108,8 @@ class PeerLink(asyncio.Protocol):
 
     # ---- output --------------------------------------------------------------------------
     def send(self, channel: int, payload: bytes) -> None:
-        """Queued, and written with everything else sent to this peer in this loop turn."""
+        """Queued, and written with everything else sent to this peer in this loop turn
+        (or at the sender's `flush`)."""
         if self.closed or not self.established:
             return
         self._out.append(encode_frame(channel, payload))
