@@ -36,9 +36,9 @@ class Transport(Protocol):
 
     def flush(self) -> None:
         """What was sent leaves now. The host calls it once a flush's messages are all
-        sent, and before it applies entries: a follower starts its fsync, a leader learns
-        of a commit, without waiting for the rest of the event loop's turn (on a busy
-        leader, its client traffic)."""
+        sent (if it sent any), and before it applies entries: a follower starts its fsync,
+        a leader learns of a commit, without waiting for the rest of the event loop's turn
+        (on a busy leader, its client traffic)."""
 
 
 class StateMachine(Protocol):
@@ -167,8 +167,10 @@ class RaftHost:
         if not busy:
             return None
         batch = HostBatch(None)
+        sent = self.messages_sent
         readies = [(hosted, self._collect(hosted, batch)) for hosted in busy]
-        self.transport.flush()
+        if self.messages_sent != sent:
+            self.transport.flush()
         if self.wal.pending():
             batch.wal = self.wal.take()
         self._unsynced.append(batch)
@@ -247,6 +249,7 @@ class RaftHost:
         batch.synced = True
         unsynced = self._unsynced
         send = self.transport.send
+        sent = self.messages_sent
         while unsynced and unsynced[0].synced:
             done = unsynced.popleft()
             for core, seq, entries in done.readies:
@@ -258,7 +261,8 @@ class RaftHost:
             for peer, message in done.after_persist:
                 send(peer, encode(message))
             self.messages_sent += len(done.after_persist)
-        self.transport.flush()
+        if self.messages_sent != sent:
+            self.transport.flush()
 
     # ---------------------------------------------------------------- metrics
 
