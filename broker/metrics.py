@@ -68,8 +68,8 @@ class Stats:
     __slots__ = (
         "bytes_received", "bytes_sent", "connections_total", "durable_persisted",
         "durable_replayed", "durable_writes", "messages_dropped", "messages_received",
-        "messages_sent", "packets_malformed", "refused", "throttled", "timed_out",
-        "tombstones_swept",
+        "messages_sent", "packets_malformed", "refused", "shared_adopted", "throttled",
+        "timed_out", "tombstones_swept",
     )
 
     def __init__(self) -> None:
@@ -83,6 +83,7 @@ class Stats:
         self.durable_persisted = 0  # messages stored for durable sessions
         self.durable_replayed = 0  # unacknowledged deliveries resent after a resume
         self.tombstones_swept = 0  # ended sessions' epochs forgotten (sessions leader)
+        self.shared_adopted = 0  # deliveries a durable group member took from an ended one
         self.durable_writes = DurableWrites()
         self.timed_out: dict[str, int] = {}  # connections closed for slowness, by stage
         self.refused: dict[str, int] = {}  # requests refused by a limit, by limit
@@ -168,6 +169,11 @@ class _StatsCollector(Collector):
             " group, had the replicas forget (older than durable_sessions.tombstone_ttl)",
             value=stats.tombstones_swept,
         )
+        yield CounterMetricFamily(
+            "mqtt_shared_group_redelivered",
+            "QoS 1 deliveries a durable shared group's member left unacknowledged when its"
+            " session ended, sent to another member (MQTT 5.0 section 4.8.2)",
+            value=stats.shared_adopted)
         writes = stats.durable_writes
         histogram = HistogramMetricFamily(
             "mqtt_durable_write_seconds",

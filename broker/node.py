@@ -19,6 +19,7 @@ from broker.retainer.store import RetainedStore
 from broker.routing.router import Forwards, Router
 from broker.routing.trie import TopicTrie
 from broker.session.durable import records
+from broker.session.durable.groups import GroupManager
 from broker.session.durable.persist import MessagePersister
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
@@ -98,30 +99,74 @@ class Node:
             self.publish, self._forget_subscriptions,
             config["mqtt.max_mqueue_len"], config["mqtt.mqueue_store_qos0"], self.durable,
         )
+        # Durable shared-subscription groups (`$share/...` of durable sessions).
+        self.groups: GroupManager | None = None
+        self._is_up: Callable[[str], bool] = lambda site: True
+        if self.durable is not None:
+            self.groups = self.durable.groups = GroupManager(
+                self.durable.ds, self.durable.store, self.stats, self.sessions.sessions,
+                self._member_connected, False)
+
+    def replicate_sessions(self, decides: Callable[[], bool],
+                           is_up: Callable[[str], bool]) -> None:
+        """Replicated Durable Storage (builtin_raft): the `sessions` database is every
+        node's; durable groups are decided by the node that `decides` (the leader of the
+        `sessions` group), a member counting as connected while its node `is_up`."""
+        self.replicated_ds = True
+        self._is_up = is_up
+        if self.durable is not None and self.groups is not None:
+            self.durable.replicated = self.groups.replicated = True
+            self.groups.decides = decides
+
+    def member_node(self, client_id: str) -> str | None:
+        """The node serving a durable group member (this node's name, else the site its
+        replicated meta names), None when no node holds it."""
+        if client_id in self.sessions.sessions:
+            return str(self.config["node.name"])
+        meta = self.durable.store.meta(client_id) if self.replicated_ds and self.durable else None
+        return meta.site if meta is not None else None
+
+    def _member_connected(self, client_id: str) -> bool:
+        """Whether a durable group member's client is connected: here, or (replicated) on
+        a node that is up, as its session's meta says."""
+        session = self.sessions.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            return True
+        if not self.replicated_ds or self.durable is None:
+            return False
+        meta = self.durable.store.meta(client_id)
+        return (meta is not None and meta.connected and meta.site != self.durable.store.site
+                and self._is_up(meta.site))
 
     def restore_durable_sessions(self) -> int:
         """Start-up (on the running loop): durable sessions from disk, disconnected."""
         if self.durable is None:
             return 0
         def subscribed(session: DurableSession) -> None:
-            for topic_filter, options in session.subscriptions.items():
-                self.add_durable_filter(session.client_id, topic_filter, options)
+            for key, options in session.subscriptions.items():
+                self.add_durable_filter(session.client_id, key, options)
 
+        if self.groups is not None:
+            self.groups.load()
         return self.sessions.restore(subscribed)
 
-    def add_durable_filter(self, client_id: str, topic_filter: str,
+    def add_durable_filter(self, client_id: str, key: str,
                            options: SubscriptionOptions) -> None:
+        """A durable session's subscription (`key`, a share's too): messages matching its
+        filter are stored from now on."""
+        topic_filter, member = _durable_filter(client_id, key)
         # A durable filter is a route of this node too (unless storage is replicated).
         listener = None if self.replicated_ds else self.router.listener
-        if self.durable_filters.add(topic_filter, client_id, options) and listener is not None:
-            listener(topic_filter, None, client_id, True)
+        if self.durable_filters.add(topic_filter, member, options) and listener is not None:
+            listener(topic_filter, None, member, True)
         self._durable_topics.clear()
 
-    def remove_durable_filter(self, client_id: str, topic_filter: str) -> None:
+    def remove_durable_filter(self, client_id: str, key: str) -> None:
+        topic_filter, member = _durable_filter(client_id, key)
         listener = None if self.replicated_ds else self.router.listener
-        removed = self.durable_filters.remove(topic_filter, client_id) is not None
+        removed = self.durable_filters.remove(topic_filter, member) is not None
         if removed and listener is not None:
-            listener(topic_filter, None, client_id, False)
+            listener(topic_filter, None, member, False)
         self._durable_topics.clear()
 
     def durable_state_applied(self, writes: Iterable[tuple[bytes, bytes | None]],
@@ -132,21 +177,26 @@ class Node:
         go to the sessions held here (`SessionManager.meta_applied`)."""
         if replaced:
             self.durable_filters = TopicTrie()
+        writes = list(writes)
         for key, value in writes:
             kind, client_id = records.split_key(key)
             if kind == b"m" and value is not None and client_id in self.sessions.sessions:
                 self.sessions.meta_applied(client_id, records.Meta.from_bytes(value))
             if kind != b"s":
                 continue
-            topic_filter = key[len(records.prefix(b"s", client_id)):].decode()
-            if parse_shared(topic_filter)[0] is not None:
-                continue
+            topic_filter, member = _durable_filter(
+                client_id, key[len(records.prefix(b"s", client_id)):].decode())
             if value is None:
-                self.durable_filters.remove(topic_filter, client_id)
+                self.durable_filters.remove(topic_filter, member)
             else:
-                self.durable_filters.add(topic_filter, client_id,
+                self.durable_filters.add(topic_filter, member,
                                          records.subscription_from_bytes(value)[0])
         self._durable_topics.clear()
+        if self.groups is not None:
+            if replaced:
+                self.groups.load()
+            else:
+                self.groups.applied(writes)
 
     def durable_writes_refused(self, client_ids: set[str]) -> None:
         """Replicated storage: the replicas refused this node's writes of these sessions
@@ -161,9 +211,8 @@ class Node:
         session = self.sessions.load(client_id)
         if session is None:
             return False
-        for topic_filter, options in session.subscriptions.items():
-            if parse_shared(topic_filter)[0] is None:
-                self.add_durable_filter(client_id, topic_filter, options)
+        for key, options in session.subscriptions.items():
+            self.add_durable_filter(client_id, key, options)
         return True
 
     def _durable_matches(self, topic: str) -> int:
@@ -277,8 +326,8 @@ class Node:
             self.stats.drop("session_ended", dropped)
         for key, options in session.subscriptions.items():
             _, topic_filter = parse_shared(key)
-            if session.durable and options.share_group is None:
-                self.remove_durable_filter(session.client_id, topic_filter)
+            if session.durable:
+                self.remove_durable_filter(session.client_id, key)
             else:
                 self.router.unsubscribe(session.client_id, topic_filter, options.share_group)
         session.subscriptions.clear()
@@ -332,6 +381,16 @@ class Node:
         self.sessions.close_all()
         if self.retainer is not None:
             self.retainer.close()
+
+
+def _durable_filter(client_id: str, key: str) -> tuple[str, str]:
+    """(filter, entry) of a durable subscription in the node's durable filters: a group
+    member's entry is its own and the group's, apart from a plain subscription of the same
+    filter."""
+    if not key.startswith("$share/"):
+        return key, client_id
+    group, topic_filter = parse_shared(key)
+    return topic_filter, f"{client_id}\x00{group}"
 
 
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:

@@ -219,6 +219,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     from broker.http.durable_sessions_api import add_durable_session_routes
     from broker.http.monitor_api import add_monitor_routes
     from broker.http.retainer_api import add_retainer_routes
+    from broker.http.shared_groups_api import add_shared_group_routes
 
     logins = Logins(node.config)
     add_samples(registry, logins.metrics)
@@ -239,4 +240,5 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     add_durable_session_routes(app)
     add_retainer_routes(app)
     add_monitor_routes(app)
+    add_shared_group_routes(app, node)
     return app

@@ -72,7 +72,8 @@ class BrokerApp:
                                       self.node.durable_state_applied, ownership.admitted,
                                       self.node.durable_writes_refused,
                                       ownership.sessions_of)
-            self.node.replicated_ds = True
+            self.node.replicate_sessions(partial(self.ds_groups.leads, None),
+                                         self.ds_groups.is_up)
             self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
@@ -129,6 +130,8 @@ class BrokerApp:
             registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics,
                                      self.node.cluster_routing.metrics, node.takeover.metrics,
                                      node.security.metrics)
+            if node.groups is not None:
+                add_samples(registry, node.groups.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             if self.metadata is not None:
@@ -165,6 +168,10 @@ class BrokerApp:
             self._every(config["durable_sessions.heartbeat_interval"],
                         lambda: store.heartbeat(time.time()), at_once=True)
             self._every(config["durable_sessions.session_gc_interval"], self._collect_sessions)
+        if node.groups is not None and self.ds_groups is not None:
+            # Decided on the `sessions` leader, from its replica: again every second, for a
+            # member's node that went down and a leader that changed.
+            self._every(GROUP_TICK, node.groups.tick)
         if node.retainer is not None:
             self._every(config["retainer.msg_clear_interval"], self._clear_retained)
             if not config["sys_topics.allow_client_publish"]:
@@ -252,6 +259,8 @@ class BrokerApp:
             self._http_server.close()
         if self._http is not None:
             await self._http.cleanup()
+        if self.node.groups is not None:
+            self.node.groups.close()
         if self.node.durable is not None:
             for session in self.node.sessions.sessions.values():
                 if isinstance(session, DurableSession):
@@ -280,6 +289,7 @@ def _gate(config: Config, listener: str) -> ListenerGate:
 # allocates short-lived objects in bursts, freed by reference counting, and each collection
 # walked all of them for nothing (~5% of the CPU per durable message, bench/pathcost.py).
 _GC_THRESHOLDS = (50_000, 20, 20)
+GROUP_TICK = 1.0  # seconds
 PLACEMENT_POLL = 2.0  # seconds: kubelet itself refreshes a ConfigMap volume within ~1 min
 
 

@@ -214,7 +214,13 @@ class SessionManager:
             store = self._durable.store
             session.attach(store.load(client_id) if not session.loaded else None)
             self._save_meta(session, connection.version, True, connection.will)
+            self._member_changed(session)
         return session, existing is not None
+
+    def _member_changed(self, session: DurableSession) -> None:
+        groups = self._durable.groups if self._durable is not None else None
+        if groups is not None:
+            groups.member_changed(session)
 
     def detach(self, session: Session, will: Will | None) -> None:
         """The connection is gone: publish or schedule the will, then keep or end the session."""
@@ -227,6 +233,7 @@ class SessionManager:
             will = None  # published already, or there is none
         if isinstance(session, DurableSession) and session.expiry_interval:
             self._save_meta(session, version, False, will)
+            self._member_changed(session)
 
     def _start_timers(self, session: Session, will: Will | None, elapsed: float) -> bool:
         """Will and expiry timers for a session disconnected `elapsed` seconds ago; False
@@ -326,12 +333,17 @@ class SessionManager:
             self._publish_will(session.client_id, session.will)
             session.will = None
         del self.sessions[session.client_id]
-        self._forget_subscriptions(session)
+        returned = []
         if isinstance(session, DurableSession):
             assert self._durable is not None
             session.stop_reading()
+            if self._durable.groups is not None:
+                returned = self._durable.groups.session_ended(session)
+        self._forget_subscriptions(session)
+        if isinstance(session, DurableSession):
+            assert self._durable is not None
             store = self._durable.store
-            store.write_soon(store.delete_writes(session.client_id))
+            store.write_soon([*store.delete_writes(session.client_id), *returned])
 
     def hand_over(self, session: Session) -> None:
         """The session moved to another node (a takeover there): it leaves this node with

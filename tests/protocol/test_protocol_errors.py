@@ -134,6 +134,20 @@ def test_invalid_filters_get_0x8f_and_valid_ones_are_granted(client: Client) -> 
     assert suback.reason_codes == [invalid, 2, invalid, invalid]
 
 
+def test_a_durable_sessions_bad_share_filters_get_0x8f(client: Client) -> None:
+    """MQTT 5.0 section 4.8.2: a share name is at least one character without wildcards,
+    followed by a filter; a durable session (which would store the group) is told so per
+    filter, and keeps its connection."""
+    raw = client()
+    raw.connect("shared-bad", properties={PropertyId.SESSION_EXPIRY_INTERVAL: 3600})
+    bad = ["$share//jobs", "$share/wo+rk/jobs", "$share/w#/jobs", "$share/workers",
+           "$share/workers/", "$share/w/a/#/b"]
+    raw.send(Subscribe(1, [Subscription(f, 1) for f in [*bad, "$share/w/jobs/#"]]))
+    suback = raw.recv()
+    assert isinstance(suback, Suback)
+    assert suback.reason_codes == [ReasonCode.TOPIC_FILTER_INVALID] * len(bad) + [1]
+
+
 def test_no_local_on_shared_subscription_is_a_protocol_error(client: Client) -> None:
     raw = client()
     raw.connect("shared-nl")

@@ -37,7 +37,7 @@ def _unsubscribe(conn: "Connection", session: Session, packet: Unsubscribe) -> I
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
         if session.unsubscribe(key):
-            node.remove_durable_filter(session.client_id, topic_filter)
+            node.remove_durable_filter(session.client_id, key)
         else:
             node.router.unsubscribe(session.client_id, topic_filter, group)
         codes.append(ReasonCode.SUCCESS)

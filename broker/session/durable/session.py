@@ -23,17 +23,21 @@ import logging
 import time
 from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from broker.ds import TTV, DurableStorage, Iterator, Stream, now_us
 from broker.metrics import Stats
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError
+from broker.mqtt.topic import parse_shared
 from broker.session.durable import records as r
 from broker.session.durable.store import SessionStore, StoredSession, Write
 from broker.session.durable.turn import run_in_slices
 from broker.session.message import Message
 from broker.session.session import Delivery, Session, SubscriptionOptions
+
+if TYPE_CHECKING:
+    from broker.session.durable.groups import GroupManager
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,11 @@ class DurableContext:
     stats: Stats
     batch_size: int
     ttl: float = 0.0  # durable_sessions.session_ttl
+    # Durable shared-subscription groups (groups.py); set once the node made it.
+    groups: "GroupManager | None" = None
+    # Replicated `sessions` database: a shared subscription's batch is sent only once its
+    # record is committed, since the replicas may refuse it (group_fencing.py).
+    replicated: bool = False
 
 
 class _Pending:
@@ -63,6 +72,12 @@ class _Pending:
 
 def _offset(record: r.BatchRecord, packet_id: int) -> int:
     return r.offset_of(packet_id, r.packet_id_of(record.first_seqno))
+
+
+def ds_filter(key: str) -> str:
+    """The filter a subscription key reads from Durable Storage (a share's, without its
+    `$share/<group>/`)."""
+    return parse_shared(key)[1] if key.startswith("$share/") else key
 
 
 def message_from_ttv(ttv: TTV) -> Message:
@@ -95,6 +110,9 @@ class DurableSession(Session):
         self._dirty: dict[int, None] = {}
         self._flush_scheduled = False
         self._readers: dict[str, dict[Stream, asyncio.Task[None]]] = {}
+        # Per shared subscription, the shards of its group this session reads (and whose
+        # group positions `_positions` holds) while connected (`_sync_shards`).
+        self._group_shards: dict[str, set[int]] = {}
         # Looking for streams to read, every filter, in time slices (`refresh_streams`).
         self._refresh: asyncio.Task[None] | None = None
         self._refresh_again = False
@@ -119,16 +137,24 @@ class DurableSession(Session):
 
     # ---- state from the store ----------------------------------------------------------
     def restore_subscriptions(self, stored: StoredSession) -> None:
-        for topic_filter, (options, since) in stored.subscriptions.items():
-            self.subscriptions[topic_filter] = options
-            self.since[topic_filter] = since
+        groups = self._ctx.groups
+        for key, (options, since) in stored.subscriptions.items():
+            group = parse_shared(key)[0] if key.startswith("$share/") else None
+            if group is not None:
+                options.share_group = group
+                if groups is not None:
+                    since = groups.join(key, self.client_id, since)
+            self.subscriptions[key] = options
+            self.since[key] = since
 
     def attach(self, stored: StoredSession | None) -> None:
         """The client is back. After a restart (`stored` given) what was in flight is
         rebuilt from the store; within one run it is still in memory. Either way the
         connection resends the in-flight window with DUP, and reading resumes."""
         if stored is not None:
-            self._stored_positions = set(self.since) if self.since else None
+            plain = {key for key, options in self.subscriptions.items()
+                     if options.share_group is None}
+            self._stored_positions = plain or None
             self.awaiting_rel = set(stored.awaiting_rel)
             for record in stored.batches:
                 self._replay(record, stored.released)
@@ -171,7 +197,8 @@ class DurableSession(Session):
         skip_from = self.client_id if record.no_local else None
         max_qos = record.max_qos
         found: list[tuple[TTV, int]] = []
-        iterator: Iterator | None = Iterator(record.stream, record.topic_filter, record.begin)
+        iterator: Iterator | None = Iterator(record.stream, ds_filter(record.topic_filter),
+                                             record.begin)
         while iterator is not None and iterator.position < record.end:
             iterator, ttvs = self._ctx.ds.next(iterator, self._ctx.batch_size)
             if not ttvs:
@@ -196,6 +223,10 @@ class DurableSession(Session):
             for task in readers.values():
                 task.cancel()
         self._readers.clear()
+        # Other members read on meanwhile: the group's positions are read again on resume.
+        for key in self._group_shards:
+            self._positions.pop(key, None)
+        self._group_shards.clear()
         if self._refresh is not None:
             self._refresh.cancel()
             self._refresh = None
@@ -211,13 +242,18 @@ class DurableSession(Session):
     # ---- subscriptions -----------------------------------------------------------------
     def subscribe(self, key: str, options: SubscriptionOptions) -> bool:
         """A filter's messages are read from Durable Storage, from now on, and the filter is
-        stored with the session; a shared subscription is routed (and not stored). Only this
+        stored with the session; a shared subscription makes the session a member of its
+        durable group (groups.py), which reads from where the group started. Only this
         filter's streams are looked up: a SUBSCRIBE of n filters costs n lookups, not one per
         filter the session has for each of them."""
-        if options.share_group is not None:
-            return super().subscribe(key, options)
         self.subscriptions[key] = options
-        since = self.since.setdefault(key, now_us())
+        since = self.since.get(key)
+        if since is None:
+            since = now_us()
+            groups = self._ctx.groups
+            if options.share_group is not None and groups is not None:
+                since = groups.join(key, self.client_id, since)
+            self.since[key] = since
         if self.connection is not None:
             self._start_readers(key)
         self._ctx.store.write_soon([(r.subscription_key(self.client_id, key),
@@ -228,15 +264,19 @@ class DurableSession(Session):
         """Forgets the filter and what was read of it, in the store too. Positions in memory
         are all there are while the client is connected (a session restored at start-up
         loads them when its client comes back), so the store need not be scanned for them."""
-        if self.subscriptions[key].share_group is not None:
-            return super().unsubscribe(key)
-        del self.subscriptions[key]
+        shared = self.subscriptions.pop(key).share_group is not None
         self.since.pop(key, None)
         for task in self._readers.pop(key, {}).values():
             task.cancel()
         writes: list[Write] = [(r.subscription_key(self.client_id, key), None)]
-        writes.extend((r.position_key(self.client_id, key, stream), None)
-                      for stream in self._positions_of(key))
+        if shared:  # the positions are the group's
+            self._group_shards.pop(key, None)
+            groups = self._ctx.groups
+            if groups is not None:
+                groups.leave(key, self.client_id)
+        else:
+            writes.extend((r.position_key(self.client_id, key, stream), None)
+                          for stream in self._positions_of(key))
         self._positions.pop(key, None)
         self._ctx.store.write_soon(writes)
         return True
@@ -271,9 +311,13 @@ class DurableSession(Session):
         generations."""
         since = self.since.get(topic_filter)
         if since is None:
-            return  # a shared subscription: routed live, not read from storage
+            return
         ds = self._ctx.ds
-        streams = ds.get_streams("messages", topic_filter, since)
+        read_filter = ds_filter(topic_filter)
+        streams = ds.get_streams("messages", read_filter, since)
+        if topic_filter.startswith("$share/"):  # a share: the group's shards this session owns
+            owned = self._sync_shards(topic_filter)
+            streams = [stream for stream in streams if stream.shard in owned]
         if not streams:
             return
         positions = self._positions_of(topic_filter)
@@ -290,12 +334,41 @@ class DurableSession(Session):
                 readers = self._readers[topic_filter] = {}
             position = positions.get(stream)
             iterator = (
-                Iterator(stream, topic_filter, position) if position is not None
-                else ds.make_iterator(stream, topic_filter, since)
+                Iterator(stream, read_filter, position) if position is not None
+                else ds.make_iterator(stream, read_filter, since)
             )
             readers[stream] = asyncio.get_running_loop().create_task(
                 self._read(topic_filter, stream, iterator)
             )
+
+    def _sync_shards(self, key: str) -> set[int]:
+        """The shards of the share's group this session owns now: readers of shards it lost
+        stop, the group's positions in shards it gained are read (another member may have
+        read them since this session last did)."""
+        groups = self._ctx.groups
+        owned = groups.owned(key, self.client_id) if groups is not None else set()
+        current = self._group_shards.get(key, set())
+        for shard in current - owned:
+            self.stop_shard(key, shard)
+        gained = owned - current
+        if gained:
+            positions = self._positions.setdefault(key, {})
+            for shard in gained:
+                positions.update(self._ctx.store.load_group_positions(key, shard))
+        self._group_shards[key] = owned
+        return owned
+
+    def stop_shard(self, key: str, shard: int) -> list[asyncio.Future[None]]:
+        """Stops reading the group's shard; returns the batch records still being written,
+        which must be stored before another member reads on from the group's position."""
+        readers = self._readers.get(key, {})
+        for stream in [stream for stream in readers if stream.shard == shard]:
+            readers.pop(stream).cancel()
+        positions = self._positions.get(key, {})
+        for stream in [stream for stream in positions if stream.shard == shard]:
+            del positions[stream]
+        self._group_shards.get(key, set()).discard(shard)
+        return [written for written, _, _ in self._recording]
 
     def _positions_of(self, topic_filter: str) -> dict[Stream, int | None]:
         """The filter's read positions. Those of a session restored at start-up are read
@@ -313,16 +386,26 @@ class DurableSession(Session):
 
     async def _read(self, topic_filter: str, stream: Stream, iterator: Iterator) -> None:
         ctx = self._ctx
+        shared = topic_filter.startswith("$share/")
         subscription = ctx.ds.subscribe(iterator, ctx.batch_size)
         try:
             while True:
                 after, ttvs = await subscription.next()
-                while self._backlogged():
+                while self._backlogged(shared):
                     if self._room is None:
                         self._room = asyncio.get_running_loop().create_future()
-                    await self._room
+                    await asyncio.shield(self._room)  # one reader cancelled, not all
                 if self.connection is None or topic_filter not in self.subscriptions:
                     return
+                cut = self._window_cut(topic_filter, ttvs) if shared else len(ttvs)
+                if cut < len(ttvs):
+                    # A group member takes no more than its window has room for: what it
+                    # holds when its connection breaks waits for it (MQTT-4.8.2-4), and
+                    # the rest of its shards go on to the other members.
+                    ttvs = ttvs[:cut]
+                    after = Iterator(stream, iterator.topic_filter, ttvs[-1].timestamp)
+                    subscription.close()
+                    subscription = ctx.ds.subscribe(after, ctx.batch_size)
                 self._record_batch(topic_filter, stream, iterator, after, ttvs)
                 if after is None:
                     break
@@ -386,7 +469,9 @@ class DurableSession(Session):
                 deliver(Delivery(message, 0, ttv.retain and as_published, ids))
         self._next_seqno = seqno
         position = after.position if after is not None else None
-        writes = [SessionStore.position_write(self.client_id, topic_filter, stream, position)]
+        shared = options.share_group is not None
+        writes = [SessionStore.group_position_write(topic_filter, stream, position) if shared
+                  else SessionStore.position_write(self.client_id, topic_filter, stream, position)]
         count = seqno - first
         recorded: _Pending | None = None
         if count > len(expired):
@@ -404,11 +489,57 @@ class DurableSession(Session):
         # needs the identifier of every QoS 2 delivery to survive a power cut, so such a
         # record is fsynced first; a QoS 1 record a power cut took is only a batch read
         # and delivered again, which QoS 1 allows (a killed process loses neither).
-        written = self._ctx.store.write(writes, sync=max_qos == 2)
+        sync = max_qos == 2 or (shared and self._ctx.replicated)
+        self._send_once_written(self._ctx.store.write(writes, sync), recorded, deliveries)
+
+    def _send_once_written(self, written: "asyncio.Future[None]", recorded: "_Pending | None",
+                           deliveries: list[Delivery]) -> None:
         self._recording.append((written, recorded, deliveries))
         self._unsent += len(deliveries)
         self._update_room()
         written.add_done_callback(self._send_recorded)
+
+    # ---- batches a member of this session's group left behind -------------------------
+    def adopt_returned(self, key: str, shard: int) -> None:
+        """Takes over the batches whose member's session ended with QoS 1 deliveries of the
+        group's shard unacknowledged: they go to this member as new deliveries (DUP 0), each
+        under a batch record of this session, written with the returned one's delete, so
+        a restart in between loses nor doubles any. QoS 2 deliveries of them are dropped:
+        they must not reach another member (MQTT-4.8.2-5)."""
+        store = self._ctx.store
+        for returned_key, record in store.load_returned(key, shard):
+            options = self.subscriptions.get(key)
+            if options is None:
+                return
+            ids = (options.identifier,) if options.identifier is not None else ()
+            first = self._next_seqno
+            self._next_seqno += record.count
+            done = set(record.done)
+            adopted = r.BatchRecord(key, record.stream, record.begin, record.end, first,
+                                    record.count, record.max_qos, record.no_local)
+            pending = _Pending(adopted, 0)
+            deliveries: list[Delivery] = []
+            for offset, (ttv, qos) in enumerate(self._read_window(record)):
+                if offset in done:
+                    continue
+                if qos == 2:
+                    done.add(offset)
+                    self._ctx.stats.drop("shared_qos2_member_ended")
+                    continue
+                retain = ttv.retain and options.retain_as_published
+                deliveries.append(Delivery(message_from_ttv(ttv), qos, retain, ids,
+                                           r.packet_id_of(first + offset), pending))
+            adopted.done = sorted(done)
+            writes: list[Write] = [(returned_key, None)]
+            if deliveries:
+                pending.remaining = len(deliveries)
+                self._pending[first] = pending
+                writes.append((r.batch_key(self.client_id, first), adopted.to_bytes()))
+                writes.append((r.acked_key(self.client_id, first),
+                               r.acked_to_bytes(adopted.done, adopted.count)))
+            self._ctx.stats.shared_adopted += len(deliveries)
+            self._send_once_written(store.write(writes, self._ctx.replicated),
+                                    pending if deliveries else None, deliveries)
 
     def _send_recorded(self, _: object = None) -> None:
         recording = self._recording
@@ -432,11 +563,34 @@ class DurableSession(Session):
             connection.flush()
         self._update_room()
 
-    def _backlogged(self) -> bool:
+    def _backlogged(self, shared: bool = False) -> bool:
+        """Whether reading waits: a plain subscription reads ahead up to two batches past
+        the client's window, a shared one only while the window has room."""
+        if shared:
+            connection = self.connection
+            window = connection.send_window if connection is not None else 0
+            return len(self.inflight) + self.queued + self._unsent >= window
         return self.queued + self._unsent > 2 * self._ctx.batch_size
 
+    def _window_cut(self, key: str, ttvs: Sequence[TTV]) -> int:
+        """How many of the batch's messages fit the room left in the client's window (only
+        QoS 1/2 deliveries take room)."""
+        connection = self.connection
+        if connection is None:
+            return 0
+        room = connection.send_window - len(self.inflight) - self.queued - self._unsent
+        max_qos = self.subscriptions[key].qos
+        if not max_qos:
+            return len(ttvs)
+        for index, ttv in enumerate(ttvs):
+            if ttv.qos:
+                room -= 1
+                if room < 0:
+                    return max(index, 1)
+        return len(ttvs)
+
     def _update_room(self) -> None:
-        if self._room is not None and not self._backlogged():
+        if self._room is not None and not (self._backlogged() and self._backlogged(True)):
             self._open_room()
 
     def _open_room(self) -> None:
@@ -515,6 +669,17 @@ class DurableSession(Session):
             return False
         self._ctx.store.write_soon([(r.awaiting_rel_key(self.client_id, packet_id), None)])
         return True
+
+    def shared_batches(self) -> list[r.BatchRecord]:
+        """Batches of the session's shared subscriptions not fully acknowledged, with what
+        was (a session restored at start-up whose client did not come back has them in the
+        store only)."""
+        if self.loaded:
+            records = [pending.record for pending in self._pending.values()]
+        else:
+            stored = self._ctx.store.load(self.client_id)
+            records = stored.batches if stored is not None else []
+        return [record for record in records if record.topic_filter.startswith("$share/")]
 
     def backlog(self) -> int:
         """Deliveries recorded but not yet acknowledged (the checkpoint lag)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker.ds import DurableStorage, Stream
+from broker.session.durable import group_records as g
 from broker.session.durable import records as r
 from broker.session.durable.turn import PerTurn
 from broker.session.session import SubscriptionOptions
@@ -215,3 +216,46 @@ class SessionStore:
     def position_write(client_id: str, topic_filter: str, stream: Stream,
                        position: int | None) -> Write:
         return r.position_key(client_id, topic_filter, stream), r.dumps({"pos": position})
+
+    # ---- durable shared-subscription groups (group_records.py) -------------------------
+    def load_group_positions(self, share: str, shard: int) -> dict[Stream, int | None]:
+        """The group's read positions in the shard's streams."""
+        self._turn.flush_now()
+        positions: dict[Stream, int | None] = {}
+        for key, value in self._ds.sessions.scan(g.prefix(b"q", share)):
+            stream = g.position_stream(key)
+            if stream.shard == shard:
+                positions[stream] = r.loads(value)["pos"]
+        return positions
+
+    @staticmethod
+    def group_position_write(share: str, stream: Stream, position: int | None) -> Write:
+        return g.position_key(share, stream), r.dumps({"pos": position})
+
+    def load_returned(self, share: str, shard: int) -> list[tuple[bytes, r.BatchRecord]]:
+        """Batches of the shard that members whose session ended left unacknowledged."""
+        self._turn.flush_now()
+        return [(key, g.returned_from_bytes(value))
+                for key, value in self._ds.sessions.scan(g.returned_prefix(share, shard))]
+
+    def group_keys(self, share: str) -> list[bytes]:
+        """Every key of the group's own state (not its members')."""
+        self._turn.flush_now()
+        keys = [key for kind in (b"o", b"q", b"x")
+                for key, _ in self._ds.sessions.scan(g.prefix(kind, share))]
+        return [g.group_key(share), *keys]
+
+    def groups(self) -> tuple[dict[str, int], dict[str, dict[int, g.Owner]], list[bytes]]:
+        """Every group's start, its shards' owners, and every key that is a subscription
+        of a durable session to a share (scanned once at start-up, and when a replica's
+        state is replaced by a snapshot)."""
+        self._turn.flush_now()
+        sessions = self._ds.sessions
+        since = {r.split_key(key)[1]: g.group_since(value)
+                 for key, value in sessions.scan(b"g" + r.SEP)}
+        owners: dict[str, dict[int, g.Owner]] = {}
+        for key, value in sessions.scan(b"o" + r.SEP):
+            owners.setdefault(r.split_key(key)[1], {})[g.shard_of_key(key)] = \
+                g.Owner.from_bytes(value)
+        shares = [key for key, _ in sessions.scan(b"s" + r.SEP) if b"\x00$share/" in key]
+        return since, owners, shares

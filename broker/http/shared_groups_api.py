@@ -1,0 +1,18 @@
+"""`GET /api/v5/durable_shared_groups`: the durable shared-subscription groups, with their
+members (node, connected, the shards each reads) and what each has not read yet.
+
+Any node answers for the cluster with `builtin_raft`: every node's replica of the `sessions`
+database holds every group. With `builtin_local` a node lists the groups of its sessions.
+"""
+
+from aiohttp import web
+
+from broker.node import Node
+
+
+def add_shared_group_routes(app: web.Application, node: Node) -> None:
+    async def list_groups(request: web.Request) -> web.Response:
+        groups = node.groups.describe(node.member_node) if node.groups is not None else []
+        return web.json_response({"data": groups, "meta": {"count": len(groups)}})
+
+    app.router.add_get("/api/v5/durable_shared_groups", list_groups)

@@ -1,0 +1,342 @@
+"""Durable shared-subscription groups: `$share/<group>/<filter>` of durable sessions.
+
+A group is a consumer of Durable Storage like a durable session: messages matching its
+filter are stored once while it exists, and it reads them from where it started, each
+message to one member. The work is split by shard (group_records.py): each shard of the
+messages database is read, for the group, by one connected member at a time, from the
+group's position in it, through that member's session, which records what it sent as it
+records its own batches. So a member's connection that breaks keeps what it had in flight,
+resent when it comes back (MQTT-4.8.2-4), while its shards go to the members still
+connected; a member whose session ends leaves its QoS 1 deliveries unacknowledged to the
+shard's next owner and drops its QoS 2 ones (MQTT-4.8.2-5).
+
+One node decides the assignment (group_assign.py): the node itself with `builtin_local`,
+the leader of the replicated `sessions` group with `builtin_raft`, from its replica, in
+changes that name the state they replace, so a deposed leader's decision is refused
+(group_fencing.py). Every node acts on the owner records as they are applied: a member
+served here starts reading a shard given to it, or stops reading a shard it is asked to
+let go of and frees it once its batch records are stored.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.ds import DurableStorage, Iterator
+from broker.metrics import Sample, Stats
+from broker.mqtt.topic import parse_shared
+from broker.session.durable import group_records as g
+from broker.session.durable import records as r
+from broker.session.durable.group_assign import rebalance
+from broker.session.durable.session import DurableSession, ds_filter
+from broker.session.durable.store import SessionStore, Write
+from broker.session.session import Session
+
+log = logging.getLogger(__name__)
+
+BACKLOG_CAP = 10_000
+"""Messages counted per stream at most when the backlog is asked for (API, metrics)."""
+
+
+@dataclass(slots=True)
+class Group:
+    since: int
+    members: set[str]
+    owners: dict[int, g.Owner]
+
+
+class GroupManager:
+    def __init__(self, ds: DurableStorage, store: SessionStore, stats: Stats,
+                 sessions: Mapping[str, Session], connected: Callable[[str], bool],
+                 replicated: bool) -> None:
+        self._ds = ds
+        self._store = store
+        self._stats = stats
+        self._sessions = sessions
+        self._connected = connected  # whether a member's client is connected, on any node
+        self.replicated = replicated
+        self.n_shards = ds.messages.n_shards
+        self.groups: dict[str, Group] = {}
+        # Set by the app with builtin_raft: whether this node decides (leads `sessions`).
+        self.decides: Callable[[], bool] = lambda: True
+        self._dirty: set[str] = set()
+        self._pass: asyncio.Handle | None = None
+        self._releasing: set[tuple[str, int]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ---- what is stored ----------------------------------------------------------------
+    def load(self) -> None:
+        """Every group, as this node's store holds them (start-up, a snapshot applied)."""
+        since, owners, shares = self._store.groups()
+        self.groups = {}
+        for key in shares:
+            _, client_id = r.split_key(key)
+            share = key[len(r.prefix(b"s", client_id)):].decode()
+            self._group(share, since.get(share, 0)).members.add(client_id)
+        for share, start in since.items():
+            self._group(share, start)
+        for share, shard_owners in owners.items():
+            self._group(share, since.get(share, 0)).owners.update(shard_owners)
+        self._dirty.update(self.groups)
+        self._schedule()
+
+    def _group(self, share: str, since: int) -> Group:
+        group = self.groups.get(share)
+        if group is None:
+            group = self.groups[share] = Group(since, set(), {})
+        elif since and not group.since:
+            group.since = since
+        return group
+
+    # ---- members -----------------------------------------------------------------------
+    def join(self, share: str, client_id: str, since: int) -> int:
+        """A session subscribes to the share (or is restored with it); returns where the
+        group reads from: its start, set by its first member."""
+        group = self.groups.get(share)
+        if group is None or not group.since:
+            group = self._group(share, since)
+            self._store.write_soon([(g.group_key(share), g.group_to_bytes(group.since))])
+        group.members.add(client_id)
+        self.changed(share)
+        return group.since
+
+    def leave(self, share: str, client_id: str) -> None:
+        group = self.groups.get(share)
+        if group is not None:
+            group.members.discard(client_id)
+            self.changed(share)
+
+    def member_changed(self, session: Session) -> None:
+        """A member connected, disconnected or ended: its groups may need a new spread."""
+        for key, options in session.subscriptions.items():
+            if options.share_group is not None:
+                self.changed(key)
+
+    def session_ended(self, session: DurableSession) -> list[Write]:
+        """The writes that hand what a member's session left unacknowledged in its groups to
+        their next readers (with the session's own deletes)."""
+        writes: list[Write] = []
+        for record in session.shared_batches():
+            share, shard = record.topic_filter, record.stream.shard
+            writes.append((g.returned_key(share, shard, session.client_id, record.first_seqno),
+                           g.returned_to_bytes(record)))
+            if not self.replicated:  # taken once written, after this turn
+                asyncio.get_running_loop().call_soon(self._returned, share, shard)
+        for key, options in session.subscriptions.items():
+            if options.share_group is not None:
+                self.leave(key, session.client_id)
+        return writes
+
+    def owned(self, share: str, client_id: str) -> set[int]:
+        group = self.groups.get(share)
+        if group is None:
+            return set()
+        return {shard for shard, owner in group.owners.items()
+                if owner.client == client_id and owner.state == g.OWN}
+
+    # ---- deciding ----------------------------------------------------------------------
+    def changed(self, share: str) -> None:
+        self._dirty.add(share)
+        self._schedule()
+
+    def tick(self) -> None:
+        """Periodic: every group again (a member's node may have gone down, or this node may
+        have become the one that decides)."""
+        self._dirty.update(self.groups)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._pass is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # start-up before the loop runs: `tick` comes
+            self._pass = loop.call_soon(self._decide)
+
+    def _decide(self) -> None:
+        self._pass = None
+        dirty, self._dirty = self._dirty, set()
+        if not self.decides():
+            return
+        for share in dirty:
+            group = self.groups.get(share)
+            if group is None:
+                continue
+            if not group.members:
+                self._end(share)
+                continue
+            connected = {m for m in group.members if self._connected(m)}
+            for shard, stored, new in rebalance(self.n_shards, group.owners, connected):
+                self._write_owner(share, shard, stored, new)
+
+    def _write_owner(self, share: str, shard: int, stored: g.Owner | None,
+                     new: g.Owner) -> "asyncio.Future[None]":
+        written = self._store.write([(g.owner_key(share, shard), new.to_bytes(stored))])
+        if not self.replicated:  # applied at once: act on it here
+            self.owner_applied(share, shard, new)
+        return written
+
+    def _end(self, share: str) -> None:
+        """The last member's session ended or unsubscribed: the group and its positions go."""
+        del self.groups[share]
+        self._store.write_soon([(key, None) for key in self._store.group_keys(share)])
+
+    # ---- acting on what is stored ------------------------------------------------------
+    def applied(self, writes: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Replicated: writes to the `sessions` database, from any node, applied here."""
+        for key, value in writes:
+            kind, name = r.split_key(key)
+            if kind == b"s" and b"\x00$share/" in key:
+                share = key[len(r.prefix(b"s", name)):].decode()
+                if value is None:
+                    self.leave(share, name)
+                else:
+                    self._group(share, 0).members.add(name)
+                    self.changed(share)
+            elif kind == b"m":
+                session = self._sessions.get(name)
+                if session is not None:
+                    self.member_changed(session)
+                else:
+                    self._members_of(name)
+            elif kind == b"g" and value is not None:
+                self._group(name, g.group_since(value))
+            elif kind == b"g":
+                self.groups.pop(name, None)
+            elif kind == b"o" and value is not None:
+                self.owner_applied(name, g.shard_of_key(key), g.Owner.from_bytes(value))
+            elif kind == b"x" and value is not None:
+                self._returned(name, g.returned_shard(key, name))
+
+    def _members_of(self, client_id: str) -> None:
+        """A meta of a session not served here: the groups it is a member of may change."""
+        for share, group in self.groups.items():
+            if client_id in group.members:
+                self.changed(share)
+
+    def owner_applied(self, share: str, shard: int, owner: g.Owner) -> None:
+        group = self._group(share, 0)
+        before = group.owners.get(shard)
+        group.owners[shard] = owner
+        if before is not None and before.client not in (None, owner.client):
+            self._refresh(before.client, share)  # stops reading the shard, if it did
+        if owner.client is None:
+            self.changed(share)  # free: to be handed out
+        elif owner.state == g.REVOKE:
+            session = self._sessions.get(owner.client)
+            if isinstance(session, DurableSession):
+                self._release(session, share, shard, owner)
+        else:
+            self._refresh(owner.client, share)
+            self._returned(share, shard)
+
+    def _refresh(self, client_id: str, share: str) -> None:
+        session = self._sessions.get(client_id)
+        if isinstance(session, DurableSession) and session.connection is not None:
+            session.refresh_streams()
+
+    def _returned(self, share: str, shard: int) -> None:
+        """Batches left by an ended member wait in the shard: its owner takes them, if it is
+        served here."""
+        group = self.groups.get(share)
+        owner = group.owners.get(shard) if group is not None else None
+        if owner is None or owner.client is None or owner.state != g.OWN:
+            return
+        session = self._sessions.get(owner.client)
+        if isinstance(session, DurableSession) and session.connection is not None:
+            session.adopt_returned(share, shard)
+
+    def _release(self, session: DurableSession, share: str, shard: int,
+                 owner: g.Owner) -> None:
+        """Asked to let go of a shard: stop reading it, let its batch records be stored,
+        then free it."""
+        if (share, shard) in self._releasing:
+            return
+        self._releasing.add((share, shard))
+        recording = session.stop_shard(share, shard)
+
+        async def release() -> None:
+            try:
+                await asyncio.gather(*recording, return_exceptions=True)
+                await self._write_owner(share, shard, owner, g.Owner(None, g.FREE))
+            except Exception:  # the decider asks again: the shard is still `revoke`
+                log.exception("durable group %s: freeing shard %d failed", share, shard)
+            finally:
+                self._releasing.discard((share, shard))
+
+        task = asyncio.get_running_loop().create_task(release())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- seen from outside -------------------------------------------------------------
+    def describe(self, node_of: Callable[[str], str | None]) -> list[dict[str, Any]]:
+        """Every group, for `GET /api/v5/durable_shared_groups`."""
+        described = []
+        for share, group in sorted(self.groups.items()):
+            name, topic_filter = parse_shared(share)
+            streams = self._streams(share, group)
+            members = [{"clientid": client_id, "node": node_of(client_id),
+                        "connected": self._connected(client_id),
+                        "shards": sorted(self.owned(share, client_id))}
+                       for client_id in sorted(group.members)]
+            described.append({
+                "group": name, "filter": topic_filter, "topic": share, "since": group.since,
+                "members": members, "backlog": sum(s["backlog"] for s in streams),
+                "streams": streams,
+            })
+        return described
+
+    def _streams(self, share: str, group: Group) -> list[dict[str, Any]]:
+        """Each stream the group reads, with how many stored messages it has not read yet
+        (counted up to BACKLOG_CAP a stream)."""
+        read_filter = ds_filter(share)
+        positions: dict[Any, int | None] = {}
+        for shard in {stream.shard for stream in
+                      self._ds.get_streams("messages", read_filter, group.since)}:
+            positions.update(self._store.load_group_positions(share, shard))
+        found = []
+        for stream in self._ds.get_streams("messages", read_filter, group.since):
+            owner = group.owners.get(stream.shard)
+            position = positions.get(stream, 0)
+            backlog = 0 if position is None else self._count(
+                Iterator(stream, read_filter, position or max(group.since - 1, 0)))
+            found.append({"shard": stream.shard, "generation": stream.generation,
+                          "stream": stream.id, "backlog": backlog,
+                          "owner": owner.client if owner is not None and
+                          owner.state != g.FREE else None})
+        return found
+
+    def _count(self, iterator: Iterator | None) -> int:
+        count = 0
+        while iterator is not None and count < BACKLOG_CAP:
+            iterator, ttvs = self._ds.next(iterator, 1000)
+            if not ttvs:
+                break
+            count += len(ttvs)
+        return min(count, BACKLOG_CAP)
+
+    def metrics(self) -> list[Sample]:
+        samples: list[Sample] = []
+        for share, group in sorted(self.groups.items()):
+            name, topic_filter = parse_shared(share)
+            assert name is not None
+            labels = {"group": name, "filter": topic_filter}
+            connected = sum(1 for m in group.members if self._connected(m))
+            backlog = sum(s["backlog"] for s in self._streams(share, group))
+            samples.append(("mqtt_shared_group_backlog", "gauge",
+                            "Stored messages a durable shared group has not read yet (counted"
+                            f" up to {BACKLOG_CAP} a stream)", labels, float(backlog)))
+            for state, count in (("connected", connected),
+                                 ("disconnected", len(group.members) - connected)):
+                samples.append(("mqtt_shared_group_members", "gauge",
+                                "Members of a durable shared group, by connection state",
+                                {**labels, "state": state}, float(count)))
+        return samples
+
+    def close(self) -> None:
+        if self._pass is not None:
+            self._pass.cancel()
+        for task in self._tasks:
+            task.cancel()

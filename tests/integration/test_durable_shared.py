@@ -1,0 +1,206 @@
+"""Durable shared subscriptions on one node: a consumer group of durable sessions keeps its
+subscription and every acknowledged job through kill -9 and SIGTERM, each job reaching one
+worker (the trials of the issue that made them first-class, with real paho clients and a
+real broker process).
+"""
+
+import zlib
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from tests.integration.clients import (
+    PahoClient,
+    http_json,
+    unique,
+    wait_offline,
+    wait_until,
+)
+from tests.integration.test_durable_sessions import publish_all, restart
+from tests.support.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+EXPIRY = 3600
+JOBS = 500
+SHARE = "$share/workers/jobs/#"
+
+
+def publisher_ids(n_shards: int = 16) -> list[str]:
+    """One publisher client ID per shard of the messages database (a publisher's messages
+    live in shard crc32(client ID) mod n_shards), so the jobs cover every shard."""
+    found: dict[int, str] = {}
+    n = 0
+    while len(found) < n_shards:
+        client_id = f"pub-{n}"
+        found.setdefault(zlib.crc32(client_id.encode()) % n_shards, client_id)
+        n += 1
+    return [found[shard] for shard in range(n_shards)]
+
+
+def publish_jobs(paho_client: Callable[..., PahoClient], broker: BrokerProcess,
+                 count: int, tag: str = "job") -> list[bytes]:
+    """`count` QoS 1 jobs from a publisher per shard, every one acknowledged."""
+    sent: list[bytes] = []
+    publishers = publisher_ids()
+    for index, client_id in enumerate(publishers):
+        pub = paho_client(client_id, port=broker.tcp)
+        payloads = [f"{tag} {n}".encode() for n in range(index, count, len(publishers))]
+        publish_all(pub, f"jobs/{index}", payloads, 1)
+        pub.disconnect()
+        sent.extend(payloads)
+    return sent
+
+
+def join_and_leave(paho_client: Callable[..., PahoClient], broker: BrokerProcess,
+                   *workers: str) -> None:
+    for worker in workers:
+        client = paho_client(worker, port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
+        assert client.subscribe(SHARE, 1) == [1]
+        client.disconnect()
+        wait_offline(broker.ports["http"], worker)
+
+
+def resume(paho_client: Callable[..., PahoClient], broker: BrokerProcess,
+           worker: str, **kwargs: object) -> PahoClient:
+    client = paho_client(worker, port=broker.tcp, clean_start=False, session_expiry=EXPIRY,
+                         **kwargs)
+    assert client.connack is not None and client.connack.session_present is True
+    return client
+
+
+def collect(workers: list[PahoClient], expected: list[bytes]) -> dict[bytes, list[str]]:
+    """Waits until the workers together hold every expected payload; returns who got each
+    (after a barrier on each, so nothing more is on its way)."""
+    wanted = set(expected)
+
+    def done() -> bool:
+        return wanted <= {m.payload for w in workers for m in list(w.messages)}
+
+    wait_until(done, timeout=60, what=f"{len(wanted)} jobs across the workers")
+    receivers: dict[bytes, list[str]] = {}
+    for worker in workers:
+        for message in worker.barrier():
+            if message.topic.startswith("jobs/"):
+                receivers.setdefault(message.payload, []).append(worker.client_id)
+    return receivers
+
+
+def subscriptions_of(broker: BrokerProcess, client_id: str) -> list[str]:
+    found = http_json(broker.ports["http"], f"/api/v5/clients/{client_id}/subscriptions")
+    items = found["data"] if isinstance(found, dict) else found
+    return sorted(item["topic"] for item in items)
+
+
+@pytest.mark.parametrize("how", ["kill", "graceful"])
+def test_acknowledged_jobs_and_the_subscription_survive_a_restart(
+    paho_client, start_broker, how: str
+) -> None:
+    broker = start_broker()
+    w1, w2 = unique("w1"), unique("w2")
+    join_and_leave(paho_client, broker, w1, w2)
+    sent = publish_jobs(paho_client, broker, JOBS)
+
+    broker = restart(broker, start_broker, how)
+
+    assert SHARE in subscriptions_of(broker, w1)
+    workers = [resume(paho_client, broker, w1), resume(paho_client, broker, w2)]
+    receivers = collect(workers, sent)
+    assert sorted(receivers) == sorted(sent)
+    doubled = {payload: who for payload, who in receivers.items() if len(who) > 1}
+    assert not doubled, f"jobs delivered to two workers: {list(doubled.items())[:5]}"
+    # Without a new SUBSCRIBE the group goes on: the next jobs flow too, to both workers.
+    more = publish_jobs(paho_client, broker, 64, "more")
+    receivers = collect(workers, more)
+    assert all(len(receivers[payload]) == 1 for payload in more)
+    assert set(Counter(who[0] for who in receivers.values() if who)) == {w1, w2}
+
+
+def test_jobs_wait_in_storage_until_a_member_connects(paho_client, start_broker) -> None:
+    """With no member connected the group's jobs stay stored; the first member back gets
+    them all, the other one (whose session was restored) none twice."""
+    broker = start_broker()
+    w1, w2 = unique("w1"), unique("w2")
+    join_and_leave(paho_client, broker, w1, w2)
+    sent = publish_jobs(paho_client, broker, 200)
+    broker = restart(broker, start_broker, "kill")
+    first = resume(paho_client, broker, w1)
+    receivers = collect([first], sent)
+    assert sorted(receivers) == sorted(sent)
+    second = resume(paho_client, broker, w2)
+    assert not [m for m in second.barrier() if m.topic.startswith("jobs/")]
+
+
+def start_slow_and_fast(paho_client: Callable[..., PahoClient], broker: BrokerProcess,
+                        ) -> tuple[str, PahoClient, PahoClient, list[bytes], set[bytes]]:
+    """Two members, one of which never acknowledges: it holds what fits its in-flight
+    window, the other one takes everything of its own shards."""
+    w1, w2 = unique("w1"), unique("w2")
+    join_and_leave(paho_client, broker, w1, w2)
+    slow = resume(paho_client, broker, w1, manual_ack=True)
+    fast = resume(paho_client, broker, w2)
+    wait_until(lambda: all(m["shards"] for m in http_json(
+        broker.ports["http"], "/api/v5/durable_shared_groups")["data"][0]["members"]),
+        what="shards for both members")
+    sent = publish_jobs(paho_client, broker, 320)
+    wait_until(lambda: http_json(broker.ports["http"], f"/api/v5/clients/{w1}")[
+        "inflight_cnt"] >= 1, what="jobs in flight to the slow member")
+    held = {m.payload for m in slow.barrier() if m.topic.startswith("jobs/")}
+    assert held and len(held) < len(sent)
+    return w1, slow, fast, sent, held
+
+
+def test_a_member_that_drops_keeps_its_in_flight_jobs_the_others_take_its_share(
+    paho_client, start_broker
+) -> None:
+    """MQTT-4.8.2-4: what was in flight to a member whose connection broke is finished on
+    that member when it comes back; the rest of its shards go to the member still
+    connected, at once."""
+    broker = start_broker()
+    w1, slow, fast, sent, held = start_slow_and_fast(paho_client, broker)
+    slow.kill()
+    receivers = collect([fast], sorted(set(sent) - held))
+    assert not held & set(receivers)
+    back = resume(paho_client, broker, w1)
+    redelivered = back.wait_messages(len(held), timeout=60)
+    assert {m.payload for m in redelivered} == held
+    assert all(m.dup for m in redelivered)
+
+
+def test_jobs_of_a_member_whose_session_ended_go_to_another_member(
+    paho_client, start_broker
+) -> None:
+    """MQTT-4.8.2-5: QoS 1 jobs a member left unacknowledged when its session ended are
+    delivered to another member, once, without DUP."""
+    broker = start_broker()
+    w1, slow, fast, sent, held = start_slow_and_fast(paho_client, broker)
+    slow.kill()
+    ended = paho_client(w1, port=broker.tcp, clean_start=True)  # ends the session
+    assert ended.connack is not None and ended.connack.session_present is False
+    assert subscriptions_of(broker, w1) == []
+    receivers = collect([fast], sent)
+    assert sorted(receivers) == sorted(sent)
+    assert all(len(who) == 1 for who in receivers.values())
+    redelivered = [m for m in fast.messages if m.payload in held]
+    assert sorted(m.payload for m in redelivered) == sorted(held)
+    assert not any(m.dup for m in redelivered)
+    assert broker.metric("mqtt_shared_group_redelivered_total") == len(held)
+
+
+def test_the_group_goes_with_its_last_member(paho_client, start_broker) -> None:
+    broker = start_broker()
+    w1 = unique("w1")
+    join_and_leave(paho_client, broker, w1)
+    groups = http_json(broker.ports["http"], "/api/v5/durable_shared_groups")["data"]
+    assert [(g["group"], g["filter"], [m["clientid"] for m in g["members"]])
+            for g in groups] == [("workers", "jobs/#", [w1])]
+    publish_jobs(paho_client, broker, 32)
+    assert http_json(broker.ports["http"], "/api/v5/durable_shared_groups")["data"][0][
+        "backlog"] == 32
+    paho_client(w1, port=broker.tcp, clean_start=True).disconnect()
+    wait_until(lambda: not http_json(broker.ports["http"],
+                                     "/api/v5/durable_shared_groups")["data"],
+               what="the group gone")
+    # Nobody wants jobs any more: they are not stored.
+    assert broker.metric("mqtt_durable_filters") == 0
