@@ -191,8 +191,8 @@ class _StatsCollector(Collector):
 
 
 # (name, "counter" | "gauge" | "histogram", help, labels, value): what a component reports
-# without importing prometheus_client.
-Sample = tuple[str, str, str, dict[str, str], float | Histogram]
+# without importing prometheus_client. A value of None declares the family, with no sample.
+Sample = tuple[str, str, str, dict[str, str], float | Histogram | None]
 
 
 class _SamplesCollector(Collector):
@@ -209,6 +209,8 @@ class _SamplesCollector(Collector):
                 kind_class = {"counter": CounterMetricFamily,
                               "histogram": HistogramMetricFamily}.get(kind, GaugeMetricFamily)
                 family = families[name] = kind_class(name, doc, labels=list(labels))
+            if value is None:
+                continue
             if isinstance(family, HistogramMetricFamily):
                 assert isinstance(value, tuple)
                 family.add_metric(list(labels.values()), buckets=value[0], sum_value=value[1])

@@ -119,11 +119,13 @@ class Node:
             self.groups.decides = decides
 
     def member_node(self, client_id: str) -> str | None:
-        """The node serving a durable group member (this node's name, else the site its
-        replicated meta names), None when no node holds it."""
+        """The site of the node serving a durable group member (its replicated meta's, when
+        not this node), None when no node holds it."""
+        if self.durable is None:
+            return None
         if client_id in self.sessions.sessions:
-            return str(self.config["node.name"])
-        meta = self.durable.store.meta(client_id) if self.replicated_ds and self.durable else None
+            return self.durable.store.site
+        meta = self.durable.store.meta(client_id) if self.replicated_ds else None
         return meta.site if meta is not None else None
 
     def _member_connected(self, client_id: str) -> bool:

@@ -112,6 +112,11 @@ def returned_shard(key: bytes, share: str) -> int:
     return _SHARD.unpack(key[start:start + _SHARD.size])[0]  # type: ignore[no-any-return]
 
 
+def returned_client(key: bytes, share: str) -> str:
+    start = len(prefix(b"x", share)) + _SHARD.size + 1
+    return key[start:-_SEQNO.size - 1].decode()
+
+
 def returned_to_bytes(record: BatchRecord) -> bytes:
     """The batch as its member recorded it, with what was acknowledged of it."""
     value = loads(record.to_bytes())

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 BACKLOG_CAP = 10_000
 """Messages counted per stream at most when the backlog is asked for (API, metrics)."""
+_BACKLOG_DOC = (f"Stored messages a durable shared group has not read yet (counted up to"
+                f" {BACKLOG_CAP} a stream)")
+_MEMBERS_DOC = "Members of a durable shared group, by connection state"
 
 
 @dataclass(slots=True)
@@ -129,6 +132,10 @@ class GroupManager:
                 self.leave(key, session.client_id)
         return writes
 
+    def since(self, share: str) -> int | None:
+        group = self.groups.get(share)
+        return group.since if group is not None and group.since else None
+
     def owned(self, share: str, client_id: str) -> set[int]:
         group = self.groups.get(share)
         if group is None:
@@ -202,7 +209,7 @@ class GroupManager:
                 else:
                     self._members_of(name)
             elif kind == b"g" and value is not None:
-                self._group(name, g.group_since(value))
+                self._group(name, 0).since = g.group_since(value)
             elif kind == b"g":
                 self.groups.pop(name, None)
             elif kind == b"o" and value is not None:
@@ -299,13 +306,13 @@ class GroupManager:
         found = []
         for stream in self._ds.get_streams("messages", read_filter, group.since):
             owner = group.owners.get(stream.shard)
+            reader = owner.client if owner is not None and owner.state != g.FREE else None
             position = positions.get(stream, 0)
             backlog = 0 if position is None else self._count(
                 Iterator(stream, read_filter, position or max(group.since - 1, 0)))
             found.append({"shard": stream.shard, "generation": stream.generation,
                           "stream": stream.id, "backlog": backlog,
-                          "owner": owner.client if owner is not None and
-                          owner.state != g.FREE else None})
+                          "owner": reader if reader and self._connected(reader) else None})
         return found
 
     def _count(self, iterator: Iterator | None) -> int:
@@ -318,20 +325,23 @@ class GroupManager:
         return min(count, BACKLOG_CAP)
 
     def metrics(self) -> list[Sample]:
-        samples: list[Sample] = []
+        # Declared with no group too, so dashboards and alerts find them.
+        samples: list[Sample] = [
+            ("mqtt_shared_group_backlog", "gauge", _BACKLOG_DOC, {"group": "", "filter": ""},
+             None),
+            ("mqtt_shared_group_members", "gauge", _MEMBERS_DOC,
+             {"group": "", "filter": "", "state": ""}, None)]
         for share, group in sorted(self.groups.items()):
             name, topic_filter = parse_shared(share)
             assert name is not None
             labels = {"group": name, "filter": topic_filter}
             connected = sum(1 for m in group.members if self._connected(m))
             backlog = sum(s["backlog"] for s in self._streams(share, group))
-            samples.append(("mqtt_shared_group_backlog", "gauge",
-                            "Stored messages a durable shared group has not read yet (counted"
-                            f" up to {BACKLOG_CAP} a stream)", labels, float(backlog)))
+            samples.append(("mqtt_shared_group_backlog", "gauge", _BACKLOG_DOC, labels,
+                            float(backlog)))
             for state, count in (("connected", connected),
                                  ("disconnected", len(group.members) - connected)):
-                samples.append(("mqtt_shared_group_members", "gauge",
-                                "Members of a durable shared group, by connection state",
+                samples.append(("mqtt_shared_group_members", "gauge", _MEMBERS_DOC,
                                 {**labels, "state": state}, float(count)))
         return samples
 

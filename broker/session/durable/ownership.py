@@ -45,7 +45,9 @@ go on acknowledging what no replica records.
 
 from collections.abc import Callable
 
+from broker.session.durable import group_fencing
 from broker.session.durable import records as r
+from broker.session.durable.group_records import GROUP_KINDS
 
 Write = tuple[bytes, bytes | None]
 Owner = tuple[str, int]  # site, epoch
@@ -87,6 +89,12 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
             tombstones.append((r.ended_key(client_id), None))
     result = []
     refused_ids = {r.split_key(key)[1] for key in refused}
+
+    def site_of(client_id: str) -> str | None:
+        owner = _owner(stored(r.meta_key(client_id)))
+        return None if owner is None else owner[0]
+
+    ends_group = any(value is None and key[:2] == b"g" + r.SEP for key, value in writes)
     for key, value in writes:
         kind, client_id = r.split_key(key)
         if kind == b"e" or key == r.TOMBSTONE_SWEEP_KEY:
@@ -95,12 +103,18 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
             if key not in refused:
                 result.append((key, value))
             continue
+        if kind in GROUP_KINDS:  # client_id: the group's share
+            if group_fencing.admitted(writer, key, value, stored, site_of, ends_group):
+                result.append((key, value))
+            continue
         if kind not in _SESSION_KINDS:
             result.append((key, value))
             continue
         if client_id not in before:
             before[client_id] = after[client_id] = _owner(stored(r.meta_key(client_id)))
-        if _owns(writer, before[client_id]) or _owns(writer, after[client_id]):
+        if (_owns(writer, before[client_id]) or _owns(writer, after[client_id])) and (
+                kind != b"b" or group_fencing.batch_admitted(writer, client_id, value, stored,
+                                                             site_of)):
             result.append((key, value))
         else:
             refused_ids.add(client_id)

@@ -314,8 +314,12 @@ class DurableSession(Session):
             return
         ds = self._ctx.ds
         read_filter = ds_filter(topic_filter)
+        shared = topic_filter.startswith("$share/")
+        groups = self._ctx.groups
+        if shared and groups is not None:  # from the group's start (its first member's)
+            since = groups.since(topic_filter) or since
         streams = ds.get_streams("messages", read_filter, since)
-        if topic_filter.startswith("$share/"):  # a share: the group's shards this session owns
+        if shared:  # only the group's shards this session owns
             owned = self._sync_shards(topic_filter)
             streams = [stream for stream in streams if stream.shard in owned]
         if not streams:

@@ -291,6 +291,95 @@ async function subscriptions() {
 
 $("subscription-filter").addEventListener("input", () => subscriptions());
 
+// ---- durable shared groups --------------------------------------------------------------
+// GET /api/v5/durable_shared_groups answers for the whole cluster on any node: each group of
+// `$share/GROUP/FILTER` subscriptions of durable sessions, its members (with the site of the
+// node holding each session and the shards it reads) and its backlog, per stream too. A
+// group's block is kept between refreshes (its tables redrawn only when their rows change).
+const groupBlocks = new Map();  // group + "\u0000" + filter -> { block, members, streams }
+
+function groupBlock(g, key) {
+  let found = groupBlocks.get(key);
+  if (!found) {
+    const members = el("table", { class: "group-members" });
+    const streams = el("table", { class: "group-streams" });
+    const title = el("h2", {});
+    found = {
+      title, members, streams,
+      block: el("div", { class: "group", "data-group": g.group, "data-filter": g.filter },
+        title, el("div", { class: "scroll" }, members), el("div", { class: "scroll" }, streams)),
+    };
+    groupBlocks.set(key, found);
+  }
+  return found;
+}
+
+async function groups() {
+  let all, nodes;
+  try {
+    [all, nodes] = await Promise.all([
+      api("GET", "/api/v5/durable_shared_groups"), api("GET", "/api/v5/nodes"),
+    ]);
+  } catch (error) {
+    if (error instanceof Unauthorized) throw error;
+    $("groups-summary").textContent = error.message;
+    table("groups", ["Group", "Filter", "Members", "Backlog", "Nodes", "Since"], []);
+    groupBlocks.clear();
+    $("groups-detail").replaceChildren();
+    return;
+  }
+  // A member's `node` is the site of the node holding its session; a node's name is taken
+  // too. Both shown, as the Overview's nodes table has them.
+  const known = new Map(nodes.flatMap((n) => [[n.site, n], [n.node, n]]));
+  const nodeOf = (where) => known.get(where)?.node ?? where ?? "";
+  const siteOf = (where) => known.get(where)?.site ?? where ?? "";
+  const list = [...all.data].sort((a, b) =>
+    a.group.localeCompare(b.group) || a.filter.localeCompare(b.filter));
+  const count = all.meta?.count ?? list.length;
+  $("groups-summary").textContent = count > list.length
+    ? `${count} groups, the first ${list.length} listed` : `${count} group${count === 1 ? "" : "s"}`;
+  table("groups", ["Group", "Filter", "Members", "Backlog", "Nodes", "Since"], list.map((g) => {
+    const members = g.members ?? [];
+    const connected = members.filter((m) => m.connected).length;
+    const where = [...new Set(members.map((m) => nodeOf(m.node)).filter(Boolean))].sort();
+    return el("tr", { "data-group": g.group, "data-filter": g.filter },
+      cell(g.group, "id"), cell(g.filter, "id"),
+      cell(`${connected} of ${members.length} connected`,
+        connected ? "members online" : "members offline"),
+      cell(g.backlog ?? "", "backlog"), cell(where.join(", "), "id"),
+      cell(when(g.since)));
+  }));
+  const keys = new Set();
+  const blocks = list.map((g) => {
+    const key = `${g.group}\u0000${g.filter}`;
+    keys.add(key);
+    const { block, title, members, streams } = groupBlock(g, key);
+    title.textContent = `Group ${g.group} on ${g.filter}`;
+    table(members, ["Member", "Node", "Site", "State", "Shards"], (g.members ?? [])
+      .slice().sort((a, b) => a.clientid.localeCompare(b.clientid))
+      .map((m) => el("tr", { "data-member": m.clientid }, cell(m.clientid, "id"),
+        cell(nodeOf(m.node), "id"), cell(siteOf(m.node), "id"),
+        cell(m.connected ? "connected" : "disconnected", m.connected ? "online" : "offline"),
+        cell((m.shards ?? []).join(", "), "shards"))));
+    // Owner: the member reading that shard for the group; one that is not connected (the
+    // last to read it, kept while no member is connected) reads nothing now.
+    const online = new Set((g.members ?? []).filter((m) => m.connected).map((m) => m.clientid));
+    const owner = (id) => id == null ? cell("none", "owner offline")
+      : online.has(id) ? cell(id, "owner id") : cell(`${id} (disconnected)`, "owner id offline");
+    table(streams, ["Shard", "Generation", "Stream", "Owner", "Backlog"], (g.streams ?? [])
+      .map((s) => el("tr", { "data-shard": s.shard, "data-stream": s.stream },
+        cell(s.shard), cell(s.generation), cell(s.stream), owner(s.owner),
+        cell(s.backlog, "backlog"))));
+    return block;
+  });
+  for (const key of [...groupBlocks.keys()]) if (!keys.has(key)) groupBlocks.delete(key);
+  const detail = $("groups-detail");
+  if (blocks.length !== detail.children.length
+      || blocks.some((block, i) => detail.children[i] !== block)) {
+    detail.replaceChildren(...blocks);
+  }
+}
+
 // ---- topics (retained) ------------------------------------------------------------------
 function retainedPath(topic) {
   return `/api/v5/mqtt/retainer/message/${encodeURIComponent(topic)}`;
@@ -495,7 +584,9 @@ $("ws-publish").addEventListener("submit", (event) => {
 });
 
 // ---- routing and refresh ----------------------------------------------------------------
-const VIEWS = { overview, clients, subscriptions, topics, storage, websocket: websocketDefaults };
+const VIEWS = {
+  overview, clients, subscriptions, groups, topics, storage, websocket: websocketDefaults,
+};
 
 function route() {
   const name = location.hash.slice(1) in VIEWS ? location.hash.slice(1) : "overview";

@@ -1,0 +1,136 @@
+"""Durable shared subscriptions on three `builtin_raft` nodes: a consumer group whose
+workers sit on different nodes gets every acknowledged job once, through kill -9 of a
+worker's node and of every node, and a worker that resumes on another node keeps its share.
+"""
+
+from collections.abc import Iterable
+
+from tests.cluster.conftest import Cluster, Node, http_json
+from tests.cluster.test_replicated_ds import _client, _start
+from tests.integration.clients import PahoClient, unique, wait_until
+from tests.integration.test_durable_shared import publisher_ids
+
+SHARE = "$share/workers/jobs/#"
+EXPIRY = 3600
+N_SHARDS = 4
+
+
+def _join(clients: list[PahoClient], node: Node, worker: str,
+          manual_ack: bool = False) -> PahoClient:
+    client = PahoClient(node.process.tcp, worker, manual_ack=manual_ack)
+    clients.append(client)
+    client.connect(clean_start=False, session_expiry=EXPIRY)
+    assert client.subscribe(SHARE, 1) == [1]
+    return client
+
+
+def _publish(clients: list[PahoClient], nodes: list[Node], count: int,
+             tag: str) -> list[bytes]:
+    """`count` QoS 1 jobs from a publisher per shard, the publishers spread over the nodes,
+    every job acknowledged."""
+    sent = []
+    for index, publisher_id in enumerate(publisher_ids(N_SHARDS)):
+        publisher = _client(clients, nodes[index % len(nodes)], f"{publisher_id}")
+        publisher.connect()
+        for n in range(index, count, N_SHARDS):
+            payload = f"{tag} {n}".encode()
+            assert publisher.publish(f"jobs/{index}", payload, qos=1, timeout=30) == 0
+            sent.append(payload)
+        publisher.disconnect()
+    return sent
+
+
+def _group(node: Node) -> dict[str, object]:
+    groups = http_json(node.http, "/api/v5/durable_shared_groups")["data"]
+    assert [g["topic"] for g in groups] == [SHARE]
+    return groups[0]  # type: ignore[no-any-return]
+
+
+def _every_shard_read(node: Node, members: int) -> None:
+    def spread() -> bool:
+        group = _group(node)
+        owned = [m["shards"] for m in group["members"] if m["connected"]]  # type: ignore
+        return len(owned) == members and all(owned) and sum(map(len, owned)) == N_SHARDS
+
+    wait_until(spread, 30, f"the shards spread over {members} connected members")
+
+
+def _receivers(workers: Iterable[PahoClient], expected: list[bytes]) -> dict[bytes, list[str]]:
+    workers = list(workers)
+    wanted = set(expected)
+    wait_until(lambda: wanted <= {m.payload for w in workers for m in list(w.messages)},
+               60, f"{len(wanted)} jobs at the workers")
+    who: dict[bytes, list[str]] = {}
+    for worker in workers:
+        for message in worker.barrier():
+            if message.topic.startswith("jobs/"):
+                who.setdefault(message.payload, []).append(worker.client_id)
+    return who
+
+
+def test_workers_on_three_nodes_share_the_jobs_once_each(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = _start(cluster)
+    workers = [_join(clients, node, unique(f"w{i}")) for i, node in enumerate(nodes)]
+    for node in nodes:  # any node answers for the cluster
+        _every_shard_read(node, 3)
+    sent = _publish(clients, nodes, 120, "job")
+    who = _receivers(workers, sent)
+    assert sorted(who) == sorted(sent)
+    assert all(len(receivers) == 1 for receivers in who.values())
+    assert {receivers[0] for receivers in who.values()} == {w.client_id for w in workers}
+
+
+def test_a_worker_whose_node_dies_resumes_elsewhere_with_its_share(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """kill -9 of a worker's node, with jobs in flight to it: it resumes on another node with
+    Session Present 1 and its subscription, gets what it had in flight again (DUP), and
+    takes its share of the next jobs; no job reaches two workers."""
+    nodes = _start(cluster)
+    doomed, other, third = nodes
+    w1 = unique("w1")
+    slow = _join(clients, doomed, w1, manual_ack=True)  # never acknowledges
+    fast = _join(clients, other, unique("w2"))
+    _every_shard_read(other, 2)
+    sent = _publish(clients, [other, third], 200, "job")
+    wait_until(lambda: http_json(doomed.http, f"/api/v5/clients/{w1}")["inflight_cnt"] >= 1,
+               30, "jobs in flight to the worker on the doomed node")
+    held = {m.payload for m in slow.barrier() if m.topic.startswith("jobs/")}
+    assert held
+    doomed.process.kill()
+    who = _receivers([fast], sorted(set(sent) - held))  # the dead node's shards moved
+    assert not held & set(who)
+    back = _client(clients, third, w1)
+    assert back.connect(clean_start=False, session_expiry=EXPIRY).session_present
+    subscriptions = http_json(third.http, f"/api/v5/clients/{w1}/subscriptions")
+    assert SHARE in [s["topic"] for s in subscriptions]
+    again = back.wait_messages(len(held), timeout=60)
+    assert {m.payload for m in again} == held and all(m.dup for m in again)
+    _every_shard_read(third, 2)
+    more = _publish(clients, [other, third], 40, "more")
+    who = _receivers([fast, back], more)
+    assert all(len(receivers) == 1 for receivers in who.values())
+    assert {receivers[0] for receivers in who.values()} == {fast.client_id, w1}
+
+
+def test_every_node_killed_loses_no_acknowledged_job(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    nodes = _start(cluster)
+    names = [unique("w1"), unique("w2")]
+    for worker, node in zip(names, nodes, strict=False):
+        _join(clients, node, worker).disconnect()
+    sent = _publish(clients, nodes, 200, "job")
+    for node in nodes:
+        node.process.kill()
+    for node in nodes:
+        node.start()
+    cluster.all_running(nodes, 60)
+    workers = []
+    for worker, node in zip(names, reversed(nodes), strict=False):
+        client = _client(clients, node, worker)
+        assert client.connect(clean_start=False, session_expiry=EXPIRY, timeout=60
+                              ).session_present
+        workers.append(client)
+    who = _receivers(workers, sent)
+    assert sorted(who) == sorted(sent)
+    assert all(len(receivers) == 1 for receivers in who.values())
