@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `broker` impo
 
 from bench import brokers, procstat, report, wire
 from bench.brokers import Running
-from bench.loadgen import DRAIN_TIMEOUT, GO, STOP, PublisherSpec, Spec, SubscriberSpec
+from bench.loadgen import DRAIN_TIMEOUT, GO, STOP, PublisherSpec, Shared, Spec, SubscriberSpec
 from bench.scenarios import (
     PAYLOAD,
     READY_TIMEOUT,
@@ -151,13 +151,129 @@ def _per_message(seconds: float, messages: float) -> float | None:
     return round(seconds / messages * 1e6, 2) if messages else None
 
 
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What a round runs: `specs` are its subscribers' (the first `subscribers` of them), then
+    its publishers'; `copies` is how many deliveries each published message makes (one per
+    subscriber; one for a shared group, whatever its members)."""
+
+    specs: list[Spec]
+    subscribers: int
+    copies: int
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Driven:
+    """What `drive` counted: the window's snapshots, the totals after the drain (deliveries
+    counted from the publishers' start), and the generator's counters."""
+
+    before: Snapshot
+    after: Snapshot
+    published: int
+    delivered: int
+    unacked: int
+    delivered_per_slot: list[int]
+    shared: Shared
+
+
+Settle = Callable[[Shared, Callable[[], None]], None]
+"""Called once the subscribers are ready, before any publisher connects: waits until the
+brokers route to them (given the counters and a watch that raises when a worker or a node
+died)."""
+
+
+def drive(load: Load, members: list[Running], timing: Timing, settle: Settle | None = None,
+          window: contextlib.AbstractContextManager[Any] | None = None) -> Driven:
+    """One round of `load`: subscribers connect and subscribe, `settle`, publishers connect,
+    all go; snapshots around the window after the warm-up (`window` is entered for it
+    alone, and QoS 1 publishers time PUBACKs in it), then publishers stop, their
+    acknowledgements and the deliveries are awaited."""
+    fleet = Fleet(load.specs)
+    sh = fleet.shared
+    sub_slots, pub_slots = range(load.subscribers), range(load.subscribers, len(load.specs))
+
+    def watch() -> None:
+        fleet.check()
+        for member in members:
+            check_broker(member)
+
+    def pause(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
+            watch()
+
+    try:
+        fleet.start(sub_slots)
+        fleet.wait_ready(sub_slots, members[0], READY_TIMEOUT)
+        if settle is not None:
+            settle(sh, watch)
+        fleet.start(pub_slots)
+        fleet.wait_ready(pub_slots, members[0], READY_TIMEOUT)
+        settled = sum(sh.delivered)  # what settling made the subscribers receive
+        sh.phase.value = GO
+        pause(timing.warmup)
+        before = _snapshot(members, fleet)
+        sh.recording.value = 1
+        with window or contextlib.nullcontext():
+            pause(timing.duration)
+        sh.recording.value = 0
+        after = _snapshot(members, fleet)
+        sh.phase.value = STOP
+        wait_until(lambda: all(sh.finished[s] for s in pub_slots), lambda: sum(sh.acked),
+                   quiet=DRAIN_TIMEOUT, limit=DRAIN_TIMEOUT + 5, watch=watch)
+        published = sum(sh.acked) if load.qos else sum(sh.sent)
+        expected = published * load.copies + settled
+        wait_until(lambda: sum(sh.delivered) >= expected, lambda: sum(sh.delivered),
+                   quiet=3.0 if load.qos else 1.0, limit=20.0, watch=watch)
+        delivered = list(sh.delivered[: load.subscribers])
+    finally:
+        fleet.close()
+    unacked = sum(sh.sent) - sum(sh.acked) if load.qos else 0
+    return Driven(before, after, published, sum(delivered) - settled, unacked, delivered, sh)
+
+
+def figures(run: Driven, load: Load) -> dict[str, Any]:
+    """Rates and CPU over the window, counts verified as in run.py (QoS 1: delivered ==
+    acknowledged x copies, nothing unacknowledged; QoS 0: the shortfall is `lost`)."""
+    before, after = run.before, run.after
+    window = after[0] - before[0]
+    deliveries = after[1] - before[1]
+    messages = deliveries / load.copies  # through the cluster in the window, to everyone
+    node_cpu = [b - a for a, b in zip(before[3], after[3], strict=True)]
+    generator = after[4] - before[4]
+    expected = run.published * load.copies
+    lost = expected - run.delivered
+    return {
+        "msgs_per_s": round(messages / window),
+        "deliveries_per_s": round(deliveries / window),
+        "published_per_s": round((after[2] - before[2]) / window),
+        "window_s": round(window, 3),
+        "published": run.published,
+        "expected_deliveries": expected,
+        "delivered": run.delivered,
+        "lost": max(lost, 0),
+        "duplicates": max(-lost, 0),
+        "unacked_by_broker": run.unacked,
+        "verified": lost == 0 and run.unacked == 0,
+        "node_cpu": [round(c / window, 3) for c in node_cpu],
+        "cpu_us_per_msg": [_per_message(c, messages) for c in node_cpu],
+        "cluster_cpu_us_per_msg": _per_message(sum(node_cpu), messages),
+        "cluster_cpu_us_per_delivery": _per_message(sum(node_cpu), deliveries),
+        "generator_cpu": round(generator / window, 3),
+        "other_cpu": round(max(0.0, after[5] - before[5] - sum(node_cpu) - generator) / window,
+                           3),
+        "slow_path": bool(any(run.shared.slow_path)),
+    }
+
+
 def measure(pl: Placement, members: list[Running], timing: Timing, label: str,
             window: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
-    """One round: subscribers connect to their nodes and subscribe, the publishers connect to
-    node 0, all go; rates and CPU over the window after the warm-up, then counts verified as
-    in run.py (QoS 1: delivered == acknowledged x subscribers; QoS 0: shortfall is `lost`).
-    `window` is entered for the measured window alone (replication_bench.py's latency
-    probe records only then)."""
+    """One round (`drive`): subscribers on their nodes, the publishers on node 0; for ours,
+    publishing starts once node 0 has the routes to the subscribers' nodes, and every
+    message must have been forwarded once per remote node with a subscriber.
+    `window`: replication_bench.py's latency probe, which records only then."""
     publisher, cluster = members[0], CLUSTERS[members[0].name]
     topic = f"bench/cluster/{label}"
     topics = ([topic] if pl.publishers == 1 else
@@ -185,81 +301,28 @@ def measure(pl: Placement, members: list[Running], timing: Timing, label: str,
                             window=pl.window if pl.qos else 0,
                             chunk=min(500, max(1, max_lag // 4)))
               for ids in parts]
-    sub_slots, pub_slots = range(len(sub_nodes)), range(len(sub_nodes), len(specs))
-    fleet = Fleet(specs)
-    sh = fleet.shared
+    load = Load(specs, len(sub_nodes), subscribers, pl.qos)
+    forwarded_before = 0.0
 
-    def watch() -> None:
-        fleet.check()
-        for member in members:
-            check_broker(member)
-
-    def pause(seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(0.1, left))
-            watch()
-
-    try:
-        fleet.start(sub_slots)
-        fleet.wait_ready(sub_slots, publisher, READY_TIMEOUT)
+    def settle(shared: Shared, watch: Callable[[], None]) -> None:
+        nonlocal forwarded_before
         if cluster.routes_settled is not None:
             cluster.routes_settled(publisher, pl.remote_nodes, watch)
         forwarded_before = cluster.forwarded(publisher) if cluster.forwarded else 0.0
-        fleet.start(pub_slots)
-        fleet.wait_ready(pub_slots, publisher, READY_TIMEOUT)
-        sh.phase.value = GO
-        pause(timing.warmup)
-        before = _snapshot(members, fleet)
-        with window or contextlib.nullcontext():
-            pause(timing.duration)
-        after = _snapshot(members, fleet)
-        sh.phase.value = STOP
-        wait_until(lambda: all(sh.finished[s] for s in pub_slots), lambda: sum(sh.acked),
-                   quiet=DRAIN_TIMEOUT, limit=DRAIN_TIMEOUT + 5, watch=watch)
-        published = sum(sh.acked) if pl.qos else sum(sh.sent)
-        expected = published * subscribers
-        wait_until(lambda: sum(sh.delivered) >= expected, lambda: sum(sh.delivered),
-                   quiet=3.0 if pl.qos else 1.0, limit=20.0, watch=watch)
-        delivered = sum(sh.delivered)
-        per_node = {node: sh.delivered[slot] for slot, node in zip(sub_slots, sub_nodes,
-                                                                   strict=True)}
-        forwarded = cluster.forwarded(publisher) - forwarded_before if cluster.forwarded else None
-    finally:
-        fleet.close()
-    window = after[0] - before[0]
-    deliveries = after[1] - before[1]
-    messages = deliveries / subscribers  # through the cluster in the window, to everyone
-    node_cpu = [b - a for a, b in zip(before[3], after[3], strict=True)]
-    generator = after[4] - before[4]
-    unacked = sum(sh.sent) - sum(sh.acked) if pl.qos else 0
-    lost = expected - delivered
-    expected_forwards = published * pl.remote_nodes
+
+    run = drive(load, members, timing, settle, window)
+    forwarded = cluster.forwarded(publisher) - forwarded_before if cluster.forwarded else None
+    per_node = dict(zip(sub_nodes, run.delivered_per_slot, strict=True))
+    expected_forwards = run.published * pl.remote_nodes
+    out = figures(run, load)
+    out["verified"] = out["verified"] and forwarded in (None, expected_forwards)
     return {
-        "msgs_per_s": round(messages / window),
-        "deliveries_per_s": round(deliveries / window),
-        "published_per_s": round((after[2] - before[2]) / window),
-        "window_s": round(window, 3),
-        "published": published,
-        "expected_deliveries": expected,
-        "delivered": delivered,
+        **out,
         "delivered_per_node": [per_node.get(node, 0) for node in range(len(members))],
-        "lost": max(lost, 0),
-        "duplicates": max(-lost, 0),
-        "unacked_by_broker": unacked,
         # ours: messages the publisher's node sent to other nodes during the round (its
         # counter), which must be each published message once per remote node with a route
         "forwarded": forwarded,
         "expected_forwards": expected_forwards,
-        "verified": lost == 0 and unacked == 0 and forwarded in (None, expected_forwards),
-        "node_cpu": [round(c / window, 3) for c in node_cpu],
-        "cpu_us_per_msg": [_per_message(c, messages) for c in node_cpu],
-        "cluster_cpu_us_per_msg": _per_message(sum(node_cpu), messages),
-        "cluster_cpu_us_per_delivery": _per_message(sum(node_cpu), deliveries),
-        "generator_cpu": round(generator / window, 3),
-        "other_cpu": round(max(0.0, after[5] - before[5] - sum(node_cpu) - generator) / window,
-                           3),
-        "slow_path": bool(any(sh.slow_path)),
     }
 
 
@@ -346,18 +409,26 @@ def publisher_ids(label: str, publishers: int) -> list[str]:
             [f"bench-{label}-pub{i}" for i in range(publishers)])
 
 
-def run_round(pl: Placement, members: list[Running], timing: Timing, label: str,
-              window: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
-    """`measure`, printed as it ends; a round that fails is returned as {"error": ...}
-    unless a node died, which ends the cluster's rounds (the exception)."""
+def attempt(label: str, members: list[Running],
+            body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A round's `body` after its label is printed; a round that fails is returned as
+    {"error": ...} unless a node died, which ends the cluster's rounds (the exception)."""
     print(f"  {label:<22}", end=" ", flush=True)
     try:
-        cell = measure(pl, members, timing, label, window)
+        return body()
     except Exception as exc:
         if dead := [m for m in members if not m.alive()]:
-            raise RuntimeError(f"{dead[0].node} died: {exc}") from exc
+            raise RuntimeError(f"{dead[0].node or dead[0].name} died: {exc}") from exc
         cell = {"error": f"{label}: {type(exc).__name__}: {exc}"}
         print(f"FAILED {cell['error'][:300]}", flush=True)
+        return cell
+
+
+def run_round(pl: Placement, members: list[Running], timing: Timing, label: str,
+              window: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
+    """`measure` (`attempt`), printed as it ends."""
+    cell = attempt(label, members, lambda: measure(pl, members, timing, label, window))
+    if "error" in cell:
         return cell
     cpu = "/".join("-" if us is None else f"{us:.1f}" for us in cell["cpu_us_per_msg"])
     counts = "ok" if cell["verified"] else (

@@ -41,6 +41,8 @@ STALL_RESYNC = 2.0
 COALESCE = 0.01
 CONNECT_TIMEOUT = 10.0
 DRAIN_TIMEOUT = 15.0
+LATENCY_SAMPLES = 1 << 16
+"""PUBLISH -> PUBACK times a publisher process keeps (the latest ones, in a ring)."""
 
 
 class Shared:
@@ -61,6 +63,14 @@ class Shared:
         self.slow_path: Any = RawArray("i", workers)  # a stream needed the full decoder
         self.resumed: Any = RawArray("q", workers)  # CONNACKs with Session Present
         self.mismatched: Any = RawArray("q", workers)  # connections that got != expected
+        self.recording: Any = RawValue("i", 0)  # 1: QoS 1 publishers time PUBACKs
+        self.latency: Any = RawArray("f", workers * LATENCY_SAMPLES)  # seconds, per slot
+        self.latencies: Any = RawArray("q", workers)  # PUBACK times taken per slot
+
+    def puback_seconds(self, slots: range) -> list[float]:
+        """The PUBACK times the publishers in `slots` took while `recording`."""
+        return [self.latency[slot * LATENCY_SAMPLES + i] for slot in slots
+                for i in range(min(self.latencies[slot], LATENCY_SAMPLES))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +82,9 @@ class SubscriberSpec:
     layout: wire.Layout
     clean: bool = True  # False: persistent sessions, left with a DISCONNECT at the end
     expected: int = 0  # > 0: count connections that did not get exactly this many
+    record: str | None = None
+    """A file to write at the end: the identity (wire.IDENTITY) of every PUBLISH received,
+    in order of arrival per connection (numbered publishers: PublisherSpec.identities)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,9 @@ class PublisherSpec:
     window: int = 0  # QoS 1: unacknowledged PUBLISHes per connection
     chunk: int = 500  # QoS 0: messages per write
     total: int = 0  # QoS 1: stop after this many PUBLISHes per process (0: at phase STOP)
+    identities: tuple[int, ...] = ()
+    """QoS 1: each connection's publisher number; its payloads then start with their identity
+    (wire.IDENTITY: that number and a sequence number from 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +158,8 @@ def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
         sock, present = _open(spec.port, client_id, spec.clean)
         resumed += present
         # Registered at once, so `_close_all` closes it also when the SUBACK check fails.
-        sel.register(sock, selectors.EVENT_READ, Scanner(spec.layout, ack=spec.qos > 0))
+        sel.register(sock, selectors.EVENT_READ,
+                     Scanner(spec.layout, ack=spec.qos > 0, record=spec.record is not None))
         if spec.topic_filter is None:
             continue
         sock.sendall(wire.subscribe(spec.topic_filter, spec.qos))
@@ -178,6 +195,9 @@ def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
         shared.slow_path[slot] = int(any(s.slow_path for s in scanners))
         if spec.expected:
             shared.mismatched[slot] = sum(s.count != spec.expected for s in scanners)
+        if spec.record is not None:
+            with open(spec.record, "wb") as out:
+                out.writelines(s.identities or b"" for s in scanners)
         if not spec.clean:
             for key in sel.get_map().values():
                 with contextlib.suppress(OSError):  # counted already; closing anyway
@@ -249,8 +269,12 @@ def _publisher_qos0(spec: PublisherSpec, shared: Shared, slot: int) -> None:
 def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
     socks = [_open(spec.port, cid)[0] for cid in spec.client_ids]
     ids = max(1024, 4 * spec.window)  # packet ids in one pre-encoded cycle, > window
-    cycles = [memoryview(wire.publish_cycle(t, spec.payload, 1, ids)) for t in spec.topics]
+    payloads = ([wire.identified(spec.payload, n) for n in spec.identities]
+                or [spec.payload] * len(socks))
+    cycles = [memoryview(wire.publish_cycle(t, p, 1, ids))
+              for t, p in zip(spec.topics, payloads, strict=True)]
     size = len(cycles[0]) // (2 * ids)
+    payload_offset = size - len(spec.payload)
     low_water = spec.window - max(1, spec.window // 4)
     sel = selectors.DefaultSelector()
     scanners = [Scanner(wire.puback_layout(), ack=False, kind=Puback) for _ in socks]
@@ -261,6 +285,7 @@ def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
     hungry = set(range(len(socks)))  # connections at or below the low-water mark
     gate = _LagGate(shared, spec)
     limit = spec.total or float("inf")
+    timing: list[tuple[int, float] | None] = [None] * len(socks)  # (PUBACK count, sent at)
     shared.ready[slot] = 1
     try:
         _wait_phase(shared, GO)
@@ -271,7 +296,12 @@ def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
                 for i in list(hungry):
                     k = min(spec.window - (sent[i] - scanners[i].count), room)
                     start = (sent[i] % ids) * size
-                    socks[i].sendall(cycles[i][start : start + k * size])
+                    packets: memoryview | bytearray = cycles[i][start : start + k * size]
+                    if spec.identities:
+                        packets = wire.numbered(packets, size, payload_offset, sent[i])
+                    if timing[i] is None and shared.recording.value:
+                        timing[i] = (sent[i] + 1, time.monotonic())  # this burst's first
+                    socks[i].sendall(packets)
                     sent[i] += k
                     total_sent += k
                     shared.sent[slot] = total_sent
@@ -287,6 +317,9 @@ def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
                 before = scanners[i].count
                 scanners[i].feed(data)
                 total_acked += scanners[i].count - before
+                if (timed := timing[i]) is not None and scanners[i].count >= timed[0]:
+                    _took(shared, slot, time.monotonic() - timed[1])
+                    timing[i] = None
                 if sent[i] - scanners[i].count <= low_water:
                     hungry.add(i)
             shared.acked[slot] = total_acked
@@ -297,6 +330,14 @@ def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
         shared.slow_path[slot] = int(any(s.slow_path for s in scanners))
     finally:
         _close_all(sel)
+
+
+def _took(shared: Shared, slot: int, seconds: float) -> None:
+    """One PUBLISH -> PUBACK time into the slot's ring (a publisher's PUBACKs come in the
+    order of its PUBLISHes, so the count says when a given one was acknowledged)."""
+    taken = shared.latencies[slot]
+    shared.latency[slot * LATENCY_SAMPLES + taken % LATENCY_SAMPLES] = seconds
+    shared.latencies[slot] = taken + 1
 
 
 def _idle(spec: IdleSpec, shared: Shared, slot: int) -> None:

@@ -361,14 +361,34 @@ def run_config(config: Config, timing: Timing, rounds: int,
         print(f"{config.title}: FAILED {failed['error'][:300]}", flush=True)
         for done in cells.values():
             done += [failed] * (rounds - len(done))
+    out.update(collect(cells))
+    out["runtime_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def collect(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Rounds by placement -> per placement its median round (`median_round`, whole) and
+    `<placement>_rounds` (every round); the failed rounds' errors in `errors`."""
+    out: dict[str, Any] = {}
     for key, done in cells.items():
         if errors := [c["error"] for c in done if "error" in c]:
             out.setdefault("errors", []).extend(errors)
         if good := [c for c in done if "error" not in c]:
             out[key] = median_round(good)
         out[f"{key}_rounds"] = done
-    out["runtime_s"] = round(time.monotonic() - started, 1)
     return out
+
+
+def notes(key: str, config: dict[str, Any], placements: Iterable[str]) -> list[str]:
+    """The lines under a table for one configuration (`collect`'s): its failures, and how
+    many of its rounds other processes disturbed."""
+    lines = [f"FAILED {key}: {error.splitlines()[0][:200]}" for error in config.get("errors", [])]
+    noisy = sum(c.get("other_cpu", 0.0) > report.BUSY_MACHINE
+                for placement in placements for c in config.get(f"{placement}_rounds", []))
+    if noisy:
+        lines.append(f"warning: {key}: in {noisy} round(s) other processes kept more than "
+                     f"{report.BUSY_MACHINE} CPUs busy (shared machine)")
+    return lines
 
 
 # ---- failover (ours RF 3, RabbitMQ x3) ----------------------------------------------------
@@ -654,13 +674,7 @@ def table(run: dict[str, Any]) -> str:
     if any(" *" in cell for row in rows for cell in row):
         lines.append("* counts did not add up (lost, duplicates or unacknowledged: see the JSON)")
     for key, config in results.items():
-        for error in config.get("errors", []):
-            lines.append(f"FAILED {key}: {error.splitlines()[0][:200]}")
-        noisy = sum(c.get("other_cpu", 0.0) > report.BUSY_MACHINE
-                    for pl in PLACEMENTS for c in config.get(f"{pl.key}_rounds", []))
-        if noisy:
-            lines.append(f"warning: {key}: in {noisy} round(s) other processes kept more than "
-                         f"{report.BUSY_MACHINE} CPUs busy (shared machine)")
+        lines += notes(key, config, [pl.key for pl in PLACEMENTS])
         if fo := config.get("failover"):
             times = [k.get("failover_s") for k in fo["kills"]]
             lines.append(f"{key} failover, kill -9 of the leader -> first PUBACK: p50 "

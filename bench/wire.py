@@ -10,6 +10,7 @@ benchmark stream all PUBLISH packets (or all PUBACKs) have the same size. Anythi
 """
 
 import socket
+import struct
 from dataclasses import dataclass
 
 from broker.mqtt.codec import Decoder, encode
@@ -62,6 +63,39 @@ SUBACK_SIZE = len(encode(Suback(packet_id=1, reason_codes=[0]), MQTT_V311))
 so no byte of the following PUBLISH stream is ever swallowed by the handshake."""
 
 
+IDENTITY = struct.Struct(">HI")
+"""A numbered message's identity, the first bytes of its payload: its publisher's number and
+its sequence number from that publisher (shared_bench.py counts every message by it)."""
+_SEQUENCE = struct.calcsize(">H")  # where the sequence number sits in the identity
+
+
+def identified(payload: bytes, publisher: int) -> bytes:
+    """`payload`, same length, starting with the identity (publisher, sequence 0)."""
+    return IDENTITY.pack(publisher, 0) + payload[IDENTITY.size :]
+
+
+def numbered(packets: memoryview, size: int, payload_offset: int, first: int) -> bytearray:
+    """Consecutive `size`-byte PUBLISHes of identified payloads (at `payload_offset` of each)
+    with the sequence numbers first, first + 1, ... written into their identities; strided
+    slice assignment, C speed."""
+    count = len(packets) // size
+    out = bytearray(packets)
+    sequences = struct.pack(f">{count}I", *range(first, first + count))
+    width = IDENTITY.size - _SEQUENCE
+    for i in range(width):
+        out[payload_offset + _SEQUENCE + i :: size] = sequences[i::width]
+    return out
+
+
+def identities(data: bytes, end: int, size: int, payload_offset: int) -> bytearray:
+    """The identities of the `size`-byte PUBLISHes in data[:end], packed one after the
+    other (IDENTITY.iter_unpack reads them back); strided slices, C speed."""
+    out = bytearray(end // size * IDENTITY.size)
+    for i in range(IDENTITY.size):
+        out[i :: IDENTITY.size] = data[payload_offset + i : end : size]
+    return out
+
+
 def decode_one(data: bytes) -> Packet:
     """Decode exactly one packet (handshake replies), raising if the bytes are not one packet."""
     packets = Decoder(version=MQTT_V311).feed(data)
@@ -88,6 +122,7 @@ class Layout:
     first_bytes: tuple[int, ...]  # accepted first bytes (a redelivered QoS 1 PUBLISH sets DUP)
     constant: bytes  # bytes 1..len(constant) that every packet shares (length, topic length)
     id_offset: int | None  # offset of the 2-byte packet id, None for QoS 0
+    payload_offset: int = 0  # where the payload starts (an identity, when numbered)
 
 
 def _id_offset(a: bytes, b: bytes) -> int:
@@ -99,11 +134,12 @@ def publish_layout(topic: str, payload: bytes, qos: int) -> Layout:
     """Layout of the PUBLISH a subscriber receives; derived from the codec, not hard-coded."""
     sample = publish(topic, payload, qos, 0x0101)
     constant = sample[1 : sample.index(topic.encode())]
+    payload_offset = len(sample) - len(payload)
     if not qos:
-        return Layout(len(sample), (sample[0],), constant, None)
+        return Layout(len(sample), (sample[0],), constant, None, payload_offset)
     redelivery = encode(Publish(topic, payload, qos, dup=True, packet_id=0x0101), MQTT_V311)
     offset = _id_offset(sample, publish(topic, payload, qos, 0x0202))
-    return Layout(len(sample), (sample[0], redelivery[0]), constant, offset)
+    return Layout(len(sample), (sample[0], redelivery[0]), constant, offset, payload_offset)
 
 
 _PUBACK = encode(Puback(packet_id=0x0101), MQTT_V311)
@@ -133,13 +169,16 @@ class Scanner:
     """Counts fixed-size packets in one connection's byte stream, acking QoS 1 PUBLISHes.
 
     `feed` returns the PUBACK bytes to send back (empty unless `ack`). Bytes of a packet split
-    across reads are carried over to the next call.
+    across reads are carried over to the next call. `record`: keep the identity (IDENTITY) of
+    every PUBLISH, in order of arrival, in `identities`.
     """
 
-    def __init__(self, layout: Layout, ack: bool, kind: type = Publish) -> None:
+    def __init__(self, layout: Layout, ack: bool, kind: type = Publish,
+                 record: bool = False) -> None:
         self.layout = layout
         self.ack = ack
         self.kind = kind
+        self.identities = bytearray() if record else None
         self.count = 0
         self.slow_path = False
         self._rest = b""
@@ -160,6 +199,8 @@ class Scanner:
             return self._feed_slow(data)
         self._rest = data[end:]
         self.count += n
+        if self.identities is not None:
+            self.identities += identities(data, end, lay.size, lay.payload_offset)
         if not (self.ack and n):
             return b""
         off = lay.id_offset
@@ -181,6 +222,8 @@ class Scanner:
         for packet in self._decoder.feed(data):
             if isinstance(packet, self.kind):
                 self.count += 1
+                if self.identities is not None and isinstance(packet, Publish):
+                    self.identities += packet.payload[: IDENTITY.size]
                 if self.ack and isinstance(packet, Publish) and packet.qos:
                     acks.append(encode(Puback(packet_id=packet.packet_id or 0), MQTT_V311))
         return b"".join(acks)

@@ -19,7 +19,7 @@ from broker.retainer.store import RetainedStore
 from broker.routing.router import Forwards, Router
 from broker.routing.trie import TopicTrie
 from broker.session.durable import records
-from broker.session.durable.groups import GroupManager
+from broker.session.durable.groups import GONE, READY, STALLED, GroupManager
 from broker.session.durable.persist import MessagePersister
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
@@ -95,6 +95,8 @@ class Node:
         # and durable filters are no routes (no node stores a message a second time).
         self.replicated_ds = False
         self._durable_topics: dict[str, int] = {}
+        # Members of each durable group (`$share/...` of durable sessions) this node knows.
+        self._share_members: dict[str, set[str]] = {}
         self.sessions = SessionManager(
             self.publish, self._forget_subscriptions,
             config["mqtt.max_mqueue_len"], config["mqtt.mqueue_store_qos0"], self.durable,
@@ -105,7 +107,9 @@ class Node:
         if self.durable is not None:
             self.groups = self.durable.groups = GroupManager(
                 self.durable.ds, self.durable.store, self.stats, self.sessions.sessions,
-                self._member_connected, False)
+                self._member_state, False,
+                config["durable_sessions.shared_subscription_ack_timeout"])
+            self.groups.stall_changed = self.sessions.stall_changed
 
     def replicate_sessions(self, decides: Callable[[], bool],
                            is_up: Callable[[str], bool]) -> None:
@@ -128,17 +132,19 @@ class Node:
         meta = self.durable.store.meta(client_id) if self.replicated_ds else None
         return meta.site if meta is not None else None
 
-    def _member_connected(self, client_id: str) -> bool:
-        """Whether a durable group member's client is connected: here, or (replicated) on
-        a node that is up, as its session's meta says."""
+    def _member_state(self, client_id: str) -> str:
+        """A durable group member's client: connected here, or (replicated) on a node that
+        is up, as its session's meta says; READY or STALLED then, else GONE."""
         session = self.sessions.sessions.get(client_id)
-        if session is not None and session.connection is not None:
-            return True
+        if isinstance(session, DurableSession) and session.connection is not None:
+            return STALLED if session.stalled else READY
         if not self.replicated_ds or self.durable is None:
-            return False
+            return GONE
         meta = self.durable.store.meta(client_id)
-        return (meta is not None and meta.connected and meta.site != self.durable.store.site
-                and self._is_up(meta.site))
+        if (meta is not None and meta.connected and meta.site != self.durable.store.site
+                and self._is_up(meta.site)):
+            return STALLED if meta.stalled else READY
+        return GONE
 
     def restore_durable_sessions(self) -> int:
         """Start-up (on the running loop): durable sessions from disk, disconnected."""
@@ -156,20 +162,42 @@ class Node:
                            options: SubscriptionOptions) -> None:
         """A durable session's subscription (`key`, a share's too): messages matching its
         filter are stored from now on."""
-        topic_filter, member = _durable_filter(client_id, key)
+        entry = self._durable_entry(client_id, key, True)
+        if entry is None:
+            return
         # A durable filter is a route of this node too (unless storage is replicated).
         listener = None if self.replicated_ds else self.router.listener
-        if self.durable_filters.add(topic_filter, member, options) and listener is not None:
-            listener(topic_filter, None, member, True)
+        if self.durable_filters.add(entry[0], entry[1], options) and listener is not None:
+            listener(entry[0], None, entry[1], True)
         self._durable_topics.clear()
 
     def remove_durable_filter(self, client_id: str, key: str) -> None:
-        topic_filter, member = _durable_filter(client_id, key)
+        entry = self._durable_entry(client_id, key, False)
+        if entry is None:
+            return
         listener = None if self.replicated_ds else self.router.listener
-        removed = self.durable_filters.remove(topic_filter, member) is not None
+        removed = self.durable_filters.remove(entry[0], entry[1]) is not None
         if removed and listener is not None:
-            listener(topic_filter, None, member, False)
+            listener(entry[0], None, entry[1], False)
         self._durable_topics.clear()
+
+    def _durable_entry(self, client_id: str, key: str, added: bool) -> tuple[str, str] | None:
+        """(filter, entry) of a durable subscription in the node's durable filters, when
+        it changes them: a durable group is one entry whatever its members (a publish
+        matches it in constant time with 10,000 members), there while it has one."""
+        if not key.startswith("$share/"):
+            return key, client_id
+        members = self._share_members.setdefault(key, set())
+        had = bool(members)
+        if added:
+            members.add(client_id)
+        else:
+            members.discard(client_id)
+            if not members:
+                del self._share_members[key]
+        if had == bool(members):
+            return None
+        return parse_shared(key)[1], key
 
     def durable_state_applied(self, writes: Iterable[tuple[bytes, bytes | None]],
                               replaced: bool) -> None:
@@ -179,6 +207,7 @@ class Node:
         go to the sessions held here (`SessionManager.meta_applied`)."""
         if replaced:
             self.durable_filters = TopicTrie()
+            self._share_members.clear()
         writes = list(writes)
         for key, value in writes:
             kind, client_id = records.split_key(key)
@@ -186,13 +215,14 @@ class Node:
                 self.sessions.meta_applied(client_id, records.Meta.from_bytes(value))
             if kind != b"s":
                 continue
-            topic_filter, member = _durable_filter(
-                client_id, key[len(records.prefix(b"s", client_id)):].decode())
+            entry = self._durable_entry(
+                client_id, key[len(records.prefix(b"s", client_id)):].decode(), value is not None)
+            if entry is None:
+                continue
             if value is None:
-                self.durable_filters.remove(topic_filter, member)
+                self.durable_filters.remove(*entry)
             else:
-                self.durable_filters.add(topic_filter, member,
-                                         records.subscription_from_bytes(value)[0])
+                self.durable_filters.add(*entry, records.subscription_from_bytes(value)[0])
         self._durable_topics.clear()
         if self.groups is not None:
             if replaced:
@@ -383,16 +413,6 @@ class Node:
         self.sessions.close_all()
         if self.retainer is not None:
             self.retainer.close()
-
-
-def _durable_filter(client_id: str, key: str) -> tuple[str, str]:
-    """(filter, entry) of a durable subscription in the node's durable filters: a group
-    member's entry is its own and the group's, apart from a plain subscription of the same
-    filter."""
-    if not key.startswith("$share/"):
-        return key, client_id
-    group, topic_filter = parse_shared(key)
-    return topic_filter, f"{client_id}\x00{group}"
 
 
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:

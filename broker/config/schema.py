@@ -230,9 +230,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mqtt.shared_subscription", True, parse_bool, "Allow `$share/group/filter`."),
     Setting("mqtt.shared_subscription_strategy", "round_robin",
             parse_choice("round_robin", "random", "hash_clientid", "sticky", "local"),
-            "Which member of a shared group gets a message, among its members on every node:"
-            " `round_robin`, `random`, `hash_clientid` (by publisher), `sticky` (the last one"
-            " while it stays), `local` (members on the publishing node first)."),
+            "Which member of a shared group of memory sessions gets a message, among its"
+            " members on every node: `round_robin`, `random`, `hash_clientid` (by publisher),"
+            " `sticky` (the last one while it stays), `local` (members on the publishing node"
+            " first). A durable group (members with durable sessions) ignores it: its storage"
+            " shards are spread evenly over its connected members, so every strategy behaves"
+            " like `hash_clientid` with rebalancing as members come and go"
+            " (docs/architecture.md, Durable shared subscriptions)."),
     Setting("mqtt.keepalive_multiplier", 1.5, parse_float(1.0),
             "A client is disconnected after keepalive x this without a packet."),
     Setting("mqtt.server_keepalive", "0s", parse_duration,
@@ -261,6 +265,11 @@ SETTINGS: tuple[Setting, ...] = (
             " disk in Durable Storage, surviving restarts."),
     Setting("durable_sessions.batch_size", 100, parse_int(1, 100_000),
             "Messages a durable session reads from a stream per fetch."),
+    Setting("durable_sessions.shared_subscription_ack_timeout", "30s", parse_duration,
+            "A member of a durable shared group whose in-flight window is full and that"
+            " acknowledged nothing for this long is passed over: its storage shards go to the"
+            " group's other connected members until it acknowledges again (what it holds stays"
+            " with it). 0 = never."),
     Setting("durable_sessions.message_retention_period", "1d", parse_duration,
             "How long stored messages are kept; older generations are dropped whole."),
     Setting("durable_sessions.session_gc_interval", "10m", parse_duration,

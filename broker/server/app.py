@@ -168,9 +168,10 @@ class BrokerApp:
             self._every(config["durable_sessions.heartbeat_interval"],
                         lambda: store.heartbeat(time.time()), at_once=True)
             self._every(config["durable_sessions.session_gc_interval"], self._collect_sessions)
-        if node.groups is not None and self.ds_groups is not None:
-            # Decided on the `sessions` leader, from its replica: again every second, for a
-            # member's node that went down and a leader that changed.
+        if node.groups is not None:
+            # Stalled members; with builtin_raft, decided on the `sessions` leader from its
+            # replica: again every second, for a member's node that went down and a leader
+            # that changed.
             self._every(GROUP_TICK, node.groups.tick)
         if node.retainer is not None:
             self._every(config["retainer.msg_clear_interval"], self._clear_retained)

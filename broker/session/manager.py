@@ -217,6 +217,13 @@ class SessionManager:
             self._member_changed(session)
         return session, existing is not None
 
+    def stall_changed(self, session: DurableSession) -> None:
+        """A durable group member stalled or recovered: its meta says so, for the node that
+        decides its groups."""
+        connection = session.connection
+        if connection is not None:
+            self._save_meta(session, connection.version, True, connection.will)
+
     def _member_changed(self, session: DurableSession) -> None:
         groups = self._durable.groups if self._durable is not None else None
         if groups is not None:
@@ -261,7 +268,8 @@ class SessionManager:
         session.protocol = version
         meta = records.Meta(session.expiry_interval, version, connected,
                             None if connected else time.time(), will,
-                            self._durable.store.site, session.epoch, session.created)
+                            self._durable.store.site, session.epoch, session.created,
+                            connected and session.stalled)
         self._durable.store.write_soon([(records.meta_key(session.client_id), meta.to_bytes())])
 
     def collect_garbage(self, now: float | None = None) -> int:

@@ -1,13 +1,13 @@
 """`kubectl mqtt`: a cluster's sites, shards and pending transitions, from its status, and
-what its brokers see: members, clients, durable sessions, generations.
+what its brokers see: members, clients, durable sessions, durable shared groups, generations.
 
 kubectl runs any `kubectl-mqtt` on PATH as `kubectl mqtt`; `sites` and `shards` read the
 MQTTCluster the operator maintains (no broker access needed), in the layout of `emqx ctl ds
-info` so EMQX users read it at a glance. `nodes`, `clients`, `sessions` and `generations`
-ask the brokers' HTTP API through the API server's pod proxy (plugin_ask.py): `nodes` and
-`clients` one broker, which answers for the whole cluster; `sessions` and `generations`
-every broker, since each answers for the durable sessions it hosts and the shard replicas
-it holds.
+info` so EMQX users read it at a glance. `nodes`, `clients`, `groups`, `sessions` and
+`generations` ask the brokers' HTTP API through the API server's pod proxy (plugin_ask.py):
+`nodes`, `clients` and `groups` one broker, which answers for the whole cluster; `sessions`
+and `generations` every broker, since each answers for the durable sessions it hosts and the
+shard replicas it holds.
 """
 
 import argparse
@@ -31,6 +31,7 @@ _NODE_KEYS = frozenset({"node", "site", "node_status"})  # what every /api/v5/no
 CLIENTS_PATH = "/api/v5/clients"
 SESSIONS_PATH = "/api/v5/durable_sessions"
 STORAGES_PATH = "/api/v5/ds/storages"
+GROUPS_PATH = "/api/v5/durable_shared_groups"
 _ALL = {"limit": "10000"}  # the brokers' largest page
 _PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
@@ -169,6 +170,13 @@ def _is_storages(answer: Any) -> bool:
     return isinstance(answer, dict) and isinstance(answer.get("databases"), list)
 
 
+def _is_groups(answer: Any) -> bool:
+    """The durable shared groups' envelope: `data` of groups, each with its members."""
+    return (isinstance(answer, dict) and isinstance(answer.get("data"), list)
+            and all(isinstance(item, dict) and {"group", "filter"} <= item.keys()
+                    and isinstance(item.get("members", []), list) for item in answer["data"]))
+
+
 def _count(value: Any) -> str:
     return "-" if value is None else str(value)
 
@@ -188,6 +196,30 @@ def render_clients(pod: str, page: Mapping[str, Any]) -> str:
     total = page["meta"].get("count", len(clients))
     if total > len(clients):
         lines.append(f"(the first {len(clients)} of {total})")
+    return "\n".join(lines) + "\n"
+
+
+def render_groups(pod: str, page: Mapping[str, Any],
+                  pods: Mapping[str, str] | None = None) -> str:
+    """Durable shared groups (`$share/GROUP/FILTER` of durable sessions) of the whole
+    cluster: MEMBERS connected/total, BACKLOG the stored messages the group has not read
+    yet, NODES where its members' sessions are: the pod of each site the broker names
+    (`pods`, from the cluster's status), else what it names."""
+    groups = sorted(page["data"], key=lambda item: (item["group"], item["filter"]))
+    rows = [("GROUP", "FILTER", "MEMBERS", "BACKLOG", "NODES")]
+    for item in groups:
+        members = [m for m in item.get("members") or [] if isinstance(m, dict)]
+        connected = sum(1 for m in members if m.get("connected"))
+        nodes = sorted({(pods or {}).get(str(m["node"]), str(m["node"]))
+                        for m in members if m.get("node")})
+        rows.append((item["group"], item["filter"], f"{connected}/{len(members)}",
+                     _count(item.get("backlog")), " ".join(nodes) or "-"))
+    lines = [f"DURABLE SHARED GROUPS (as {pod} sees them):", *_table(rows)]
+    if not groups:
+        lines.append("(none)")
+    total = (page.get("meta") or {}).get("count", len(groups))
+    if isinstance(total, int) and total > len(groups):
+        lines.append(f"(the first {len(groups)} of {total})")
     return "\n".join(lines) + "\n"
 
 
@@ -285,6 +317,10 @@ def ask_brokers(kube: Kube, body: Mapping[str, Any], verb: str, json_output: boo
     if verb == "clients":
         return _from_one(brokers, cluster, json_output, CLIENTS_PATH, _is_page, _ALL,
                          render_clients, "clients")
+    if verb == "groups":
+        pods = {site["id"]: site["pod"] for site in body["status"]["sites"] if "id" in site}
+        return _from_one(brokers, cluster, json_output, GROUPS_PATH, _is_groups, None,
+                         lambda pod, page: render_groups(pod, page, pods), "groups")
     if verb == "sessions":
         return _from_each(brokers, cluster, json_output, SESSIONS_PATH, _is_page,
                           merged_sessions, render_sessions, "sessions")
@@ -298,6 +334,7 @@ _VERBS = {
     "nodes": "cluster members as a broker sees them (pod proxy)",
     "clients": "connected clients and kept sessions, as a broker sees them (pod proxy)",
     "sessions": "durable sessions of every broker: expiry, lag, missed messages (pod proxy)",
+    "groups": "durable shared groups: members connected/total, backlog, nodes (pod proxy)",
     "generations": "generations of every shard replica: state, time range, size (pod proxy)",
 }
 

@@ -134,3 +134,25 @@ def test_every_node_killed_loses_no_acknowledged_job(
     who = _receivers(workers, sent)
     assert sorted(who) == sorted(sent)
     assert all(len(receivers) == 1 for receivers in who.values())
+
+
+def test_a_takeover_on_another_node_keeps_the_members_share(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """The member's client connects again on another node while its first connection is
+    still up: the session moves with its subscription, and the member keeps receiving its
+    share of the jobs there."""
+    nodes = _start(cluster)
+    w1 = unique("w1")
+    first = _join(clients, nodes[0], w1)
+    other = _join(clients, nodes[1], unique("w2"))
+    _every_shard_read(nodes[2], 2)
+    moved = _client(clients, nodes[2], w1)
+    assert moved.connect(clean_start=False, session_expiry=EXPIRY).session_present
+    first.wait_disconnected()
+    _every_shard_read(nodes[0], 2)
+    sent = _publish(clients, nodes, 80, "job")
+    who = _receivers([moved, other], sent)
+    assert sorted(who) == sorted(sent)
+    assert all(len(receivers) == 1 for receivers in who.values())
+    assert {receivers[0] for receivers in who.values()} == {w1, other.client_id}
+    assert not [m for m in first.messages if m.topic.startswith("jobs/")]

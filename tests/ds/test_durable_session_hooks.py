@@ -42,16 +42,20 @@ async def test_a_subscription_is_stored_and_read_from_storage(
     assert stored is not None and stored.subscriptions == {} and session.subscriptions == {}
 
 
-async def test_a_shared_subscription_is_routed_and_not_stored(
+async def test_a_shared_subscription_is_part_of_the_stored_session(
     session: DurableSession, store: SessionStore,
 ) -> None:
+    """MQTT 5.0 section 3.2.2.1.1: Session Present 1 restores every subscription, a
+    durable group member's included."""
     options = SubscriptionOptions(1, share_group="g")
-    assert session.subscribe("$share/g/a", options) is False
+    assert session.subscribe("$share/g/a", options) is True
     await store.settle()
     stored = store.load("dev", subscriptions=True)
-    assert stored is not None and stored.subscriptions == {}
-    assert session.unsubscribe("$share/g/a") is False
-    assert session.subscriptions == {}
+    assert stored is not None and list(stored.subscriptions) == ["$share/g/a"]
+    assert session.unsubscribe("$share/g/a") is True
+    await store.settle()
+    stored = store.load("dev", subscriptions=True)
+    assert stored is not None and stored.subscriptions == {} and session.subscriptions == {}
 
 
 async def test_an_incoming_qos2_message_is_remembered_until_its_pubrel(

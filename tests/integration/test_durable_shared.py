@@ -11,8 +11,10 @@ from collections.abc import Callable
 import pytest
 
 from tests.integration.clients import (
+    MosquittoSub,
     PahoClient,
     http_json,
+    mosquitto_pub,
     unique,
     wait_offline,
     wait_until,
@@ -204,3 +206,67 @@ def test_the_group_goes_with_its_last_member(paho_client, start_broker) -> None:
                what="the group gone")
     # Nobody wants jobs any more: they are not stored.
     assert broker.metric("mqtt_durable_filters") == 0
+
+
+def test_mosquitto_clients_as_a_durable_group_through_kill_9(start_broker) -> None:
+    """The README's commands: MQTT 3.1.1 workers with clean session 0 join with
+    mosquitto_sub and leave, mosquitto_pub publishes, the broker is killed; back, the
+    workers subscribe to nothing of the group and get every job once between them."""
+    broker = start_broker()
+    workers = [unique("w1"), unique("w2")]
+    for worker in workers:
+        joining = MosquittoSub(broker.tcp, [SHARE], qos=1, extra=["-i", worker, "-c", "-E"])
+        assert joining.start().wait_exit() == 0
+    sent = []
+    for index, publisher in enumerate(publisher_ids()[:4]):
+        for n in range(10):
+            sent.append(f"job {index}-{n}")
+            mosquitto_pub(broker.tcp, f"jobs/{index}", sent[-1], qos=1,
+                          extra=["-i", publisher])
+    broker = restart(broker, start_broker, "kill")
+    subs = [MosquittoSub(broker.tcp, ["unrelated/topic"], qos=1, extra=["-i", w, "-c"])
+            for w in workers]
+    try:
+        for sub in subs:
+            sub.start()
+        wait_until(lambda: sum(len(sub.messages) for sub in subs) >= len(sent), timeout=60,
+                   what="every job at the mosquitto_sub workers")
+        got = [m.payload for sub in subs for m in sub.messages]
+        assert sorted(got) == sorted(sent)
+    finally:
+        for sub in subs:
+            sub.close()
+
+
+def test_workers_joining_at_once_get_every_job_once(start_broker) -> None:
+    """Shards move while the group reads: each worker that joins takes its share from the
+    others (asked back, freed, handed out) while the ones before it are still moving; then
+    20 publishers go at full speed. Three groups in turn."""
+    broker = start_broker()
+    clients: list[PahoClient] = []
+    try:
+        for group in range(3):
+            workers = [PahoClient(broker.tcp, unique(f"w{n}")) for n in range(4)]
+            clients += workers
+            for worker in workers:
+                worker.connect(clean_start=False, session_expiry=EXPIRY)
+                assert worker.subscribe(f"$share/g{group}/jobs/#", 1) == [1]
+            publishers = [PahoClient(broker.tcp, unique("p")) for _ in range(20)]
+            clients += publishers
+            infos, sent = [], []
+            for n, publisher in enumerate(publishers):
+                publisher.connect()
+                payloads = [f"{group}-{n}-{k}".encode() for k in range(250)]
+                infos += [publisher.client.publish(f"jobs/{n}", p, 1) for p in payloads]
+                sent += payloads
+            for info in infos:
+                info.wait_for_publish(60)
+                assert info.is_published()
+            who = collect(workers, sent)
+            assert sorted(who) == sorted(sent)
+            assert all(len(receivers) == 1 for receivers in who.values())
+            for worker in workers:
+                worker.disconnect()
+    finally:
+        for client in clients:
+            client.close()

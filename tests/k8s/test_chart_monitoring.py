@@ -8,18 +8,33 @@ except those listed in EXTERNAL, which come from elsewhere.
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.k8s.conftest import ROOT, Testbed, cluster_manifest, eventually, set_pod_ready
+from tests.container.engine import wait_http
+from tests.integration.clients import PahoClient, unique
+from tests.k8s.conftest import (
+    BUILT,
+    ROOT,
+    VENV_BIN,
+    Testbed,
+    _free_port,
+    _run,
+    cluster_manifest,
+    eventually,
+    set_pod_ready,
+)
 from tests.k8s.test_helm import helm
 from tests.support.broker_process import BrokerProcess
 
@@ -46,6 +61,19 @@ def promtool() -> str:
     path = shutil.which("promtool")
     assert path, "Debian's prometheus package (promtool) is missing: run make install"
     return path
+
+
+@pytest.fixture(scope="module")
+def helm_tools(tmp_path_factory: pytest.TempPathFactory) -> Testbed:
+    """The test bed's helm (helm.sh: fetched once, seconds) without its API server, for the
+    tests that only render the chart: `helm template` asks no cluster."""
+    env = {**os.environ, "K8S_TESTBED": str(BUILT)}
+    done = _run("helm.sh", env, 300)
+    assert done.returncode == 0, f"helm.sh failed:\n{done.stdout}\n{done.stderr}"
+    env.pop("KUBECONFIG", None)
+    env["PATH"] = f"{BUILT / 'bin'}:{VENV_BIN}:{os.environ['PATH']}"
+    root = tmp_path_factory.mktemp("helm")
+    return Testbed(root, root / "no-kubeconfig", env)
 
 
 def render(testbed: Testbed, *args: str) -> dict[str, dict[str, Any]]:
@@ -182,7 +210,8 @@ def dashboard_problems(dashboard: dict[str, Any]) -> list[str]:
 
 
 def test_dashboard_configmap_and_rules_render_and_are_valid(
-        testbed: Testbed, tmp_path: Path) -> None:
+        helm_tools: Testbed, tmp_path: Path) -> None:
+    testbed = helm_tools
     plain = render(testbed)
     assert "PrometheusRule" not in plain  # no such kind served: nothing Prometheus cannot read
     config_map = plain["ConfigMap"]
@@ -235,6 +264,20 @@ def _bucket(name: str, pod: str, counts: dict[str, int]) -> list[dict[str, str]]
             for le, count in counts.items()]
 
 
+def _shared_group(group: str, topic_filter: str, backlog: dict[str, str],
+                  connected: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """A durable shared group's gauges per pod: backlog, and members by state."""
+    labels = {**_B, "group": group, "filter": topic_filter}
+    return [*(_series("mqtt_shared_group_backlog", {**labels, "pod": pod}, values)
+              for pod, values in backlog.items()),
+            *(_series("mqtt_shared_group_members",
+                      {**labels, "pod": pod, "state": "connected"}, values)
+              for pod, values in (connected or {}).items()),
+            *(_series("mqtt_shared_group_members",
+                      {**labels, "pod": pod, "state": "disconnected"}, "2x40")
+              for pod in (connected or {}))]
+
+
 SERIES = [
     _series("up", {**_B, "pod": "rel-0"}, "1x40"),
     _series("up", {**_B, "pod": "rel-1"}, "1 1 0x38"),
@@ -261,6 +304,19 @@ SERIES = [
     _series("mqtt_operator_reconcile_failures_total", {**_OP, "trigger": "pod"}, "0+1x40"),
     _series("mqtt_operator_replica_transitions_pending", _MQC, "0x4 2x36"),
     _series("mqtt_operator_drain_pending", _MQC, "1x40"),
+    # Durable shared groups, as every broker exports them (each pod its series).
+    *_shared_group("workers", "jobs/#", {"rel-0": "0+5x40", "rel-1": "0+5x40"},
+                   connected={"rel-0": "0x40", "rel-1": "0x40"}),  # no one reads: fires
+    *_shared_group("gone", "gone/#", {"rel-0": "0+1x40"}),  # no member series at all: fires
+    *_shared_group("alerts", "sensors/+/alarm", {"rel-0": "0+5x40", "rel-1": "0+5x40"},
+                   connected={"rel-0": "0x40", "rel-1": "1x40"}),  # one reads, on rel-1
+    *_shared_group("idle", "idle/#", {"rel-0": "50x40"},
+                   connected={"rel-0": "0x40"}),  # nothing new piles up
+    *_shared_group("later", "later/#", {"rel-0": "0+5x40"},
+                   connected={"rel-0": "1x12 0x28"}),  # unread from minute 13: not 10m yet
+    _series("mqtt_shared_group_backlog",  # another release's group: not ours
+            {"namespace": "ns", "job": "other-headless", "pod": "other-0", "group": "workers",
+             "filter": "jobs/#"}, "0+5x40"),
 ]
 
 # alert -> (minute to evaluate at, the labels of each instance expected to fire then)
@@ -280,11 +336,15 @@ ALERT_CASES: dict[str, tuple[int, list[dict[str, str]]]] = {
     "MQTTOperatorReconcileErrors": (25, [{**_OP, "trigger": "pod", "severity": "warning"}]),
     "MQTTReplicaTransitionsStuck": (38, [{**_MQC, "severity": "warning"}]),
     "MQTTDrainStuck": (38, [{**_MQC, "severity": "warning"}]),
+    "MQTTSharedGroupBacklogWithoutConsumers": (15, [
+        {**_B, "group": "workers", "filter": "jobs/#", "severity": "warning"},
+        {**_B, "group": "gone", "filter": "gone/#", "severity": "warning"}]),
 }
 
 
-def test_alerts_fire_on_what_they_watch_and_only_there(testbed: Testbed, tmp_path: Path) -> None:
-    rule = render(testbed, "--api-versions", RULE_API)["PrometheusRule"]
+def test_alerts_fire_on_what_they_watch_and_only_there(helm_tools: Testbed,
+                                                       tmp_path: Path) -> None:
+    rule = render(helm_tools, "--api-versions", RULE_API)["PrometheusRule"]
     for each in alert_rules(rule):  # promtool would compare their texts too: labels suffice
         del each["annotations"]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
@@ -299,6 +359,115 @@ def test_alerts_fire_on_what_they_watch_and_only_there(testbed: Testbed, tmp_pat
     done = subprocess.run([promtool(), "test", "rules", "tests.yaml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+SHARED_ALERT = "MQTTSharedGroupBacklogWithoutConsumers"
+
+
+def test_shared_group_alert_is_a_toggle_with_its_own_window(helm_tools: Testbed,
+                                                            tmp_path: Path) -> None:
+    def alerts(*args: str) -> dict[str, dict[str, Any]]:
+        rule = render(helm_tools, "--api-versions", RULE_API, *args)["PrometheusRule"]
+        return {r["alert"]: r for r in alert_rules(rule)}
+
+    default = alerts()[SHARED_ALERT]
+    assert default["for"] == "10m" and "[10m]" in default["expr"]
+    assert 'state="connected"' in default["expr"]
+    assert 'job="rel-headless"' in default["expr"]  # the chart's cluster only
+    assert {"{{ $labels.group }}", "{{ $labels.filter }}"} <= set(re.findall(
+        r"\{\{ \$labels\.\w+ \}\}", default["annotations"]["summary"]))
+
+    off = alerts("--set", "prometheusRule.sharedGroupBacklog.enabled=false")
+    assert set(off) == set(ALERT_CASES) - {SHARED_ALERT}
+
+    longer = render(helm_tools, "--api-versions", RULE_API,
+                    "--set", "prometheusRule.sharedGroupBacklog.for=30m")["PrometheusRule"]
+    rule = next(r for r in alert_rules(longer) if r["alert"] == SHARED_ALERT)
+    assert rule["for"] == "30m" and "[30m]" in rule["expr"] and "[10m]" not in rule["expr"]
+    assert "30m" in rule["annotations"]["description"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(longer["spec"]))
+    check_rules(tmp_path / "rules.yaml")
+
+    refused = helm(helm_tools, "template", "rel", str(CHART), "--api-versions", RULE_API,
+                   "--set", "prometheusRule.sharedGroupBacklog.for=ten", check=False)
+    assert refused.returncode != 0 and "sharedGroupBacklog" in refused.stderr
+
+
+@contextmanager
+def rules_prometheus(spec: dict[str, Any], broker: BrokerProcess, workdir: Path
+                     ) -> Iterator[int]:
+    """Debian's Prometheus evaluating the rendered rules every second over one broker,
+    scraped every second as the chart's ServiceMonitor labels it (job rel-headless,
+    namespace ns); yields its port."""
+    binary = shutil.which("prometheus")
+    assert binary, "Debian's prometheus is missing: make install brings it"
+    (workdir / "rules.yaml").write_text(yaml.safe_dump(spec))
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(workdir / "rules.yaml")],
+        "scrape_configs": [{"job_name": "rel-headless", "static_configs": [{
+            "targets": [f"127.0.0.1:{broker.ports['http']}"],
+            "labels": {"namespace": "ns", "pod": "rel-0"}}]}]}))
+    port = _free_port()
+    with (workdir / "prometheus.log").open("w") as log, subprocess.Popen(
+            [binary, f"--config.file={workdir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=log, stderr=log) as proc:
+        try:
+            wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
+            yield port
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def _alerts(port: int, name: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=10) as answer:
+        return [a for a in json.load(answer)["data"]["alerts"] if a["labels"]["alertname"] == name]
+
+
+@pytest.mark.integration
+def test_shared_group_alert_on_a_live_broker_in_real_prometheus(
+        helm_tools: Testbed, start_broker: Callable[..., BrokerProcess], tmp_path: Path,
+        clients: list[PahoClient]) -> None:
+    """The rule as rendered (with a 10 s window) over what a real broker exports: a durable
+    shared group whose two members left while jobs keep coming fires; one member back, the
+    alert is gone. Checks the metric and label names the rule assumes, not only its logic."""
+    spec = render(helm_tools, "--api-versions", RULE_API,
+                  "--set", "prometheusRule.sharedGroupBacklog.for=10s")["PrometheusRule"]["spec"]
+    broker = start_broker(**{"durable_storage.messages.backend": "builtin_raft"})
+    members = [unique("w1"), unique("w2")]
+    for client_id in members:
+        member = PahoClient(broker.tcp, client_id)
+        clients.append(member)
+        member.connect(session_expiry=3600)
+        assert member.subscribe("$share/workers/jobs/#", 1) == [1]
+        member.disconnect()
+    publisher = PahoClient(broker.tcp, unique("pub"))
+    clients.append(publisher)
+    publisher.connect()
+
+    def firing(port: int) -> list[dict[str, str]]:
+        return [a["labels"] for a in _alerts(port, SHARED_ALERT) if a["state"] == "firing"]
+
+    with rules_prometheus(spec, broker, tmp_path) as port:
+        deadline, n = time.monotonic() + 60, 0
+        while not firing(port):  # a job every half second: the backlog keeps growing
+            assert time.monotonic() < deadline, f"never fired: {_alerts(port, SHARED_ALERT)}"
+            publisher.publish(f"jobs/{n}", b"job", qos=1)
+            n += 1
+            time.sleep(0.5)
+        assert firing(port) == [{"alertname": SHARED_ALERT, "severity": "warning",
+                                 "namespace": "ns", "job": "rel-headless",
+                                 "group": "workers", "filter": "jobs/#"}]
+        back = PahoClient(broker.tcp, members[0])
+        clients.append(back)
+        back.connect(clean_start=False, session_expiry=3600)  # its session: still a member
+        publisher.publish("jobs/after", b"job", qos=1)
+        deadline = time.monotonic() + 30
+        while _alerts(port, SHARED_ALERT):
+            assert time.monotonic() < deadline, f"still on: {_alerts(port, SHARED_ALERT)}"
+            time.sleep(0.5)
 
 
 # ---- against what a live broker and the operator export ----------------------------------

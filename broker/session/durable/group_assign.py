@@ -9,6 +9,8 @@ Shards are spread evenly over the connected members, each keeping what it has wh
 - a connected member holding more than its share is asked to let go of the extra (`revoke`):
   its node stops reading them, waits for its batch records, and frees them; only a free
   shard is handed to another member (so no two members ever read a shard at once);
+- a connected member whose client acknowledges nothing while its window is full (stalled)
+  is asked to let go of every shard, so it holds back no more than its window;
 - with no connected member, nothing moves: the messages wait in storage.
 """
 
@@ -20,18 +22,24 @@ from broker.session.durable.group_records import OWN, REVOKE, Owner
 Change = tuple[int, Owner | None, Owner]  # shard, what is stored (None: nothing), new
 
 
-def rebalance(n_shards: int, owners: Mapping[int, Owner], connected: Set[str]) -> list[Change]:
-    """The owner changes that move the group towards an even spread over `connected`."""
-    if not connected:
+def rebalance(n_shards: int, owners: Mapping[int, Owner], ready: Set[str],
+              stalled: Set[str] = frozenset()) -> list[Change]:
+    """The owner changes that move the group towards an even spread over the `ready`
+    members; `stalled` ones (connected, but acknowledging nothing) are asked to let go of
+    what they hold, as long as a ready member can take it."""
+    if not ready:
         return []
-    members = sorted(connected)
+    members = sorted(ready)
     cap = ceil(n_shards / len(members))
     load = dict.fromkeys(members, 0)
     changes: list[Change] = []
     free: list[int] = []
     for shard in range(n_shards):
         owner = owners.get(shard)
-        if owner is None or owner.client is None or owner.client not in load:
+        if owner is not None and owner.client in stalled:
+            if owner.state == OWN:
+                changes.append((shard, owner, Owner(owner.client, REVOKE)))
+        elif owner is None or owner.client is None or owner.client not in load:
             free.append(shard)  # free, or its owner left: nothing of it is being read
         elif owner.state == OWN and load[owner.client] < cap:
             load[owner.client] += 1

@@ -20,6 +20,7 @@ let go of and frees it once its batch records are stored.
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from broker.session.session import Session
 
 log = logging.getLogger(__name__)
 
+READY, STALLED, GONE = "ready", "stalled", "gone"
 BACKLOG_CAP = 10_000
 """Messages counted per stream at most when the backlog is asked for (API, metrics)."""
 _BACKLOG_DOC = (f"Stored messages a durable shared group has not read yet (counted up to"
@@ -52,13 +54,18 @@ class Group:
 
 class GroupManager:
     def __init__(self, ds: DurableStorage, store: SessionStore, stats: Stats,
-                 sessions: Mapping[str, Session], connected: Callable[[str], bool],
-                 replicated: bool) -> None:
+                 sessions: Mapping[str, Session], state: Callable[[str], str],
+                 replicated: bool, ack_timeout: float = 0.0) -> None:
         self._ds = ds
         self._store = store
         self._stats = stats
         self._sessions = sessions
-        self._connected = connected  # whether a member's client is connected, on any node
+        # A member's client, on any node: READY, STALLED (connected, window full and
+        # unacknowledged) or GONE.
+        self._state = state
+        self._ack_timeout = ack_timeout
+        # Set by the node: writes a member's stalled flag into its session's meta.
+        self.stall_changed: Callable[[DurableSession], None] = lambda session: None
         self.replicated = replicated
         self.n_shards = ds.messages.n_shards
         self.groups: dict[str, Group] = {}
@@ -67,6 +74,9 @@ class GroupManager:
         self._dirty: set[str] = set()
         self._pass: asyncio.Handle | None = None
         self._releasing: set[tuple[str, int]] = set()
+        # Shards asked back from a member (`revoke`), freed by its node: asked again every
+        # tick while so, if that node's first try failed.
+        self._revoked: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ---- what is stored ----------------------------------------------------------------
@@ -82,6 +92,8 @@ class GroupManager:
             self._group(share, start)
         for share, shard_owners in owners.items():
             self._group(share, since.get(share, 0)).owners.update(shard_owners)
+        self._revoked = {(share, shard) for share, shard_owners in owners.items()
+                         for shard, owner in shard_owners.items() if owner.state == g.REVOKE}
         self._dirty.update(self.groups)
         self._schedule()
 
@@ -148,11 +160,36 @@ class GroupManager:
         self._dirty.add(share)
         self._schedule()
 
-    def tick(self) -> None:
-        """Periodic: every group again (a member's node may have gone down, or this node may
-        have become the one that decides)."""
-        self._dirty.update(self.groups)
-        self._schedule()
+    def tick(self, now: float | None = None) -> None:
+        """Periodic: members served here that stalled or recovered; with builtin_raft every
+        group again (a member's node may have gone down, or this node may have become the
+        one that decides)."""
+        self._check_stalls(time.monotonic() if now is None else now)
+        for share, shard in list(self._revoked):
+            owner = self.groups[share].owners[shard] if share in self.groups else None
+            session = self._sessions.get(owner.client) if owner and owner.client else None
+            if owner is not None and isinstance(session, DurableSession):
+                self._release(session, share, shard, owner)
+        if self.replicated:
+            self._dirty.update(self.groups)
+            self._schedule()
+
+    def _check_stalls(self, now: float) -> None:
+        if not self._ack_timeout:
+            return
+        for share, group in self.groups.items():
+            for client_id in group.members:
+                session = self._sessions.get(client_id)
+                if not isinstance(session, DurableSession):
+                    continue
+                stalled = session.stalled_since(now, self._ack_timeout)
+                if stalled != session.stalled:
+                    session.stalled = stalled
+                    log.info("durable group %s: member %s %s", share, client_id,
+                             "stalled: its shards go to the others" if stalled else
+                             "acknowledges again")
+                    self.stall_changed(session)
+                    self.member_changed(session)
 
     def _schedule(self) -> None:
         if self._pass is None:
@@ -174,8 +211,10 @@ class GroupManager:
             if not group.members:
                 self._end(share)
                 continue
-            connected = {m for m in group.members if self._connected(m)}
-            for shard, stored, new in rebalance(self.n_shards, group.owners, connected):
+            states = {m: self._state(m) for m in group.members}
+            ready = {m for m, state in states.items() if state == READY}
+            stalled = {m for m, state in states.items() if state == STALLED}
+            for shard, stored, new in rebalance(self.n_shards, group.owners, ready, stalled):
                 self._write_owner(share, shard, stored, new)
 
     def _write_owner(self, share: str, shard: int, stored: g.Owner | None,
@@ -188,6 +227,7 @@ class GroupManager:
     def _end(self, share: str) -> None:
         """The last member's session ended or unsubscribed: the group and its positions go."""
         del self.groups[share]
+        self._revoked = {(s, shard) for s, shard in self._revoked if s != share}
         self._store.write_soon([(key, None) for key in self._store.group_keys(share)])
 
     # ---- acting on what is stored ------------------------------------------------------
@@ -227,6 +267,10 @@ class GroupManager:
         group = self._group(share, 0)
         before = group.owners.get(shard)
         group.owners[shard] = owner
+        if owner.state == g.REVOKE:
+            self._revoked.add((share, shard))
+        else:
+            self._revoked.discard((share, shard))
         if before is not None and before.client not in (None, owner.client):
             self._refresh(before.client, share)  # stops reading the shard, if it did
         if owner.client is None:
@@ -267,11 +311,18 @@ class GroupManager:
         async def release() -> None:
             try:
                 await asyncio.gather(*recording, return_exceptions=True)
-                await self._write_owner(share, shard, owner, g.Owner(None, g.FREE))
-            except Exception:  # the decider asks again: the shard is still `revoke`
-                log.exception("durable group %s: freeing shard %d failed", share, shard)
+                group = self.groups.get(share)
+                if group is None or group.owners.get(shard) != owner:
+                    return  # it moved meanwhile (its member left)
+                # Done with once the change is made: the shard may come back to this member
+                # and be asked back before the change is stored.
+                written = self._write_owner(share, shard, owner, g.Owner(None, g.FREE))
             finally:
                 self._releasing.discard((share, shard))
+            try:
+                await written
+            except Exception:  # refused or not committed: asked again while still `revoke`
+                log.exception("durable group %s: freeing shard %d failed", share, shard)
 
         task = asyncio.get_running_loop().create_task(release())
         self._tasks.add(task)
@@ -285,7 +336,8 @@ class GroupManager:
             name, topic_filter = parse_shared(share)
             streams = self._streams(share, group)
             members = [{"clientid": client_id, "node": node_of(client_id),
-                        "connected": self._connected(client_id),
+                        "connected": self._state(client_id) != GONE,
+                        "stalled": self._state(client_id) == STALLED,
                         "shards": sorted(self.owned(share, client_id))}
                        for client_id in sorted(group.members)]
             described.append({
@@ -312,7 +364,8 @@ class GroupManager:
                 Iterator(stream, read_filter, position or max(group.since - 1, 0)))
             found.append({"shard": stream.shard, "generation": stream.generation,
                           "stream": stream.id, "backlog": backlog,
-                          "owner": reader if reader and self._connected(reader) else None})
+                          "owner": reader if reader and self._state(reader) == READY
+                          else None})
         return found
 
     def _count(self, iterator: Iterator | None) -> int:
@@ -335,7 +388,7 @@ class GroupManager:
             name, topic_filter = parse_shared(share)
             assert name is not None
             labels = {"group": name, "filter": topic_filter}
-            connected = sum(1 for m in group.members if self._connected(m))
+            connected = sum(1 for m in group.members if self._state(m) != GONE)
             backlog = sum(s["backlog"] for s in self._streams(share, group))
             samples.append(("mqtt_shared_group_backlog", "gauge", _BACKLOG_DOC, labels,
                             float(backlog)))

@@ -154,6 +154,9 @@ class Meta:
     site: str = ""  # the node that owns the session: it alone restores it at start-up
     epoch: int = 0  # grows each time the session moves to another node (ownership.py)
     created: bool = False  # written by the node that started the session (ownership.py)
+    # Connected, but its in-flight window full and unacknowledged for a while: its durable
+    # groups pass it over (groups.py).
+    stalled: bool = False
 
     def to_bytes(self) -> bytes:
         return dumps({
@@ -161,6 +164,7 @@ class Meta:
             "disconnected_at": self.disconnected_at,
             "will": will_to_json(self.will) if self.will is not None else None,
             "site": self.site, "epoch": self.epoch, "created": self.created,
+            **({"stalled": True} if self.stalled else {}),
         })
 
     @classmethod
@@ -169,7 +173,8 @@ class Meta:
         will = value.get("will")
         return cls(value["expiry"], value["proto"], value["connected"],
                    value["disconnected_at"], will_from_json(will) if will else None,
-                   value.get("site", ""), value.get("epoch", 0), value.get("created", False))
+                   value.get("site", ""), value.get("epoch", 0), value.get("created", False),
+                   value.get("stalled", False))
 
 
 def will_to_json(will: Will) -> dict[str, Any]:

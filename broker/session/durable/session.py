@@ -134,6 +134,10 @@ class DurableSession(Session):
         # Started here, no meta of it applied here yet: the metas it writes create it
         # (ownership.py, SessionManager.meta_applied).
         self.created = True
+        # A durable group member's window is full and nothing was acknowledged for a while
+        # (groups.py); when the last acknowledgement came (monotonic seconds).
+        self.stalled = False
+        self.last_ack = 0.0
 
     # ---- state from the store ----------------------------------------------------------
     def restore_subscriptions(self, stored: StoredSession) -> None:
@@ -159,6 +163,8 @@ class DurableSession(Session):
             for record in stored.batches:
                 self._replay(record, stored.released)
         self.loaded = True
+        self.stalled = False
+        self.last_ack = time.monotonic()
         self.refresh_streams()
 
     def _replay(self, record: r.BatchRecord, released: set[int]) -> None:
@@ -569,20 +575,25 @@ class DurableSession(Session):
 
     def _backlogged(self, shared: bool = False) -> bool:
         """Whether reading waits: a plain subscription reads ahead up to two batches past
-        the client's window, a shared one only while the window has room."""
+        the client's window, a shared one up to one window (`_shared_room`)."""
         if shared:
-            connection = self.connection
-            window = connection.send_window if connection is not None else 0
-            return len(self.inflight) + self.queued + self._unsent >= window
+            return self._shared_room() <= 0
         return self.queued + self._unsent > 2 * self._ctx.batch_size
 
-    def _window_cut(self, key: str, ttvs: Sequence[TTV]) -> int:
-        """How many of the batch's messages fit the room left in the client's window (only
-        QoS 1/2 deliveries take room)."""
+    def _shared_room(self) -> int:
+        """How many more deliveries a durable group member may take: it holds at most two
+        windows (the client's, and one more whose records are being committed, so that a
+        commit does not leave the window empty), which is all it keeps if its connection
+        breaks."""
         connection = self.connection
         if connection is None:
             return 0
-        room = connection.send_window - len(self.inflight) - self.queued - self._unsent
+        return 2 * connection.send_window - len(self.inflight) - self.queued - self._unsent
+
+    def _window_cut(self, key: str, ttvs: Sequence[TTV]) -> int:
+        """How many of the batch's messages fit the room a group member has (only QoS 1/2
+        deliveries take room)."""
+        room = self._shared_room()
         max_qos = self.subscriptions[key].qos
         if not max_qos:
             return len(ttvs)
@@ -611,6 +622,7 @@ class DurableSession(Session):
         return r.packet_id_of(seqno)
 
     def completed(self, delivery: Delivery) -> None:
+        self.last_ack = time.monotonic()
         pending = delivery.batch
         if isinstance(pending, _Pending):
             record = pending.record
@@ -673,6 +685,14 @@ class DurableSession(Session):
             return False
         self._ctx.store.write_soon([(r.awaiting_rel_key(self.client_id, packet_id), None)])
         return True
+
+    def stalled_since(self, now: float, timeout: float) -> bool:
+        """Whether the client's window is full and nothing was acknowledged for `timeout`
+        seconds (a group member so stalled holds back only what it has)."""
+        connection = self.connection
+        if connection is None or len(self.inflight) < connection.send_window:
+            return False
+        return now - self.last_ack >= timeout
 
     def shared_batches(self) -> list[r.BatchRecord]:
         """Batches of the session's shared subscriptions not fully acknowledged, with what

@@ -1,0 +1,86 @@
+"""What the replicas of `sessions` admit of a durable group's writes (group_fencing.py):
+one member reads a shard at a time, whatever the nodes believe."""
+
+from broker.ds import Stream
+from broker.session.durable import group_records as g
+from broker.session.durable import records as r
+from broker.session.durable.ownership import admitted
+
+SHARE = "$share/workers/jobs/#"
+STREAM = Stream("messages", 2, 1, 7)
+
+
+def meta(site: str) -> bytes:
+    return r.Meta(60, 5, True, None, None, site, 1).to_bytes()
+
+
+def store_with(owner: g.Owner | None) -> dict[bytes, bytes]:
+    store = {r.meta_key("w1"): meta("A"), r.meta_key("w2"): meta("B")}
+    if owner is not None:
+        store[g.owner_key(SHARE, 2)] = owner.to_bytes(None)
+    return store
+
+
+def kept(store: dict[bytes, bytes], writer: str,
+         writes: list[tuple[bytes, bytes | None]]) -> tuple[list[bytes], set[str]]:
+    result, refused = admitted(writer, writes, store.get)
+    return [key for key, _ in result], refused
+
+
+def batch(share: str = SHARE) -> bytes:
+    return r.BatchRecord(share, STREAM, 0, 10, 1, 3, 1, False).to_bytes()
+
+
+def test_an_owner_change_is_admitted_only_over_the_state_it_names() -> None:
+    own_w1 = g.Owner("w1", g.OWN)
+    store = store_with(own_w1)
+    key = g.owner_key(SHARE, 2)
+    stale = g.Owner("w2", g.OWN).to_bytes(None)  # decided as if the shard were free
+    assert kept(store, "C", [(key, stale)]) == ([], set())
+    revoke = g.Owner("w1", g.REVOKE).to_bytes(own_w1)
+    assert kept(store, "C", [(key, revoke)]) == ([key], set())
+
+
+def test_positions_and_batches_only_from_the_node_serving_the_shards_member() -> None:
+    store = store_with(g.Owner("w1", g.OWN))
+    position = (g.position_key(SHARE, STREAM), b'{"pos":5}')
+    assert kept(store, "A", [position])[0] == [position[0]]
+    assert kept(store, "B", [position])[0] == []
+    record = (r.batch_key("w2", 1), batch())
+    # w2's node records a batch of a shard w1 reads: refused, and w2 leaves that node.
+    assert kept(store, "B", [record]) == ([], {"w2"})
+    assert kept(store, "A", [(r.batch_key("w1", 1), batch())])[0] == [r.batch_key("w1", 1)]
+    # A batch of a plain subscription is the session's own business.
+    assert kept(store, "B", [(r.batch_key("w2", 1), batch("jobs/#"))])[0] == [
+        r.batch_key("w2", 1)]
+
+
+def test_a_free_shard_takes_no_position() -> None:
+    store = store_with(g.Owner(None, g.FREE))
+    assert kept(store, "A", [(g.position_key(SHARE, STREAM), b'{"pos":5}')])[0] == []
+
+
+def test_a_returned_batch_is_taken_only_by_the_shards_reader_or_with_the_group() -> None:
+    store = store_with(g.Owner("w2", g.OWN))
+    returned = g.returned_key(SHARE, 2, "w1", 1)
+    record = r.BatchRecord(SHARE, STREAM, 0, 10, 1, 3, 1, False)
+    assert kept(store, "A", [(returned, g.returned_to_bytes(record))])[0] == [returned]
+    assert kept(store, "B", [(returned, g.returned_to_bytes(record))])[0] == []
+    assert kept(store, "A", [(returned, None)])[0] == []
+    assert kept(store, "B", [(returned, None)])[0] == [returned]
+    ending = [(returned, None), (g.group_key(SHARE), None)]
+    assert sorted(kept(store, "A", ending)[0]) == sorted(key for key, _ in ending)
+
+
+def test_the_group_starts_with_its_first_member() -> None:
+    store = store_with(None)
+    first = (g.group_key(SHARE), g.group_to_bytes(100))
+    assert kept(store, "A", [first])[0] == [first[0]]
+    store[first[0]] = first[1]
+    assert kept(store, "B", [(g.group_key(SHARE), g.group_to_bytes(200))])[0] == []
+
+
+def test_returned_batch_keys_round_trip() -> None:
+    key = g.returned_key(SHARE, 2, "client/with/slashes", 42)
+    assert g.returned_shard(key, SHARE) == 2
+    assert g.returned_client(key, SHARE) == "client/with/slashes"
