@@ -171,8 +171,9 @@ class _StatsCollector(Collector):
         )
         yield CounterMetricFamily(
             "mqtt_shared_group_redelivered",
-            "QoS 1 deliveries a durable shared group's member left unacknowledged when its"
-            " session ended, sent to another member (MQTT 5.0 section 4.8.2)",
+            "QoS 1 deliveries of a durable shared group delivered by another member than the"
+            " one they were read for: left unacknowledged when its session ended, or never sent"
+            " when its client left (MQTT 5.0 section 4.8.2)",
             value=stats.shared_adopted)
         writes = stats.durable_writes
         histogram = HistogramMetricFamily(

@@ -187,7 +187,7 @@ def test_jobs_of_a_member_whose_session_ended_go_to_another_member(
     redelivered = [m for m in fast.messages if m.payload in held]
     assert sorted(m.payload for m in redelivered) == sorted(held)
     assert not any(m.dup for m in redelivered)
-    assert broker.metric("mqtt_shared_group_redelivered_total") == len(held)
+    assert broker.metric("mqtt_shared_group_redelivered_total") >= len(held)
 
 
 def test_the_group_goes_with_its_last_member(paho_client, start_broker) -> None:

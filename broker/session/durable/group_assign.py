@@ -1,7 +1,8 @@
 """Which member of a durable group reads which shard: a pure function of what is stored.
 
-Shards are spread evenly over the connected members, each keeping what it has where it can
-(a move costs a pause of that shard and breaks per-publisher order across the move):
+Shards are spread evenly over the connected members (each n_shards // members of them, or
+one more), each keeping what it has where it can (a move costs a pause of that shard and
+breaks per-publisher order across the move):
 
 - a shard whose owner is not a connected member any more goes straight to another one: a
   member that is not connected reads nothing (its node stopped its readers before it wrote
@@ -15,7 +16,6 @@ Shards are spread evenly over the connected members, each keeping what it has wh
 """
 
 from collections.abc import Mapping, Set
-from math import ceil
 
 from broker.session.durable.group_records import OWN, REVOKE, Owner
 
@@ -25,13 +25,12 @@ Change = tuple[int, Owner | None, Owner]  # shard, what is stored (None: nothing
 def rebalance(n_shards: int, owners: Mapping[int, Owner], ready: Set[str],
               stalled: Set[str] = frozenset()) -> list[Change]:
     """The owner changes that move the group towards an even spread over the `ready`
-    members; `stalled` ones (connected, but acknowledging nothing) are asked to let go of
+    members (each n_shards // members, the n_shards % members that hold most now one
+    more); `stalled` ones (connected, but acknowledging nothing) are asked to let go of
     what they hold, as long as a ready member can take it."""
     if not ready:
         return []
-    members = sorted(ready)
-    cap = ceil(n_shards / len(members))
-    load = dict.fromkeys(members, 0)
+    held: dict[str, list[int]] = {member: [] for member in ready}
     changes: list[Change] = []
     free: list[int] = []
     for shard in range(n_shards):
@@ -39,18 +38,23 @@ def rebalance(n_shards: int, owners: Mapping[int, Owner], ready: Set[str],
         if owner is not None and owner.client in stalled:
             if owner.state == OWN:
                 changes.append((shard, owner, Owner(owner.client, REVOKE)))
-        elif owner is None or owner.client is None or owner.client not in load:
+        elif owner is None or owner.client is None or owner.client not in held:
             free.append(shard)  # free, or its owner left: nothing of it is being read
-        elif owner.state == OWN and load[owner.client] < cap:
-            load[owner.client] += 1
         elif owner.state == OWN:
-            changes.append((shard, owner, Owner(owner.client, REVOKE)))
+            held[owner.client].append(shard)
         # revoke: its member's node frees it once it stopped reading
+    base, extra = divmod(n_shards, len(held))
+    by_hold = sorted(held, key=lambda m: (-len(held[m]), m))
+    quota = {member: base + (rank < extra) for rank, member in enumerate(by_hold)}
+    load = {}
+    for member, shards in held.items():
+        for shard in shards[quota[member]:]:
+            changes.append((shard, owners[shard], Owner(member, REVOKE)))
+        load[member] = min(len(shards), quota[member])
     for shard in free:
-        member = min(members, key=lambda m: (load[m], m))
-        if load[member] >= cap:
+        member = min(held, key=lambda m: (load[m] - quota[m], m))
+        if load[member] >= quota[member]:
             break
         load[member] += 1
         changes.append((shard, owners.get(shard), Owner(member, OWN)))
     return changes
-

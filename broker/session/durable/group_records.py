@@ -20,6 +20,7 @@ Values are JSON, like every other record of the database.
 """
 
 import struct
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -99,8 +100,20 @@ def position_stream(key: bytes) -> Stream:
     return Stream("messages", shard, generation, stream)
 
 
-def returned_key(share: str, shard: int, client_id: str, first_seqno: int) -> bytes:
-    return _key(b"x", share, _SHARD.pack(shard), client_id.encode(), _SEQNO.pack(first_seqno))
+def returned_key(share: str, shard: int, client_id: str, unique: int) -> bytes:
+    """`unique`: `returned_id()`, so a later return of the same batch, or one by a new
+    session of the client ID, never overwrites one not yet taken."""
+    return _key(b"x", share, _SHARD.pack(shard), client_id.encode(), _SEQNO.pack(unique))
+
+
+_last_returned = 0
+
+
+def returned_id() -> int:
+    """Microseconds of the wall clock, and never twice the same in a process."""
+    global _last_returned
+    _last_returned = max(_last_returned + 1, time.time_ns() // 1000)
+    return _last_returned
 
 
 def returned_prefix(share: str, shard: int) -> bytes:

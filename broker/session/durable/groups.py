@@ -132,13 +132,12 @@ class GroupManager:
     def session_ended(self, session: DurableSession) -> list[Write]:
         """The writes that hand what a member's session left unacknowledged in its groups to
         their next readers (with the session's own deletes)."""
-        writes: list[Write] = []
-        for record in session.shared_batches():
-            share, shard = record.topic_filter, record.stream.shard
-            writes.append((g.returned_key(share, shard, session.client_id, record.first_seqno),
-                           g.returned_to_bytes(record)))
-            if not self.replicated:  # taken once written, after this turn
-                asyncio.get_running_loop().call_soon(self._returned, share, shard)
+        records = session.shared_batches()
+        writes: list[Write] = [
+            (g.returned_key(record.topic_filter, record.stream.shard, session.client_id,
+                            g.returned_id()), g.returned_to_bytes(record))
+            for record in records]
+        self.returned({(record.topic_filter, record.stream.shard) for record in records})
         for key, options in session.subscriptions.items():
             if options.share_group is not None:
                 self.leave(key, session.client_id)
@@ -280,13 +279,20 @@ class GroupManager:
             if isinstance(session, DurableSession):
                 self._release(session, share, shard, owner)
         else:
-            self._refresh(owner.client, share)
-            self._returned(share, shard)
+            self._refresh(owner.client, share)  # it takes what waits in the shard, too
 
     def _refresh(self, client_id: str, share: str) -> None:
         session = self._sessions.get(client_id)
         if isinstance(session, DurableSession) and session.connection is not None:
             session.refresh_streams()
+
+    def returned(self, shares: set[tuple[str, int]]) -> None:
+        """Batches were returned to these shards here (`builtin_local`: no write comes back
+        applied): their readers take them once written, after this turn."""
+        if not self.replicated:
+            loop = asyncio.get_running_loop()
+            for share, shard in shares:
+                loop.call_soon(self._returned, share, shard)
 
     def _returned(self, share: str, shard: int) -> None:
         """Batches left by an ended member wait in the shard: its owner takes them, if it is

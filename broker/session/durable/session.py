@@ -30,6 +30,7 @@ from broker.metrics import Stats
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.mqtt.topic import parse_shared
+from broker.session.durable import group_records as g
 from broker.session.durable import records as r
 from broker.session.durable.store import SessionStore, StoredSession, Write
 from broker.session.durable.turn import run_in_slices
@@ -221,8 +222,56 @@ class DurableSession(Session):
     def detach(self) -> None:
         """The client left: stop reading. What was fetched stays in memory for a resume
         within this run (a restart rebuilds it from the store)."""
+        self._return_unsent()
         self._flush_acks()
         self.stop_reading()
+
+    def _return_unsent(self) -> None:
+        """A group member's client left: the QoS 1 deliveries of its shared subscriptions
+        read for it but never sent go back to the group, for the shard's next reader, rather
+        than wait for its return: it holds back only what was on the wire (MQTT-4.8.2-4).
+        Each batch's returned part is written with the member's record of it as done, in
+        the same commit (`detach` flushes the acknowledgements right after)."""
+        groups = self._ctx.groups
+        if groups is None:
+            return
+        taken: dict[int, tuple[_Pending, list[int]]] = {}
+
+        def take(delivery: Delivery) -> bool:
+            pending = delivery.batch
+            if (delivery.qos != 1 or delivery.sent or not isinstance(pending, _Pending)
+                    or not pending.record.topic_filter.startswith("$share/")):
+                return False
+            record = pending.record
+            offsets = taken.setdefault(record.first_seqno, (pending, []))[1]
+            offsets.append(_offset(record, delivery.packet_id))
+            return True
+
+        if self.queued:
+            kept = [delivery for delivery in self.queue if not take(delivery)]
+            self.queue.clear()
+            self.queue.extend(kept)
+        for _, _, deliveries in self._recording:
+            kept = [delivery for delivery in deliveries if not take(delivery)]
+            self._unsent -= len(deliveries) - len(kept)
+            deliveries[:] = kept
+        writes: list[Write] = []
+        for pending, offsets in taken.values():
+            record = pending.record
+            returned = r.BatchRecord(record.topic_filter, record.stream, record.begin,
+                                     record.end, record.first_seqno, record.count,
+                                     record.max_qos, record.no_local,
+                                     sorted(set(range(record.count)) - set(offsets)))
+            writes.append((g.returned_key(record.topic_filter, record.stream.shard,
+                                          self.client_id, g.returned_id()),
+                           g.returned_to_bytes(returned)))
+            record.done.extend(offsets)
+            pending.remaining -= len(offsets)
+            self._dirty[record.first_seqno] = None
+        if writes:
+            self._ctx.store.write_soon(writes)
+            groups.returned({(p.record.topic_filter, p.record.stream.shard)
+                             for p, _ in taken.values()})
 
     def stop_reading(self) -> None:
         for readers in self._readers.values():
@@ -361,11 +410,12 @@ class DurableSession(Session):
         for shard in current - owned:
             self.stop_shard(key, shard)
         gained = owned - current
+        self._group_shards[key] = owned
         if gained:
             positions = self._positions.setdefault(key, {})
             for shard in gained:
                 positions.update(self._ctx.store.load_group_positions(key, shard))
-        self._group_shards[key] = owned
+                self.adopt_returned(key, shard)  # older than what is read on
         return owned
 
     def stop_shard(self, key: str, shard: int) -> list[asyncio.Future[None]]:

@@ -16,10 +16,10 @@ def apply(owners: dict[int, Owner], changes: list[tuple[int, Owner | None, Owner
         owners[shard] = new
 
 
-def settle(owners: dict[int, Owner], connected: set[str]) -> dict[int, Owner]:
+def settle(owners: dict[int, Owner], connected: set[str], n: int = N) -> dict[int, Owner]:
     """Rebalances until nothing changes, the members' nodes freeing what they are asked to."""
     for _ in range(10):
-        changes = rebalance(N, owners, connected)
+        changes = rebalance(n, owners, connected)
         if not changes:
             return owners
         apply(owners, changes)
@@ -72,3 +72,16 @@ def test_a_shard_being_let_go_is_not_handed_out() -> None:
     owners[3] = Owner("a", REVOKE)
     changes = rebalance(N, owners, {"a", "b"})
     assert 3 not in {shard for shard, _, _ in changes}
+
+
+@pytest.mark.parametrize("n", [4, 5, 16])
+def test_members_joining_one_by_one_end_up_even(n: int) -> None:
+    """The last to join gets its share even when the others already hold the most any
+    member may (4 shards, 3 members: 2, 1, 1, not 2, 2, 0)."""
+    owners: dict[int, Owner] = {}
+    joined: set[str] = set()
+    for member in ["c", "a", "d", "b"]:
+        joined.add(member)
+        settle(owners, joined, n)
+        counts = [loads(owners)[m] for m in joined]
+        assert sum(counts) == n and max(counts) - min(counts) <= 1, (member, counts)
