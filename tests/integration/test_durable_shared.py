@@ -270,3 +270,23 @@ def test_workers_joining_at_once_get_every_job_once(start_broker) -> None:
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_stalled_member_holds_back_only_its_window(paho_client, start_broker) -> None:
+    """A member that stops acknowledging with its window full is passed over after
+    `durable_sessions.shared_subscription_ack_timeout`: the other member gets every job
+    but those on the wire to it; once it acknowledges, it gets its share again."""
+    broker = start_broker(**{"durable_sessions.shared_subscription_ack_timeout": "1s"})
+    w1, slow, fast, sent, held = start_slow_and_fast(paho_client, broker)
+    assert len(held) == 32  # mqtt.max_inflight
+    who = collect([fast], sorted(set(sent) - held))
+    assert not held & set(who)
+    assert slow.connected
+    stalled = [m for m in http_json(broker.ports["http"], "/api/v5/durable_shared_groups")[
+        "data"][0]["members"] if m["stalled"]]
+    assert [m["clientid"] for m in stalled] == [w1]
+    for message in list(slow.messages):
+        slow.ack(message.mid, message.qos)
+    wait_until(lambda: all(m["shards"] for m in http_json(
+        broker.ports["http"], "/api/v5/durable_shared_groups")["data"][0]["members"]),
+        what="the member back with shards once it acknowledged")

@@ -226,12 +226,12 @@ class DurableSession(Session):
         self._flush_acks()
         self.stop_reading()
 
-    def _return_unsent(self) -> None:
-        """A group member's client left: the QoS 1 deliveries of its shared subscriptions
-        read for it but never sent go back to the group, for the shard's next reader, rather
-        than wait for its return: it holds back only what was on the wire (MQTT-4.8.2-4).
-        Each batch's returned part is written with the member's record of it as done, in
-        the same commit (`detach` flushes the acknowledgements right after)."""
+    def _return_unsent(self, key: str | None = None, shard: int | None = None) -> None:
+        """A group member's client left (or it let go of the share's shard): the QoS 1
+        deliveries of its shared subscriptions (that shard's) read for it but never sent go
+        back to the group, for the shard's next reader, rather than wait for it: it holds
+        back only what was on the wire (MQTT-4.8.2-4). Each batch's returned part is
+        written with the member's record of it as done, in the same commit."""
         groups = self._ctx.groups
         if groups is None:
             return
@@ -243,6 +243,8 @@ class DurableSession(Session):
                     or not pending.record.topic_filter.startswith("$share/")):
                 return False
             record = pending.record
+            if key is not None and (record.topic_filter != key or record.stream.shard != shard):
+                return False
             offsets = taken.setdefault(record.first_seqno, (pending, []))[1]
             offsets.append(_offset(record, delivery.packet_id))
             return True
@@ -270,6 +272,7 @@ class DurableSession(Session):
             self._dirty[record.first_seqno] = None
         if writes:
             self._ctx.store.write_soon(writes)
+            self._flush_acks()
             groups.returned({(p.record.topic_filter, p.record.stream.shard)
                              for p, _ in taken.values()})
 
@@ -419,8 +422,10 @@ class DurableSession(Session):
         return owned
 
     def stop_shard(self, key: str, shard: int) -> list[asyncio.Future[None]]:
-        """Stops reading the group's shard; returns the batch records still being written,
-        which must be stored before another member reads on from the group's position."""
+        """Stops reading the group's shard (what was read of it and not sent goes back to
+        the group); returns the batch records still being written, which must be stored
+        before another member reads on from the group's position."""
+        self._return_unsent(key, shard)
         readers = self._readers.get(key, {})
         for stream in [stream for stream in readers if stream.shard == shard]:
             readers.pop(stream).cancel()
