@@ -111,8 +111,8 @@ class Node:
                 config["durable_sessions.shared_subscription_ack_timeout"])
             self.groups.stall_changed = self.sessions.stall_changed
 
-    def replicate_sessions(self, decides: Callable[[], bool],
-                           is_up: Callable[[str], bool]) -> None:
+    def replicate_sessions(self, decides: Callable[[], bool], is_up: Callable[[str], bool],
+                           read_barrier: Callable[[], Awaitable[bool]]) -> None:
         """Replicated Durable Storage (builtin_raft): the `sessions` database is every
         node's; durable groups are decided by the node that `decides` (the leader of the
         `sessions` group), a member counting as connected while its node `is_up`."""
@@ -121,6 +121,7 @@ class Node:
         if self.durable is not None and self.groups is not None:
             self.durable.replicated = self.groups.replicated = True
             self.groups.decides = decides
+            self.groups.read_barrier = read_barrier
 
     def member_node(self, client_id: str) -> str | None:
         """The site of the node serving a durable group member (its replicated meta's, when

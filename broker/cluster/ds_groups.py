@@ -258,6 +258,16 @@ class DsGroups:
             return False
         return True
 
+    async def sessions_barrier(self) -> bool:
+        """True once this node's replica of `sessions` holds everything committed before the
+        call; False after the commit timeout."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._metadata.commit(SESSIONS_GROUP, cmd.BARRIER_COMMAND)
+        except (TimeoutError, CommitTimeout):
+            return False
+        return True
+
     def stop(self) -> None:
         """Writes fail at once from now on, and so do those waiting for a commit (the
         links go down: none could commit), or closing the storage would wait for each until

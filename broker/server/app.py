@@ -73,7 +73,7 @@ class BrokerApp:
                                       self.node.durable_writes_refused,
                                       ownership.sessions_of)
             self.node.replicate_sessions(partial(self.ds_groups.leads, None),
-                                         self.ds_groups.is_up)
+                                         self.ds_groups.is_up, self.ds_groups.sessions_barrier)
             self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None

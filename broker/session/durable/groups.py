@@ -21,7 +21,7 @@ let go of and frees it once its batch records are stored.
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,14 @@ class GroupManager:
         self._ack_timeout = ack_timeout
         # Set by the node: writes a member's stalled flag into its session's meta.
         self.stall_changed: Callable[[DurableSession], None] = lambda session: None
+        # builtin_raft: resolves True once this node's replica of `sessions` holds all that
+        # was committed before the call (a barrier through the log).
+        self.read_barrier: Callable[[], Awaitable[bool]] | None = None
+        # builtin_raft: shards given to a member served here that it may read, (share,
+        # shard) -> member: given, and a barrier passed since (`owned`).
+        self._readable: dict[tuple[str, int], str] = {}
+        self._unchecked: set[tuple[str, int, str]] = set()
+        self._barrier: asyncio.Task[None] | None = None
         self.replicated = replicated
         self.n_shards = ds.messages.n_shards
         self.groups: dict[str, Group] = {}
@@ -92,6 +100,7 @@ class GroupManager:
             self._group(share, start)
         for share, shard_owners in owners.items():
             self._group(share, since.get(share, 0)).owners.update(shard_owners)
+        self._readable.clear()
         self._revoked = {(share, shard) for share, shard_owners in owners.items()
                          for shard, owner in shard_owners.items() if owner.state == g.REVOKE}
         self._dirty.update(self.groups)
@@ -148,11 +157,43 @@ class GroupManager:
         return group.since if group is not None and group.since else None
 
     def owned(self, share: str, client_id: str) -> set[int]:
+        """The shards the member reads. With builtin_raft, a shard given to it only once a
+        barrier passed after it was: this node's replica may lag behind the log (it was
+        down, or slow), and an owner record it applied may already be superseded, or the
+        group's positions in the shard be behind what its last reader recorded; read from
+        there, the member would read again what another one did."""
         group = self.groups.get(share)
         if group is None:
             return set()
-        return {shard for shard, owner in group.owners.items()
-                if owner.client == client_id and owner.state == g.OWN}
+        shards = {shard for shard, owner in group.owners.items()
+                  if owner.client == client_id and owner.state == g.OWN}
+        if self.read_barrier is None:
+            return shards
+        readable = {shard for shard in shards if self._readable.get((share, shard)) == client_id}
+        if len(readable) < len(shards):
+            self._unchecked.update((share, shard, client_id) for shard in shards - readable)
+            if self._barrier is None:
+                self._barrier = asyncio.get_running_loop().create_task(self._check())
+        return readable
+
+    async def _check(self) -> None:
+        """Passes barriers until every shard given to a member served here is checked."""
+        assert self.read_barrier is not None
+        try:
+            while self._unchecked:
+                checking, self._unchecked = self._unchecked, set()
+                if not await self.read_barrier():
+                    self._unchecked |= checking  # cut off from the majority: later
+                    await asyncio.sleep(1.0)
+                    continue
+                for share, shard, client_id in checking:
+                    group = self.groups.get(share)
+                    if group is not None and group.owners.get(shard) == g.Owner(client_id,
+                                                                                 g.OWN):
+                        self._readable[(share, shard)] = client_id
+                        self._refresh(client_id, share)
+        finally:
+            self._barrier = None
 
     # ---- deciding ----------------------------------------------------------------------
     def changed(self, share: str) -> None:
@@ -225,8 +266,11 @@ class GroupManager:
 
     def _end(self, share: str) -> None:
         """The last member's session ended or unsubscribed: the group and its positions go."""
+        log.info("durable group %s ended: no member left", share)
         del self.groups[share]
         self._revoked = {(s, shard) for s, shard in self._revoked if s != share}
+        self._readable = {key: client for key, client in self._readable.items()
+                          if key[0] != share}
         self._store.write_soon([(key, None) for key in self._store.group_keys(share)])
 
     # ---- acting on what is stored ------------------------------------------------------
@@ -266,6 +310,9 @@ class GroupManager:
         group = self._group(share, 0)
         before = group.owners.get(shard)
         group.owners[shard] = owner
+        if self._readable.get((share, shard)) not in (None, owner.client) or \
+                owner.state != g.OWN:
+            self._readable.pop((share, shard), None)
         if owner.state == g.REVOKE:
             self._revoked.add((share, shard))
         else:
@@ -409,3 +456,5 @@ class GroupManager:
             self._pass.cancel()
         for task in self._tasks:
             task.cancel()
+        if self._barrier is not None:
+            self._barrier.cancel()

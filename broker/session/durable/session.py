@@ -451,26 +451,16 @@ class DurableSession(Session):
 
     async def _read(self, topic_filter: str, stream: Stream, iterator: Iterator) -> None:
         ctx = self._ctx
-        shared = topic_filter.startswith("$share/")
         subscription = ctx.ds.subscribe(iterator, ctx.batch_size)
         try:
             while True:
                 after, ttvs = await subscription.next()
-                while self._backlogged(shared):
+                while self._backlogged():
                     if self._room is None:
                         self._room = asyncio.get_running_loop().create_future()
                     await asyncio.shield(self._room)  # one reader cancelled, not all
                 if self.connection is None or topic_filter not in self.subscriptions:
                     return
-                cut = self._window_cut(topic_filter, ttvs) if shared else len(ttvs)
-                if cut < len(ttvs):
-                    # A group member takes no more than its window has room for: what it
-                    # holds when its connection breaks waits for it (MQTT-4.8.2-4), and
-                    # the rest of its shards go on to the other members.
-                    ttvs = ttvs[:cut]
-                    after = Iterator(stream, iterator.topic_filter, ttvs[-1].timestamp)
-                    subscription.close()
-                    subscription = ctx.ds.subscribe(after, ctx.batch_size)
                 self._record_batch(topic_filter, stream, iterator, after, ttvs)
                 if after is None:
                     break
@@ -628,39 +618,11 @@ class DurableSession(Session):
             connection.flush()
         self._update_room()
 
-    def _backlogged(self, shared: bool = False) -> bool:
-        """Whether reading waits: a plain subscription reads ahead up to two batches past
-        the client's window, a shared one up to one window (`_shared_room`)."""
-        if shared:
-            return self._shared_room() <= 0
+    def _backlogged(self) -> bool:
         return self.queued + self._unsent > 2 * self._ctx.batch_size
 
-    def _shared_room(self) -> int:
-        """How many more deliveries a durable group member may take: it holds at most two
-        windows (the client's, and one more whose records are being committed, so that a
-        commit does not leave the window empty), which is all it keeps if its connection
-        breaks."""
-        connection = self.connection
-        if connection is None:
-            return 0
-        return 2 * connection.send_window - len(self.inflight) - self.queued - self._unsent
-
-    def _window_cut(self, key: str, ttvs: Sequence[TTV]) -> int:
-        """How many of the batch's messages fit the room a group member has (only QoS 1/2
-        deliveries take room)."""
-        room = self._shared_room()
-        max_qos = self.subscriptions[key].qos
-        if not max_qos:
-            return len(ttvs)
-        for index, ttv in enumerate(ttvs):
-            if ttv.qos:
-                room -= 1
-                if room < 0:
-                    return max(index, 1)
-        return len(ttvs)
-
     def _update_room(self) -> None:
-        if self._room is not None and not (self._backlogged() and self._backlogged(True)):
+        if self._room is not None and not self._backlogged():
             self._open_room()
 
     def _open_room(self) -> None:
