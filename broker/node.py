@@ -19,6 +19,7 @@ from broker.retainer.store import RetainedStore
 from broker.routing.router import Forwards, Router
 from broker.routing.trie import TopicTrie
 from broker.session.durable import records
+from broker.session.durable.group_views import GroupViews
 from broker.session.durable.groups import GONE, READY, STALLED, GroupManager
 from broker.session.durable.persist import MessagePersister
 from broker.session.durable.session import DurableContext, DurableSession
@@ -103,6 +104,7 @@ class Node:
         )
         # Durable shared-subscription groups (`$share/...` of durable sessions).
         self.groups: GroupManager | None = None
+        self.group_views: GroupViews | None = None
         self._is_up: Callable[[str], bool] = lambda site: True
         if self.durable is not None:
             self.groups = self.durable.groups = GroupManager(
@@ -110,6 +112,7 @@ class Node:
                 self._member_state, False,
                 config["durable_sessions.shared_subscription_ack_timeout"])
             self.groups.stall_changed = self.sessions.stall_changed
+            self.group_views = GroupViews(self.groups, self.durable.ds, self.durable.store)
 
     def replicate_sessions(self, decides: Callable[[], bool], is_up: Callable[[str], bool],
                            read_barrier: Callable[[], Awaitable[bool]]) -> None:

@@ -12,7 +12,8 @@ from broker.node import Node
 
 def add_shared_group_routes(app: web.Application, node: Node) -> None:
     async def list_groups(request: web.Request) -> web.Response:
-        groups = node.groups.describe(node.member_node) if node.groups is not None else []
+        views = node.group_views
+        groups = await views.describe(node.member_node) if views is not None else []
         return web.json_response({"data": groups, "meta": {"count": len(groups)}})
 
     app.router.add_get("/api/v5/durable_shared_groups", list_groups)

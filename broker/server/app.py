@@ -130,8 +130,8 @@ class BrokerApp:
             registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics,
                                      self.node.cluster_routing.metrics, node.takeover.metrics,
                                      node.security.metrics)
-            if node.groups is not None:
-                add_samples(registry, node.groups.metrics)
+            if node.group_views is not None:
+                add_samples(registry, node.group_views.metrics)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             if self.metadata is not None:
@@ -173,6 +173,8 @@ class BrokerApp:
             # replica: again every second, for a member's node that went down and a leader
             # that changed.
             self._every(GROUP_TICK, node.groups.tick)
+        if node.group_views is not None:
+            self._every(GROUP_VIEWS_INTERVAL, node.group_views.refresh, at_once=True)
         if node.retainer is not None:
             self._every(config["retainer.msg_clear_interval"], self._clear_retained)
             if not config["sys_topics.allow_client_publish"]:
@@ -291,6 +293,7 @@ def _gate(config: Config, listener: str) -> ListenerGate:
 # walked all of them for nothing (~5% of the CPU per durable message, bench/pathcost.py).
 _GC_THRESHOLDS = (50_000, 20, 20)
 GROUP_TICK = 1.0  # seconds
+GROUP_VIEWS_INTERVAL = 5.0  # seconds: how old the durable group metrics may be
 PLACEMENT_POLL = 2.0  # seconds: kubelet itself refreshes a ConfigMap volume within ~1 min
 
 

@@ -23,26 +23,19 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from broker.ds import DurableStorage, Iterator
-from broker.metrics import Sample, Stats
-from broker.mqtt.topic import parse_shared
+from broker.ds import DurableStorage
+from broker.metrics import Stats
 from broker.session.durable import group_records as g
 from broker.session.durable import records as r
 from broker.session.durable.group_assign import rebalance
-from broker.session.durable.session import DurableSession, ds_filter
+from broker.session.durable.session import DurableSession
 from broker.session.durable.store import SessionStore, Write
 from broker.session.session import Session
 
 log = logging.getLogger(__name__)
 
 READY, STALLED, GONE = "ready", "stalled", "gone"
-BACKLOG_CAP = 10_000
-"""Messages counted per stream at most when the backlog is asked for (API, metrics)."""
-_BACKLOG_DOC = (f"Stored messages a durable shared group has not read yet (counted up to"
-                f" {BACKLOG_CAP} a stream)")
-_MEMBERS_DOC = "Members of a durable shared group, by connection state"
 
 
 @dataclass(slots=True)
@@ -56,13 +49,12 @@ class GroupManager:
     def __init__(self, ds: DurableStorage, store: SessionStore, stats: Stats,
                  sessions: Mapping[str, Session], state: Callable[[str], str],
                  replicated: bool, ack_timeout: float = 0.0) -> None:
-        self._ds = ds
         self._store = store
         self._stats = stats
         self._sessions = sessions
         # A member's client, on any node: READY, STALLED (connected, window full and
         # unacknowledged) or GONE.
-        self._state = state
+        self.state = state
         self._ack_timeout = ack_timeout
         # Set by the node: writes a member's stalled flag into its session's meta.
         self.stall_changed: Callable[[DurableSession], None] = lambda session: None
@@ -251,7 +243,7 @@ class GroupManager:
             if not group.members:
                 self._end(share)
                 continue
-            states = {m: self._state(m) for m in group.members}
+            states = {m: self.state(m) for m in group.members}
             ready = {m for m, state in states.items() if state == READY}
             stalled = {m for m, state in states.items() if state == STALLED}
             for shard, stored, new in rebalance(self.n_shards, group.owners, ready, stalled):
@@ -348,6 +340,8 @@ class GroupManager:
         owner = group.owners.get(shard) if group is not None else None
         if owner is None or owner.client is None or owner.state != g.OWN:
             return
+        if self.read_barrier is not None and self._readable.get((share, shard)) != owner.client:
+            return  # taken once the shard is checked (`owned`)
         session = self._sessions.get(owner.client)
         if isinstance(session, DurableSession) and session.connection is not None:
             session.adopt_returned(share, shard)
@@ -380,76 +374,6 @@ class GroupManager:
         task = asyncio.get_running_loop().create_task(release())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    # ---- seen from outside -------------------------------------------------------------
-    def describe(self, node_of: Callable[[str], str | None]) -> list[dict[str, Any]]:
-        """Every group, for `GET /api/v5/durable_shared_groups`."""
-        described = []
-        for share, group in sorted(self.groups.items()):
-            name, topic_filter = parse_shared(share)
-            streams = self._streams(share, group)
-            members = [{"clientid": client_id, "node": node_of(client_id),
-                        "connected": self._state(client_id) != GONE,
-                        "stalled": self._state(client_id) == STALLED,
-                        "shards": sorted(self.owned(share, client_id))}
-                       for client_id in sorted(group.members)]
-            described.append({
-                "group": name, "filter": topic_filter, "topic": share, "since": group.since,
-                "members": members, "backlog": sum(s["backlog"] for s in streams),
-                "streams": streams,
-            })
-        return described
-
-    def _streams(self, share: str, group: Group) -> list[dict[str, Any]]:
-        """Each stream the group reads, with how many stored messages it has not read yet
-        (counted up to BACKLOG_CAP a stream)."""
-        read_filter = ds_filter(share)
-        positions: dict[Any, int | None] = {}
-        for shard in {stream.shard for stream in
-                      self._ds.get_streams("messages", read_filter, group.since)}:
-            positions.update(self._store.load_group_positions(share, shard))
-        found = []
-        for stream in self._ds.get_streams("messages", read_filter, group.since):
-            owner = group.owners.get(stream.shard)
-            reader = owner.client if owner is not None and owner.state != g.FREE else None
-            position = positions.get(stream, 0)
-            backlog = 0 if position is None else self._count(
-                Iterator(stream, read_filter, position or max(group.since - 1, 0)))
-            found.append({"shard": stream.shard, "generation": stream.generation,
-                          "stream": stream.id, "backlog": backlog,
-                          "owner": reader if reader and self._state(reader) == READY
-                          else None})
-        return found
-
-    def _count(self, iterator: Iterator | None) -> int:
-        count = 0
-        while iterator is not None and count < BACKLOG_CAP:
-            iterator, ttvs = self._ds.next(iterator, 1000)
-            if not ttvs:
-                break
-            count += len(ttvs)
-        return min(count, BACKLOG_CAP)
-
-    def metrics(self) -> list[Sample]:
-        # Declared with no group too, so dashboards and alerts find them.
-        samples: list[Sample] = [
-            ("mqtt_shared_group_backlog", "gauge", _BACKLOG_DOC, {"group": "", "filter": ""},
-             None),
-            ("mqtt_shared_group_members", "gauge", _MEMBERS_DOC,
-             {"group": "", "filter": "", "state": ""}, None)]
-        for share, group in sorted(self.groups.items()):
-            name, topic_filter = parse_shared(share)
-            assert name is not None
-            labels = {"group": name, "filter": topic_filter}
-            connected = sum(1 for m in group.members if self._state(m) != GONE)
-            backlog = sum(s["backlog"] for s in self._streams(share, group))
-            samples.append(("mqtt_shared_group_backlog", "gauge", _BACKLOG_DOC, labels,
-                            float(backlog)))
-            for state, count in (("connected", connected),
-                                 ("disconnected", len(group.members) - connected)):
-                samples.append(("mqtt_shared_group_members", "gauge", _MEMBERS_DOC,
-                                {**labels, "state": state}, float(count)))
-        return samples
 
     def close(self) -> None:
         if self._pass is not None:
