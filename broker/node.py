@@ -123,6 +123,7 @@ class Node:
         self._is_up = is_up
         if self.durable is not None and self.groups is not None:
             self.durable.replicated = self.groups.replicated = True
+            self.durable.store.committed_group_reads = True
             self.groups.decides = decides
             self.groups.read_barrier = read_barrier
 

@@ -1,14 +1,20 @@
 """A long, seeded fault run (`make chaos`): a cluster of real nodes in a temporary directory,
-the Jepsen-style workload of tests/cluster/jepsen/ running throughout, and one random fault
-per cycle; at the end the history is checked and a summary printed.
+the Jepsen-style workloads of tests/cluster/jepsen/ running throughout, and one random fault
+per cycle; at the end the histories are checked and a summary printed.
 
     .venv/bin/python tools/chaos.py --cycles 100 --seed 7
-    .venv/bin/python tools/chaos.py --cycles 20 --replicated --backend raft
+    .venv/bin/python tools/chaos.py --cycles 20 --replicated --backend raft --workload shared
+
+Workloads (`--workload`, both by default, side by side on the same cluster and faults, each
+with its own publishers and history): `plain`, durable subscribers that each get every
+message (workload.py); `shared`, the members of one durable shared subscription that share
+them, now and then one of them ending its session (shared.py: every acknowledged message to
+one member, but the QoS 1 deliveries of an ended member, and QoS 2 to one only).
 
 Faults (tests/cluster/jepsen/faults.py): by default those `builtin_local` survives: kill -9
 of a node holding no durable session (restarted on its data dir), SIGSTOP of one such node
 or of a majority of them (SIGCONT after a few seconds, under the failure detector's
-`node.dist_net_ticktime`). Every subscriber's session starts on n1. With --replicated,
+`node.dist_net_ticktime`). Every subscriber's and member's session starts on n1. With --replicated,
 also: kill -9 of every node at once (with builtin_local, a message acknowledged by a node
 other than the session's in the last millisecond can be lost), kill -9 of n1 (restarted;
 or with its data dir deleted), SIGSTOP of n1, one node isolated, one link cut (the nodes'
@@ -45,7 +51,10 @@ from tests.cluster.jepsen.faults import (
     pick_fault,
 )
 from tests.cluster.jepsen.harness import LOCAL, RAFT, Harness, backend, build
-from tests.cluster.jepsen.history import Report
+from tests.cluster.jepsen.history import Report, SharedReport
+from tests.cluster.jepsen.workload import Workload, run_together
+
+WORKLOADS = ("plain", "shared")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--publishers", type=int, default=3)
     parser.add_argument("--subscribers", type=int, default=3)
+    parser.add_argument("--workload", choices=(*WORKLOADS, "both"), default="both",
+                        help="durable subscribers that each get every message (plain), the"
+                        " members of a durable shared subscription (shared), or both at once")
+    parser.add_argument("--members", type=int, default=3,
+                        help="members of the shared subscription")
+    parser.add_argument("--end-sessions", type=float, default=0.1,
+                        help="share of a member's stays that end with its session ending")
     parser.add_argument("--rate", type=float, default=30.0,
                         help="messages per second and publisher")
     parser.add_argument("--steady", type=float, nargs=2, default=(1.0, 3.0),
@@ -100,14 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
     cluster = Cluster(tmp)
     harness: Harness | None = None
+    workloads: list[Workload] = []
     cycles: list[Cycle] = []
-    report: Report | None = None
+    reports: dict[str, Report] = {}
     started = time.monotonic()
     status = 2
     interrupted = False
     again = " ".join([f"--seed {args.seed}", f"--cycles {args.cycles}",
                       f"--backend {args.backend}", *(["--replicated"] * args.replicated),
-                      *([f"--faults {args.faults}"] if args.faults else [])])
+                      *([f"--faults {args.faults}"] if args.faults else []),
+                      *([f"--workload {args.workload}"] if args.workload != "both" else [])])
     print(f"chaos: seed {args.seed} (again: tools/chaos.py {again}), {args.nodes} nodes in"
           f" {tmp}", flush=True)
     try:
@@ -116,37 +134,46 @@ def main(argv: list[str] | None = None) -> int:
                         **{"node.dist_net_ticktime": args.ticktime},
                         **backend(RAFT if args.backend == "raft" else LOCAL))
         names = [node.name for node in harness.nodes]
-        workload = harness.workload(
-            seed=args.seed, publishers=args.publishers, subscribers=args.subscribers,
-            rate=args.rate, homes=[names[0]])
-        workload.start()
+        clients = {"seed": args.seed, "publishers": args.publishers, "rate": args.rate,
+                   "homes": [names[0]]}
+        if args.workload in ("plain", "both"):
+            workloads.append(harness.workload(subscribers=args.subscribers, **clients))
+        if args.workload in ("shared", "both"):
+            workloads.append(harness.shared_workload(
+                subscribers=args.members, end_sessions=args.end_sessions, **clients))
+        for workload in workloads:
+            workload.start()
         for cycle in range(1, args.cycles + 1):
             fault: Fault | None = None
             while fault is None:
                 kind = rng.choice(kinds)
                 fault = pick_fault(kind, names, {names[0]}, rng)
             calm, hold = rng.uniform(*args.steady), rng.uniform(*args.fault_seconds)
-            workload.run_for(calm)
-            cycle_record = Cycle(kind, fault.name, len(harness.recorder.events))
+            run_together(workloads, calm)
+            cycle_record = Cycle(kind, fault.name, time.time())
             cycles.append(cycle_record)
             began = time.monotonic()
             fault.inject(harness.nemesis)
             try:
-                workload.run_for(hold)
+                run_together(workloads, hold)
             finally:
                 fault.heal(harness.nemesis)
-                cycle_record.healed = len(harness.recorder.events)
-            missing = sum(workload.recorder.missing().values())
+                cycle_record.healed = time.time()
+            pending = ", ".join(f"{w.pending()} {w.label}" for w in workloads)
             print(f"cycle {cycle:3}/{args.cycles} {fault.name:24} held {hold:4.1f} s, healed"
-                  f" after {time.monotonic() - began:4.1f} s; {len(harness.recorder.events)}"
-                  f" events, {missing} deliveries pending", flush=True)
-        workload.run_for(rng.uniform(*args.steady))
-        report = workload.finish(drain_timeout=args.drain)
-        stats = workload.stats
-        print(f"clients: {stats.publisher_connections} publisher and"
-              f" {stats.subscriber_connections} subscriber connections, {stats.redirects}"
-              f" redirects (0x9C), {stats.refused} connections refused or unanswered")
-        status = 0 if report.ok else 1
+                  f" after {time.monotonic() - began:4.1f} s; deliveries pending: {pending}",
+                  flush=True)
+        run_together(workloads, rng.uniform(*args.steady))
+        for workload in workloads:  # all stop publishing, then each catches up
+            workload.stop_publishers()
+        for workload in workloads:
+            reports[workload.label] = workload.finish(drain_timeout=args.drain)
+            stats = workload.stats
+            print(f"{workload.label} clients: {stats.publisher_connections} publisher and"
+                  f" {stats.subscriber_connections} subscriber connections,"
+                  f" {stats.redirects} redirects (0x9C), {stats.refused} connections refused"
+                  " or unanswered")
+        status = 0 if all(report.ok for report in reports.values()) else 1
     except KeyboardInterrupt as stop:
         print(f"chaos: interrupted ({stop or 'Ctrl-C'}): stopping", flush=True)
         status, interrupted = 2, True
@@ -157,19 +184,22 @@ def main(argv: list[str] | None = None) -> int:
         if harness is not None:
             harness.close()
         cluster.stop_all()
-        if report is None and harness is not None:
-            report = harness.recorder.check()  # what happened until the stop
+        for workload in workloads:  # what happened until the stop
+            if workload.label not in reports:
+                reports[workload.label] = workload.check()
         if args.keep or (status != 0 and not interrupted):
             if harness is not None:
-                harness.recorder.dump(tmp / "history.jsonl")
+                harness.dump_histories(tmp)
             for node in cluster.nodes:
                 (tmp / f"{node.name}.log").write_text(node.process.log_text() + "\n")
-            print(f"chaos: kept in {tmp}: history.jsonl (the clients' events, with wall-clock"
-                  f" times), n*.log (the nodes' logs), n*/ (their data dirs)")
+            print(f"chaos: kept in {tmp}: history.jsonl, history-shared.jsonl (the clients'"
+                  " events, with wall-clock times), n*.log (the nodes' logs), n*/ (their data"
+                  " dirs)")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    if report is not None:
-        print(summary(args, report, cycles, time.monotonic() - started, status,
+    if reports:
+        times = {w.label: w.recorder.times for w in workloads}
+        print(summary(args, reports, times, cycles, time.monotonic() - started, status,
                       interrupted))
     return status
 
@@ -178,13 +208,13 @@ def main(argv: list[str] | None = None) -> int:
 class Cycle:
     kind: str
     name: str
-    injected: int  # history length when the fault was injected
-    healed: int = 1 << 62  # ... and once it was healed
+    injected: float  # wall clock when the fault was injected
+    healed: float = float("inf")  # ... and once it was healed
 
 
-def blame(cycles: list[Cycle], first_attempt: int) -> str:
-    """The fault a lost message is put down to: the one going on when it was first sent,
-    else the next one injected after that."""
+def blame(cycles: list[Cycle], first_attempt: float) -> str:
+    """The fault a lost message is put down to (by the wall-clock time of its first
+    Attempt): the one going on when it was first sent, else the next one injected after."""
     starts = [cycle.injected for cycle in cycles]
     at = bisect.bisect_right(starts, first_attempt) - 1
     if at >= 0 and first_attempt <= cycles[at].healed:
@@ -192,46 +222,85 @@ def blame(cycles: list[Cycle], first_attempt: int) -> str:
     return cycles[at + 1].kind if at + 1 < len(cycles) else "(after the last fault)"
 
 
-def summary(args: argparse.Namespace, report: Report, cycles: list[Cycle],
-            seconds: float, status: int, interrupted: bool = False) -> str:
-    lost_by_kind: Counter[str] = Counter(
-        blame(cycles, first) for _s, _p, _q, first, _ack in report.lost_messages)
+# The summary's figures, a line each: label | Report attribute | note. Shared-only ones show
+# "-" for the plain workload, and the plain workload's order check "-" for the shared one.
+# Two dots start a label indented under the one before.
+ROWS = [[cell.strip().replace("..", "  ") for cell in line.split("|")] for line in """
+attempted                | attempted         |
+acknowledged             | acknowledged      |
+unknown (no ack)         | unknown           |
+resent                   | resent            | (by publishers, on a new connection)
+delivered                | delivered         |
+lost                     | lost              |
+reordered                | reordered         |
+duplicated QoS 1         | qos1_duplicates   | (allowed; at one subscriber / member)
+duplicated QoS 2         | qos2_duplicates   |
+..resent by client       | resend_duplicates | (allowed)
+missing DUP              | missing_dup       |
+unexpected               | unexpected        |
+sessions lost            | sessions_lost     |
+recovered                | recovered         | (unacknowledged, delivered anyway)
+doubled across members   | doubled           | (QoS 1 at a second member, the first's session on)
+allowed redeliveries     | redelivered       | (QoS 1 of an ended member's session, to another)
+..with DUP               | wrong_dup         | (a redelivery is a first delivery: DUP 0)
+QoS 2 doubles            | qos2_doubled      | (at a second member)
+doubles resent by client | resend_doubled    | (allowed: two PUBLISHes)
+sessions ended           | ended             | (by the shared workload: Clean Start 1)
+QoS 2 dropped            | dropped           | (allowed: an ended member had them, unreleased)
+QoS 2 dropped unseen     | dropped_unseen    | (allowed: an ended member may have held them unsent)
+""".strip().splitlines()]
+
+
+def _figure(report: Report, attribute: str) -> str:
+    shared = isinstance(report, SharedReport)
+    if not hasattr(report, attribute) or (shared and attribute == "reordered"):
+        return "-"
+    return str(getattr(report, attribute))
+
+
+def summary(args: argparse.Namespace, reports: dict[str, Report],
+            times: dict[str, list[float]], cycles: list[Cycle], seconds: float, status: int,
+            interrupted: bool = False) -> str:
+    labels = list(reports)
+    lost_by_kind = {label: Counter(blame(cycles, times[label][first])
+                                   for _s, _p, _q, first, _ack in report.lost_messages)
+                    for label, report in reports.items()}
     runs = Counter(cycle.kind for cycle in cycles)
-    width = max([len(k) for k in (*runs, *lost_by_kind)] + [18])
+    kinds = sorted(set(runs).union(*lost_by_kind.values()))
+    width = max([len(k) for k in kinds] + [len(row[0]) for row in ROWS])
+    clients = {"plain": f"{args.subscribers} durable subscribers",
+               "shared": f"{args.members} members of a durable shared subscription"}
+    head = f"{'':<{width}} " + " ".join(f"{label:>9}" for label in labels)
     lines = [
         "",
         f"chaos summary: seed {args.seed}, {len(cycles)} cycles, {args.nodes} nodes"
-        f" ({'builtin_raft' if args.backend == 'raft' else 'builtin_local'}),"
-        f" {args.publishers} publishers x {args.rate:g} msg/s, {args.subscribers} durable"
-        f" subscribers, {seconds:.0f} s",
+        f" ({'builtin_raft' if args.backend == 'raft' else 'builtin_local'}), "
+        + "; ".join(f"{label}: {args.publishers} publishers x {args.rate:g} msg/s,"
+                    f" {clients[label]}" for label in labels) + f", {seconds:.0f} s",
         "",
+        head,
         f"{'cycles':<{width}} {len(cycles):>9}",
-        f"{'attempted':<{width}} {report.attempted:>9}",
-        f"{'acknowledged':<{width}} {report.acknowledged:>9}",
-        f"{'unknown (no ack)':<{width}} {report.unknown:>9}",
-        f"{'resent':<{width}} {report.resent:>9}   (by publishers, on a new connection)",
-        f"{'delivered':<{width}} {report.delivered:>9}",
-        f"{'lost':<{width}} {report.lost:>9}",
-        f"{'reordered':<{width}} {report.reordered:>9}",
-        f"{'duplicated QoS 1':<{width}} {report.qos1_duplicates:>9}   (allowed)",
-        f"{'duplicated QoS 2':<{width}} {report.qos2_duplicates:>9}",
-        f"{'  resent by client':<{width}} {report.resend_duplicates:>9}   (allowed)",
-        f"{'missing DUP':<{width}} {report.missing_dup:>9}",
-        f"{'unexpected':<{width}} {report.unexpected:>9}",
-        f"{'sessions lost':<{width}} {report.sessions_lost:>9}",
-        f"{'recovered':<{width}} {report.recovered:>9}   (unacknowledged, delivered anyway)",
-        "",
-        f"{'fault':<{width}} {'cycles':>9} {'lost':>9}   (lost: sent while it was on, or"
-        " just before it)",
     ]
-    for kind in sorted(set(runs) | set(lost_by_kind)):
-        lines.append(f"{kind:<{width}} {runs.get(kind, 0):>9} {lost_by_kind.get(kind, 0):>9}")
-    for rule, texts in report.examples.items():
-        lines += [f"  {rule}: {text}" for text in texts]
-    verdict = {0: "OK: every rule held", 1: "VIOLATIONS: " + ", ".join(
-        f"{k}={v}" for k, v in report.violations().items()), 2: "the run did not finish" + (
-        " (interrupted before the subscribers caught up: lost counts what was still on its"
-        " way)" if interrupted else "")}
+    for title, attribute, note in ROWS:
+        figures = [_figure(report, attribute) for report in reports.values()]
+        if set(figures) != {"-"}:
+            lines.append(f"{title:<{width}} " + " ".join(f"{f:>9}" for f in figures)
+                         + (f"   {note}" if note else ""))
+    lines += ["", f"{'fault':<{width}} {'cycles':>9} " + " ".join(
+        f"{'lost ' + label:>12}" for label in labels)
+        + "   (lost: sent while it was on, or just before it)"]
+    for kind in kinds:
+        lines.append(f"{kind:<{width}} {runs.get(kind, 0):>9} " + " ".join(
+            f"{lost_by_kind[label].get(kind, 0):>12}" for label in labels))
+    for label, report in reports.items():
+        for rule, texts in report.examples.items():
+            lines += [f"  {label} {rule}: {text}" for text in texts]
+    violations = ", ".join(f"{label} {k}={v}" for label, report in reports.items()
+                           for k, v in report.violations().items())
+    verdict = {0: "OK: every rule held", 1: "VIOLATIONS: " + violations,
+               2: "the run did not finish" + (
+                   " (interrupted before the subscribers caught up: lost counts what was"
+                   " still on its way)" if interrupted else "")}
     lines += ["", f"result: {verdict[status]}"]
     return "\n".join(lines)
 

@@ -151,6 +151,11 @@ class KVStore:
         """What LevelDB holds, without the overlay of writes on their way."""
         return self._db.get(key)  # type: ignore[no-any-return]
 
+    def raw_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """What LevelDB holds under `prefix`, without the overlay of writes on their way."""
+        with self._db.iterator(prefix=prefix) as items:
+            return list(items)
+
     def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every key LevelDB holds, read as the caller goes (do not write meanwhile)."""
         with self._db.iterator() as items:

@@ -7,15 +7,17 @@ line, in the log's order, whatever the nodes believe:
   state stored: two nodes that both decided (a deposed leader of `sessions` and the new
   one) cannot both hand a shard out, and a member's node frees only a shard it was asked
   to let go of;
-- the group's position in a stream (`q`) moves, and a batch of a member's shared
-  subscription is recorded (`b`), only by the node that owns the session of the shard's
-  member (`own`, or `revoke` until it freed the shard): a node that lost the shard while
-  cut off cannot move the position back or record what the new member also reads. A
-  refused batch takes its session off that node, as every refused write of a session
-  does (ownership.py), so what it read is never sent;
+- what a member records of a shard, in one command, is judged as one: the group's
+  position in a stream (`q`, naming the member that moved it), the member's batches (`b`),
+  the returned batches it takes over (`x` deleted): admitted only while the shard is read
+  by that member (`own`, or `revoke` until it freed the shard) and from the node that owns
+  the member's session; else none of it. So a node that lost the shard while cut off cannot
+  move the position or record what another member also reads, a position never moves
+  without the batch that read up to it, and a returned batch never goes without the batch
+  that takes it over. A refused batch takes its session off that node, as every refused
+  write of a session does (ownership.py), so what it read is never sent;
 - a member's batch returned to the group (`x`) is written by the node that owns the member's
-  session (it ends there), and taken (deleted) by the node owning the session of the
-  shard's member, or with the group (its start, `g`, deleted in the same command).
+  session (it leaves or ends there); the group's keys all go with its start (`g` deleted).
 
 The group's start (`g`) is written once: by the first member's node whose write is applied.
 Deleting the group's keys is admitted from any node: only the decider ends a group, when it
@@ -31,49 +33,64 @@ Stored = Callable[[bytes], bytes | None]
 SiteOf = Callable[[str], str | None]  # the site owning a session ("" = any), None: none
 
 
+Unit = tuple[str, int]  # (share, shard)
+
+
+def refused_units(writer: str, writes: list[tuple[bytes, bytes | None]], stored: Stored,
+                  site_of: SiteOf, ends_group: bool) -> tuple[set[bytes], set[str]]:
+    """The keys of a command's reads of groups' shards that are refused, and the members
+    whose batches are among them. What a member records of a shard (its batches, the
+    group's positions it moves, the returned batches it takes) is judged as one: all of it
+    is admitted or none, so a position never moves without the batch that read up to it,
+    nor a returned batch goes without the batch that takes it over. Admitted only while
+    the shard is read by that member (`own`, or `revoke` until freed) from the writer's
+    node."""
+    units: dict[Unit, tuple[list[bytes], set[str]]] = {}
+    for key, value in writes:
+        kind, name = r.split_key(key)
+        unit: Unit | None = None
+        reader: str | None = None
+        if kind == b"q" and value is not None:
+            unit, reader = (name, g.position_stream(key).shard), r.loads(value).get("by")
+        elif kind == b"x" and value is None and not ends_group:
+            unit = (name, g.returned_shard(key, name))
+            if stored(key) is None:  # taken already: its taker's batch would double it
+                units.setdefault(unit, ([], set()))[1].add("\x00")
+        elif kind == b"b" and value is not None and b'"filter":"$share/' in value:
+            record = r.BatchRecord.from_bytes(value)
+            unit, reader = (record.topic_filter, record.stream.shard), name
+        if unit is None:
+            continue
+        keys, readers = units.setdefault(unit, ([], set()))
+        keys.append(key)
+        readers.add(reader or "")
+    refused: set[bytes] = set()
+    members: set[str] = set()
+    for (share, shard), (keys, readers) in units.items():
+        raw = stored(g.owner_key(share, shard))
+        owner = None if raw is None else g.Owner.from_bytes(raw).client
+        if owner is None or not _owns(writer, site_of(owner)) or \
+                not readers <= {owner, ""}:  # (U+0000: no client ID, `x` taken twice)
+            refused.update(keys)
+            members.update(reader for reader in readers if reader not in ("", "\x00"))
+    return refused, members
+
+
 def admitted(writer: str, key: bytes, value: bytes | None, stored: Stored,
-             site_of: SiteOf, ends_group: bool) -> bool:
-    """Whether one group key's write (not a session's: see `batch_admitted`) is admitted."""
+             site_of: SiteOf) -> bool:
+    """Whether a write of a group's own state is admitted (its reads of a shard: see
+    `refused_units`)."""
     kind, share = r.split_key(key)
     if kind == b"o":
         if value is None:
             return True
         raw = stored(key)
         return (None if raw is None else g.Owner.from_bytes(raw)) == g.Owner.prev_of(value)
-    if kind == b"q":
-        return value is None or _reads(writer, share, g.position_stream(key).shard, None,
-                                       stored, site_of)
-    if kind == b"x":
-        if value is not None:
-            return _owns(writer, site_of(g.returned_client(key, share)))
-        return ends_group or _reads(writer, share, g.returned_shard(key, share), None, stored,
-                                    site_of)
+    if kind == b"x" and value is not None:
+        return _owns(writer, site_of(g.returned_client(key, share)))
     if kind == b"g":  # the first member's start is the group's
         return value is None or stored(key) is None
     return True
-
-
-def batch_admitted(writer: str, client_id: str, value: bytes | None, stored: Stored,
-                   site_of: SiteOf) -> bool:
-    """Whether a member's batch record (`b`) is admitted: one of a shared subscription only
-    while the member reads the stream's shard for its group, from the writer's node."""
-    if value is None or b'"filter":"$share/' not in value:
-        return True
-    record = r.BatchRecord.from_bytes(value)
-    if not record.topic_filter.startswith("$share/"):
-        return True
-    return _reads(writer, record.topic_filter, record.stream.shard, client_id, stored, site_of)
-
-
-def _reads(writer: str, share: str, shard: int, client_id: str | None, stored: Stored,
-           site_of: SiteOf) -> bool:
-    raw = stored(g.owner_key(share, shard))
-    if raw is None:
-        return False
-    owner = g.Owner.from_bytes(raw)
-    if owner.client is None or (client_id is not None and owner.client != client_id):
-        return False
-    return _owns(writer, site_of(owner.client))
 
 
 def _owns(writer: str, site: str | None) -> bool:

@@ -55,7 +55,7 @@ class GroupViews:
                 state = manager.state(client_id)
                 members.append({"clientid": client_id, "node": node_of(client_id),
                                 "connected": state != GONE, "stalled": state == STALLED,
-                                "shards": sorted(manager.owned(share, client_id))})
+                                "shards": sorted(manager.assigned(share, client_id))})
             described.append({
                 "group": name, "filter": topic_filter, "topic": share, "since": group.since,
                 "members": members, "backlog": sum(s["backlog"] for s in streams),

@@ -62,9 +62,10 @@ class GroupManager:
         # was committed before the call (a barrier through the log).
         self.read_barrier: Callable[[], Awaitable[bool]] | None = None
         # builtin_raft: shards given to a member served here that it may read, (share,
-        # shard) -> member: given, and a barrier passed since (`owned`).
-        self._readable: dict[tuple[str, int], str] = {}
-        self._unchecked: set[tuple[str, int, str]] = set()
+        # shard) -> (member, the epoch of its session here): given, and a barrier passed
+        # since, while the session was here (`readable`).
+        self._readable: dict[tuple[str, int], tuple[str, int]] = {}
+        self._unchecked: set[tuple[str, int, str, int]] = set()
         self._barrier: asyncio.Task[None] | None = None
         self.replicated = replicated
         self.n_shards = ds.messages.n_shards
@@ -148,22 +149,30 @@ class GroupManager:
         group = self.groups.get(share)
         return group.since if group is not None and group.since else None
 
-    def owned(self, share: str, client_id: str) -> set[int]:
-        """The shards the member reads. With builtin_raft, a shard given to it only once a
-        barrier passed after it was: this node's replica may lag behind the log (it was
-        down, or slow), and an owner record it applied may already be superseded, or the
-        group's positions in the shard be behind what its last reader recorded; read from
-        there, the member would read again what another one did."""
+    def assigned(self, share: str, client_id: str) -> set[int]:
+        """The shards given to the member (`own`)."""
         group = self.groups.get(share)
         if group is None:
             return set()
-        shards = {shard for shard, owner in group.owners.items()
-                  if owner.client == client_id and owner.state == g.OWN}
+        return {shard for shard, owner in group.owners.items()
+                if owner.client == client_id and owner.state == g.OWN}
+
+    def readable(self, share: str, session: DurableSession) -> set[int]:
+        """The shards the member, served here, reads. With builtin_raft, a shard given to it
+        only once a barrier passed after it was, while its session is here (its epoch): this
+        node's replica may lag behind the log (it was down, or slow, or the session was
+        elsewhere meanwhile), and an owner record it applied be superseded, or the group's
+        positions in the shard be behind what the shard's last reader recorded; read from
+        there, the member would read again what it or another one did."""
+        client_id = session.client_id
+        shards = self.assigned(share, client_id)
         if self.read_barrier is None:
             return shards
-        readable = {shard for shard in shards if self._readable.get((share, shard)) == client_id}
+        checked = (client_id, session.epoch)
+        readable = {shard for shard in shards if self._readable.get((share, shard)) == checked}
         if len(readable) < len(shards):
-            self._unchecked.update((share, shard, client_id) for shard in shards - readable)
+            self._unchecked.update((share, shard, client_id, session.epoch)
+                                   for shard in shards - readable)
             if self._barrier is None:
                 self._barrier = asyncio.get_running_loop().create_task(self._check())
         return readable
@@ -178,11 +187,13 @@ class GroupManager:
                     self._unchecked |= checking  # cut off from the majority: later
                     await asyncio.sleep(1.0)
                     continue
-                for share, shard, client_id in checking:
+                for share, shard, client_id, epoch in checking:
                     group = self.groups.get(share)
-                    if group is not None and group.owners.get(shard) == g.Owner(client_id,
-                                                                                 g.OWN):
-                        self._readable[(share, shard)] = client_id
+                    session = self._sessions.get(client_id)
+                    if (group is not None and isinstance(session, DurableSession)
+                            and session.epoch == epoch
+                            and group.owners.get(shard) == g.Owner(client_id, g.OWN)):
+                        self._readable[(share, shard)] = (client_id, epoch)
                         self._refresh(client_id, share)
         finally:
             self._barrier = None
@@ -302,7 +313,7 @@ class GroupManager:
         group = self._group(share, 0)
         before = group.owners.get(shard)
         group.owners[shard] = owner
-        if self._readable.get((share, shard)) not in (None, owner.client) or \
+        if self._readable.get((share, shard), (owner.client, 0))[0] != owner.client or \
                 owner.state != g.OWN:
             self._readable.pop((share, shard), None)
         if owner.state == g.REVOKE:
@@ -310,7 +321,12 @@ class GroupManager:
         else:
             self._revoked.discard((share, shard))
         if before is not None and before.client not in (None, owner.client):
-            self._refresh(before.client, share)  # stops reading the shard, if it did
+            # Taken from it (its client left, or its node was thought down): it stops reading
+            # the shard now, so that it reads it again, if it comes back to it, from the
+            # group's position then, not from where it was.
+            session = self._sessions.get(before.client)
+            if isinstance(session, DurableSession):
+                session.stop_shard(share, shard)
         if owner.client is None:
             self.changed(share)  # free: to be handed out
         elif owner.state == g.REVOKE:
@@ -340,11 +356,13 @@ class GroupManager:
         owner = group.owners.get(shard) if group is not None else None
         if owner is None or owner.client is None or owner.state != g.OWN:
             return
-        if self.read_barrier is not None and self._readable.get((share, shard)) != owner.client:
-            return  # taken once the shard is checked (`owned`)
         session = self._sessions.get(owner.client)
-        if isinstance(session, DurableSession) and session.connection is not None:
-            session.adopt_returned(share, shard)
+        if not isinstance(session, DurableSession) or session.connection is None:
+            return
+        if self.read_barrier is not None and \
+                self._readable.get((share, shard)) != (owner.client, session.epoch):
+            return  # taken once the shard is checked (`readable`)
+        session.adopt_returned(share, shard)
 
     def _release(self, session: DurableSession, share: str, shard: int,
                  owner: g.Owner) -> None:

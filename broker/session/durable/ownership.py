@@ -95,6 +95,9 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
         return None if owner is None else owner[0]
 
     ends_group = any(value is None and key[:2] == b"g" + r.SEP for key, value in writes)
+    refused_reads, refused_members = group_fencing.refused_units(writer, writes, stored,
+                                                                 site_of, ends_group)
+    refused_ids |= refused_members
     for key, value in writes:
         kind, client_id = r.split_key(key)
         if kind == b"e" or key == r.TOMBSTONE_SWEEP_KEY:
@@ -103,8 +106,10 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
             if key not in refused:
                 result.append((key, value))
             continue
+        if key in refused_reads:
+            continue
         if kind in GROUP_KINDS:  # client_id: the group's share
-            if group_fencing.admitted(writer, key, value, stored, site_of, ends_group):
+            if group_fencing.admitted(writer, key, value, stored, site_of):
                 result.append((key, value))
             continue
         if kind not in _SESSION_KINDS:
@@ -112,9 +117,7 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
             continue
         if client_id not in before:
             before[client_id] = after[client_id] = _owner(stored(r.meta_key(client_id)))
-        if (_owns(writer, before[client_id]) or _owns(writer, after[client_id])) and (
-                kind != b"b" or group_fencing.batch_admitted(writer, client_id, value, stored,
-                                                             site_of)):
+        if _owns(writer, before[client_id]) or _owns(writer, after[client_id]):
             result.append((key, value))
         else:
             refused_ids.add(client_id)

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 from broker.ds import TTV, DurableStorage, Iterator, Stream, now_us
@@ -73,6 +74,10 @@ class _Pending:
 
 def _offset(record: r.BatchRecord, packet_id: int) -> int:
     return r.offset_of(packet_id, r.packet_id_of(record.first_seqno))
+
+
+def _taken(taking: set[bytes], key: bytes, _: object) -> None:
+    taking.discard(key)
 
 
 def ds_filter(key: str) -> str:
@@ -249,14 +254,13 @@ class DurableSession(Session):
             offsets.append(_offset(record, delivery.packet_id))
             return True
 
+        # Only what waits in the queue: its record is stored. A batch whose record is still
+        # being written may yet be refused (replicated: the shard moved meanwhile), and
+        # then its deliveries are the group's already; stored, they are this member's.
         if self.queued:
             kept = [delivery for delivery in self.queue if not take(delivery)]
             self.queue.clear()
             self.queue.extend(kept)
-        for _, _, deliveries in self._recording:
-            kept = [delivery for delivery in deliveries if not take(delivery)]
-            self._unsent -= len(deliveries) - len(kept)
-            deliveries[:] = kept
         writes: list[Write] = []
         for pending, offsets in taken.values():
             record = pending.record
@@ -408,7 +412,7 @@ class DurableSession(Session):
         stop, the group's positions in shards it gained are read (another member may have
         read them since this session last did)."""
         groups = self._ctx.groups
-        owned = groups.owned(key, self.client_id) if groups is not None else set()
+        owned = groups.readable(key, self) if groups is not None else set()
         current = self._group_shards.get(key, set())
         for shard in current - owned:
             self.stop_shard(key, shard)
@@ -525,7 +529,8 @@ class DurableSession(Session):
         self._next_seqno = seqno
         position = after.position if after is not None else None
         shared = options.share_group is not None
-        writes = [SessionStore.group_position_write(topic_filter, stream, position) if shared
+        writes = [SessionStore.group_position_write(topic_filter, stream, position,
+                                                    self.client_id) if shared
                   else SessionStore.position_write(self.client_id, topic_filter, stream, position)]
         count = seqno - first
         recorded: _Pending | None = None
@@ -593,8 +598,10 @@ class DurableSession(Session):
                 writes.append((r.acked_key(self.client_id, first),
                                r.acked_to_bytes(adopted.done, adopted.count)))
             self._ctx.stats.shared_adopted += len(deliveries)
-            self._send_once_written(store.write(writes, self._ctx.replicated),
-                                    pending if deliveries else None, deliveries)
+            written = store.write(writes, self._ctx.replicated)
+            store.taking.add(returned_key)
+            written.add_done_callback(partial(_taken, store.taking, returned_key))
+            self._send_once_written(written, pending if deliveries else None, deliveries)
 
     def _send_recorded(self, _: object = None) -> None:
         recording = self._recording

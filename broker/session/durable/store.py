@@ -57,6 +57,13 @@ class SessionStore:
         self._turn: PerTurn[Write] = PerTurn(self._commit)
         self._sync = False  # whether this turn's commit needs fsync
         self._background: set[asyncio.Future[None]] = set()
+        # Replicated (builtin_raft): a durable group's state is read as the replicas admitted
+        # it, not with this node's writes still on their way, which they may refuse
+        # (group_fencing.py): a position read from one would skip what it never recorded.
+        self.committed_group_reads = False
+        # Returned batches being taken here: not taken twice while the first take is on its
+        # way (read as committed, they are still there).
+        self.taking: set[bytes] = set()
 
     # ---- reading -----------------------------------------------------------------------
     def load_all(self) -> list[StoredSession]:
@@ -222,21 +229,28 @@ class SessionStore:
         """The group's read positions in the shard's streams."""
         self._turn.flush_now()
         positions: dict[Stream, int | None] = {}
-        for key, value in self._ds.sessions.scan(g.prefix(b"q", share)):
+        for key, value in self._group_scan(g.prefix(b"q", share)):
             stream = g.position_stream(key)
             if stream.shard == shard:
                 positions[stream] = r.loads(value)["pos"]
         return positions
 
     @staticmethod
-    def group_position_write(share: str, stream: Stream, position: int | None) -> Write:
-        return g.position_key(share, stream), r.dumps({"pos": position})
+    def group_position_write(share: str, stream: Stream, position: int | None,
+                             member: str) -> Write:
+        """The group's position, with the member that moved it (group_fencing.py)."""
+        return g.position_key(share, stream), r.dumps({"pos": position, "by": member})
 
     def load_returned(self, share: str, shard: int) -> list[tuple[bytes, r.BatchRecord]]:
         """Batches of the shard that members whose session ended left unacknowledged."""
         self._turn.flush_now()
         return [(key, g.returned_from_bytes(value))
-                for key, value in self._ds.sessions.scan(g.returned_prefix(share, shard))]
+                for key, value in self._group_scan(g.returned_prefix(share, shard))
+                if key not in self.taking]
+
+    def _group_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        sessions = self._ds.sessions
+        return sessions.raw_scan(prefix) if self.committed_group_reads else sessions.scan(prefix)
 
     def group_keys(self, share: str) -> list[bytes]:
         """Every key of the group's own state (not its members')."""

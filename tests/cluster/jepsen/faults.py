@@ -42,7 +42,7 @@ class Nemesis:
                  replicated: bool = False) -> None:
         self.cluster = cluster
         self.directory = directory
-        self.recorder = recorder
+        self.recorders = [recorder] if recorder is not None else []  # each labelled
         self.doors = doors
         # Where the durable sessions live (with builtin_local: their routes must be known)
         # and how many subscribed (with builtin_raft: every node stores for each of them).
@@ -61,8 +61,8 @@ class Nemesis:
         return next(node for node in self.cluster.nodes if node.name == name)
 
     def label(self, op: str, detail: str = "") -> None:
-        if self.recorder is not None:
-            self.recorder.record(NemesisEvent(op, detail))
+        for recorder in self.recorders:
+            recorder.record(NemesisEvent(op, detail))
 
     def publish_all(self) -> None:
         """Every running node into the directory (at the start)."""

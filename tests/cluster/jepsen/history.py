@@ -54,11 +54,53 @@ unexpected    a delivery of something never attempted, an unreadable payload, or
 sessions_lost a CONNACK with Session Present 0 for S after its SUBACK. Must be 0.
 recovered     messages never acknowledged (Fail) that some subscriber received anyway
               (allowed: the broker had them when the connection dropped).
+
+A shared history (`check_shared`) is that of the members of one durable shared subscription
+(`$share/<group>/<filter>`, each member a durable session): each message goes to one member.
+One more event:
+    Ended(subscriber, node, dropped)       the workload ends the member's session: recorded
+                                           before the CONNECT with Clean Start 1 is sent,
+                                           with the QoS 2 messages the member had received
+                                           and not been released (PUBREC sent, no PUBREL)
+A *member* is one session of a subscriber: its deliveries up to its first Ended, then those
+up to its next, and so on. The rules, a message being expected when its first Attempt came
+after the first SUBACK of any member (the group holds the subscription from then on):
+
+lost          an acknowledged expected message no member received, unless it is a QoS 2
+              message an ended member may have held (MQTT-4.8.2-5: the broker drops it): one
+              in an Ended's `dropped` (`dropped`), or one it may have held unsent
+              (`dropped_unseen`). Must be 0.
+doubled       a QoS 1 message received by a second member while an earlier member that
+              received it still had its session. Must be 0.
+redelivered   a QoS 1 message received by a member after every earlier member that received it
+              ended its session (MQTT-4.8.2-5: the broker sends it to another member; allowed,
+              reported; whether the earlier one had acknowledged it is not told: a PUBACK sent
+              just before a reset may never have been read).
+wrong_dup     such a redelivery with DUP 1 though its member did not reconnect since the end:
+              for that member it is a first delivery (its owner sends it as a new one). Must
+              be 0.
+qos2_doubled  a QoS 2 message received by a second member, or after it was dropped by an
+              ended member. Must be 0.
+resend_doubled  a message the publisher sent on two connections (two PUBLISHes for the broker)
+              received by two members (allowed, reported).
+dropped       QoS 2 messages dropped with an ended member that had received them (allowed,
+              reported).
+dropped_unseen  QoS 2 messages no member received that an ended member may have held without
+              sending them (a member takes up to two windows, the client sees one): acknowledged
+              before an Ended event E, while no message of the same publisher stored after it
+              (first attempted after its acknowledgement) reached a member before E (a shard
+              is read in order: what the member held unsent is the last its readers took).
+              Allowed, reported.
+Within one member the duplicate rules above hold (qos2_duplicates, missing_dup, ...);
+sessions_lost excuses the CONNACK (Session Present 0) that follows each Ended; `reordered`
+is not checked (a shard's move to another member breaks per-publisher order).
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import bisect
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
@@ -119,8 +161,17 @@ class Nemesis:
     detail: str = ""
 
 
-Event = Attempt | Ack | Fail | Connected | Subscribed | Delivered | Nemesis
 Key = tuple[str, int]  # (publisher, seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    subscriber: str
+    node: str
+    dropped: tuple[Key, ...] = ()  # QoS 2 messages received, not released
+
+
+Event = Attempt | Ack | Fail | Connected | Subscribed | Delivered | Nemesis | Ended
 
 
 def payload(publisher: str, seq: int) -> bytes:
@@ -162,6 +213,7 @@ class Report:
 
     VIOLATIONS: ClassVar[tuple[str, ...]] = (
         "lost", "reordered", "qos2_duplicates", "missing_dup", "unexpected", "sessions_lost")
+    ALLOWED: ClassVar[tuple[str, ...]] = ("qos1_duplicates", "resend_duplicates", "recovered")
 
     @property
     def ok(self) -> bool:
@@ -182,12 +234,32 @@ class Report:
             f" {self.subscribers} subscribers",
             "violations: " + (", ".join(f"{k}={v}" for k, v in self.violations().items())
                               or "none"),
-            f"allowed: qos1_duplicates={self.qos1_duplicates}"
-            f" resend_duplicates={self.resend_duplicates} recovered={self.recovered}",
+            "allowed: " + " ".join(f"{name}={getattr(self, name)}" for name in self.ALLOWED),
         ]
         for rule, texts in self.examples.items():
             lines += [f"  {rule}: {text}" for text in texts]
         return "\n".join(lines)
+
+
+@dataclass
+class SharedReport(Report):
+    """`check_shared`'s: the figures of a shared subscription's members (`subscribers`)."""
+
+    ended: int = 0  # members' sessions the workload ended
+    doubled: int = 0
+    qos2_doubled: int = 0
+    wrong_dup: int = 0
+    redelivered: int = 0
+    resend_doubled: int = 0
+    dropped: int = 0
+    dropped_unseen: int = 0
+
+    VIOLATIONS: ClassVar[tuple[str, ...]] = (
+        "lost", "doubled", "qos2_doubled", "wrong_dup", "qos2_duplicates", "missing_dup",
+        "unexpected", "sessions_lost")
+    ALLOWED: ClassVar[tuple[str, ...]] = (
+        "ended", "redelivered", "dropped", "dropped_unseen", "resend_doubled",
+        *Report.ALLOWED)
 
 
 # ---- the checker ------------------------------------------------------------------------------
@@ -201,12 +273,24 @@ class _Message:
     failed: bool = False
 
 
-def check(events: list[Event]) -> Report:
-    report = Report()
-    messages: dict[Key, _Message] = {}
-    subscribed: dict[str, int] = {}
-    connects: dict[str, list[tuple[int, Connected]]] = defaultdict(list)
-    deliveries: dict[str, list[Delivered]] = defaultdict(list)
+@dataclass(slots=True)
+class _History:
+    """A history sorted out: messages, and per subscriber its events with their indices."""
+
+    messages: dict[Key, _Message] = field(default_factory=dict)
+    subscribed: dict[str, int] = field(default_factory=dict)  # index of the first SUBACK
+    connects: dict[str, list[tuple[int, Connected]]] = field(
+        default_factory=lambda: defaultdict(list))
+    deliveries: dict[str, list[tuple[int, Delivered]]] = field(
+        default_factory=lambda: defaultdict(list))
+    ends: dict[str, list[tuple[int, Ended]]] = field(default_factory=lambda: defaultdict(list))
+    received: set[Key] = field(default_factory=set)  # delivered to anyone
+
+
+def _read(events: list[Event], report: Report) -> _History:
+    """The history sorted out, and the report's counts and `unexpected` deliveries."""
+    history = _History()
+    messages = history.messages
     for index, event in enumerate(events):
         if isinstance(event, Attempt):
             key = (event.publisher, event.seq)
@@ -223,23 +307,22 @@ def check(events: list[Event]) -> Report:
             if message is not None:
                 message.failed = True
         elif isinstance(event, Subscribed):
-            subscribed.setdefault(event.subscriber, index)
+            history.subscribed.setdefault(event.subscriber, index)
         elif isinstance(event, Connected):
-            connects[event.subscriber].append((index, event))
+            history.connects[event.subscriber].append((index, event))
         elif isinstance(event, Delivered):
-            deliveries[event.subscriber].append(event)
+            history.deliveries[event.subscriber].append((index, event))
+        elif isinstance(event, Ended):
+            history.ends[event.subscriber].append((index, event))
 
     report.attempted = len(messages)
     report.acknowledged = sum(1 for m in messages.values() if m.ack is not None)
     report.unknown = report.attempted - report.acknowledged
     report.resent = sum(1 for m in messages.values() if len(m.attempts) > 1)
-    report.delivered = sum(len(d) for d in deliveries.values())
-    report.subscribers = len(subscribed)
-
-    received_by_anyone: set[Key] = set()
-    for subscriber, delivered in deliveries.items():
-        copies: Counter[Key] = Counter()
-        for delivery in delivered:
+    report.delivered = sum(len(d) for d in history.deliveries.values())
+    report.subscribers = len(history.subscribed)
+    for subscriber, delivered in history.deliveries.items():
+        for _index, delivery in delivered:
             key = (delivery.publisher, delivery.seq)
             message = messages.get(key)
             if message is None:
@@ -251,32 +334,166 @@ def check(events: list[Event]) -> Report:
                 report.unexpected += 1
                 report.example("unexpected", f"{subscriber} got {key[0]}:{key[1]} with QoS"
                                f" {delivery.qos}, published with QoS {message.qos}")
-            copies[key] += 1
-            received_by_anyone.add(key)
+            history.received.add(key)
+    report.recovered = sum(1 for key, m in messages.items()
+                           if m.ack is None and m.failed and key in history.received)
+    return history
 
-    for subscriber, joined in subscribed.items():
-        lost_session = False
-        for index, connected in connects.get(subscriber, []):
-            if index > joined and not connected.session_present:
-                lost_session = True
-                report.sessions_lost += 1
-                report.example("sessions_lost", f"{subscriber} reconnected at"
-                               f" {connected.node} with Session Present 0 (event {index})")
-        delivered = deliveries.get(subscriber, [])
+
+def _sessions_lost(report: Report, subscriber: str, history: _History, joined: int) -> bool:
+    """Counts the CONNACKs with Session Present 0 `subscriber` got after its first SUBACK,
+    but the first one after each of its Ended events (Clean Start 1: a new session)."""
+    ends = [index for index, _ in history.ends.get(subscriber, [])]
+    lost_session = False
+    passed = 0
+    for index, connected in history.connects.get(subscriber, []):
+        new_session = False
+        while passed < len(ends) and ends[passed] < index:
+            passed, new_session = passed + 1, True
+        if index > joined and not connected.session_present and not new_session:
+            lost_session = True
+            report.sessions_lost += 1
+            report.example("sessions_lost", f"{subscriber} reconnected at"
+                           f" {connected.node} with Session Present 0 (event {index})")
+    return lost_session
+
+
+def _lost(report: Report, who: str, key: Key, message: _Message) -> None:
+    assert message.ack is not None
+    report.lost += 1
+    report.lost_messages.append((who, key[0], key[1], message.first_attempt, message.ack))
+    report.example("lost", f"{who} never got {key[0]}:{key[1]} (QoS {message.qos},"
+                   f" acknowledged, event {message.ack})")
+
+
+def check(events: list[Event]) -> Report:
+    report = Report()
+    history = _read(events, report)
+    messages = history.messages
+    for subscriber, joined in history.subscribed.items():
+        lost_session = _sessions_lost(report, subscriber, history, joined)
+        delivered = [d for _, d in history.deliveries.get(subscriber, [])]
         _duplicates(report, subscriber, delivered, messages, lost_session)
         got = {(d.publisher, d.seq) for d in delivered}
         for key, message in messages.items():
             if message.ack is not None and message.first_attempt > joined and key not in got:
-                report.lost += 1
-                report.lost_messages.append((subscriber, key[0], key[1],
-                                             message.first_attempt, message.ack))
-                report.example("lost", f"{subscriber} never got {key[0]}:{key[1]} (QoS"
-                               f" {message.qos}, acknowledged, event {message.ack})")
+                _lost(report, subscriber, key, message)
         _order(report, subscriber, delivered, messages, joined)
-
-    report.recovered = sum(1 for key, m in messages.items()
-                           if m.ack is None and m.failed and key in received_by_anyone)
     return report
+
+
+def check_shared(events: list[Event]) -> SharedReport:
+    """The rules of a shared subscription's history (module docstring)."""
+    report = SharedReport()
+    history = _read(events, report)
+    messages = history.messages
+    # key -> the first copy at each member: (index, member, index of its end or None)
+    firsts: dict[Key, list[tuple[int, str, int | None, Delivered]]] = defaultdict(list)
+    dropped: dict[Key, int] = {}  # QoS 2 message -> index of the end that dropped it
+    for subscriber, joined in history.subscribed.items():
+        lost_session = _sessions_lost(report, subscriber, history, joined)
+        ends = [index for index, _ in history.ends.get(subscriber, [])]
+        for index, ended in history.ends.get(subscriber, []):
+            report.ended += 1
+            for key in ended.dropped:
+                dropped.setdefault(key, index)
+        sessions: dict[int, list[Delivered]] = defaultdict(list)
+        seen: dict[int, set[Key]] = defaultdict(set)
+        for index, delivery in history.deliveries.get(subscriber, []):
+            session = bisect.bisect_left(ends, index)  # ends passed before this delivery
+            key = (delivery.publisher, delivery.seq)
+            if key in messages and key not in seen[session]:
+                seen[session].add(key)
+                end = ends[session] if session < len(ends) else None
+                firsts[key].append((index, f"{subscriber}#{session + 1}", end, delivery))
+            sessions[session].append(delivery)
+        for session, delivered in sessions.items():
+            _duplicates(report, f"{subscriber}#{session + 1}", delivered, messages,
+                        lost_session)
+    report.dropped = len(dropped)
+    for key, copies in firsts.items():
+        _across_members(report, history, key, copies, dropped.get(key))
+    joined = min(history.subscribed.values(), default=len(events))
+    unseen = _held_unsent(history)
+    for key, message in messages.items():
+        if (message.ack is not None and message.first_attempt > joined and
+                key not in history.received and key not in dropped):
+            if message.qos == 2 and unseen(key, message):
+                report.dropped_unseen += 1
+            else:
+                _lost(report, "the group", key, message)
+    return report
+
+
+def _held_unsent(history: _History) -> Callable[[Key, _Message], bool]:
+    """Whether an acknowledged message no member received may have been held unsent by a
+    member whose session ended: some Ended event E came after its acknowledgement, and no
+    message of its publisher first attempted after that acknowledgement reached a member
+    before E."""
+    ends = sorted(index for ended in history.ends.values() for index, _ in ended)
+    first_copy: dict[Key, int] = {}
+    for delivered in history.deliveries.values():
+        for index, delivery in delivered:
+            key = (delivery.publisher, delivery.seq)
+            first_copy[key] = min(index, first_copy.get(key, index))
+    never = 1 << 62
+    # Per publisher, its messages by first Attempt: those indices, and from each message on
+    # the earliest first copy of any of them.
+    starts: dict[str, list[int]] = defaultdict(list)
+    earliest: dict[str, list[int]] = defaultdict(list)
+    for (publisher, seq), message in sorted(history.messages.items(),
+                                            key=lambda item: item[1].first_attempt):
+        starts[publisher].append(message.first_attempt)
+        earliest[publisher].append(first_copy.get((publisher, seq), never))
+    for copies in earliest.values():
+        copies.append(never)
+        for at in range(len(copies) - 2, -1, -1):
+            copies[at] = min(copies[at], copies[at + 1])
+
+    def held(key: Key, message: _Message) -> bool:
+        assert message.ack is not None
+        at = bisect.bisect_right(ends, message.ack)
+        later = bisect.bisect_right(starts[key[0]], message.ack)
+        return at < len(ends) and ends[at] < earliest[key[0]][later]
+
+    return held
+
+
+def _across_members(report: SharedReport, history: _History, key: Key,
+                    copies: list[tuple[int, str, int | None, Delivered]],
+                    dropped_at: int | None) -> None:
+    """The first copies of one message at each member (in history order), and the index of
+    the end that dropped it if an ended member held it (QoS 2)."""
+    message = history.messages[key]
+    name = f"{key[0]}:{key[1]}"
+    copies = sorted(copies, key=lambda copy: copy[0])
+    if len(message.attempts) > 1:  # two PUBLISHes for the broker: each to one member
+        report.resend_doubled += max(len(copies) - 1, 0)
+        return
+    if message.qos == 2:
+        for index, member, _end, _delivery in copies[1:] if dropped_at is None else copies:
+            report.qos2_doubled += 1
+            report.example("qos2_doubled", f"{member} got QoS 2 {name} (event {index}), which "
+                           + (f"{copies[0][1]} got too (event {copies[0][0]})"
+                              if dropped_at is None else
+                              f"an ended member dropped (event {dropped_at})"))
+        return
+    for position in range(1, len(copies)):
+        index, member, _end, delivery = copies[position]
+        earlier = copies[:position]
+        holder = next((c for c in earlier if c[2] is None or c[2] > index), None)
+        if holder is not None:
+            report.doubled += 1
+            report.example("doubled", f"{member} got {name} (event {index}) while"
+                           f" {holder[1]} had it (event {holder[0]}) and its session")
+            continue
+        report.redelivered += 1  # every earlier member's session ended before
+        since = max(end for _, _, end, _ in earlier if end is not None)
+        if delivery.dup and not any(since < at < index for at, _ in
+                                    history.connects.get(delivery.subscriber, [])):
+            report.wrong_dup += 1
+            report.example("wrong_dup", f"{member} got {name} with DUP (event {index}), its"
+                           f" first copy since the session of {earlier[-1][1]} ended")
 
 
 def _duplicates(report: Report, subscriber: str, delivered: list[Delivered],

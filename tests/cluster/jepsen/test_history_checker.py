@@ -1,5 +1,6 @@
-"""The history checker on hand-made histories: each rule passes a correct history and fails
-one that breaks it. Pure: no broker, no sockets."""
+"""The history checkers on hand-made histories: each rule passes a correct history and fails
+one that breaks it; `check` for subscribers that each get every message, `check_shared` for
+the members of one shared subscription. Pure: no broker, no sockets."""
 
 from tests.cluster.jepsen.history import (
     EXAMPLES,
@@ -7,12 +8,16 @@ from tests.cluster.jepsen.history import (
     Attempt,
     Connected,
     Delivered,
+    Ended,
     Event,
     Fail,
+    Key,
     Nemesis,
     Report,
+    SharedReport,
     Subscribed,
     check,
+    check_shared,
     parse_payload,
     payload,
 )
@@ -49,8 +54,16 @@ class H:
         self.events.append(Delivered(subscriber, publisher, seq, qos, dup, "n1"))
         return self
 
+    def end(self, subscriber: str = "s1", dropped: tuple[Key, ...] = ()) -> "H":
+        """The workload ends the member's session: Clean Start 1 next, then SUBSCRIBE."""
+        self.events.append(Ended(subscriber, "n1", dropped))
+        return self.sub(subscriber)
+
     def check(self) -> Report:
         return check(self.events)
+
+    def shared(self) -> SharedReport:
+        return check_shared(self.events)
 
 
 def test_a_correct_history_is_ok() -> None:
@@ -245,3 +258,148 @@ def test_payloads_name_their_message() -> None:
     assert parse_payload(b"p:x:4") == ("p:x", 4)
     assert parse_payload(b"junk") is None
     assert parse_payload(b"\xff:1") is None
+
+
+# ---- shared subscriptions ---------------------------------------------------------------------
+def test_each_message_at_one_member_is_ok() -> None:
+    history = H().sub("s1").sub("s2")
+    for seq in (1, 2, 3, 4):
+        history.pub(seq, qos=1 + seq % 2).ack(seq)
+        history.got(seq, qos=1 + seq % 2, subscriber="s1" if seq < 3 else "s2")
+    report = history.shared()
+    assert report.ok, report.summary()
+    assert (report.acknowledged, report.delivered, report.subscribers) == (4, 4, 2)
+    assert "violations: none" in report.summary()
+    assert "redelivered=0" in report.summary()
+
+
+def test_a_job_delivered_to_two_members_is_flagged() -> None:
+    report = H().sub("s1").sub("s2").pub(1).ack(1).got(1, subscriber="s1").got(
+        1, subscriber="s2").shared()
+    assert not report.ok
+    assert report.violations() == {"doubled": 1}
+    assert report.examples["doubled"] == [
+        "s2#1 got p1:1 (event 7) while s1#1 had it (event 6) and its session"]
+    assert "doubled=1" in report.summary()
+
+
+def test_a_qos2_job_delivered_to_two_members_is_flagged() -> None:
+    report = H().sub("s1").sub("s2").pub(1, qos=2).ack(1).got(1, qos=2, subscriber="s2").got(
+        1, qos=2, subscriber="s1").shared()
+    assert report.violations() == {"qos2_doubled": 1}
+    assert report.examples["qos2_doubled"] == [
+        "s1#1 got QoS 2 p1:1 (event 7), which s2#1 got too (event 6)"]
+
+
+def test_qos1_jobs_of_an_ended_member_may_go_to_another_once_without_dup() -> None:
+    history = H().sub("s1").sub("s2").pub(1).ack(1).got(1, subscriber="s1").end("s1")
+    report = history.got(1, subscriber="s2").shared()
+    assert report.ok, report.summary()
+    assert (report.ended, report.redelivered, report.doubled) == (1, 1, 0)
+    assert report.sessions_lost == 0  # Session Present 0 after an end: a new session
+
+
+def test_a_redelivery_to_a_new_member_with_dup_is_flagged() -> None:
+    history = H().sub("s1").sub("s2").pub(1).ack(1).got(1, subscriber="s1").end("s1")
+    report = history.got(1, dup=True, subscriber="s2").shared()
+    assert report.violations() == {"wrong_dup": 1} and report.redelivered == 1
+    # ... unless that member's connection broke since: it may have been sent before.
+    history = H().sub("s1").sub("s2").pub(1).ack(1).got(1, subscriber="s1").end("s1")
+    report = history.connect("s2").got(1, dup=True, subscriber="s2").shared()
+    assert report.ok, report.summary()
+
+
+def test_a_redelivery_needs_every_earlier_member_ended() -> None:
+    history = H().sub("s1").sub("s2").sub("s3").pub(1).ack(1)
+    history.got(1, subscriber="s1").end("s1").got(1, subscriber="s2").end("s2")
+    assert history.got(1, subscriber="s3").shared().redelivered == 2
+    history = H().sub("s1").sub("s2").sub("s3").pub(1).ack(1)
+    history.got(1, subscriber="s1").end("s1").got(1, subscriber="s2")
+    report = history.got(1, subscriber="s3").shared()
+    assert (report.redelivered, report.doubled) == (1, 1) and not report.ok
+
+
+def test_an_ended_member_is_a_new_member_after() -> None:
+    """Its next session may be the shard's next owner: it gets the job again, as new."""
+    history = H().sub("s1").sub("s2").pub(1).ack(1).got(1, subscriber="s1").end("s1")
+    report = history.got(1, subscriber="s1").shared()
+    assert report.ok and report.redelivered == 1
+    assert report.qos1_duplicates == 0 and report.missing_dup == 0
+
+
+def test_qos2_jobs_of_an_ended_member_never_go_to_another() -> None:
+    history = H().sub("s1").sub("s2").pub(1, qos=2).ack(1).got(1, qos=2, subscriber="s1")
+    report = history.end("s1").got(1, qos=2, subscriber="s2").shared()
+    assert report.violations() == {"qos2_doubled": 1}
+
+
+def test_qos2_jobs_an_ended_member_had_not_been_released_are_dropped() -> None:
+    history = H().sub("s1").sub("s2").pub(1, qos=2).ack(1).end("s1", dropped=(("p1", 1),))
+    report = history.shared()
+    assert report.ok, report.summary()
+    assert (report.dropped, report.lost) == (1, 0)
+    report = history.got(1, qos=2, subscriber="s2").shared()
+    assert report.violations() == {"qos2_doubled": 1}
+    assert "an ended member dropped (event 6)" in report.examples["qos2_doubled"][0]
+
+
+def test_an_acknowledged_job_no_member_got_is_lost() -> None:
+    report = H().sub("s1").sub("s2").pub(1).ack(1).pub(2).ack(2).got(1, subscriber="s2").shared()
+    assert report.violations() == {"lost": 1}
+    assert report.lost_messages == [("the group", "p1", 2, 6, 7)]
+    assert report.examples["lost"] == [
+        "the group never got p1:2 (QoS 1, acknowledged, event 7)"]
+
+
+def test_a_job_published_before_the_first_member_subscribed_is_not_expected() -> None:
+    report = H().pub(1).ack(1).sub("s1").pub(2).ack(2).got(2).shared()
+    assert report.ok, report.summary()
+
+
+def test_a_qos2_job_an_ended_member_may_have_held_unsent_is_allowed() -> None:
+    """2 acknowledged, then s1's session ends before any later message of p1 reached a
+    member: s1 may have held 2 unsent (its second window)."""
+    history = H().sub("s1").sub("s2").pub(1).ack(1).got(1).pub(2, qos=2).ack(2)
+    report = history.end("s1").pub(3).ack(3).got(3, subscriber="s2").shared()
+    assert report.ok, report.summary()
+    assert (report.dropped_unseen, report.lost) == (1, 0)
+
+
+def test_a_qos2_job_lost_while_later_ones_flowed_is_lost() -> None:
+    history = H().sub("s1").sub("s2").pub(1, qos=2).ack(1).pub(2).ack(2).got(2)
+    report = history.end("s1").shared()
+    assert report.violations() == {"lost": 1} and report.dropped_unseen == 0
+    history = H().sub("s1").sub("s2").pub(1, qos=2).ack(1).got(1, qos=2).pub(2, qos=2).ack(2)
+    report = history.pub(3).ack(3).got(3, subscriber="s2").shared()  # no session ended
+    assert report.violations() == {"lost": 1}
+
+
+def test_a_qos1_job_is_never_dropped() -> None:
+    report = H().sub("s1").sub("s2").pub(1).ack(1).end("s1").shared()
+    assert report.violations() == {"lost": 1}
+
+
+def test_within_a_member_the_duplicate_rules_hold() -> None:
+    history = H().sub("s1").sub("s2").pub(1).ack(1).got(1).got(1, dup=True)
+    report = history.shared()
+    assert report.ok and report.qos1_duplicates == 1
+    report = H().sub("s1").pub(1).ack(1).got(1).got(1).shared()
+    assert report.violations() == {"missing_dup": 1}
+    assert report.examples["missing_dup"] == [
+        "s1#1 got p1:1 again without DUP (QoS 1, at n1)"]
+    report = H().sub("s1").pub(1, qos=2).ack(1).got(1, qos=2).got(1, qos=2, dup=True).shared()
+    assert report.violations() == {"qos2_duplicates": 1}
+
+
+def test_a_lost_session_of_a_member_is_flagged_but_not_an_ended_one() -> None:
+    report = H().sub("s1").end("s1").connect("s1", present=True).shared()
+    assert report.ok, report.summary()
+    report = H().sub("s1").end("s1").connect("s1", present=False).shared()
+    assert report.violations() == {"sessions_lost": 1}
+
+
+def test_a_job_sent_twice_by_its_publisher_may_reach_two_members() -> None:
+    history = H().sub("s1").sub("s2").pub(1, qos=2).fail(1).pub(1, qos=2, conn=2).ack(1, conn=2)
+    report = history.got(1, qos=2, subscriber="s1").got(1, qos=2, subscriber="s2").shared()
+    assert report.ok, report.summary()
+    assert report.resend_doubled == 1

@@ -54,6 +54,7 @@ from tests.cluster.jepsen.history import (
     Attempt,
     Connected,
     Delivered,
+    Ended,
     Event,
     Fail,
     Key,
@@ -123,6 +124,8 @@ class Recorder:
         self._acked: dict[Key, int] = {}  # acknowledged -> index of its first Attempt
         self._subscribed: dict[str, int] = {}
         self._received: dict[str, set[Key]] = {}
+        self._received_by_anyone: set[Key] = set()
+        self._dropped: set[Key] = set()  # QoS 2 messages dropped with an ended session
 
     def record(self, event: Event) -> None:
         with self._cond:
@@ -138,8 +141,11 @@ class Recorder:
                 self._subscribed.setdefault(event.subscriber, index)
                 self._received.setdefault(event.subscriber, set())
             elif isinstance(event, Delivered):
-                self._received.setdefault(event.subscriber, set()).add(
-                    (event.publisher, event.seq))
+                key = (event.publisher, event.seq)
+                self._received.setdefault(event.subscriber, set()).add(key)
+                self._received_by_anyone.add(key)
+            elif isinstance(event, Ended):
+                self._dropped.update(event.dropped)
             self._cond.notify_all()
 
     def missing(self) -> dict[str, int]:
@@ -148,6 +154,16 @@ class Recorder:
             return {subscriber: sum(1 for key, first in self._acked.items()
                                     if first > joined and key not in self._received[subscriber])
                     for subscriber, joined in self._subscribed.items()}
+
+    def missing_from_group(self) -> int:
+        """Acknowledged messages no subscriber has received yet, of those first sent after
+        the first SUBACK (the members of one shared subscription), but those dropped with
+        an ended session."""
+        with self._cond:
+            joined = min(self._subscribed.values(), default=len(self.events))
+            return sum(1 for key, first in self._acked.items()
+                       if first > joined and key not in self._received_by_anyone and
+                       key not in self._dropped)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -166,9 +182,6 @@ class Recorder:
     def snapshot(self) -> list[Event]:
         with self._cond:
             return list(self.events)
-
-    def check(self) -> Report:
-        return check(self.snapshot())
 
     def dump(self, path: Path) -> None:
         """The history as JSON lines: index, wall-clock time, event type and fields."""
@@ -193,6 +206,7 @@ class Client:
     out. Automatic reconnection is off: the workload decides where to go next."""
 
     def __init__(self, client_id: str, version: int = 5, *, durable: bool = False,
+                 manual_ack: bool = False, receive_maximum: int | None = None,
                  on_connect: Callable[[Connack], None] | None = None,
                  on_message: Callable[[Any], None] | None = None,
                  on_publish: Callable[[int, int], None] | None = None,
@@ -203,7 +217,8 @@ class Client:
         self.paho = paho_mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
             clean_session=None if version == 5 else not durable,
-            reconnect_on_failure=False)
+            reconnect_on_failure=False, manual_ack=manual_ack)
+        self.receive_maximum = receive_maximum
         self.paho.connect_timeout = 3.0
         self.paho.max_inflight_messages_set(100)
         self.paho.max_queued_messages_set(0)
@@ -258,6 +273,8 @@ class Client:
         if self.version == 5:
             properties = Properties(PacketTypes.CONNECT)
             properties.SessionExpiryInterval = expiry
+            if self.receive_maximum is not None:
+                properties.ReceiveMaximum = self.receive_maximum
             kwargs.update(clean_start=clean_start, properties=properties)
         try:
             self.paho.connect(host, port, **kwargs)
@@ -340,6 +357,7 @@ class WorkloadConfig:
     version: int = 5  # 3.1.1 (4) clients get no Server Reference, only return code 3
     resend: bool = True  # send unacknowledged messages again on the next connection
     homes: list[str] | None = None  # nodes of the subscribers' first connection (in turn)
+    # and of a subscription made again after its session ended; when down, any node
     publisher_nodes: list[str] | None = None  # nodes publishers may use (default: all)
 
 
@@ -363,6 +381,8 @@ class _Inflight:
 
 
 class Workload:
+    label = "plain"  # names its history file and its figures
+
     def __init__(self, directory: Directory, recorder: Recorder,
                  config: WorkloadConfig | None = None, run: str | None = None) -> None:
         self.directory = directory
@@ -370,6 +390,7 @@ class Workload:
         self.config = config or WorkloadConfig()
         self.run = run or uuid.uuid4().hex[:8]
         self.prefix = f"jepsen/{self.run}"
+        self.topic_filter = f"{self.prefix}/#"  # what the subscribers subscribe to
         self.stats = Stats()
         self.errors: list[BaseException] = []
         self._stop_publishers = threading.Event()
@@ -408,20 +429,24 @@ class Workload:
     def run_for(self, seconds: float) -> None:
         """Lets the workload run (the clients' threads do the work); fails early if one of
         them failed."""
-        deadline = time.monotonic() + seconds
-        while (remaining := deadline - time.monotonic()) > 0:
-            self._stop_publishers.wait(min(remaining, 0.2))
-            self._raise_errors()
+        run_together([self], seconds)
 
     def stop_publishers(self, timeout: float = 20.0) -> None:
         self._stop_publishers.set()
         for thread in self._publishers:
             thread.join(timeout)
 
+    def pending(self) -> int:
+        """Deliveries still due: acknowledged messages a subscriber should have and has not
+        received yet."""
+        return sum(self.recorder.missing().values())
+
     def drain(self, timeout: float = 30.0) -> bool:
         """Waits until every subscriber has every acknowledged message it should have."""
-        return self.recorder.wait_for(
-            lambda: not any(self.recorder.missing().values()), timeout)
+        return self.recorder.wait_for(lambda: not self.pending(), timeout)
+
+    def check(self) -> Report:
+        return check(self.recorder.snapshot())
 
     def stop(self) -> None:
         self._stop_publishers.set()
@@ -439,12 +464,16 @@ class Workload:
         self.drain(drain_timeout)
         self.stop()
         self._raise_errors()
-        return self.recorder.check()
+        return self.check()
 
     def homes(self) -> dict[str, str]:
         """Subscriber -> node where it subscribed: where its durable session lives."""
         with self._lock:
             return dict(self._homes)
+
+    def durable_filters(self) -> int:
+        """Entries the subscribers' sessions make in a node's durable filters."""
+        return len(self.homes())
 
     def _spawn(self, threads: list[threading.Thread], target: Callable[..., None],
                *args: Any) -> None:
@@ -500,10 +529,9 @@ class Workload:
         return None
 
     # ---- subscribers --------------------------------------------------------------------------
-    def _subscriber(self, name: str, home: str | None) -> None:
-        config, stop = self.config, self._stop_subscribers
-        rng = random.Random(f"{config.seed}-{name}")
-        here = {"node": "?"}
+    def _subscriber_client(self, name: str, here: dict[str, str], **options: Any) -> Client:
+        """The subscriber's paho client, for the whole run: its callbacks record a CONNACK
+        (`here` names the node) and each PUBLISH handed over."""
         probe_topic = f"{self.prefix}/probe"
 
         def connected(connack: Connack) -> None:
@@ -513,36 +541,52 @@ class Workload:
             if received.topic == probe_topic:
                 with self._lock:
                     self._probes.setdefault(name, set()).add(bytes(received.payload))
-                return
-            key = parse_payload(bytes(received.payload)) or ("", -1)
-            self.recorder.record(Delivered(name, key[0], key[1], received.qos,
-                                           bool(received.dup), here["node"]))
+            else:
+                key = parse_payload(bytes(received.payload)) or ("", -1)
+                self.recorder.record(Delivered(name, key[0], key[1], received.qos,
+                                               bool(received.dup), here["node"]))
+            self._handed_over(name, received)
 
-        client = Client(f"{self.run}-{name}", config.version, durable=True,
-                        on_connect=connected, on_message=message)
+        return Client(f"{self.run}-{name}", self.config.version, durable=True,
+                      on_connect=connected, on_message=message, **options)
+
+    def _handed_over(self, name: str, received: Any) -> None:
+        """A PUBLISH was handed to subscriber `name` (recorded): acknowledged by paho."""
+
+    def _end_session(self, name: str, client: Client, rng: random.Random,
+                     here: dict[str, str]) -> bool:
+        """Whether subscriber `name` ends its session now (its connection is up and its
+        stay is over); the next CONNECT then has Clean Start 1 and it subscribes again."""
+        return False
+
+    def _subscriber(self, name: str, home: str | None) -> None:
+        config, stop = self.config, self._stop_subscribers
+        rng = random.Random(f"{config.seed}-{name}")
+        here = {"node": "?"}
+        client = self._subscriber_client(name, here)
         self._track(client, True)
-        subscribed = False
+        subscribed = False  # the session holds the subscription
+        clean = False  # the next CONNECT starts a new session
         try:
             while not stop.is_set():
-                if not subscribed and home is not None:
-                    port = self.directory.port(home)
-                    target = (home, port) if port is not None else None
-                else:
-                    target = self.directory.pick(rng)
+                port = self.directory.port(home) if not subscribed and home else None
+                target = (home, port) if home and port is not None else self.directory.pick(rng)
                 if target is None:
                     stop.wait(0.2)
                     continue
-                reached = self._connect(client, target, False, here)
+                reached = self._connect(client, target, clean, here)
                 if reached is None:
                     stop.wait(rng.uniform(0.1, 0.5))
                     continue
                 node, connack = reached
+                clean = False
                 with self._lock:
                     self.stats.subscriber_connections += 1
                 if not subscribed or not connack.session_present:
-                    # The first time; or the session is gone (recorded as lost by the
-                    # Connected event): subscribe again so that the run goes on.
-                    codes = client.subscribe(f"{self.prefix}/#", 2, config.connect_timeout)
+                    # The first time, or after the session ended; or the session is gone
+                    # (recorded as lost by the Connected event): subscribe again so that
+                    # the run goes on.
+                    codes = client.subscribe(self.topic_filter, 2, config.connect_timeout)
                     if not codes or codes[0] > 2:
                         client.abort()
                         continue
@@ -554,6 +598,8 @@ class Workload:
                 ended = client.wait_ended(rng.uniform(*config.stay), stop)
                 if ended:
                     client.finish()
+                elif not stop.is_set() and self._end_session(name, client, rng, here):
+                    subscribed, clean = False, True
                 elif stop.is_set() or rng.random() >= config.abrupt:
                     client.disconnect()
                 else:
@@ -581,8 +627,7 @@ class Workload:
 
                     def arrived(marker: bytes = marker) -> bool:
                         with self._lock:
-                            return all(marker in self._probes.get(s, set())
-                                       for s in subscribers)
+                            return self._probe_arrived(marker, subscribers)
 
                     if self.recorder.wait_for(arrived, 0.5):
                         break
@@ -591,6 +636,10 @@ class Workload:
                                              f" every subscriber in {timeout}s")
             finally:
                 client.disconnect()
+
+    def _probe_arrived(self, marker: bytes, subscribers: set[str]) -> bool:
+        """(Under the lock) whether the probe `marker` reached where it should."""
+        return all(marker in self._probes.get(s, set()) for s in subscribers)
 
     # ---- publishers ---------------------------------------------------------------------------
     def _publisher(self, name: str) -> None:
@@ -605,7 +654,7 @@ class Workload:
                 stop.wait(0.2)
                 continue
             inflight = _Inflight(conn + 1)
-            client = Client(f"{self.run}-{name}", config.version,
+            client = Client(self._publisher_id(name), config.version,
                             on_publish=lambda mid, code, f=inflight: self._acked(name, f, mid,
                                                                                  code),
                             on_disconnect=lambda f=inflight: _notify(f.cond))
@@ -664,6 +713,9 @@ class Workload:
                 client.abort()
                 self._track(client, False)
 
+    def _publisher_id(self, name: str) -> str:
+        return f"{self.run}-{name}"
+
     def _acked(self, name: str, inflight: _Inflight, mid: int, code: int) -> None:
         with inflight.cond:
             number = inflight.by_mid.pop(mid, None)
@@ -680,6 +732,16 @@ class Workload:
         else:
             self.recorder.record(Ack(name, number, inflight.conn))
         inflight.cond.notify_all()
+
+
+def run_together(workloads: list[Workload], seconds: float) -> None:
+    """Lets the workloads run `seconds` (their clients' threads do the work); fails early if
+    a client of one of them failed."""
+    deadline = time.monotonic() + seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        workloads[0]._stop_publishers.wait(min(remaining, 0.2))
+        for workload in workloads:
+            workload._raise_errors()
 
 
 def _notify(cond: threading.Condition) -> None:

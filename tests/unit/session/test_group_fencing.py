@@ -66,6 +66,7 @@ def test_a_returned_batch_is_taken_only_by_the_shards_reader_or_with_the_group()
     record = r.BatchRecord(SHARE, STREAM, 0, 10, 1, 3, 1, False)
     assert kept(store, "A", [(returned, g.returned_to_bytes(record))])[0] == [returned]
     assert kept(store, "B", [(returned, g.returned_to_bytes(record))])[0] == []
+    store[returned] = g.returned_to_bytes(record)
     assert kept(store, "A", [(returned, None)])[0] == []
     assert kept(store, "B", [(returned, None)])[0] == [returned]
     ending = [(returned, None), (g.group_key(SHARE), None)]
@@ -84,3 +85,31 @@ def test_returned_batch_keys_round_trip() -> None:
     key = g.returned_key(SHARE, 2, "client/with/slashes", 42)
     assert g.returned_shard(key, SHARE) == 2
     assert g.returned_client(key, SHARE) == "client/with/slashes"
+
+
+def test_what_a_member_records_of_a_shard_is_admitted_whole_or_not_at_all() -> None:
+    """A position never moves without the batch that read up to it; a returned batch never
+    goes without the batch that takes it over (the node serves w1 and w2 both)."""
+    store = store_with(g.Owner("w1", g.OWN))
+    store[r.meta_key("w2")] = meta("A")
+    position = g.position_key(SHARE, STREAM)
+    by_w2 = [(position, b'{"pos":9,"by":"w2"}'), (r.batch_key("w2", 1), batch())]
+    assert kept(store, "A", by_w2) == ([], {"w2"})
+    by_w1 = [(position, b'{"pos":9,"by":"w1"}'), (r.batch_key("w1", 1), batch())]
+    assert sorted(kept(store, "A", by_w1)[0]) == sorted(key for key, _ in by_w1)
+    returned = g.returned_key(SHARE, 2, "w3", 5)
+    store[returned] = b'{}'
+    taken_by_w2 = [(returned, None), (r.batch_key("w2", 2), batch())]
+    assert kept(store, "A", taken_by_w2) == ([], {"w2"})
+    assert kept(store, "A", [(returned, None), (r.batch_key("w1", 2), batch())])[0] == [
+        returned, r.batch_key("w1", 2)]
+
+
+def test_a_returned_batch_taken_twice_is_refused_the_second_time() -> None:
+    store = store_with(g.Owner("w1", g.OWN))
+    returned = g.returned_key(SHARE, 2, "w3", 5)
+    store[returned] = b'{}'
+    take = [(returned, None), (r.batch_key("w1", 2), batch())]
+    assert sorted(kept(store, "A", take)[0]) == sorted(key for key, _ in take)
+    del store[returned]
+    assert kept(store, "A", take) == ([], {"w1"})
