@@ -108,7 +108,7 @@ fuzz: $(STAMP)
 # a run's choices, REPLICATED=1 adds the faults that need replicated Durable Storage,
 # BACKEND=raft runs on it (durable_storage.messages.backend = builtin_raft).
 chaos: $(STAMP)
-	$(PY) tools/chaos.py --cycles $(or $(CYCLES),100) $(if $(SEED),--seed $(SEED)) $(if $(REPLICATED),--replicated) $(if $(BACKEND),--backend $(BACKEND))
+	$(PY) tools/chaos.py --cycles $(or $(CYCLES),100) $(if $(SEED),--seed $(SEED)) $(if $(REPLICATED),--replicated) $(if $(BACKEND),--backend $(BACKEND)) $(if $(WORKLOAD),--workload $(WORKLOAD))
 
 bench: install
 	bench/setup.sh
