@@ -374,7 +374,8 @@ def running(name: str, persistent: bool = False,
         log = tmp / "broker.log"
         spawned = time.monotonic()
         broker = Running(name, launch.port, _spawn(launch.argv, tmp, log), tmp, log,
-                         launch.argv, credentials=launch.credentials)
+                         launch.argv, http_port=launch.http_port,
+                         credentials=launch.credentials)
         _wait_ready(broker, RESTART_POLL)
         broker.ready_s = time.monotonic() - spawned
         yield broker
