@@ -3,12 +3,11 @@ workers sit on different nodes gets every acknowledged job once, through kill -9
 worker's node and of every node, and a worker that resumes on another node keeps its share.
 """
 
-from collections.abc import Iterable
 
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.cluster.test_replicated_ds import _client, _start
 from tests.integration.clients import PahoClient, unique, wait_until
-from tests.integration.test_durable_shared import publisher_ids
+from tests.integration.test_durable_shared import collect, publisher_ids
 
 SHARE = "$share/workers/jobs/#"
 EXPIRY = 3600
@@ -58,19 +57,6 @@ def _every_shard_read(node: Node, members: int) -> None:
         raise AssertionError(f"{timed_out}: {_group(node)}") from None
 
 
-def _receivers(workers: Iterable[PahoClient], expected: list[bytes]) -> dict[bytes, list[str]]:
-    workers = list(workers)
-    wanted = set(expected)
-    wait_until(lambda: wanted <= {m.payload for w in workers for m in list(w.messages)},
-               60, f"{len(wanted)} jobs at the workers")
-    who: dict[bytes, list[str]] = {}
-    for worker in workers:
-        for message in worker.barrier():
-            if message.topic.startswith("jobs/"):
-                who.setdefault(message.payload, []).append(worker.client_id)
-    return who
-
-
 def _once_each(who: dict[bytes, list[str]]) -> None:
     doubled = {payload: workers for payload, workers in who.items() if len(workers) > 1}
     assert not doubled, f"jobs delivered to two workers: {list(doubled.items())[:5]}"
@@ -83,7 +69,7 @@ def test_workers_on_three_nodes_share_the_jobs_once_each(
     for node in nodes:  # any node answers for the cluster
         _every_shard_read(node, 3)
     sent = _publish(clients, nodes, 120, "job")
-    who = _receivers(workers, sent)
+    who = collect(workers, sent)
     assert sorted(who) == sorted(sent)
     _once_each(who)
     assert {receivers[0] for receivers in who.values()} == {w.client_id for w in workers}
@@ -109,21 +95,21 @@ def test_a_worker_whose_node_dies_resumes_elsewhere_with_its_share(
     # Its shards go on to the other member at once: it takes every job published now.
     _every_shard_read(other, 1)
     during = _publish(clients, [other, third], 40, "during")
-    assert set(during) <= set(_receivers([fast], during))
+    assert set(during) <= set(collect([fast], during))
     back = _client(clients, third, w1)
     assert back.connect(clean_start=False, session_expiry=EXPIRY).session_present
     subscriptions = http_json(third.http, f"/api/v5/clients/{w1}/subscriptions")
     assert SHARE in [s["topic"] for s in subscriptions]
     # What the dead node had recorded for its member (on the wire, or read ahead) comes to
     # it; everything else went to the other member.
-    who = _receivers([fast, back], sent + during)
+    who = collect([fast, back], sent + during)
     assert sorted(who) == sorted(sent + during)
     _once_each(who)
     again = [m for m in back.messages if m.payload in held]
     assert len(again) == len(held) and all(m.dup for m in again)
     _every_shard_read(third, 2)
     more = _publish(clients, [other, third], 40, "more")
-    who = _receivers([fast, back], more)
+    who = collect([fast, back], more)
     _once_each(who)
     assert {receivers[0] for receivers in who.values()} == {fast.client_id, w1}
 
@@ -146,7 +132,7 @@ def test_every_node_killed_loses_no_acknowledged_job(
         assert client.connect(clean_start=False, session_expiry=EXPIRY, timeout=60
                               ).session_present
         workers.append(client)
-    who = _receivers(workers, sent)
+    who = collect(workers, sent)
     assert sorted(who) == sorted(sent)
     _once_each(who)
 
@@ -166,7 +152,7 @@ def test_a_takeover_on_another_node_keeps_the_members_share(
     first.wait_disconnected()
     _every_shard_read(nodes[0], 2)
     sent = _publish(clients, nodes, 80, "job")
-    who = _receivers([moved, other], sent)
+    who = collect([moved, other], sent)
     assert sorted(who) == sorted(sent)
     _once_each(who)
     assert {receivers[0] for receivers in who.values()} == {w1, other.client_id}
