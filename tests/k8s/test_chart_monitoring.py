@@ -22,20 +22,19 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.container.engine import wait_http
 from tests.integration.clients import PahoClient, unique
 from tests.k8s.conftest import (
     BUILT,
     ROOT,
     VENV_BIN,
     Testbed,
-    _free_port,
     _run,
     cluster_manifest,
     eventually,
     set_pod_ready,
 )
 from tests.k8s.test_helm import helm
+from tests.k8s_e2e.prometheus import run_prometheus
 from tests.support.broker_process import BrokerProcess
 
 CHART = ROOT / "helm" / "durable-mqtt"
@@ -399,26 +398,14 @@ def rules_prometheus(spec: dict[str, Any], broker: BrokerProcess, workdir: Path
     """Debian's Prometheus evaluating the rendered rules every second over one broker,
     scraped every second as the chart's ServiceMonitor labels it (job rel-headless,
     namespace ns); yields its port."""
-    binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus is missing: make install brings it"
     (workdir / "rules.yaml").write_text(yaml.safe_dump(spec))
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump({
+    with run_prometheus({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(workdir / "rules.yaml")],
         "scrape_configs": [{"job_name": "rel-headless", "static_configs": [{
             "targets": [f"127.0.0.1:{broker.ports['http']}"],
-            "labels": {"namespace": "ns", "pod": "rel-0"}}]}]}))
-    port = _free_port()
-    with (workdir / "prometheus.log").open("w") as log, subprocess.Popen(
-            [binary, f"--config.file={workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=log) as proc:
-        try:
-            wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
-            yield port
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            "labels": {"namespace": "ns", "pod": "rel-0"}}]}]}, workdir) as port:
+        yield port
 
 
 def _alerts(port: int, name: str) -> list[dict[str, Any]]:

@@ -37,11 +37,19 @@ def selected_targets(node: Testbed, monitor: dict[str, Any]) -> list[str]:
 def prometheus(monitor: dict[str, Any], targets: list[str], workdir: Path) -> Iterator[int]:
     """Prometheus on a free loopback port scraping the targets every second with the
     monitor's path; yields its port."""
-    binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus is missing: make install brings it"
     config = {"scrape_configs": [{"job_name": monitor["metadata"]["name"], "scrape_interval": "1s",
                                   "metrics_path": monitor["spec"]["endpoints"][0]["path"],
                                   "static_configs": [{"targets": targets}]}]}
+    with run_prometheus(config, workdir) as port:
+        yield port
+
+
+@contextmanager
+def run_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[int]:
+    """Debian's Prometheus with `config` on a free loopback port, stopped on leaving;
+    yields its port once it is ready."""
+    binary = shutil.which("prometheus")
+    assert binary, "Debian's prometheus is missing: make install brings it"
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = _free_port()
     with (workdir / "prometheus.log").open("w") as log, subprocess.Popen(
