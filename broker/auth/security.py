@@ -1,6 +1,13 @@
-"""Who may connect and what they may do: the password file and the ACL file, live.
+"""Who may connect and what they may do: the password file, JWTs, an HTTP service, SCRAM
+users (MQTT 5 enhanced authentication) and the ACL file, live.
 
-Both files are read at start-up (a bad one stops the broker, naming file and line) and again
+A CONNECT's user name and password go through `authentication.order` (EMQX's chain): each
+configured source allows, denies, or passes ("ignore") to the next. A user the password file
+does not know, a password that is not a JWT, an HTTP answer "ignore" or no answer at all pass
+on; when every source passed, a CONNECT with credentials is refused (0x86, or 0x88 Server
+unavailable if the HTTP service did not answer) and one without is anonymous.
+
+The files are read at start-up (a bad one stops the broker, naming file and line) and again
 on SIGHUP or when they change on disk (a Kubernetes Secret is updated in place, by a symlink
 swap): a reload that fails keeps the version in force and logs why. Connections are never
 dropped by a reload; their cached ACL decisions are, through `generation`.
@@ -14,14 +21,23 @@ costs a bounded queue and good clients behind it wait at most that long.
 import asyncio
 import logging
 import os
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from broker.auth.acl import Access, Acl, AclFileError, parse_acl_file
+from broker.auth.client_rules import ClientRule, decide
+from broker.auth.enhanced import EnhancedAuth
+from broker.auth.http_client import HttpService
+from broker.auth.http_requests import RequestTemplate
 from broker.auth.passwords import Hash, PasswordFileError, parse_password_file
+from broker.auth.scram import METHODS
+from broker.auth.scram_users import ScramFileError, ScramUser, dump_scram_file, parse_scram_file
+from broker.auth.tokens import JwtConfigError, JwtSettings, JwtVerifier
 from broker.config.loader import Config
+from broker.ds.files import write_atomically
 from broker.mqtt.constants import ReasonCode
 
 log = logging.getLogger(__name__)
@@ -47,27 +63,50 @@ class SecurityStats:
         table[key] = table.get(key, 0) + 1
 
 
+class Outcome(NamedTuple):
+    """A CONNECT's authentication: the reason code, and what it says about the connection
+    (no ACL for a superuser, rules that came with the credentials, a JWT's expiry)."""
+
+    code: ReasonCode
+    superuser: bool = False
+    rules: tuple[ClientRule, ...] | None = None
+    expires_at: float | None = None
+
+
 class AclCache:
     """One connection's decisions by topic, one table per access (`authorization.cache.
     max_size` each, the oldest dropped), valid for one generation of the ACL file. Plain
     dicts keyed by the topic: a hit, every message but a topic's first, is one lookup with
-    nothing allocated (`Connection.authorized` looks there before calling `allows`)."""
+    nothing allocated (`Connection.authorized` looks there before calling `allows`).
+    `rules`: the ACL that came with the client's credentials, asked before the file."""
 
-    __slots__ = ("generation", "read", "write")
+    __slots__ = ("generation", "read", "rules", "write")
 
-    def __init__(self, generation: int) -> None:
+    def __init__(self, generation: int, rules: tuple[ClientRule, ...] = ()) -> None:
         self.generation = generation
         self.read: dict[str, bool] = {}
         self.write: dict[str, bool] = {}
+        self.rules = rules
 
 
 class Security:
     def __init__(self, config: Config) -> None:
         self._password_path: str = config["authentication.password_file"]
         self._acl_path: str = config["authorization.acl_file"]
+        self._scram_path: str = config["authentication.scram.user_file"]
+        self._jwks_path: str = config["authentication.jwt.jwks_file"]
+        self.scram_iterations: int = config["authentication.scram.iteration_count"]
+        self.scram_users: dict[str, ScramUser] | None = None
+        # Salts of unknown SCRAM users are made with it: random per process, so they
+        # cannot be told from real ones, and stable while it runs.
+        self._mock_key = secrets.token_bytes(32)
+        self.jwt = _jwt_verifier(config)
+        self.disconnect_after_expire: bool = config["authentication.jwt.disconnect_after_expire"]
+        self.http = _http_service(config)
+        self._order: tuple[str, ...] = config["authentication.order"]
         anonymous: str = config["authentication.allow_anonymous"]
-        self.allow_anonymous = anonymous == "true" or (anonymous == "auto"
-                                                       and not self._password_path)
+        sources = self._password_path or self.jwt is not None or self.http is not None
+        self.allow_anonymous = anonymous == "true" or (anonymous == "auto" and not sources)
         self.disconnect_on_deny = config["authorization.deny_action"] == "disconnect"
         self.cache_size: int = config["authorization.cache.max_size"]
         self.stats = SecurityStats()
@@ -78,20 +117,28 @@ class Security:
         self._pending = 0
         self._executor: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
-        for path in (self._password_path, self._acl_path):
-            if path:
-                self._load(path)  # raises: a broker does not start on a bad file
+        for path in self._paths():
+            self._load(path)  # raises: a broker does not start on a bad file
+
+    def _paths(self) -> list[str]:
+        return [path for path in (self._password_path, self._acl_path, self._scram_path,
+                                  self._jwks_path) if path]
 
     @property
     def checks_credentials(self) -> bool:
         """Whether a CONNECT waits for `authenticate` (off the fast path otherwise)."""
-        return self.users is not None or not self.allow_anonymous
+        return (self.users is not None or self.jwt is not None or self.http is not None
+                or not self.allow_anonymous)
 
     # ---- files -----------------------------------------------------------------------------
     def _load(self, path: str) -> None:
         signature = _signature(path)
         try:
             text = Path(path).read_text()
+        except FileNotFoundError:
+            if path != self._scram_path:
+                raise SecurityFileError(f"{path}: no such file") from None
+            text = ""  # made by the first `broker ctl users add --scram` or API call
         except (OSError, UnicodeDecodeError) as error:
             raise SecurityFileError(f"{path}: {error}") from None
         try:
@@ -100,19 +147,22 @@ class Security:
                 for warning in warnings:
                     log.warning("%s", warning)
                 self.users = users
+            elif path == self._scram_path:
+                self.scram_users = parse_scram_file(text, path)
+            elif path == self._jwks_path:
+                assert self.jwt is not None
+                self.jwt.use_jwks(text, path)
             else:
                 self.acl = parse_acl_file(text, path)
                 self.generation += 1
-        except (PasswordFileError, AclFileError) as error:
+        except (PasswordFileError, AclFileError, ScramFileError, JwtConfigError) as error:
             raise SecurityFileError(str(error)) from None
         self._signatures[path] = signature
 
     def reload(self, reason: str) -> None:
         """SIGHUP, or a file changed: each file read again; one that fails keeps its
         previous version."""
-        for path in (self._password_path, self._acl_path):
-            if not path:
-                continue
+        for path in self._paths():
             try:
                 self._load(path)
             except SecurityFileError as error:
@@ -126,7 +176,7 @@ class Security:
     def start(self) -> None:
         if self._password_path:
             self._executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="password")
-        if self._password_path or self._acl_path:
+        if self._paths():
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
@@ -142,21 +192,45 @@ class Security:
             self._task.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.http is not None:
+            await self.http.close()
 
     # ---- authentication --------------------------------------------------------------------
-    async def authenticate(self, username: str | None, password: bytes | None) -> ReasonCode:
+    async def authenticate(self, client_id: str, username: str | None,
+                           password: bytes | None, peer: str) -> Outcome:
         """SUCCESS, or why the CONNECT is refused. Never logs the password."""
-        if username is None and password is None:
+        anonymous = username is None and password is None
+        if self.users is None and self.jwt is None and self.http is None:
+            # No source: credentials are not checked, only their absence.
+            if anonymous and not self.allow_anonymous:
+                return self._fail("anonymous", ReasonCode.NOT_AUTHORIZED)
+            return Outcome(ReasonCode.SUCCESS)
+        unavailable = False
+        for source in self._order:
+            if source == "file":
+                outcome = await self._check_file(username, password)
+            elif source == "jwt":
+                outcome = self._check_jwt(client_id, username, password)
+            else:
+                outcome, missed = await self._check_http(client_id, username, password, peer)
+                unavailable = unavailable or missed
+            if outcome is not None:
+                return outcome
+        if anonymous:
             if self.allow_anonymous:
-                return ReasonCode.SUCCESS
+                return Outcome(ReasonCode.SUCCESS)
             return self._fail("anonymous", ReasonCode.NOT_AUTHORIZED)
+        if unavailable:
+            return self._fail("http_unavailable", ReasonCode.SERVER_UNAVAILABLE)
+        return self._fail("unknown_user", ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+
+    async def _check_file(self, username: str | None, password: bytes | None) -> Outcome | None:
         users = self.users
-        if users is None:  # no password file: credentials are not checked
-            return ReasonCode.SUCCESS
-        hashed = users.get(username or "")
+        if users is None or username is None or username not in users:
+            return None
+        hashed = users[username]
         if hashed is None or password is None:
-            return self._fail("unknown_user" if username not in users else "bad_password",
-                              ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+            return self._fail("bad_password", ReasonCode.BAD_USER_NAME_OR_PASSWORD)
         if self._pending >= _MAX_PENDING:
             return self._fail("busy", ReasonCode.SERVER_BUSY)
         assert self._executor is not None
@@ -168,18 +242,71 @@ class Security:
             self._pending -= 1
         if not ok:
             return self._fail("bad_password", ReasonCode.BAD_USER_NAME_OR_PASSWORD)
-        return ReasonCode.SUCCESS
+        return Outcome(ReasonCode.SUCCESS)
 
-    def _fail(self, reason: str, code: ReasonCode) -> ReasonCode:
+    def _check_jwt(self, client_id: str, username: str | None,
+                   password: bytes | None) -> Outcome | None:
+        jwt = self.jwt
+        if jwt is None:
+            return None
+        token = password if jwt.settings.source == "password" else (
+            username.encode() if username is not None else None)
+        if token is None:
+            return None
+        verdict = jwt.verify(token, client_id, username)
+        if verdict.allowed is None:
+            return None
+        if not verdict.allowed:
+            return self._fail(f"jwt_{verdict.reason}", ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+        return Outcome(ReasonCode.SUCCESS, False, verdict.rules, verdict.expires_at)
+
+    async def _check_http(self, client_id: str, username: str | None, password: bytes | None,
+                          peer: str) -> tuple[Outcome | None, bool]:
+        """The outcome (None: ignore) and whether the service failed to answer."""
+        http = self.http
+        if http is None:
+            return None, False
+        values = {"clientid": client_id, "username": username or "",
+                  "password": password.decode(errors="replace") if password else "",
+                  "peerhost": peer.rpartition(":")[0]}
+        answer = await http.ask(values, client_id, username)
+        if answer.allowed is None:
+            return None, answer.unavailable
+        if not answer.allowed:
+            return self._fail("http_deny", ReasonCode.BAD_USER_NAME_OR_PASSWORD), False
+        return Outcome(ReasonCode.SUCCESS, answer.superuser, answer.rules), False
+
+    def _fail(self, reason: str, code: ReasonCode) -> Outcome:
+        self.count_failure(reason)
+        return Outcome(code)
+
+    def count_failure(self, reason: str) -> None:
         self.stats.count(self.stats.auth_failures, reason)
-        return code
+
+    # ---- enhanced authentication (SCRAM) ---------------------------------------------------
+    def enhanced(self, method: str) -> EnhancedAuth | None:
+        """The exchange for a CONNECT's Authentication Method; None: not offered (0x8C)."""
+        if self.scram_users is None or method not in METHODS:
+            return None
+        return EnhancedAuth(method, self._scram_user, self._mock_key)
+
+    def _scram_user(self, user_id: str) -> ScramUser | None:
+        return self.scram_users.get(user_id) if self.scram_users is not None else None
+
+    def save_scram_users(self, users: dict[str, ScramUser]) -> None:
+        """The HTTP API's change: written (atomically, 0600) and in force at once."""
+        path = Path(self._scram_path)
+        write_atomically(path, dump_scram_file(users).encode())
+        path.chmod(0o600)
+        self.scram_users = users
+        self._signatures[self._scram_path] = _signature(self._scram_path)
 
     # ---- authorization ---------------------------------------------------------------------
     def allows(self, cache: AclCache, client_id: str, username: str | None, topic: str,
                access: Access) -> bool:
+        """The credentials' rules first, then the ACL file; nothing matching in the rules
+        and no file: allowed (EMQX's `no_match = allow`)."""
         acl = self.acl
-        if acl is None:
-            return True
         if cache.generation != self.generation:
             cache.read.clear()
             cache.write.clear()
@@ -187,7 +314,9 @@ class Security:
         decisions = cache.read if access is Access.READ else cache.write
         decided = decisions.get(topic)
         if decided is None:
-            decided = acl.allows(client_id, username, topic, access)
+            decided = decide(cache.rules, topic, access) if cache.rules else None
+            if decided is None:
+                decided = acl is None or acl.allows(client_id, username, topic, access)
             if len(decisions) >= self.cache_size:
                 del decisions[next(iter(decisions))]
             decisions[topic] = decided
@@ -198,7 +327,9 @@ class Security:
     def metrics(self) -> list[tuple[str, str, str, dict[str, str], float]]:
         stats = self.stats
         return [
-            *(("mqtt_auth_failures_total", "counter", "CONNECTs refused by authentication",
+            *(("mqtt_auth_failures_total", "counter",
+               "CONNECTs and re-authentications refused, and connections ended by an expired"
+               " JWT, by reason",
                {"reason": reason}, float(n)) for reason, n in stats.auth_failures.items()),
             *(("mqtt_acl_denied_total", "counter", "Actions refused by the ACL file",
                {"action": action}, float(n)) for action, n in stats.denied.items()),
@@ -206,6 +337,40 @@ class Security:
                "Password and ACL file reloads, by result", {"result": result}, float(n))
               for result, n in stats.reloads.items()),
         ]
+
+
+def _jwt_verifier(config: Config) -> JwtVerifier | None:
+    """None when no key is configured (JWT is then not in the chain)."""
+    prefix = "authentication.jwt."
+    secret, public_key = config[prefix + "secret"], config[prefix + "public_key"]
+    jwks = config[prefix + "jwks_file"]
+    if not (secret or public_key or jwks):
+        return None
+    if sum(map(bool, (secret, public_key, jwks))) > 1:
+        raise SecurityFileError("authentication.jwt: set one of secret, public_key, jwks_file")
+    verifier = JwtVerifier(JwtSettings(config[prefix + "from"], config[prefix + "leeway"],
+                                       config[prefix + "verify_claims"],
+                                       config[prefix + "acl_claim_name"]))
+    try:
+        if secret:
+            verifier.use_secret(secret, config[prefix + "secret_base64_encoded"])
+        elif public_key:
+            pem = public_key if "-----BEGIN" in public_key else Path(public_key).read_text()
+            verifier.use_public_key(pem)
+    except (OSError, ValueError) as error:
+        raise SecurityFileError(f"{prefix}: {error}") from None
+    return verifier
+
+
+def _http_service(config: Config) -> HttpService | None:
+    prefix = "authentication.http."
+    url = config[prefix + "url"]
+    if not url:
+        return None
+    template = RequestTemplate(url, config[prefix + "method"], config[prefix + "headers"],
+                               config[prefix + "body"])
+    return HttpService(template, config[prefix + "request_timeout"], config[prefix + "pool_size"],
+                       config[prefix + "max_inflight"])
 
 
 def _signature(path: str) -> Signature | None:

@@ -1,5 +1,6 @@
 """`broker ctl users add|passwd|delete|list --file F`: the password file without
-`mosquitto_passwd`, in the same format, so either tool can edit what the other wrote.
+`mosquitto_passwd`, in the same format, so either tool can edit what the other wrote; with
+`--scram`, the SCRAM user file (`authentication.scram.user_file`) instead.
 
 The file is replaced atomically (write, fsync, rename): a broker watching it reloads a
 whole file, never a half-written one.
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.auth.passwords import PasswordFileError, make_hash, set_user, user_names
+from broker.auth.scram import DEFAULT_ITERATIONS
+from broker.auth.scram_users import ScramFileError, dump_scram_file, make_user, parse_scram_file
 from broker.ds.files import write_atomically
 
 
@@ -19,30 +22,58 @@ def users_command(args: argparse.Namespace) -> int:
     path = Path(args.file)
     try:
         text = path.read_text() if path.exists() else ""
-        if args.action == "list":
-            for name in user_names(text):
-                print(name)
+        edit = _scram_users if args.scram else _password_users
+        changed = edit(args, text, str(path))
+        if changed is None:
             return 0
-        if not args.username:
-            raise PasswordFileError(f"`users {args.action}` needs a user name")
-        known = args.username in user_names(text)
-        if args.action == "delete":
-            if not known:
-                raise PasswordFileError(f"no user {args.username!r} in {path}")
-            text = set_user(text, args.username, None)
-        else:
-            if args.action == "passwd" and not known:
-                raise PasswordFileError(f"no user {args.username!r} in {path}")
-            if args.action == "add" and known:
-                raise PasswordFileError(f"user {args.username!r} exists (use passwd)")
-            password = args.password if args.password is not None else _ask()
-            text = set_user(text, args.username, make_hash(password.encode()))
-        write_atomically(path, text.encode())
+        write_atomically(path, changed.encode())
         path.chmod(0o600)
-    except (OSError, PasswordFileError) as error:
+    except (OSError, PasswordFileError, ScramFileError) as error:
         print(f"broker ctl users: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _checked(args: argparse.Namespace, known: bool, name: str) -> None:
+    """Raises for a user name missing, unknown to passwd or delete, or known to add."""
+    if not args.username:
+        raise PasswordFileError(f"`users {args.action}` needs a user name")
+    if args.action in ("delete", "passwd") and not known:
+        raise PasswordFileError(f"no user {args.username!r} in {name}")
+    if args.action == "add" and known:
+        raise PasswordFileError(f"user {args.username!r} exists (use passwd)")
+
+
+def _password_users(args: argparse.Namespace, text: str, name: str) -> str | None:
+    """The password file's new text, or None when there is nothing to write (`list`)."""
+    names = user_names(text)
+    if args.action == "list":
+        for user in names:
+            print(user)
+        return None
+    _checked(args, args.username in names, name)
+    hashed = None if args.action == "delete" else make_hash(_password(args).encode())
+    return set_user(text, args.username, hashed)
+
+
+def _scram_users(args: argparse.Namespace, text: str, name: str) -> str | None:
+    """The SCRAM file's new text, or None when there is nothing to write (`list`)."""
+    users = parse_scram_file(text, name)
+    if args.action == "list":
+        for user in users.values():
+            print(user.user_id + (" (superuser)" if user.is_superuser else ""))
+        return None
+    _checked(args, args.username in users, name)
+    if args.action == "delete":
+        del users[args.username]
+    else:
+        users[args.username] = make_user(args.username, _password(args).encode(),
+                                         args.superuser, args.iterations)
+    return dump_scram_file(users)
+
+
+def _password(args: argparse.Namespace) -> str:
+    return args.password if args.password is not None else _ask()
 
 
 def _ask() -> str:
@@ -53,10 +84,19 @@ def _ask() -> str:
 
 
 def add_users_parser(topics: Any) -> None:
-    users = topics.add_parser("users", help="the password file: add, passwd, delete, list")
+    users = topics.add_parser("users", help="the password file or the SCRAM user file: add,"
+                              " passwd, delete, list")
     users.add_argument("action", choices=["add", "passwd", "delete", "list"])
     users.add_argument("username", nargs="?")
-    users.add_argument("--file", required=True, help="the password file (Mosquitto's format)")
+    users.add_argument("--file", required=True, help="the password file (Mosquitto's format)"
+                       " or, with --scram, the SCRAM user file")
+    users.add_argument("--scram", action="store_true",
+                       help="edit authentication.scram.user_file (SCRAM-SHA-256/512 users)")
+    users.add_argument("--superuser", action="store_true",
+                       help="with --scram: the user is not subject to the ACL")
+    users.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
+                       help="with --scram: PBKDF2 iterations (authentication.scram."
+                       "iteration_count)")
     users.add_argument("--password", help="instead of asking (visible to other local users"
                        " in the process list: prefer the prompt)")
     users.set_defaults(func=users_command)

@@ -5,10 +5,12 @@ docs` renders the README's reference table from it, and a test checks the README
 Names follow EMQX where EMQX has the setting, so EMQX users can carry their knowledge over.
 """
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from broker.config.values import _string_items as string_items
 from broker.config.values import (
     parse_address_list,
     parse_bind,
@@ -52,6 +54,29 @@ def _listener_limits(listener: str, label: str) -> tuple[Setting, ...]:
                 f"Bytes one client of the {label} listener may send, as `SIZE/PERIOD`"
                 " (`1MB/s`, `64KB/s`), throttled the same way. `infinity` = no limit."),
     )
+
+
+def _auth_order(raw: Any) -> tuple[str, ...]:
+    """`authentication.order`: each of file, jwt, http at most once."""
+    items = tuple(item.lower() for item in string_items(raw))
+    if not items or len(set(items)) != len(items) or set(items) - {"file", "jwt", "http"}:
+        raise ValueError(f"expected a list of file, jwt, http, each once, got {raw!r}")
+    return items
+
+
+def _json_object(raw: Any) -> dict[str, Any]:
+    """A JSON object written as text (`--set` or TOML), e.g. `{"content-type": "..."}`."""
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {raw!r}")
+    return value
+
+
+def _string_map(raw: Any) -> dict[str, str]:
+    value = _json_object(raw)
+    if not all(isinstance(item, str) for item in value.values()):
+        raise ValueError(f"expected a JSON object of strings, got {raw!r}")
+    return value
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -401,7 +426,74 @@ SETTINGS: tuple[Setting, ...] = (
             " Empty = user names and passwords are not checked."),
     Setting("authentication.allow_anonymous", "auto", parse_choice("auto", "true", "false"),
             "Whether a CONNECT without a user name is accepted. `auto` = yes without a"
-            " password file, no with one. Refused: v5 0x87, 3.1.1 return code 5."),
+            " password file, JWT or HTTP authentication, no with one. Refused: v5 0x87,"
+            " 3.1.1 return code 5."),
+    Setting("authentication.order", "file,jwt,http", _auth_order,
+            "The chain a CONNECT's user name and password go through, as EMQX's: each"
+            " configured source (`file` = the password file) allows, denies, or passes to"
+            " the next (a user the file does not know, a password that is not a JWT, HTTP"
+            " `ignore` or no answer). When all pass: 0x86 (0x88 Server unavailable if the"
+            " HTTP service did not answer), or anonymous without credentials."),
+    Setting("authentication.scram.user_file", "", parse_str,
+            "The SCRAM users (JSON: per user a salt, StoredKey and ServerKey for SHA-256 and"
+            " SHA-512, as EMQX stores them; `broker ctl users add --scram`, or"
+            " `/api/v5/authentication/scram:built_in_database/users`), re-read when it"
+            " changes. Set: a CONNECT with Authentication Method `SCRAM-SHA-256` or"
+            " `SCRAM-SHA-512` authenticates by MQTT 5 enhanced authentication (AUTH packets),"
+            " re-authentication (AUTH 0x19) included; a missing file is an empty one."
+            " Empty = enhanced authentication off (an Authentication Method gets 0x8C)."),
+    Setting("authentication.scram.iteration_count", 4096, parse_int(4096, 1_000_000),
+            "PBKDF2 iterations of a SCRAM credential made from now on (EMQX's"
+            " `iteration_count`); each user keeps the count it was made with."),
+    Setting("authentication.jwt.secret", "", parse_str,
+            "JWT authentication with HS256, HS384 or HS512 and this secret (EMQX's"
+            " `hmac-based`). Set at most one of `secret`, `public_key`, `jwks_file`; none ="
+            " JWT off."),
+    Setting("authentication.jwt.secret_base64_encoded", False, parse_bool,
+            "The secret is written in base64."),
+    Setting("authentication.jwt.public_key", "", parse_str,
+            "JWT with RS256/384/512 or ES256/384/512: the PEM public key, or a file holding"
+            " it (read at start-up)."),
+    Setting("authentication.jwt.jwks_file", "", parse_str,
+            "JWT with RS*/ES*: a JWKS file (RFC 7517; keys chosen by the token's `kid`),"
+            " re-read when it changes; a version that fails keeps the keys in force."),
+    Setting("authentication.jwt.from", "password", parse_choice("password", "username"),
+            "The CONNECT field that carries the token."),
+    Setting("authentication.jwt.leeway", "10s", parse_duration,
+            "Clock skew allowed when checking `exp` and `nbf`."),
+    Setting("authentication.jwt.verify_claims", "{}", _string_map,
+            "Claims the token must carry, as a JSON object of claim -> value, where"
+            " `${clientid}` and `${username}` stand for the CONNECT's (e.g."
+            " `{\"sub\": \"${username}\"}`)."),
+    Setting("authentication.jwt.acl_claim_name", "acl", parse_str,
+            "The claim holding the client's ACL, in EMQX's formats (a list of"
+            " `{permission, action, topic}`, or `{pub, sub, all}` lists), asked before"
+            " `authorization.acl_file`."),
+    Setting("authentication.jwt.disconnect_after_expire", True, parse_bool,
+            "End a connection when its token's `exp` passes (v5: DISCONNECT 0xA0 Maximum"
+            " connect time)."),
+    Setting("authentication.http.url", "", parse_str,
+            "EMQX's HTTP authentication: a CONNECT asks this URL. The answer: 200 with"
+            " `{\"result\": \"allow\"|\"deny\"|\"ignore\", \"is_superuser\": ...,"
+            " \"acl\": [...]}` or 204 (allow); anything else, or no answer in time, is"
+            " `ignore`. Empty = off."),
+    Setting("authentication.http.method", "post", parse_choice("post", "get"),
+            "`post` sends the body as JSON; `get` sends its fields as the query string."),
+    Setting("authentication.http.headers", '{"content-type": "application/json"}',
+            _string_map, "Request headers, as a JSON object."),
+    Setting("authentication.http.body", '{"username": "${username}", "password":'
+            ' "${password}"}', _json_object,
+            "The request's fields, a JSON object whose strings may hold `${clientid}`,"
+            " `${username}`, `${password}`, `${peerhost}` (replaced inside the values, so"
+            " quotes in a user name cannot change the document)."),
+    Setting("authentication.http.request_timeout", "5s", parse_duration,
+            "A request not answered in this time is `ignore`, counted as unavailable."),
+    Setting("authentication.http.pool_size", 8, parse_int(1, 1024),
+            "Connections to the service kept open and used at once."),
+    Setting("authentication.http.max_inflight", 256, parse_int(1, 100_000),
+            "Requests out at once (queued for a connection included); a CONNECT past it is"
+            " not queued but passed on as if the service had not answered, so a slow or dead"
+            " service never holds more than this many CONNECTs."),
     Setting("authorization.acl_file", "", parse_str,
             "Mosquitto's ACL file (`user NAME`, `topic [ACCESS] FILTER` with ACCESS one of"
             " `read`, `write`, `readwrite`, `deny`,"

@@ -213,6 +213,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     app[NODE_KEY] = node
     app[REGISTRY_KEY] = registry
     # The modules of the dashboard's endpoints use this one's keys and helpers.
+    from broker.http.authn_users_api import add_authn_user_routes
     from broker.http.clients_admin import add_client_admin_routes
     from broker.http.dashboard import add_dashboard_routes
     from broker.http.dashboard.login import Logins
@@ -239,6 +240,7 @@ def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
     add_client_admin_routes(app)
     add_durable_session_routes(app)
     add_retainer_routes(app)
+    add_authn_user_routes(app)
     add_monitor_routes(app)
     add_shared_group_routes(app, node)
     return app

@@ -38,6 +38,7 @@ from broker.mqtt.errors import (
 from broker.mqtt.packets import Connack, Disconnect, Packet, Pubrel, Will
 from broker.node import Node
 from broker.server.handlers import HANDLERS
+from broker.server.handlers.auth import ConnectionAuth
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
 from broker.server.wheel import wheel
@@ -90,7 +91,7 @@ class Connection:
         "_backlogged", "_deferred", "_due", "_flush_pending", "_held", "_in_aliases",
         "_last_rx", "_loop", "_max_waiting", "_max_waiting_bytes", "_out", "_out_aliases",
         "_output", "_packet_timeout", "_packet_timer", "_partial_since", "_paused",
-        "_rate_timer", "_rates", "_waiting", "_waiting_bytes", "acl_cache",
+        "_rate_timer", "_rates", "_waiting", "_waiting_bytes", "acl_cache", "auth",
         "claim_stamp",
         "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
         "connected", "decoder", "incoming_unacked", "keepalive", "node",
@@ -115,6 +116,8 @@ class Connection:
         self.username: str | None = None
         # The connection's ACL decisions; None when there is no ACL file (nothing to ask).
         self.acl_cache = AclCache(0) if node.security.acl is not None else None
+        # Enhanced authentication and a JWT's expiry (handlers.auth); None for most.
+        self.auth: ConnectionAuth | None = None
         # When this connection claimed its client ID in the cluster (hybrid clock, site): of
         # two connections of one ID on two nodes after a partition, the older one ends.
         self.claim_stamp: tuple[int, str] = (0, "")
@@ -307,7 +310,13 @@ class Connection:
     def _dispatch(self, packet: Packet) -> None:
         packet_type = packet.type
         if not self.connected and packet_type != PacketType.CONNECT:
-            raise ProtocolError(f"{packet_type.name} before CONNECT")
+            if self.auth is None or self.auth.resume is None:
+                raise ProtocolError(f"{packet_type.name} before CONNECT")
+            # MQTT-3.1.2-30: during the CONNECT's exchange only AUTH or DISCONNECT.
+            if packet_type == PacketType.DISCONNECT:
+                return self.close()
+            if packet_type != PacketType.AUTH:
+                raise ProtocolError(f"{packet_type.name} before the authentication ended")
         handler = HANDLERS.get(packet_type)
         if handler is None:
             raise ProtocolError(f"a client must not send {packet_type.name}")
@@ -684,6 +693,8 @@ class Connection:
 
     def _cancel_timers(self) -> None:
         self._cancel_timer()
+        if self.auth is not None:
+            self.auth.cancel()
         if self._rate_timer is not None:
             self._rate_timer.cancel()
             self._rate_timer = None

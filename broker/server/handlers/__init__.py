@@ -5,8 +5,9 @@ from typing import Any
 
 from broker.mqtt.constants import PacketType
 from broker.server.handlers.acks import handle_puback, handle_pubcomp, handle_pubrec, handle_pubrel
+from broker.server.handlers.auth import handle_auth
 from broker.server.handlers.connect import handle_connect
-from broker.server.handlers.disconnect import handle_auth, handle_disconnect, handle_pingreq
+from broker.server.handlers.disconnect import handle_disconnect, handle_pingreq
 from broker.server.handlers.publish import handle_publish
 from broker.server.handlers.subscribe import handle_subscribe
 from broker.server.handlers.unsubscribe import handle_unsubscribe

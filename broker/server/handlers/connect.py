@@ -11,6 +11,7 @@ from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Connack, Connect
 from broker.mqtt.topic import validate_topic_name
+from broker.server.handlers.auth import apply_outcome, begin_enhanced, connack_properties
 from broker.server.tls import certificate_user
 from broker.session.manager import granted_expiry
 from broker.session.message import payload_format_ok
@@ -35,7 +36,9 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     config = conn.node.config
     version = conn.version = packet.protocol_level
     props = packet.properties
-    if P.AUTHENTICATION_METHOD in props:
+    method = props.get(P.AUTHENTICATION_METHOD)
+    enhanced = conn.node.security.enhanced(method) if method is not None else None
+    if method is not None and enhanced is None:
         return _refuse(conn, ReasonCode.BAD_AUTHENTICATION_METHOD)
 
     client_id, assigned = packet.client_id, False
@@ -82,13 +85,23 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     conn.will = will
     conn.username = packet.username
     accept = Accept(packet, expiry, granted, keepalive, server_keepalive, assigned)
-    security, takeover = conn.node.security, conn.node.takeover
-    authenticate = security.checks_credentials
+    if enhanced is not None:
+        # The exchange replaces the user name and password (they are not checked): the
+        # rest of CONNECT goes on once it succeeds (handlers.auth).
+        return begin_enhanced(conn, enhanced, props.get(P.AUTHENTICATION_DATA),
+                              lambda: proceed(conn, accept, False))
+    authenticate = conn.node.security.checks_credentials
     identity = config["mqtt.peer_cert_as_username"]
     if identity != "disabled":
         certified = certificate_user(conn.transport, identity)
         if certified is not None:  # the verified certificate is the credential
             conn.username, authenticate = certified, False
+    proceed(conn, accept, authenticate)
+
+
+def proceed(conn: "Connection", accept: "Accept", authenticate: bool) -> None:
+    """CONNECT once the client is known, or with its password still to check."""
+    takeover = conn.node.takeover
     claim = takeover is not None and takeover.needed()
     if authenticate or claim:
         # A password to check off the loop, or other nodes that may hold the ID: the client's
@@ -118,11 +131,15 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
                         claim: bool) -> None:
     packet = accept.packet
     if authenticate:
-        code = await conn.node.security.authenticate(packet.username, packet.password)
-        if code != ReasonCode.SUCCESS:
+        verdict = await conn.node.security.authenticate(conn.client_id, packet.username,
+                                                        packet.password, conn.peer)
+        if conn.closed:
+            return
+        if verdict.code != ReasonCode.SUCCESS:
             log.info("CONNECT of %s (user %s) from %s refused: %s", conn.client_id,
-                     packet.username, conn.peer, code.name)
-            return _refuse(conn, code)
+                     packet.username, conn.peer, verdict.code.name)
+            return _refuse(conn, verdict.code)
+        apply_outcome(conn, verdict)
     if conn.closed or not _will_allowed(conn):
         return
     takeover = conn.node.takeover
@@ -166,6 +183,7 @@ def _open(conn: "Connection", accept: Accept) -> None:
     ack = {}
     if version == MQTT_5:
         ack = _connack_properties(conn, accept.assigned, client_id, accept.server_keepalive)
+        ack.update(connack_properties(conn))
         if granted != accept.expiry:
             ack[P.SESSION_EXPIRY_INTERVAL] = granted
     conn.send_packet(Connack(present, ReasonCode.SUCCESS, ack))

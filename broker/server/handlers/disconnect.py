@@ -1,10 +1,10 @@
-"""DISCONNECT, PINGREQ and AUTH from a client."""
+"""DISCONNECT and PINGREQ from a client."""
 
 from typing import TYPE_CHECKING
 
 from broker.mqtt.constants import PropertyId, ReasonCode
-from broker.mqtt.errors import MQTTError, ProtocolError
-from broker.mqtt.packets import Auth, Disconnect, Pingreq, Pingresp
+from broker.mqtt.errors import ProtocolError
+from broker.mqtt.packets import Disconnect, Pingreq, Pingresp
 from broker.session.manager import granted_expiry
 
 if TYPE_CHECKING:
@@ -30,7 +30,3 @@ def handle_disconnect(conn: "Connection", packet: Disconnect) -> None:
 def handle_pingreq(conn: "Connection", packet: Pingreq) -> None:
     conn.send_packet(Pingresp())
 
-
-def handle_auth(conn: "Connection", packet: Auth) -> None:
-    # Enhanced authentication is not offered, so a client has no AUTH exchange to continue.
-    raise MQTTError("AUTH without an authentication method", ReasonCode.PROTOCOL_ERROR)
