@@ -1,0 +1,175 @@
+"""JWT and HTTP authentication on a live broker, with paho clients: signatures, expiry
+(refused, and a live connection ended), an `acl` claim enforced, a JWKS file rotated; an
+aiohttp service answering allow, deny, ignore, 500, and one too slow to answer."""
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from tests.integration.clients import PahoClient, unique, wait_until
+from tests.support.broker_process import BrokerProcess
+
+SECRET = "s3cret-" * 10  # 70 bytes: long enough for HS512 too
+
+
+def _connect(clients: list[PahoClient], port: int, user: str | None, password: str | None,
+             client_id: str | None = None) -> PahoClient:
+    client = PahoClient(port, client_id or unique("tok"), version=5)
+    if user is not None:
+        client.client.username_pw_set(user, password)
+    clients.append(client)
+    client.connect(expect_success=False)
+    return client
+
+
+def _code(client: PahoClient) -> int:
+    assert client.connack is not None
+    return client.connack.reason_code
+
+
+def _token(claims: dict[str, Any], key: Any = SECRET, algorithm: str = "HS256",
+           kid: str | None = None) -> str:
+    return jwt.encode(claims, key, algorithm, headers={"kid": kid} if kid else None)
+
+
+def test_jwt_signature_expiry_and_acl_claim(start_broker: Callable[..., BrokerProcess],
+                                            clients: list[PahoClient]) -> None:
+    broker = start_broker(**{"authentication.jwt.secret": SECRET,
+                             "authentication.jwt.leeway": "0s"})
+    port, now = broker.tcp, int(time.time())
+    acl = [{"permission": "allow", "action": "publish", "topic": "own/${clientid}/#"},
+           {"permission": "deny", "action": "all", "topic": "#"}]
+    good = _connect(clients, port, "u", _token({"exp": now + 60, "acl": acl}), "dev1")
+    assert _code(good) == 0
+    assert good.publish("own/dev1/x", b"1", qos=1) in (0, 0x10)
+    assert good.publish("other/x", b"1", qos=1) == 0x87
+    assert _code(_connect(clients, port, "u", _token({"exp": now + 60}, "x" * 64))) == 0x86
+    assert _code(_connect(clients, port, "u", _token({"exp": now - 5}))) == 0x86
+    assert _code(_connect(clients, port, "u", _token({"exp": now + 60}, algorithm="HS512"))) == 0
+    assert _code(_connect(clients, port, "u", "not a token")) == 0x86
+    assert _code(_connect(clients, port, None, None)) == 0x87  # JWT on: no anonymous
+    short = _connect(clients, port, "u", _token({"exp": now + 2}))
+    assert _code(short) == 0
+    assert short.wait_disconnected(timeout=10) == 0xA0  # Maximum connect time
+    assert broker.metric("mqtt_auth_failures_total", reason="jwt_bad_signature") == 1
+    assert broker.metric("mqtt_auth_failures_total", reason="jwt_expired") == 1
+
+
+def _jwks(key: ec.EllipticCurvePrivateKey, kid: str) -> str:
+    public = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(key.public_key()))
+    return json.dumps({"keys": [{**public, "kid": kid, "alg": "ES256", "use": "sig"}]})
+
+
+def test_es256_from_a_jwks_file_that_is_rotated(start_broker: Callable[..., BrokerProcess],
+                                                clients: list[PahoClient],
+                                                tmp_path: Path) -> None:
+    old, new = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(_jwks(old, "k1"))
+    broker = start_broker(**{"authentication.jwt.jwks_file": str(jwks)})
+    port, exp = broker.tcp, int(time.time()) + 60
+    assert _code(_connect(clients, port, "u", _token({"exp": exp}, old, "ES256", "k1"))) == 0
+    assert _code(_connect(clients, port, "u", _token({"exp": exp}, new, "ES256", "k2"))) == 0x86
+    # An HS256 token whose "secret" is the public key must not pass (alg confusion).
+    assert _code(_connect(clients, port, "u", _token({"exp": exp}, SECRET, "HS256", "k1"))) \
+        == 0x86
+    jwks.write_text(_jwks(new, "k2"))
+    wait_until(lambda: broker.metric("mqtt_security_reloads_total", result="ok") >= 1, 10,
+               "JWKS reloaded")
+    assert _code(_connect(clients, port, "u", _token({"exp": exp}, new, "ES256", "k2"))) == 0
+    assert _code(_connect(clients, port, "u", _token({"exp": exp}, old, "ES256", "k1"))) == 0x86
+
+
+class AuthService:
+    """An HTTP authentication service in a thread of its own: answers by user name."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self._thread.start()
+        assert started.wait(10)
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/auth", self._auth)
+        runner = web.AppRunner(app)
+        self._loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        started.set()
+        self._loop.run_forever()
+
+    async def _auth(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        user = body["username"]
+        if user == "slow":
+            await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
+        if user == "broken":
+            return web.Response(status=500)
+        result = {"good": "allow", "root": "allow", "bad": "deny"}.get(user, "ignore")
+        return web.json_response({"result": result, "is_superuser": user == "root"})
+
+    def stop(self) -> None:
+        self.release.set()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def service() -> Iterator[AuthService]:
+    running = AuthService()
+    yield running
+    running.stop()
+
+
+def test_http_allow_deny_ignore_errors_and_a_slow_service(
+        start_broker: Callable[..., BrokerProcess], clients: list[PahoClient],
+        service: AuthService, tmp_path: Path) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("topic read nothing/#\n")
+    broker = start_broker(**{
+        "authentication.http.url": f"http://127.0.0.1:{service.port}/auth",
+        "authentication.http.body": '{"username": "${username}", "password": "${password}",'
+                                    ' "clientid": "${clientid}"}',
+        "authentication.http.request_timeout": "1s",
+        "authentication.http.max_inflight": "4",
+        "authorization.acl_file": str(acl)})
+    port = broker.tcp
+    good = _connect(clients, port, "good", "pw", "c-good")
+    assert _code(good) == 0
+    assert {"username": "good", "password": "pw", "clientid": "c-good"} in service.requests
+    assert good.publish("t/x", b"1", qos=1) == 0x87  # the ACL file applies to it
+    root = _connect(clients, port, "root", "pw")
+    assert _code(root) == 0 and root.publish("t/x", b"1", qos=1) in (0, 0x10)  # superuser
+    assert _code(_connect(clients, port, "bad", "pw")) == 0x86
+    assert _code(_connect(clients, port, "nobody", "pw")) == 0x86  # ignore, chain ends
+    assert _code(_connect(clients, port, "broken", "pw")) == 0x88
+    # A service that does not answer: refused after request_timeout, and past max_inflight
+    # refused at once, while other clients connect meanwhile.
+    slow = [PahoClient(port, unique("slow"), version=5) for _ in range(6)]
+    clients.extend(slow)
+    for client in slow:
+        client.client.username_pw_set("slow", "pw")
+        client.client.connect_async("127.0.0.1", port)
+        client.client.loop_start()
+    wait_until(lambda: broker.metric("mqtt_auth_failures_total",
+                                     reason="http_unavailable") >= 2, 10, "past max_inflight")
+    assert _code(_connect(clients, port, "good", "pw")) in (0, 0x88)
+    wait_until(lambda: all(c.connack is not None for c in slow), 10, "slow ones answered")
+    assert {_code(c) for c in slow} == {0x88}
