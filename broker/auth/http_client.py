@@ -43,7 +43,9 @@ class HttpService:
                 body = await response.content.read(65 * 1024)
                 return interpret(response.status, body, client_id, username)
         except (TimeoutError, aiohttp.ClientError) as error:
-            log.warning("%s %s: %r", request.method, request.url, error)
+            # Debug, not warning: a dead service would log once per CONNECT; the refusals
+            # are counted (mqtt_auth_failures_total{reason="http_unavailable"}).
+            log.debug("%s %s: %r", request.method, request.url, error)
             return UNAVAILABLE
         finally:
             self.inflight -= 1
