@@ -647,17 +647,19 @@ def settle(broker: Running, limit: float) -> float:
     return round(time.monotonic() - began, 1)
 
 
-def launcher(watch: bool) -> Callable[[Path], brokers.Launch]:
-    """Ours with its defaults; with `watch`, run under bench/loopwatch.py."""
+def launcher(watch: bool, profile: Path | None = None) -> Callable[[Path], brokers.Launch]:
+    """Ours with its defaults; with `watch`, run under bench/loopwatch.py; with `profile`,
+    under cProfile, which writes that file when the broker stops."""
     plain = brokers.ours_with({})
-    if not watch:
+    if not watch and profile is None:
         return plain
 
     def launch(tmp: Path) -> brokers.Launch:
         ours = plain(tmp)
+        profiled = [] if profile is None else ["-m", "cProfile", "-o", str(profile)]
+        broker = [loopwatch.__file__, str(tmp / STALLS)] if watch else ["-m", "broker"]
         return dataclasses.replace(ours, argv=[
-            str(brokers.OURS_BIN.with_name("python")), loopwatch.__file__, str(tmp / STALLS),
-            *ours.argv[1:]])
+            str(brokers.OURS_BIN.with_name("python")), *profiled, *broker, *ours.argv[1:]])
 
     return launch
 
@@ -742,16 +744,18 @@ def _log_findings(broker: Running) -> dict[str, Any]:
     return {"log_lines": len(lines), "log_flagged": len(flagged), "log_first": flagged[:8]}
 
 
-def run_scenario(scenario: Scenario, sizes: Sizes, topics: list[str], watch: bool
-                 ) -> dict[str, Any]:
-    """A fresh broker, its sessions, then each variant's window in turn."""
+def run_scenario(scenario: Scenario, sizes: Sizes, topics: list[str], watch: bool,
+                 profiles: Path | None = None) -> dict[str, Any]:
+    """A fresh broker, its sessions, then each variant's window in turn; with `profiles`,
+    the broker's cProfile there as SCENARIO.prof."""
     ids = [f"scale-{scenario.key}-{i:05d}" for i in range(sizes.members)]
     subscriptions = {client_id: None if scenario.filter is None else scenario.filter.format(i=i)
                      for i, client_id in enumerate(ids)}
     held, churned = ids[:sizes.connected], ids[sizes.connected:]
     out: dict[str, Any] = {"title": scenario.title.replace("N ", f"{sizes.members:,} "),
                            "windows": {}}
-    with brokers.running("ours", launcher=launcher(watch)) as broker:
+    profile = profiles / f"{scenario.key}.prof" if profiles is not None else None
+    with brokers.running("ours", launcher=launcher(watch, profile)) as broker:
         load = Load(broker)
         try:
             out["build"] = load.call("build", subscriptions, sizes.parallel)
@@ -855,6 +859,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="don't pin the broker to CPU 0 and the generator to CPU 1")
     parser.add_argument("--watch-loop", action="store_true",
                         help="run the broker under bench/loopwatch.py: where its loop stalls")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="run the broker under cProfile: DIR/SCENARIO.prof (pstats)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results JSON path")
     args = parser.parse_args(argv)
     chosen: dict[str, Any] = {
@@ -866,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("pick scenarios from " + ",".join(s.key for s in SCENARIOS)
                          + "; --connected must be below --members; --rate above 0")
     brokers.set_pinning(not args.no_pin)
+    if args.profile is not None:  # the broker's working directory is its temp dir
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
     topics = [f"jobs/{random.Random(n).randrange(sizes.members)}" for n in range(sizes.jobs)]
     env = {**report.machine(), "broker_version": brokers.version("ours"),
            **broker_build(),
@@ -881,7 +890,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for scenario in picked:
         try:
-            results[scenario.key] = run_scenario(scenario, sizes, topics, args.watch_loop)
+            results[scenario.key] = run_scenario(scenario, sizes, topics, args.watch_loop,
+                                                 args.profile)
         except Exception as exc:
             print(f"{scenario.key}: FAILED {exc}", flush=True)
             results[scenario.key] = {"error": f"{type(exc).__name__}: {exc}"}

@@ -9,6 +9,7 @@ Commits are group-committed through the same write buffer as messages.
 
 import asyncio
 import weakref
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Executor
@@ -23,6 +24,39 @@ from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, 
 
 _LOG_LIMIT: Final = 100_000
 Write = tuple[bytes, bytes | None]
+
+
+class _Overlay:
+    """Writes on their way to disk, by key, and their keys in order: a scan overlays those
+    under its prefix only. (Each scan went through every write on its way: a node busy with
+    sessions coming and going has thousands, and a CONNECT scans several prefixes.)"""
+
+    def __init__(self) -> None:
+        self.entries: dict[bytes, tuple[int, bytes | None]] = {}  # key -> (serial, value)
+        self._keys: list[bytes] = []
+
+    def put(self, key: bytes, serial: int, value: bytes | None) -> None:
+        if key not in self.entries:
+            insort(self._keys, key)
+        self.entries[key] = (serial, value)
+
+    def discard(self, key: bytes) -> None:
+        if self.entries.pop(key, None) is not None:
+            del self._keys[bisect_left(self._keys, key)]
+
+    def under(self, prefix: bytes) -> list[tuple[bytes, bytes | None]]:
+        keys = self._keys
+        found: list[tuple[bytes, bytes | None]] = []
+        for i in range(bisect_left(keys, prefix), len(keys)):
+            key = keys[i]
+            if not key.startswith(prefix):
+                break
+            found.append((key, self.entries[key][1]))
+        return found
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._keys.clear()
 
 
 class KVStore:
@@ -41,7 +75,7 @@ class KVStore:
         self._open: weakref.WeakValueDictionary[int, Transaction] = (
             weakref.WeakValueDictionary()
         )
-        self._pending: dict[bytes, tuple[int, bytes | None]] = {}
+        self._pending = _Overlay()
         self.buffer: WriteBuffer[Write] = WriteBuffer(self._flush, *buffer_settings)
         self.commits = 0
         # builtin_raft: a flush becomes a command of the sessions Raft group, which every
@@ -49,14 +83,13 @@ class KVStore:
         self.replicate: Callable[[list[Write]], Awaitable[None]] | None = None
 
     def get(self, key: bytes) -> bytes | None:
-        pending = self._pending.get(key)
+        pending = self._pending.entries.get(key)
         if pending is not None:
             return pending[1]
         return self._db.get(key)  # type: ignore[no-any-return]
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        pending = ((key, value) for key, (_, value) in self._pending.items())
-        return overlay(self._db.iterator(prefix=prefix), pending, prefix)
+        return overlay(self._db.iterator(prefix=prefix), self._pending.under(prefix), prefix)
 
     def begin(self) -> Transaction:
         tx = Transaction(self._serial, self.get, self.scan)
@@ -116,7 +149,7 @@ class KVStore:
             # disk round trip to share: written now, with no overlay entry, task or callback
             # (the path of every acknowledgement a durable session records).
             for key in writes:  # an entry of a write just completed would shadow this one
-                pending.pop(key, None)
+                pending.discard(key)
             try:
                 prepare_batch(self._db, _cooked(writes), False).write()
             except Exception as exc:
@@ -124,7 +157,7 @@ class KVStore:
             self.commits += 1
             return _settled(None)
         for key, value in writes.items():
-            pending[key] = (serial, value)
+            pending.put(key, serial, value)
         written = self.buffer.add(list(writes.items()), sync)
         written.add_done_callback(lambda result: self._written(writes, serial, result))
         return written if sync or self.replicate is None else _settled(None)
@@ -134,8 +167,8 @@ class KVStore:
         """On disk, or failed: either way the overlay entry goes (the disk is the truth)."""
         pending = self._pending
         for key in writes:
-            if pending.get(key, (None,))[0] == serial:
-                del pending[key]
+            if pending.entries.get(key, (None,))[0] == serial:
+                pending.discard(key)
         if not result.cancelled() and result.exception() is None:
             self.commits += 1
 

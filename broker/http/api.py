@@ -8,17 +8,16 @@ Who may call what is decided before any handler runs (broker/http/auth.py).
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker.ds import DurableStorage
 from broker.http.auth import install as install_auth
-from broker.metrics import add_samples
+from broker.metrics import Registry, add_samples
 from broker.node import Node
 from broker.session.session import Session
 
 NODE_KEY = web.AppKey("node", Node)
-REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+REGISTRY_KEY = web.AppKey("registry", Registry)
 
 
 def client_view(node: Node, session: Session) -> dict[str, Any]:
@@ -204,11 +203,11 @@ async def ds_seal(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY_KEY])
+    body = request.app[REGISTRY_KEY].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(node: Node, registry: CollectorRegistry) -> web.Application:
+def make_app(node: Node, registry: Registry) -> web.Application:
     app = web.Application()
     app[NODE_KEY] = node
     app[REGISTRY_KEY] = registry

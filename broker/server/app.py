@@ -131,7 +131,7 @@ class BrokerApp:
                                      self.node.cluster_routing.metrics, node.takeover.metrics,
                                      node.security.metrics)
             if node.group_views is not None:
-                add_samples(registry, node.group_views.metrics)
+                registry.add_rendered(node.group_views.exposition)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
             if self.metadata is not None:

@@ -231,3 +231,24 @@ async def test_the_sessions_database_is_described_without_reading_every_key(
     assert info["name"] == "sessions" and info["commits"] == sessions.commits
     real.compact_range()
     assert sessions.info()["bytes"] > 0
+
+
+async def test_a_scan_overlays_the_writes_on_their_way_under_its_prefix_only(
+        open_storage: Callable[..., DurableStorage]) -> None:
+    """Writes still on their way (synced, not yet on disk) are read with what is on disk:
+    those under the prefix, a delete hiding a stored key; neighbouring prefixes (`s\\0a`
+    and `s\\0ab`) are kept apart, and once written the overlay entries are gone."""
+    storage = open_storage(flush_interval=0.05, idle_flush_interval=0.05)
+    kv = storage.sessions
+    kv.apply([(b"s\0a\0x", b"disk"), (b"s\0a\0y", b"disk"), (b"s\0ab\0z", b"disk")], [])
+    written = kv.write_soon({b"s\0a\0w": b"new", b"s\0a\0y": None, b"s\0ab\0a": b"new",
+                             b"r\0a\0k": b"new", b"t\0a\0k": b"new"})
+    newer = kv.write_soon({b"s\0a\0x": b"newer"})
+    assert not written.done()
+    expected = [(b"s\0a\0w", b"new"), (b"s\0a\0x", b"newer")]
+    assert kv.scan(b"s\0a\0") == expected
+    assert kv.scan(b"s\0ab\0") == [(b"s\0ab\0a", b"new"), (b"s\0ab\0z", b"disk")]
+    assert kv.scan(b"s\0") == [*expected, (b"s\0ab\0a", b"new"), (b"s\0ab\0z", b"disk")]
+    await asyncio.gather(written, newer)  # each removes its entries before its waiters run
+    assert kv._pending.under(b"") == []
+    assert kv.scan(b"s\0a\0") == expected

@@ -2,19 +2,22 @@
 `mqtt_shared_group_backlog` and `mqtt_shared_group_members`.
 
 A group's backlog is counted by reading what it has not read yet from Durable Storage (up
-to BACKLOG_CAP messages a stream): work that grows with the groups, their streams and
-members, so none of it runs in one go on the event loop. A request's answer is built in
-time slices; the metrics are a snapshot that `refresh` rebuilds in time slices every few
-seconds, which a scrape only reads, whatever the number of groups (10,000 groups or a
-group of 10,000 members cost a scrape nothing more than the samples themselves).
+to BACKLOG_CAP messages a stream). A count is kept with where it stopped (`Backlogs`): it is
+taken on from there only once the stream was written, and made again only once the group's
+position in it moved, so 10,000 groups that nobody reads cost a pass a look-up per stream,
+not a read. The rest of the work still grows with the groups and their members, so none of
+it runs in one go on the event loop: the API's answer is built and encoded in time slices;
+the metrics are text that `refresh` renders in time slices every few seconds and a scrape
+only appends (broker.metrics.Registry), whatever the number of groups.
 """
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Collection, Generator, Iterator
 from typing import Any, Final
 
-from broker.ds import DurableStorage, Stream
+from broker.ds import DurableStorage, Stream, StreamWrite
 from broker.ds import Iterator as DSIterator
-from broker.metrics import Sample
+from broker.metrics import family_header, sample_line
 from broker.mqtt.topic import parse_shared
 from broker.session.durable import group_records as g
 from broker.session.durable.groups import GONE, READY, STALLED, Group, GroupManager
@@ -25,11 +28,102 @@ from broker.session.durable.turn import TimeSlice
 BACKLOG_CAP: Final = 10_000
 """Messages counted per stream at most."""
 _READ: Final = 1_000  # messages read per step of a count
+_MEMBERS_STEP: Final = 100  # members looked at between two checks of the time slice
+_BACKLOG: Final = "mqtt_shared_group_backlog"
 _BACKLOG_DOC: Final = (f"Stored messages a durable shared group has not read yet (counted up"
                        f" to {BACKLOG_CAP} a stream)")
+_MEMBERS: Final = "mqtt_shared_group_members"
 _MEMBERS_DOC: Final = "Members of a durable shared group, by connection state"
 
-Counts = tuple[int, int, int]  # backlog, members connected, members
+Counted = tuple[int, int | None, int, int]
+"""A group's backlog in a stream as last counted: the group's position it was counted from,
+the last timestamp the count examined (None: the end of a sealed stream), the backlog, and
+the storage change (`Backlogs`) after which it was counted."""
+
+
+def count_from(counted: Counted | None, position: int, start: int, written: int,
+               cleared: int) -> tuple[int, int] | None:
+    """Where a count of a group's backlog in a stream goes on from, and what it starts at:
+    from `start` (the group's position) when nothing was counted at this position; from
+    where the last count stopped when the stream was `written`, or a generation sealed or
+    dropped (`cleared`), after it; None when the last count stands."""
+    if counted is None or counted[0] != position:
+        return start, 0
+    _, examined, backlog, seen = counted
+    if examined is None or backlog >= BACKLOG_CAP or max(written, cleared) <= seen:
+        return None
+    return examined, backlog
+
+
+class Backlogs:
+    """Each group's backlog per stream, counted again only where storage or the group's
+    position changed since (`count_from`). Storage tells of every write, seal and drop
+    (DurableStorage.change_listeners); each is a numbered change, and a count is valid as
+    long as no change touched its stream after the one it followed."""
+
+    def __init__(self, ds: DurableStorage) -> None:
+        self._ds = ds
+        self._change = 0
+        self._written: dict[tuple[int, int, int], int] = {}  # stream -> its last write
+        self._cleared = 0  # the last seal or drop
+        self._counted: dict[str, dict[Stream, Counted]] = {}
+        ds.change_listeners.append(self._changed)
+
+    def _changed(self, shard: int, generation: int,
+                 streams: dict[int, StreamWrite] | None) -> None:
+        self._change += 1
+        if streams is not None:
+            for stream_id in streams:
+                self._written[(shard, generation, stream_id)] = self._change
+            return
+        # A generation sealed or dropped: its streams' writes are forgotten (they would
+        # pile up with the generations), which every count made before now must not miss.
+        self._cleared = self._change
+        self._written = {key: change for key, change in self._written.items()
+                         if key[:2] != (shard, generation)}
+
+    def count(self, share: str, since: int, read_filter: str, stream: Stream,
+              position: int | None) -> Generator[None, None, int]:
+        """The group's backlog in the stream from its `position` there (0: from where the
+        group started, `since`; None: read to the end); yields between reads."""
+        if position is None:
+            return 0
+        counted = self._counted.setdefault(share, {}).get(stream)
+        written = self._written.get((stream.shard, stream.generation, stream.id), 0)
+        start = count_from(counted, position, position or max(since - 1, 0), written,
+                           self._cleared)
+        if start is None:
+            assert counted is not None
+            return counted[2]
+        seen = self._change
+        examined, backlog = yield from self._read(stream, read_filter, *start)
+        self._counted.setdefault(share, {})[stream] = (position, examined, backlog, seen)
+        return backlog
+
+    def _read(self, stream: Stream, read_filter: str, after: int,
+              backlog: int) -> Generator[None, None, tuple[int | None, int]]:
+        iterator = DSIterator(stream, read_filter, after)
+        while backlog < BACKLOG_CAP:
+            following, ttvs = self._ds.next(iterator, _READ)
+            backlog = min(backlog + len(ttvs), BACKLOG_CAP)
+            if following is None:
+                return None, backlog
+            iterator = following
+            if not ttvs:
+                break
+            yield
+        return iterator.position, backlog
+
+    def keep(self, share: str, streams: Collection[Stream]) -> None:
+        """Forgets the group's counts of other streams (of dropped generations)."""
+        counts = self._counted.get(share)
+        if counts and not set(streams).issuperset(counts):
+            self._counted[share] = {s: counts[s] for s in streams if s in counts}
+
+    def forget(self, shares: Collection[str]) -> None:
+        """Forgets the counts of groups that ended (not in `shares`)."""
+        for share in [share for share in self._counted if share not in shares]:
+            del self._counted[share]
 
 
 class GroupViews:
@@ -37,11 +131,15 @@ class GroupViews:
         self._groups = groups
         self._ds = ds
         self._store = store
-        self._counts: dict[str, Counts] = {}
+        self._backlogs = Backlogs(ds)
+        # Declared with no group too, so dashboards and alerts find them.
+        self._exposition = _render([], [])
 
-    async def describe(self, node_of: Callable[[str], str | None]) -> list[dict[str, Any]]:
-        """Every group, with its members and each stream's backlog."""
-        described = []
+    async def describe(self, node_of: Callable[[str], str | None]) -> bytes:
+        """The API's answer (`{"data": [...], "meta": {"count": n}}`, in JSON): every group,
+        with its members and each stream's backlog, encoded group by group (a group's
+        members a hundred at a time) between time slices."""
+        parts: list[str] = []
         budget = TimeSlice()
         manager = self._groups
         for share, group in sorted(manager.groups.items()):
@@ -49,28 +147,33 @@ class GroupViews:
             for _ in self._streams(share, group, streams):
                 if budget.spent():
                     await budget.next()
-            name, topic_filter = parse_shared(share)
+            shards = _shards_by_member(group)
             members = []
-            for client_id in sorted(group.members):
+            for n, client_id in enumerate(sorted(group.members)):
                 state = manager.state(client_id)
-                members.append({"clientid": client_id, "node": node_of(client_id),
-                                "connected": state != GONE, "stalled": state == STALLED,
-                                "shards": sorted(manager.assigned(share, client_id))})
-            described.append({
+                members.append(json.dumps({
+                    "clientid": client_id, "node": node_of(client_id),
+                    "connected": state != GONE, "stalled": state == STALLED,
+                    "shards": shards.get(client_id, [])}))
+                if n % _MEMBERS_STEP == _MEMBERS_STEP - 1 and budget.spent():
+                    await budget.next()
+            name, topic_filter = parse_shared(share)
+            fields = json.dumps({
                 "group": name, "filter": topic_filter, "topic": share, "since": group.since,
-                "members": members, "backlog": sum(s["backlog"] for s in streams),
-                "streams": streams,
-            })
+                "backlog": sum(s["backlog"] for s in streams), "streams": streams})
+            # The members, encoded already, go in as the object's last field.
+            parts.append(f'{fields[:-1]}, "members": [{", ".join(members)}]}}')
             if budget.spent():
                 await budget.next()
-        return described
+        return f'{{"data": [{", ".join(parts)}], "meta": {{"count": {len(parts)}}}}}'.encode()
 
     async def refresh(self) -> None:
-        """Rebuilds the metrics' snapshot."""
-        counts: dict[str, Counts] = {}
+        """Renders the metrics again."""
+        backlogs: list[str] = []
+        members: list[str] = []
         budget = TimeSlice()
         state = self._groups.state
-        for share, group in list(self._groups.groups.items()):
+        for share, group in sorted(self._groups.groups.items()):
             streams: list[dict[str, Any]] = []
             for _ in self._streams(share, group, streams):
                 if budget.spent():
@@ -78,28 +181,24 @@ class GroupViews:
             connected = 0
             for n, client_id in enumerate(list(group.members)):
                 connected += state(client_id) != GONE
-                if n % 100 == 99 and budget.spent():
+                if n % _MEMBERS_STEP == _MEMBERS_STEP - 1 and budget.spent():
                     await budget.next()
-            counts[share] = (sum(s["backlog"] for s in streams), connected, len(group.members))
-        self._counts = counts
-
-    def metrics(self) -> list[Sample]:
-        # Declared with no group too, so dashboards and alerts find them.
-        samples: list[Sample] = [
-            ("mqtt_shared_group_backlog", "gauge", _BACKLOG_DOC, {"group": "", "filter": ""},
-             None),
-            ("mqtt_shared_group_members", "gauge", _MEMBERS_DOC,
-             {"group": "", "filter": "", "state": ""}, None)]
-        for share, (backlog, connected, members) in sorted(self._counts.items()):
             name, topic_filter = parse_shared(share)
             assert name is not None
             labels = {"group": name, "filter": topic_filter}
-            samples.append(("mqtt_shared_group_backlog", "gauge", _BACKLOG_DOC, labels,
-                            float(backlog)))
-            for kind, count in (("connected", connected), ("disconnected", members - connected)):
-                samples.append(("mqtt_shared_group_members", "gauge", _MEMBERS_DOC,
-                                {**labels, "state": kind}, float(count)))
-        return samples
+            backlogs.append(sample_line(_BACKLOG, labels,
+                                        float(sum(s["backlog"] for s in streams))))
+            for kind, count in (("connected", connected),
+                                ("disconnected", len(group.members) - connected)):
+                members.append(sample_line(_MEMBERS, {**labels, "state": kind}, float(count)))
+            if budget.spent():
+                await budget.next()
+        self._exposition = _render(backlogs, members)
+        self._backlogs.forget(self._groups.groups)
+
+    def exposition(self) -> bytes:
+        """The metrics, as `refresh` last rendered them."""
+        return self._exposition
 
     def _streams(self, share: str, group: Group, found: list[dict[str, Any]]
                  ) -> Iterator[None]:
@@ -107,27 +206,29 @@ class GroupViews:
         yields between steps."""
         read_filter = ds_filter(share)
         streams = self._ds.get_streams("messages", read_filter, group.since)
-        positions: dict[Stream, int | None] = {}
-        for shard in sorted({stream.shard for stream in streams}):
-            positions.update(self._store.load_group_positions(share, shard))
-            yield
+        positions = self._store.load_group_positions(share) if streams else {}
+        yield
         for stream in streams:
             owner = group.owners.get(stream.shard)
             reader = owner.client if owner is not None and owner.state != g.FREE else None
-            position = positions.get(stream, 0)
-            entry = {"shard": stream.shard, "generation": stream.generation,
-                     "stream": stream.id, "backlog": 0,
-                     "owner": reader if reader and self._groups.state(reader) == READY
-                     else None}
-            found.append(entry)
-            if position is None:
-                continue
-            iterator: DSIterator | None = DSIterator(
-                stream, read_filter, position or max(group.since - 1, 0))
-            backlog = 0
-            while iterator is not None and backlog < BACKLOG_CAP:
-                iterator, ttvs = self._ds.next(iterator, _READ)
-                if not ttvs:
-                    break
-                backlog = entry["backlog"] = min(backlog + len(ttvs), BACKLOG_CAP)
-                yield
+            backlog = yield from self._backlogs.count(
+                share, group.since, read_filter, stream, positions.get(stream, 0))
+            found.append({"shard": stream.shard, "generation": stream.generation,
+                          "stream": stream.id, "backlog": backlog,
+                          "owner": reader if reader and self._groups.state(reader) == READY
+                          else None})
+        self._backlogs.keep(share, streams)
+
+
+def _shards_by_member(group: Group) -> dict[str, list[int]]:
+    """The shards given to each member (`own`), in order."""
+    shards: dict[str, list[int]] = {}
+    for shard, owner in sorted(group.owners.items()):
+        if owner.client is not None and owner.state == g.OWN:
+            shards.setdefault(owner.client, []).append(shard)
+    return shards
+
+
+def _render(backlogs: list[str], members: list[str]) -> bytes:
+    return "".join([family_header(_BACKLOG, "gauge", _BACKLOG_DOC), *backlogs,
+                    family_header(_MEMBERS, "gauge", _MEMBERS_DOC), *members]).encode()

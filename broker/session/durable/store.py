@@ -225,13 +225,14 @@ class SessionStore:
         return r.position_key(client_id, topic_filter, stream), r.dumps({"pos": position})
 
     # ---- durable shared-subscription groups (group_records.py) -------------------------
-    def load_group_positions(self, share: str, shard: int) -> dict[Stream, int | None]:
-        """The group's read positions in the shard's streams."""
+    def load_group_positions(self, share: str,
+                             shard: int | None = None) -> dict[Stream, int | None]:
+        """The group's read positions in the shard's streams (every shard's: None)."""
         self._turn.flush_now()
         positions: dict[Stream, int | None] = {}
         for key, value in self._group_scan(g.prefix(b"q", share)):
             stream = g.position_stream(key)
-            if stream.shard == shard:
+            if shard is None or stream.shard == shard:
                 positions[stream] = r.loads(value)["pos"]
         return positions
 
