@@ -38,7 +38,7 @@ from broker.server.admission import ListenerGate
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
 from broker.server.reactor import create_server
-from broker.server.tls import reload_certificate, tls_context
+from broker.server.tls import CertificateWatch, reload_certificate, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
@@ -161,6 +161,8 @@ class BrokerApp:
                             config["durable_storage.messages.n_shards"])
             self._every(PLACEMENT_POLL, watch, at_once=True)
         node.security.start()
+        if tls is not None:
+            self._every(CERTIFICATE_POLL, CertificateWatch(tls, config).check)
         if node.ds is not None:
             node.ds.start()
         if node.durable is not None:
@@ -295,6 +297,7 @@ _GC_THRESHOLDS = (50_000, 20, 20)
 GROUP_TICK = 1.0  # seconds
 GROUP_VIEWS_INTERVAL = 5.0  # seconds: how old the durable group metrics may be
 PLACEMENT_POLL = 2.0  # seconds: kubelet itself refreshes a ConfigMap volume within ~1 min
+CERTIFICATE_POLL = 1.0  # seconds: two stats, as the password and ACL files' watch
 
 
 def _tune_collector() -> None:

@@ -1,11 +1,13 @@
 """The TLS listener's context, and who a client certificate says its holder is.
 
-One SSLContext for the listener's life: re-reading the certificate chain into it on SIGHUP
-(cert-manager renews files in place) serves new handshakes with the new certificate while
-established connections keep theirs.
+One SSLContext for the listener's life: re-reading the certificate chain into it on SIGHUP,
+or when the files change (cert-manager renews a Kubernetes Secret, and kubelet swaps the
+mounted files in place; nobody is there to send a signal), serves new handshakes with the
+new certificate while established connections keep theirs.
 """
 
 import logging
+import os
 import ssl
 from typing import Any
 
@@ -31,13 +33,40 @@ def tls_context(config: Config) -> ssl.SSLContext | None:
     return context
 
 
-def reload_certificate(context: ssl.SSLContext, config: Config) -> None:
+def reload_certificate(context: ssl.SSLContext, config: Config) -> bool:
+    """Whether the files were loaded; a pair that fails (a key that does not match, a file
+    half written) leaves the previous certificate in force."""
     try:
         context.load_cert_chain(config[_PREFIX + "certfile"], config[_PREFIX + "keyfile"])
     except (OSError, ssl.SSLError) as error:
         log.error("reloading the TLS certificate failed, the previous one stays: %s", error)
-        return
+        return False
     log.info("reloaded the TLS certificate %s", config[_PREFIX + "certfile"])
+    return True
+
+
+class CertificateWatch:
+    """Reloads the certificate when its or its key's file changes: a stat of each per
+    `check`. The identity of what a path leads to (inode, size, mtime) changes with kubelet's
+    symlink swap as with a rewrite. A reload that failed is tried again at the next check:
+    the two files of a renewal may be seen one before the other."""
+
+    def __init__(self, context: ssl.SSLContext, config: Config) -> None:
+        self._context, self._config = context, config
+        self._seen = self._identity()
+
+    def _identity(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = [os.stat(self._config[_PREFIX + name]) for name in ("certfile", "keyfile")]
+        except OSError:
+            return None
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+
+    def check(self) -> None:
+        now = self._identity()
+        if now is not None and now != self._seen and reload_certificate(
+                self._context, self._config):
+            self._seen = now
 
 
 def certificate_user(transport: Any, mode: str) -> str | None:

@@ -169,18 +169,51 @@ def test_sighup_serves_a_renewed_certificate_to_new_connections(
 ) -> None:
     pki = _pki(tmp_path)
     broker = _mutual_tls_broker(start_broker, pki)
-    port = broker.ports["ssl"]
-    with _handshake(port, pki["ca"][0], pki["device"]) as before:
-        first = before.getpeercert(binary_form=True)
-    renewed = _sign(tmp_path, pki["ca"], "renewed", "/CN=127.0.0.1",
-                    "subjectAltName=IP:127.0.0.1\n")
+    first = _served(broker, pki)
+    renewed = _renewed(tmp_path, pki)
     pki["server"][0].write_bytes(renewed[0].read_bytes())
     pki["server"][1].write_bytes(renewed[1].read_bytes())
     assert broker.proc is not None
     os.kill(broker.proc.pid, signal.SIGHUP)
+    wait_until(lambda: _served(broker, pki) not in (None, first), 10,
+               "the renewed certificate served")
 
-    def served() -> bytes | None:
-        with _handshake(port, pki["ca"][0], pki["device"]) as after:
-            return after.getpeercert(binary_form=True)
 
-    wait_until(lambda: served() not in (None, first), 10, "the renewed certificate served")
+def _served(broker: BrokerProcess, pki: dict[str, Any]) -> bytes | None:
+    """The certificate a new connection is served."""
+    with _handshake(broker.ports["ssl"], pki["ca"][0], pki["device"]) as connection:
+        return connection.getpeercert(binary_form=True)
+
+
+def _renewed(directory: Path, pki: dict[str, Any]) -> tuple[Path, Path]:
+    return _sign(directory, pki["ca"], "renewed", "/CN=127.0.0.1",
+                 "subjectAltName=IP:127.0.0.1\n")
+
+
+def _publish_version(mounted: Path, version: str, pair: tuple[Path, Path]) -> None:
+    """What kubelet does to a mounted Secret: the files in a new directory, then the
+    `..data` symlink swapped to it in one rename (the files are links through `..data`)."""
+    (mounted / version).mkdir()
+    for source, name in zip(pair, ("tls.crt", "tls.key"), strict=True):
+        (mounted / version / name).write_bytes(source.read_bytes())
+    (mounted / "..data_tmp").symlink_to(version)
+    (mounted / "..data_tmp").replace(mounted / "..data")
+
+
+def test_a_certificate_renewed_in_a_mounted_secret_is_served_without_a_signal(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """cert-manager renews the Secret, kubelet swaps the files, and nobody sends SIGHUP:
+    the broker sees the files change."""
+    pki = _pki(tmp_path)
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    _publish_version(mounted, "v1", pki["server"])
+    for name in ("tls.crt", "tls.key"):
+        (mounted / name).symlink_to(f"..data/{name}")
+    pki["server"] = (mounted / "tls.crt", mounted / "tls.key")
+    broker = _mutual_tls_broker(start_broker, pki)
+    first = _served(broker, pki)
+    _publish_version(mounted, "v2", _renewed(tmp_path, pki))
+    wait_until(lambda: _served(broker, pki) not in (None, first), 10,
+               "the renewed certificate served")
