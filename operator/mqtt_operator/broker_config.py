@@ -16,6 +16,10 @@ from mqtt_operator.spec import Cluster
 
 Scalar = str | int | bool
 
+_TLS_KEYS = ("bind", "ssl_options.certfile", "ssl_options.keyfile", "ssl_options.cacertfile",
+             "ssl_options.verify", "ssl_options.fail_if_no_peer_cert")
+_TLS = "listeners.ssl.default."
+
 # Keys whose value the operator derives from the spec or the pod; spec.config cannot set them
 # because a pod disagreeing with the StatefulSet, the Services or the placement breaks the
 # cluster in ways no broker can detect.
@@ -45,6 +49,10 @@ MANAGED_KEYS = frozenset({
     "durable_storage.messages.replication_factor",
     "durable_storage.messages.placement_file",
     "durable_storage.n_sites",
+    *(f"listeners.ssl.default.{key}" for key in _TLS_KEYS),
+    "authentication.password_file",
+    "authentication.allow_anonymous",
+    "authorization.acl_file",
 })
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -71,6 +79,33 @@ def bootstrap_sites(replicas: int) -> int:
     at most 5). The default 1 lets each pod whose first discovery round sees only itself
     (its peers have no IP yet) create a group of its own, and those never merge."""
     return max(1, min(replicas, constants.BOOTSTRAP_VOTER_CAP))
+
+
+def security(cluster: Cluster) -> dict[str, Scalar]:
+    """Who may connect, from spec.auth, spec.acl and spec.tls: only paths to the mounted
+    Secrets and ConfigMaps, never what they hold. The brokers re-read each file when kubelet
+    swaps in a new version, so a rotated password, ACL or certificate needs no restart.
+    Without spec.tls the TLS listener stays off: the broker starts it only with a
+    certificate, and no spec.config key can give it one (they are managed)."""
+    values: dict[str, Scalar] = {
+        "authentication.password_file": f"{constants.USERS_DIR}/{constants.PASSWORD_FILE}",
+        "authentication.allow_anonymous": "true" if cluster.allow_anonymous else "false",
+    }
+    if cluster.acl is not None:
+        values["authorization.acl_file"] = f"{constants.ACL_DIR}/{constants.ACL_FILE}"
+    if cluster.tls_secret is not None:
+        values.update({
+            _TLS + "bind": f"0.0.0.0:{cluster.tls_port}",
+            _TLS + "ssl_options.certfile": f"{constants.TLS_DIR}/{constants.TLS_CERT}",
+            _TLS + "ssl_options.keyfile": f"{constants.TLS_DIR}/{constants.TLS_KEY}",
+        })
+    if cluster.tls_secret is not None and cluster.verify_peer:
+        values.update({
+            _TLS + "ssl_options.cacertfile": f"{constants.TLS_DIR}/{constants.TLS_CA}",
+            _TLS + "ssl_options.verify": "verify_peer",
+            _TLS + "ssl_options.fail_if_no_peer_cert": True,
+        })
+    return values
 
 
 def settings(cluster: Cluster, n_sites: int) -> dict[str, Scalar]:
@@ -102,6 +137,7 @@ def settings(cluster: Cluster, n_sites: int) -> dict[str, Scalar]:
         "durable_storage.messages.placement_file":
             f"{constants.PLACEMENT_DIR}/{constants.PLACEMENT_FILE}",
         "durable_storage.n_sites": n_sites,
+        **security(cluster),
     })
     return values
 

@@ -28,6 +28,15 @@ SITES_DIR = "/etc/mqtt/sites"
 PLACEMENT_DIR = "/etc/mqtt/placement"
 COOKIE_DIR = "/etc/mqtt/cookie"
 API_KEY_DIR = "/etc/mqtt/api-key"
+# The MQTT clients' security files: each Secret or ConfigMap key is projected under a fixed
+# file name, so the config names the same path whatever key the user's object uses.
+USERS_DIR = "/etc/mqtt/users"
+ACL_DIR = "/etc/mqtt/acl"
+TLS_DIR = "/etc/mqtt/tls"
+PASSWORD_FILE = "passwd"
+ACL_FILE = "acl"
+# A kubernetes.io/tls Secret's keys (cert-manager adds ca.crt), used as the file names too.
+TLS_CERT, TLS_KEY, TLS_CA = "tls.crt", "tls.key", "ca.crt"
 DATA_DIR = "/data"
 BOOTSTRAP_VOTER_CAP = 5  # the broker's first voters at most (durable_storage.n_sites)
 SITE_ID_FILE = "ds/site_id"  # under DATA_DIR: where a broker keeps its site (broker/ds/site.py)
@@ -41,8 +50,13 @@ API_KEY_USERNAME = "username"
 API_KEY_PASSWORD = "password"
 ADMIN_KEY_NAME = "admin"
 VIEWER_KEY_NAME = "viewer"
+# The generated MQTT user's Secret: its password file (PASSWORD_FILE) and the pair in clear,
+# for people and their clients.
+USER_USERNAME = "username"
+USER_PASSWORD = "password"
 
 MQTT_PORT_NAME = "mqtt"
+TLS_PORT_NAME = "mqtts"
 WS_PORT_NAME = "ws"
 HTTP_PORT_NAME = "http"
 RPC_PORT_NAME = "rpc"  # inter-node; brokers dial the Endpoints port of this name
@@ -71,6 +85,11 @@ def cookie_secret_name(cluster: str) -> str:
 
 def api_key_secret_name(cluster: str) -> str:
     return f"{cluster}-api-key"
+
+
+def user_secret_name(cluster: str) -> str:
+    """The generated MQTT user (when spec.auth names no password Secret)."""
+    return f"{cluster}-mqtt-user"
 
 
 def headless_service_name(cluster: str) -> str:

@@ -5,14 +5,16 @@ what the operator would create is testable without an API server and identical o
 reconcile: applying the same dict again changes nothing.
 """
 
+import base64
 import hashlib
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from mqtt_operator import broker_config
 from mqtt_operator import constants as c
-from mqtt_operator.spec import Cluster
+from mqtt_operator.spec import Cluster, FileSource
 
 Manifest = dict[str, Any]
 
@@ -35,6 +37,11 @@ POD_SCRIPT = (
 HEADLESS_LABEL = f"{c.GROUP}/service"
 _COOKIE_VOLUME = "cookie"
 _API_KEY_VOLUME = "api-key"
+_SECRET_MODE = 0o440  # readable by the broker through the pod's fsGroup, by nobody else
+# mosquitto_passwd's $7$ (PBKDF2-HMAC-SHA512) with its iteration count and salt size: a file
+# the brokers, Mosquitto and `broker ctl users` all read and extend.
+_PBKDF2_ITERATIONS = 101
+_SALT_BYTES = 12
 
 
 def owner_reference(cluster: Cluster) -> Manifest:
@@ -55,8 +62,9 @@ def config_map(cluster: Cluster, name: str, data: Mapping[str, str]) -> Manifest
 
 
 def _client_ports(cluster: Cluster) -> list[tuple[str, int]]:
+    tls = [(c.TLS_PORT_NAME, cluster.tls_port)] if cluster.tls_secret is not None else []
     return [(c.MQTT_PORT_NAME, cluster.mqtt_port), (c.WS_PORT_NAME, cluster.ws_port),
-            (c.HTTP_PORT_NAME, cluster.http_port)]
+            (c.HTTP_PORT_NAME, cluster.http_port), *tls]
 
 
 def _pod_ports(cluster: Cluster) -> list[tuple[str, int]]:
@@ -89,15 +97,36 @@ def headless_service(cluster: Cluster) -> Manifest:
 
 
 def client_service(cluster: Cluster) -> Manifest:
-    return {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": _metadata(cluster, cluster.name),
-        "spec": {
-            "type": cluster.service_type,
-            "selector": c.selector_labels(cluster.name),
-            "ports": _service_ports(_client_ports(cluster)),
-        },
+    """spec.service's fields where the API server takes them: source ranges on a
+    LoadBalancer, the traffic policy on a Service with node ports (elsewhere it refuses the
+    Service; the reconcile reports such a spec instead)."""
+    metadata = _metadata(cluster, cluster.name)
+    if cluster.service.get("annotations"):
+        metadata["annotations"] = dict(cluster.service["annotations"])
+    spec: Manifest = {
+        "type": cluster.service_type,
+        "selector": c.selector_labels(cluster.name),
+        "ports": _service_ports(_client_ports(cluster)),
     }
+    ranges = cluster.service.get("loadBalancerSourceRanges")
+    if ranges and cluster.service_type == "LoadBalancer":
+        spec["loadBalancerSourceRanges"] = list(ranges)
+    policy = cluster.service.get("externalTrafficPolicy")
+    if policy and cluster.service_type != "ClusterIP":
+        spec["externalTrafficPolicy"] = policy
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
+
+
+def service_problems(cluster: Cluster) -> list[str]:
+    """spec.service fields the Service's type leaves out (see client_service)."""
+    found = []
+    if cluster.service.get("loadBalancerSourceRanges") and cluster.service_type != "LoadBalancer":
+        found.append("spec.service.loadBalancerSourceRanges applies to type LoadBalancer only"
+                     " and is ignored")
+    if cluster.service.get("externalTrafficPolicy") and cluster.service_type == "ClusterIP":
+        found.append("spec.service.externalTrafficPolicy applies to types NodePort and"
+                     " LoadBalancer only and is ignored")
+    return found
 
 
 def broker_service_account(cluster: Cluster) -> Manifest:
@@ -150,6 +179,27 @@ def api_key_secret(cluster: Cluster, admin: str, viewer: str) -> Manifest:
                            c.API_KEY_PASSWORD: viewer}}
 
 
+def password_line(username: str, password: str) -> str:
+    """One line of a Mosquitto password file, as `mosquitto_passwd` writes it."""
+    salt = secrets.token_bytes(_SALT_BYTES)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, _PBKDF2_ITERATIONS, 64)
+    encoded = (base64.b64encode(part).decode() for part in (salt, digest))
+    return f"{username}:$7${_PBKDF2_ITERATIONS}${'$'.join(encoded)}\n"
+
+
+def user_secret(cluster: Cluster, password: str) -> Manifest:
+    """The generated MQTT user when spec.auth names no password Secret: the password file
+    the brokers read, and the pair in clear for people (the chart's NOTES say how to read
+    it). Created once, never applied again (a reconcile must not change a password clients
+    use); not immutable: writing a new password file into it reaches the running brokers."""
+    user = cluster.generated_user
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": _metadata(cluster, c.user_secret_name(cluster.name)),
+            "type": "Opaque",
+            "stringData": {c.PASSWORD_FILE: password_line(user, password),
+                           c.USER_USERNAME: user, c.USER_PASSWORD: password}}
+
+
 def mounts_cookie(statefulset: Mapping[str, Any] | None) -> bool:
     """Whether this (existing) StatefulSet's pods mount the cookie Secret: once they do, a
     missing Secret was deleted, and making a new one would rotate the cookie."""
@@ -174,6 +224,28 @@ def _env(name: str, value: str | None = None, field: str | None = None) -> Manif
 
 def _config_volume(name: str, config_map_name: str) -> Manifest:
     return {"name": name, "configMap": {"name": config_map_name}}
+
+
+def _projected(source: FileSource, *files: tuple[str, str]) -> Manifest:
+    """The volume of a ConfigMap's or Secret's keys as fixed file names ((key, path)
+    pairs). Not a subPath mount: kubelet updates a whole volume in place, a subPath never."""
+    name_field = "secretName" if source.kind == "secret" else "name"
+    return {source.kind: {name_field: source.name, "defaultMode": _SECRET_MODE,
+                          "items": [{"key": key, "path": path} for key, path in files]}}
+
+
+def security_volumes(cluster: Cluster) -> list[tuple[str, str, Manifest]]:
+    """(volume name, mount path, source) of the files broker_config.security names."""
+    passwords = cluster.passwords or FileSource(
+        "secret", c.user_secret_name(cluster.name), c.PASSWORD_FILE)
+    found = [("users", c.USERS_DIR, _projected(passwords, (passwords.key, c.PASSWORD_FILE)))]
+    if cluster.acl is not None:
+        found.append(("acl", c.ACL_DIR, _projected(cluster.acl, (cluster.acl.key, c.ACL_FILE))))
+    if cluster.tls_secret is not None:
+        files = [c.TLS_CERT, c.TLS_KEY, *([c.TLS_CA] if cluster.verify_peer else [])]
+        found.append(("tls", c.TLS_DIR, _projected(
+            FileSource("secret", cluster.tls_secret, ""), *((f, f) for f in files))))
+    return found
 
 
 def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
@@ -205,6 +277,8 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             {"name": "placement", "mountPath": c.PLACEMENT_DIR, "readOnly": True},
             {"name": _COOKIE_VOLUME, "mountPath": c.COOKIE_DIR, "readOnly": True},
             {"name": _API_KEY_VOLUME, "mountPath": c.API_KEY_DIR, "readOnly": True},
+            *({"name": name, "mountPath": mount, "readOnly": True}
+              for name, mount, _ in security_volumes(cluster)),
         ],
     }
     if cluster.resources:
@@ -217,11 +291,11 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             _config_volume("config", c.config_map_name(cluster.name)),
             _config_volume("sites", c.sites_map_name(cluster.name)),
             _config_volume("placement", c.placement_map_name(cluster.name)),
-            # 0440: readable by the broker through the pod's fsGroup, by nobody else.
             {"name": _COOKIE_VOLUME, "secret": {"secretName": c.cookie_secret_name(cluster.name),
-                                               "defaultMode": 0o440}},
+                                               "defaultMode": _SECRET_MODE}},
             {"name": _API_KEY_VOLUME, "secret": {
-                "secretName": c.api_key_secret_name(cluster.name), "defaultMode": 0o440}},
+                "secretName": c.api_key_secret_name(cluster.name), "defaultMode": _SECRET_MODE}},
+            *({"name": name, **source} for name, _, source in security_volumes(cluster)),
         ],
     }
     if cluster.affinity:

@@ -43,8 +43,9 @@ class Outcome:
 
 def problems(cluster: Cluster) -> list[str]:
     """What the CRD schema cannot reject (cross-field rules), each naming its field."""
-    return [f"spec.config.{key} is managed by the operator and ignored"
-            for key in broker_config.ignored_keys(cluster)]
+    return [*(f"spec.config.{key} is managed by the operator and ignored"
+              for key in broker_config.ignored_keys(cluster)),
+            *manifests.service_problems(cluster)]
 
 
 def _changed(conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
@@ -121,6 +122,16 @@ def ensure_cookie(kube: Kube, cluster: Cluster, statefulset: Mapping[str, Any] |
     if kube.create(secret):
         emit("Normal", "CookieCreated", f"Secret {secret_name}: the brokers' shared cookie")
     return ""
+
+
+def ensure_user(kube: Kube, cluster: Cluster, emit: Callable[[str, str, str], None]) -> None:
+    """The generated MQTT user's Secret, before the StatefulSet that mounts it, when
+    spec.auth names no password file of the user's own; created once, so a reconcile never
+    changes a password in use. The Event names the Secret, never the password."""
+    if cluster.passwords is None and kube.create(
+            manifests.user_secret(cluster, secrets.token_urlsafe(18))):
+        emit("Normal", "UserCreated", f"Secret {c.user_secret_name(cluster.name)}: MQTT user"
+             f" {cluster.generated_user} (password under key {c.USER_PASSWORD})")
 
 
 def ensure_api_key(kube: Kube, cluster: Cluster, emit: Callable[[str, str, str], None]
@@ -273,6 +284,7 @@ class _Pass:
                                         {c.CONFIG_FILE: config_text}))
         cookie_lost = ensure_cookie(kube, cluster, self.statefulset, self.emit)
         self.credentials, key_problem = ensure_api_key(kube, cluster, self.emit)
+        ensure_user(kube, cluster, self.emit)
         self.lost_secrets = [(reason, problem) for reason, problem in (
             ("CookieMissing", cookie_lost), ("ApiKeyUnusable", key_problem)) if problem]
         kube.apply(manifests.headless_service(cluster))

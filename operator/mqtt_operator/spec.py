@@ -10,6 +10,16 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class FileSource:
+    """One key of a ConfigMap or Secret that the brokers read as a file (kind: the
+    volume's, `configMap` or `secret`)."""
+
+    kind: str
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     namespace: str
@@ -25,6 +35,7 @@ class Cluster:
     replication_factor: int
     service_type: str
     mqtt_port: int
+    tls_port: int
     ws_port: int
     http_port: int
     rpc_port: int
@@ -38,12 +49,23 @@ class Cluster:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     spark: Mapping[str, Any] | None = None  # spec.spark; absent: no Spark jobs
+    allow_anonymous: bool = False
+    # The password file; None: the operator's generated user (<cluster>-mqtt-user)
+    passwords: FileSource | None = None
+    generated_user: str = "mqtt"
+    acl: FileSource | None = None
+    tls_secret: str | None = None  # spec.tls; None: no TLS listener
+    verify_peer: bool = False
+    service: Mapping[str, Any] = field(default_factory=dict)  # spec.service but its type
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "Cluster":
         meta, spec = body["metadata"], body["spec"]
         storage, listeners = spec["storage"], spec["listeners"]
         monitor = spec["monitoring"]["serviceMonitor"]
+        auth, acl, tls = spec["auth"], spec.get("acl"), spec.get("tls")
+        service = dict(spec["service"])
+        secret = auth.get("passwordSecret")
         return cls(
             name=meta["name"],
             namespace=meta["namespace"],
@@ -57,8 +79,9 @@ class Cluster:
             durable_sessions=dict(spec["durableSessions"]),
             n_shards=spec["durableStorage"]["nShards"],
             replication_factor=spec["durableStorage"]["replicationFactor"],
-            service_type=listeners["serviceType"],
+            service_type=service.pop("type", None) or listeners["serviceType"],
             mqtt_port=listeners["mqttPort"],
+            tls_port=listeners["tlsPort"],
             ws_port=listeners["wsPort"],
             http_port=listeners["httpPort"],
             rpc_port=listeners["rpcPort"],
@@ -72,4 +95,13 @@ class Cluster:
             tolerations=tuple(spec.get("tolerations") or ()),
             node_selector=dict(spec.get("nodeSelector") or {}),
             spark=spec.get("spark"),
+            allow_anonymous=auth["allowAnonymous"],
+            passwords=FileSource("secret", secret["name"], secret["key"]) if secret else None,
+            generated_user=auth["generatedUser"],
+            acl=None if acl is None else FileSource(
+                "configMap" if "configMapName" in acl else "secret",
+                acl.get("configMapName") or acl["secretName"], acl["key"]),
+            tls_secret=tls["secretName"] if tls else None,
+            verify_peer=bool(tls and tls["verifyPeer"]),
+            service=service,
         )
