@@ -106,6 +106,9 @@ class Node:
         self.groups: GroupManager | None = None
         self.group_views: GroupViews | None = None
         self._is_up: Callable[[str], bool] = lambda site: True
+        # Replicated: the committed metas of durable group members `_member_state` read, by
+        # client ID, until another one is applied (every member is looked at each tick).
+        self._member_metas: dict[str, records.Meta | None] = {}
         if self.durable is not None:
             self.groups = self.durable.groups = GroupManager(
                 self.durable.ds, self.durable.store, self.stats, self.sessions.sessions,
@@ -139,13 +142,20 @@ class Node:
 
     def _member_state(self, client_id: str) -> str:
         """A durable group member's client: connected here, or (replicated) on a node that
-        is up, as its session's meta says; READY or STALLED then, else GONE."""
+        is up, as its session's committed meta says (read from the replica once, until
+        another one is applied: every member of every group is looked at each tick);
+        READY or STALLED then, else GONE."""
         session = self.sessions.sessions.get(client_id)
         if isinstance(session, DurableSession) and session.connection is not None:
             return STALLED if session.stalled else READY
         if not self.replicated_ds or self.durable is None:
             return GONE
-        meta = self.durable.store.meta(client_id)
+        metas = self._member_metas
+        if client_id in metas:
+            meta = metas[client_id]
+        else:
+            raw = self.durable.ds.sessions.raw_get(records.meta_key(client_id))
+            meta = metas[client_id] = None if raw is None else records.Meta.from_bytes(raw)
         if (meta is not None and meta.connected and meta.site != self.durable.store.site
                 and self._is_up(meta.site)):
             return STALLED if meta.stalled else READY
@@ -213,9 +223,12 @@ class Node:
         if replaced:
             self.durable_filters = TopicTrie()
             self._share_members.clear()
+            self._member_metas.clear()
         writes = list(writes)
         for key, value in writes:
             kind, client_id = records.split_key(key)
+            if kind == b"m":
+                self._member_metas.pop(client_id, None)
             if kind == b"m" and value is not None and client_id in self.sessions.sessions:
                 self.sessions.meta_applied(client_id, records.Meta.from_bytes(value))
             if kind != b"s":

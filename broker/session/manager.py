@@ -8,7 +8,7 @@ cancelled when the client resumes the session in time (MQTT 5.0 section 3.1.3.2.
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from broker.session.durable.orphans import expired_orphans
 from broker.session.durable.ownership import sweep_writes
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import StoredSession
+from broker.session.durable.turn import run_in_slices
 from broker.session.message import Message, message_from_publish
 from broker.session.session import Session
 
@@ -53,6 +54,8 @@ class SessionManager:
         self._durable = durable
         self._timers: dict[str, list[asyncio.TimerHandle]] = {}
         self._known_streams: set[tuple[int, int, int]] = set()
+        self._refreshing: asyncio.Task[None] | None = None
+        self._refresh_again = False
         if durable is not None:
             durable.ds.change_listeners.append(self._streams_changed)
 
@@ -60,16 +63,31 @@ class SessionManager:
         self, shard: int, generation: int, streams: dict[int, StreamWrite] | None
     ) -> None:
         """A write to DS: if it created a stream (or a generation was sealed or dropped),
-        connected durable sessions look for streams they should now read."""
+        connected durable sessions look for streams they should now read, a few sessions a
+        time slice (1,000 connected members of a group cost a pass a second or more). A
+        change while a pass runs starts another after it: the pass may have passed a
+        session before the change."""
         if streams is not None:
             known = self._known_streams
             new = [key for key in ((shard, generation, s) for s in streams) if key not in known]
             if not new:
                 return
             known.update(new)
-        for session in self.sessions.values():
-            if isinstance(session, DurableSession) and session.connection is not None:
-                session.refresh_streams()
+        if self._refreshing is not None:
+            self._refresh_again = True
+            return
+        self._refreshing = run_in_slices(self._refresh_steps())
+
+    def _refresh_steps(self) -> Iterator[None]:
+        again = True
+        while again:
+            self._refresh_again = False
+            for session in list(self.sessions.values()):
+                if isinstance(session, DurableSession) and session.connection is not None:
+                    session.refresh_streams()
+                    yield
+            again = self._refresh_again
+        self._refreshing = None
 
     def restore(self, subscribed: Callable[[DurableSession], None]) -> int:
         """Start-up: durable sessions come back disconnected. Those that expired while the

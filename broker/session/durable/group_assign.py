@@ -15,6 +15,7 @@ breaks per-publisher order across the move):
 - with no connected member, nothing moves: the messages wait in storage.
 """
 
+import heapq
 from collections.abc import Mapping, Set
 
 from broker.session.durable.group_records import OWN, REVOKE, Owner
@@ -27,10 +28,13 @@ def rebalance(n_shards: int, owners: Mapping[int, Owner], ready: Set[str],
     """The owner changes that move the group towards an even spread over the `ready`
     members (each n_shards // members, the n_shards % members that hold most now one
     more); `stalled` ones (connected, but acknowledging nothing) are asked to let go of
-    what they hold, as long as a ready member can take it."""
+    what they hold, as long as a ready member can take it. Costs the shards and the members
+    that hold or get one, not every member: with more members than shards (a group of 10,000
+    decided again as each one comes or goes) the others are passed over in one pass at C
+    speed (`heapq.nsmallest`)."""
     if not ready:
         return []
-    held: dict[str, list[int]] = {member: [] for member in ready}
+    held: dict[str, list[int]] = {}
     changes: list[Change] = []
     free: list[int] = []
     for shard in range(n_shards):
@@ -38,21 +42,27 @@ def rebalance(n_shards: int, owners: Mapping[int, Owner], ready: Set[str],
         if owner is not None and owner.client in stalled:
             if owner.state == OWN:
                 changes.append((shard, owner, Owner(owner.client, REVOKE)))
-        elif owner is None or owner.client is None or owner.client not in held:
+        elif owner is None or owner.client is None or owner.client not in ready:
             free.append(shard)  # free, or its owner left: nothing of it is being read
         elif owner.state == OWN:
-            held[owner.client].append(shard)
+            held.setdefault(owner.client, []).append(shard)
         # revoke: its member's node frees it once it stopped reading
-    base, extra = divmod(n_shards, len(held))
-    by_hold = sorted(held, key=lambda m: (-len(held[m]), m))
-    quota = {member: base + (rank < extra) for rank, member in enumerate(by_hold)}
+    base, extra = divmod(n_shards, len(ready))
+    # Those that hold most rank first, then by name; only the first `extra` get one more
+    # than `base`, so with `base` 0 the members ranked after them get nothing.
+    ranked = sorted(held, key=lambda m: (-len(held[m]), m))
+    wanted = len(ready) if base else extra
+    if len(ranked) < wanted:
+        ranked += heapq.nsmallest(wanted - len(ranked), ready - held.keys())
+    quota = {member: base + (rank < extra) for rank, member in enumerate(ranked)}
     load = {}
-    for member, shards in held.items():
+    for member in ranked:
+        shards = held.get(member, [])
         for shard in shards[quota[member]:]:
             changes.append((shard, owners[shard], Owner(member, REVOKE)))
         load[member] = min(len(shards), quota[member])
     for shard in free:
-        member = min(held, key=lambda m: (load[m] - quota[m], m))
+        member = min(ranked, key=lambda m: (load[m] - quota[m], m))
         if load[member] >= quota[member]:
             break
         load[member] += 1

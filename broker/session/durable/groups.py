@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.ds import DurableStorage
 from broker.metrics import Stats
@@ -31,6 +31,7 @@ from broker.session.durable import records as r
 from broker.session.durable.group_assign import rebalance
 from broker.session.durable.session import DurableSession
 from broker.session.durable.store import SessionStore, Write
+from broker.session.durable.turn import TimeSlice
 from broker.session.session import Session
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,10 @@ class Group:
     since: int
     members: set[str]
     owners: dict[int, g.Owner]
+    # The connected members' states as last decided (None: every member to be looked at),
+    # and the members whose state may have changed since (`GroupManager.changed`).
+    live: dict[str, str] | None = None
+    touched: set[str] = field(default_factory=set)
 
 
 class GroupManager:
@@ -116,20 +121,20 @@ class GroupManager:
             group = self._group(share, since)
             self._store.write_soon([(g.group_key(share), g.group_to_bytes(group.since))])
         group.members.add(client_id)
-        self.changed(share)
+        self.changed(share, client_id)
         return group.since
 
     def leave(self, share: str, client_id: str) -> None:
         group = self.groups.get(share)
         if group is not None:
             group.members.discard(client_id)
-            self.changed(share)
+            self.changed(share, client_id)
 
     def member_changed(self, session: Session) -> None:
         """A member connected, disconnected or ended: its groups may need a new spread."""
         for key, options in session.subscriptions.items():
             if options.share_group is not None:
-                self.changed(key)
+                self.changed(key, session.client_id)
 
     def session_ended(self, session: DurableSession) -> list[Write]:
         """The writes that hand what a member's session left unacknowledged in its groups to
@@ -199,7 +204,12 @@ class GroupManager:
             self._barrier = None
 
     # ---- deciding ----------------------------------------------------------------------
-    def changed(self, share: str) -> None:
+    def changed(self, share: str, client_id: str | None = None) -> None:
+        """The group is to be decided again: its owners changed, or the state of a member
+        (`client_id`)."""
+        group = self.groups.get(share)
+        if client_id is not None and group is not None:
+            group.touched.add(client_id)
         self._dirty.add(share)
         self._schedule()
 
@@ -214,6 +224,8 @@ class GroupManager:
             if owner is not None and isinstance(session, DurableSession):
                 self._release(session, share, shard, owner)
         if self.replicated:
+            for group in self.groups.values():
+                group.live = None  # a member's node may have gone down: look at each
             self._dirty.update(self.groups)
             self._schedule()
 
@@ -247,18 +259,42 @@ class GroupManager:
         dirty, self._dirty = self._dirty, set()
         if not self.decides():
             return
-        for share in dirty:
+        budget = TimeSlice()
+        shares = list(dirty)
+        for n, share in enumerate(shares):
+            if budget.spent():  # every group again (a tick with 10,000): the rest later
+                self._dirty.update(shares[n:])
+                self._schedule()
+                return
             group = self.groups.get(share)
             if group is None:
                 continue
             if not group.members:
                 self._end(share)
                 continue
-            states = {m: self.state(m) for m in group.members}
-            ready = {m for m, state in states.items() if state == READY}
-            stalled = {m for m, state in states.items() if state == STALLED}
+            live = self._live(group)
+            ready = {m for m, state in live.items() if state == READY}
+            stalled = {m for m, state in live.items() if state == STALLED}
             for shard, stored, new in rebalance(self.n_shards, group.owners, ready, stalled):
                 self._write_owner(share, shard, stored, new)
+
+    def _live(self, group: Group) -> dict[str, str]:
+        """The group's connected members by state: every member looked at once, then only
+        those whose state may have changed since (a group of 10,000 members is decided
+        again each time one of them comes or goes)."""
+        live = group.live
+        looked_at = group.touched
+        if live is None:
+            live = group.live = {}
+            looked_at = group.members
+        for member in looked_at:
+            state = self.state(member) if member in group.members else GONE
+            if state == GONE:
+                live.pop(member, None)
+            else:
+                live[member] = state
+        group.touched = set()
+        return live
 
     def _write_owner(self, share: str, shard: int, stored: g.Owner | None,
                      new: g.Owner) -> "asyncio.Future[None]":
@@ -287,7 +323,7 @@ class GroupManager:
                     self.leave(share, name)
                 else:
                     self._group(share, 0).members.add(name)
-                    self.changed(share)
+                    self.changed(share, name)
             elif kind == b"m":
                 session = self._sessions.get(name)
                 if session is not None:
@@ -307,7 +343,7 @@ class GroupManager:
         """A meta of a session not served here: the groups it is a member of may change."""
         for share, group in self.groups.items():
             if client_id in group.members:
-                self.changed(share)
+                self.changed(share, client_id)
 
     def owner_applied(self, share: str, shard: int, owner: g.Owner) -> None:
         group = self._group(share, 0)

@@ -85,3 +85,18 @@ def test_members_joining_one_by_one_end_up_even(n: int) -> None:
         settle(owners, joined, n)
         counts = [loads(owners)[m] for m in joined]
         assert sum(counts) == n and max(counts) - min(counts) <= 1, (member, counts)
+
+
+def test_with_more_members_than_shards_free_shards_go_to_those_holding_none_by_name() -> None:
+    """A group of thousands: the members holding a shard keep it, one each; the shards left
+    free go one each to members holding none, the first by name; the rest get nothing."""
+    members = {f"m{i:04d}" for i in range(1000)}
+    owners = {shard: Owner(f"m{999 - shard:04d}", OWN) for shard in range(10)}
+    owners[0] = Owner("m0999", OWN)
+    owners[1] = Owner("m0999", OWN)  # one too many: let go
+    owners[2] = Owner("gone", OWN)  # its member left: handed out at once
+    changes = rebalance(N, owners, members)
+    assert [(shard, new) for shard, _, new in changes if new.state == REVOKE] == [
+        (1, Owner("m0999", REVOKE))]
+    handed = sorted((shard, new.client) for shard, _, new in changes if new.state == OWN)
+    assert handed == [(2, "m0000"), *((shard, f"m{shard - 9:04d}") for shard in range(10, N))]
