@@ -81,6 +81,9 @@ def test_install_below_the_replication_factor(
                      "--set", f"cluster.replicas={replicas}", "--set", "operator.resyncSeconds=1")
     assert (f"Replication factor 3 with {replicas} pod(s): each shard keeps {replicas}"
             f" replica(s)") in installed.stdout, installed.stdout
+    assert "Anonymous clients are refused" in installed.stdout, installed.stdout
+    assert (f"kubectl get secret rel-mqtt-user -n {namespace} -o jsonpath='{{.data.password}}'"
+            in installed.stdout), installed.stdout
     assert testbed.get("mqc", "rel", namespace)["spec"]["replicas"] == replicas
     monkeypatch.setenv("KUBECONFIG", str(service_account_kubeconfig(
         testbed, namespace, "rel-operator", tmp_path / "operator.kubeconfig")))
@@ -119,6 +122,8 @@ def test_install_upgrade_scales_uninstall_collects(
         eventually(lambda: testbed.find("servicemonitor", "rel", namespace))
         assert testbed.find("secret", "rel-cookie", namespace) is not None  # RBAC: create
         assert testbed.find("secret", "rel-api-key", namespace) is not None  # create, get
+        user = testbed.get("secret", "rel-mqtt-user", namespace)  # the generated MQTT user
+        assert set(user["data"]) == {"username", "password", "passwd"}
         for verb, allowed in (("get", "yes"), ("list", "no"), ("watch", "no")):
             can = testbed.kubectl("auth", "can-i", verb, "secrets", "-n", namespace,
                                   check=False, env={"KUBECONFIG": str(kubeconfig)})

@@ -71,18 +71,28 @@ def service_ip(node: Testbed, namespace: str, name: str) -> str:
     return str(node.get("service", name, namespace)["spec"]["clusterIP"])
 
 
+def run_mosquitto(tool: str, host: str, *args: str, stdin: str | None = None,
+                  timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A mosquitto client as it ended; later options (`-p 8883`) override the defaults."""
+    return subprocess.run([tool, "-h", host, "-p", "1883", "-V", "mqttv5", *args], input=stdin,
+                          text=True, capture_output=True, timeout=timeout, check=False)
+
+
 def mosquitto(tool: str, host: str, *args: str, stdin: str | None = None,
               timeout: float = 60) -> str:
-    done = subprocess.run([tool, "-h", host, "-p", "1883", "-V", "mqttv5", *args], input=stdin,
-                          text=True, capture_output=True, timeout=timeout, check=False)
+    done = run_mosquitto(tool, host, *args, stdin=stdin, timeout=timeout)
     assert done.returncode == 0, f"{tool} -h {host} {args}: {done.returncode}\n{done.stderr}"
     return done.stdout
 
 
+def secret_value(node: Testbed, namespace: str, name: str, key: str) -> str:
+    return base64.b64decode(node.get("secret", name, namespace)["data"][key]).decode()
+
+
 def api_key(node: Testbed, namespace: str, name: str) -> str:
     """The viewer key of the release's API key Secret, as HTTP Basic credentials."""
-    data = node.get("secret", f"{name}-api-key", namespace)["data"]
-    pair = ":".join(base64.b64decode(data[key]).decode() for key in ("username", "password"))
+    pair = ":".join(secret_value(node, namespace, f"{name}-api-key", key)
+                    for key in ("username", "password"))
     return base64.b64encode(pair.encode()).decode()
 
 

@@ -26,6 +26,9 @@ from tests.k8s_e2e.prometheus import prometheus, query, selected_targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
+# These tests are about clustering, not who may connect (test_short.py): their clients
+# stay anonymous.
+CLUSTER = ("cluster.replicas=3", "cluster.auth.allowAnonymous=true")
 WATCHER = ("-i", "watcher", "-c", "-x", "3600", "-q", "1", "-t", "e2e/#")
 
 
@@ -51,7 +54,7 @@ def settled(node: Testbed, namespace: str, name: str, replicas: int) -> bool:
 def test_three_pods_join_meet_across_pods_and_a_deleted_one_returns_as_itself(
         node: Testbed, release: tuple[str, str]) -> None:
     namespace, name = release
-    install(node, namespace, name, "cluster.replicas=3")
+    install(node, namespace, name, *CLUSTER)
     pods = wait_brokers(node, namespace, name, 3)
     # Ready means joined; a durable session also wants its Raft groups placed.
     eventually(lambda: settled(node, namespace, name, 3), timeout=180,
@@ -111,7 +114,7 @@ def test_a_pod_whose_volume_was_lost_comes_back_as_a_new_site_and_serves(
     """Its old site would be refused (`reborn`): the operator names a new one for the new
     claim, which the pod takes on its empty volume, joins with, and serves from."""
     namespace, name = release
-    install(node, namespace, name, "cluster.replicas=3")
+    install(node, namespace, name, *CLUSTER)
     pods = wait_brokers(node, namespace, name, 3)
     key = api_key(node, namespace, name)
     victim = pods[2]["metadata"]["name"]
@@ -135,7 +138,7 @@ def test_a_pod_whose_volume_was_lost_comes_back_as_a_new_site_and_serves(
 def test_prometheus_scrapes_every_pod_the_service_monitor_selects(
         node: Testbed, release: tuple[str, str], tmp_path: Path) -> None:
     namespace, name = release
-    install(node, namespace, name, "cluster.replicas=3")
+    install(node, namespace, name, *CLUSTER)
     pods = wait_brokers(node, namespace, name, 3)
     monitor = node.get("servicemonitor", name, namespace)
     targets = selected_targets(node, monitor)
@@ -152,7 +155,7 @@ def test_prometheus_scrapes_every_pod_the_service_monitor_selects(
 def test_scale_to_five_and_back_drains_and_loses_no_acknowledged_message(
         node: Testbed, release: tuple[str, str]) -> None:
     namespace, name = release
-    install(node, namespace, name, "cluster.replicas=3")
+    install(node, namespace, name, *CLUSTER)
     wait_brokers(node, namespace, name, 3)
     eventually(lambda: settled(node, namespace, name, 3), timeout=180,
                what="replica transitions settled")
