@@ -9,12 +9,14 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
 
 from tests.integration.clients import (
     MosquittoSub,
     PahoClient,
     http_json,
     mosquitto_pub,
+    props,
     unique,
     wait_offline,
     wait_until,
@@ -42,24 +44,24 @@ def publisher_ids(n_shards: int = 16) -> list[str]:
 
 
 def publish_jobs(paho_client: Callable[..., PahoClient], broker: BrokerProcess,
-                 count: int, tag: str = "job") -> list[bytes]:
-    """`count` QoS 1 jobs from a publisher per shard, every one acknowledged."""
+                 count: int, tag: str = "job", qos: int = 1) -> list[bytes]:
+    """`count` jobs from a publisher per shard, every one acknowledged."""
     sent: list[bytes] = []
     publishers = publisher_ids()
     for index, client_id in enumerate(publishers):
         pub = paho_client(client_id, port=broker.tcp)
         payloads = [f"{tag} {n}".encode() for n in range(index, count, len(publishers))]
-        publish_all(pub, f"jobs/{index}", payloads, 1)
+        publish_all(pub, f"jobs/{index}", payloads, qos)
         pub.disconnect()
         sent.extend(payloads)
     return sent
 
 
 def join_and_leave(paho_client: Callable[..., PahoClient], broker: BrokerProcess,
-                   *workers: str) -> None:
+                   *workers: str, qos: int = 1) -> None:
     for worker in workers:
         client = paho_client(worker, port=broker.tcp, clean_start=False, session_expiry=EXPIRY)
-        assert client.subscribe(SHARE, 1) == [1]
+        assert client.subscribe(SHARE, qos) == [qos]
         client.disconnect()
         wait_offline(broker.ports["http"], worker)
 
@@ -188,6 +190,36 @@ def test_jobs_of_a_member_whose_session_ended_go_to_another_member(
     assert sorted(m.payload for m in redelivered) == sorted(held)
     assert not any(m.dup for m in redelivered)
     assert broker.metric("mqtt_shared_group_redelivered_total") >= len(held)
+
+
+def test_qos2_jobs_a_member_was_never_sent_go_to_another_member_when_its_session_ends(
+    paho_client, start_broker
+) -> None:
+    """MQTT-4.8.2-5 keeps from the other members only the QoS 2 jobs the ended member was
+    sent: those read for it beyond its Receive Maximum and never sent go to another member,
+    once; those it received never do."""
+    broker = start_broker()
+    w1, w2 = unique("w1"), unique("w2")
+    join_and_leave(paho_client, broker, w1, w2, qos=2)
+    window = props(PacketTypes.CONNECT, ReceiveMaximum=4)
+    slow = resume(paho_client, broker, w1, manual_ack=True, properties=window)
+    fast = resume(paho_client, broker, w2)
+    wait_until(lambda: all(m["shards"] for m in http_json(
+        broker.ports["http"], "/api/v5/durable_shared_groups")["data"][0]["members"]),
+        what="shards for both members")
+    sent = publish_jobs(paho_client, broker, 320, qos=2)
+    # Its window full (no PUBCOMP goes out), nothing more is sent to it.
+    wait_until(lambda: http_json(broker.ports["http"], f"/api/v5/clients/{w1}")[
+        "inflight_cnt"] == 4, what="a full window at the slow member")
+    held = {m.payload for m in slow.barrier() if m.topic.startswith("jobs/")}
+    assert len(held) == 4
+    slow.kill()
+    ended = paho_client(w1, port=broker.tcp, clean_start=True)  # ends the session
+    assert ended.connack is not None and ended.connack.session_present is False
+    receivers = collect([fast], sorted(set(sent) - held))
+    assert not held & set(receivers)
+    assert all(len(who) == 1 for who in receivers.values())
+    assert not any(m.dup for m in fast.messages)
 
 
 def test_the_group_goes_with_its_last_member(paho_client, start_broker) -> None:

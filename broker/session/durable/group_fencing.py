@@ -17,7 +17,12 @@ line, in the log's order, whatever the nodes believe:
   that takes it over. A refused batch takes its session off that node, as every refused
   write of a session does (ownership.py), so what it read is never sent;
 - a member's batch returned to the group (`x`) is written by the node that owns the member's
-  session (it leaves or ends there); the group's keys all go with its start (`g` deleted).
+  session (it leaves or ends there), and only while the batch's record is stored, or is
+  in the same command (written, or deleted once written in the same flush) while the
+  member still reads the shard: a member hands back what was read for it and not sent,
+  also of a batch whose record is on its way, and a refused record's deliveries are the
+  group's already (read again from its position); the group's keys all go with its start
+  (`g` deleted).
 
 The group's start (`g`) is written once: by the first member's node whose write is applied.
 Deleting the group's keys is admitted from any node: only the decider ends a group, when it
@@ -77,9 +82,10 @@ def refused_units(writer: str, writes: list[tuple[bytes, bytes | None]], stored:
 
 
 def admitted(writer: str, key: bytes, value: bytes | None, stored: Stored,
-             site_of: SiteOf) -> bool:
+             site_of: SiteOf, batches: set[bytes]) -> bool:
     """Whether a write of a group's own state is admitted (its reads of a shard: see
-    `refused_units`)."""
+    `refused_units`); `batches`: the batch records the same command writes or deletes,
+    but those refused."""
     kind, share = r.split_key(key)
     if kind == b"o":
         if value is None:
@@ -87,7 +93,15 @@ def admitted(writer: str, key: bytes, value: bytes | None, stored: Stored,
         raw = stored(key)
         return (None if raw is None else g.Owner.from_bytes(raw)) == g.Owner.prev_of(value)
     if kind == b"x" and value is not None:
-        return _owns(writer, site_of(g.returned_client(key, share)))
+        client_id = g.returned_client(key, share)
+        batch = r.batch_key(client_id, g.returned_from_bytes(value)[0].first_seqno)
+        if not _owns(writer, site_of(client_id)):
+            return False
+        if stored(batch) is not None:
+            return True
+        owner = stored(g.owner_key(share, g.returned_shard(key, share)))
+        return batch in batches and owner is not None and \
+            g.Owner.from_bytes(owner).client == client_id
     if kind == b"g":  # the first member's start is the group's
         return value is None or stored(key) is None
     return True

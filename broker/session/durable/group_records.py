@@ -9,9 +9,11 @@ records.py); the group's own state is:
                                             (`own`), a member asked to let go (`revoke`), or
                                             no one (`free`), with the state it replaced
     q\\0<share>\\0<stream>                    the group's read position in a stream
-    x\\0<share>\\0<shard>\\0<client>\\0<seqno>  a batch of a member whose session ended, its QoS 1
-                                            deliveries unacknowledged: the shard's next owner
-                                            delivers them (MQTT-4.8.2-5)
+    x\\0<share>\\0<shard>\\0<client>\\0<seqno>  deliveries of a member's batch handed back to
+                                            the group: read for it and never sent (`unsent`:
+                                            any QoS), or left unacknowledged when its session
+                                            ended (QoS 1 only, MQTT-4.8.2-5); the shard's next
+                                            owner delivers them
 
 The shard is the unit of assignment: a publisher's messages live in one shard, so each
 member receives a publisher's messages in order while the membership stays the same, and
@@ -130,14 +132,20 @@ def returned_client(key: bytes, share: str) -> str:
     return key[start:-_SEQNO.size - 1].decode()
 
 
-def returned_to_bytes(record: BatchRecord) -> bytes:
-    """The batch as its member recorded it, with what was acknowledged of it."""
+def returned_to_bytes(record: BatchRecord, unsent: bool) -> bytes:
+    """The batch as its member recorded it, with what is not handed back (`done`), and
+    whether what is was never sent: then a QoS 2 delivery of it may go to another member
+    too (MQTT-4.8.2-4 holds back only what a member was sent)."""
     value = loads(record.to_bytes())
     value["done"] = sorted(record.done)
+    if unsent:
+        value["unsent"] = True
     return dumps(value)
 
 
-def returned_from_bytes(raw: bytes) -> BatchRecord:
+def returned_from_bytes(raw: bytes) -> tuple[BatchRecord, bool]:
+    """The batch, and whether what it hands back was never sent (absent: maybe sent)."""
     record = BatchRecord.from_bytes(raw)
-    record.done = list(loads(raw)["done"])
-    return record
+    value = loads(raw)
+    record.done = list(value["done"])
+    return record, bool(value.get("unsent", False))

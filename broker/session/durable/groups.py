@@ -139,12 +139,9 @@ class GroupManager:
     def session_ended(self, session: DurableSession) -> list[Write]:
         """The writes that hand what a member's session left unacknowledged in its groups to
         their next readers (with the session's own deletes)."""
-        records = session.shared_batches()
-        writes: list[Write] = [
-            (g.returned_key(record.topic_filter, record.stream.shard, session.client_id,
-                            g.returned_id()), g.returned_to_bytes(record))
-            for record in records]
-        self.returned({(record.topic_filter, record.stream.shard) for record in records})
+        handed = session.handed_back()
+        writes = [session.returned_write(record, unsent) for record, unsent in handed]
+        self.returned({(record.topic_filter, record.stream.shard) for record, _ in handed})
         for key, options in session.subscriptions.items():
             if options.share_group is not None:
                 self.leave(key, session.client_id)

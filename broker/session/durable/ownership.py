@@ -98,6 +98,7 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
     refused_reads, refused_members = group_fencing.refused_units(writer, writes, stored,
                                                                  site_of, ends_group)
     refused_ids |= refused_members
+    batches = {key for key, _ in writes if key[:2] == b"b" + r.SEP and key not in refused_reads}
     for key, value in writes:
         kind, client_id = r.split_key(key)
         if kind == b"e" or key == r.TOMBSTONE_SWEEP_KEY:
@@ -109,7 +110,7 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
         if key in refused_reads:
             continue
         if kind in GROUP_KINDS:  # client_id: the group's share
-            if group_fencing.admitted(writer, key, value, stored, site_of):
+            if group_fencing.admitted(writer, key, value, stored, site_of, batches):
                 result.append((key, value))
             continue
         if kind not in _SESSION_KINDS:

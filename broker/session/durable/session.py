@@ -127,6 +127,8 @@ class DurableSession(Session):
         # in every one of possibly many thousands of offline sessions.
         self._recording: list[tuple[asyncio.Future[None], _Pending | None, list[Delivery]]] = []
         self._unsent = 0
+        # Shards of its groups it was given while batches were being recorded (`_sync_shards`).
+        self._regain = False
         # Set while readers wait for the backlog to shrink (created only then, for the same
         # reason as above).
         self._room: asyncio.Future[None] | None = None
@@ -232,19 +234,37 @@ class DurableSession(Session):
         self.stop_reading()
 
     def _return_unsent(self, key: str | None = None, shard: int | None = None) -> None:
-        """A group member's client left (or it let go of the share's shard): the QoS 1
-        deliveries of its shared subscriptions (that shard's) read for it but never sent go
-        back to the group, for the shard's next reader, rather than wait for it: it holds
-        back only what was on the wire (MQTT-4.8.2-4). Each batch's returned part is
-        written with the member's record of it as done, in the same commit."""
+        """A group member's client left (or it let go of the share's shard): what was read
+        for its shared subscriptions (that shard's) and never sent goes back to the group,
+        for the shard's next reader, rather than wait for it: it holds back only what was
+        on the wire (MQTT-4.8.2-4). Each batch's returned part is written with the member's
+        record of it as done, in the same commit."""
         groups = self._ctx.groups
         if groups is None:
             return
+        taken = self.take_unsent(key, shard)
+        if not taken:
+            return
+        for returned in taken:
+            self._dirty[returned.first_seqno] = None
+        self._ctx.store.write_soon([self.returned_write(returned, True) for returned in taken])
+        self._flush_acks()
+        groups.returned({(returned.topic_filter, returned.stream.shard) for returned in taken})
+
+    def take_unsent(self, key: str | None = None, shard: int | None = None
+                    ) -> list[r.BatchRecord]:
+        """Takes the deliveries of shared subscriptions (of `key`'s `shard`) that wait in
+        the queue never sent out of it and marks them done in their batches: per batch, the
+        part handed back (a copy of the record whose `done` is all the rest).
+
+        What waits in the queue, and what waits for its batch's record to be written: should
+        that record be refused (replicated: the shard moved meanwhile), its deliveries are
+        the group's already, and the replicas refuse the handing back too (group_fencing.py)."""
         taken: dict[int, tuple[_Pending, list[int]]] = {}
 
         def take(delivery: Delivery) -> bool:
             pending = delivery.batch
-            if (delivery.qos != 1 or delivery.sent or not isinstance(pending, _Pending)
+            if (delivery.sent or not isinstance(pending, _Pending)
                     or not pending.record.topic_filter.startswith("$share/")):
                 return False
             record = pending.record
@@ -254,31 +274,29 @@ class DurableSession(Session):
             offsets.append(_offset(record, delivery.packet_id))
             return True
 
-        # Only what waits in the queue: its record is stored. A batch whose record is still
-        # being written may yet be refused (replicated: the shard moved meanwhile), and
-        # then its deliveries are the group's already; stored, they are this member's.
         if self.queued:
             kept = [delivery for delivery in self.queue if not take(delivery)]
             self.queue.clear()
             self.queue.extend(kept)
-        writes: list[Write] = []
+        for _, _, deliveries in self._recording:
+            kept = [delivery for delivery in deliveries if not take(delivery)]
+            self._unsent -= len(deliveries) - len(kept)
+            deliveries[:] = kept
+        returned: list[r.BatchRecord] = []
         for pending, offsets in taken.values():
             record = pending.record
-            returned = r.BatchRecord(record.topic_filter, record.stream, record.begin,
-                                     record.end, record.first_seqno, record.count,
-                                     record.max_qos, record.no_local,
-                                     sorted(set(range(record.count)) - set(offsets)))
-            writes.append((g.returned_key(record.topic_filter, record.stream.shard,
-                                          self.client_id, g.returned_id()),
-                           g.returned_to_bytes(returned)))
+            returned.append(r.BatchRecord(
+                record.topic_filter, record.stream, record.begin, record.end,
+                record.first_seqno, record.count, record.max_qos, record.no_local,
+                sorted(set(range(record.count)) - set(offsets))))
             record.done.extend(offsets)
             pending.remaining -= len(offsets)
-            self._dirty[record.first_seqno] = None
-        if writes:
-            self._ctx.store.write_soon(writes)
-            self._flush_acks()
-            groups.returned({(p.record.topic_filter, p.record.stream.shard)
-                             for p, _ in taken.values()})
+        return returned
+
+    def returned_write(self, record: r.BatchRecord, unsent: bool) -> Write:
+        """The `x` record handing `record`'s deliveries not done to the group."""
+        return (g.returned_key(record.topic_filter, record.stream.shard, self.client_id,
+                               g.returned_id()), g.returned_to_bytes(record, unsent))
 
     def stop_reading(self) -> None:
         for readers in self._readers.values():
@@ -417,6 +435,13 @@ class DurableSession(Session):
         for shard in current - owned:
             self.stop_shard(key, shard)
         gained = owned - current
+        if gained and self._recording:
+            # Batches this session read on this node are still being recorded: the group's
+            # positions they move are not stored yet, and read now they would have it read
+            # the same again. Gained once they are (`_send_recorded`).
+            self._regain = True
+            owned -= gained
+            gained = set()
         self._group_shards[key] = owned
         if gained:
             positions = self._positions.setdefault(key, {})
@@ -561,13 +586,13 @@ class DurableSession(Session):
 
     # ---- batches a member of this session's group left behind -------------------------
     def adopt_returned(self, key: str, shard: int) -> None:
-        """Takes over the batches whose member's session ended with QoS 1 deliveries of the
-        group's shard unacknowledged: they go to this member as new deliveries (DUP 0), each
-        under a batch record of this session, written with the returned one's delete, so
-        a restart in between loses nor doubles any. QoS 2 deliveries of them are dropped:
-        they must not reach another member (MQTT-4.8.2-5)."""
+        """Takes over the deliveries of the group's shard that members handed back: they go
+        to this member as new deliveries (DUP 0), each batch under a batch record of this
+        session, written with the returned one's delete, so a restart in between loses nor
+        doubles any. Of those a member's ended session left unacknowledged (maybe sent),
+        QoS 2 ones are dropped: they must not reach another member (MQTT-4.8.2-5)."""
         store = self._ctx.store
-        for returned_key, record in store.load_returned(key, shard):
+        for returned_key, (record, unsent) in store.load_returned(key, shard):
             options = self.subscriptions.get(key)
             if options is None:
                 return
@@ -582,7 +607,7 @@ class DurableSession(Session):
             for offset, (ttv, qos) in enumerate(self._read_window(record)):
                 if offset in done:
                     continue
-                if qos == 2:
+                if qos == 2 and not unsent:
                     done.add(offset)
                     self._ctx.stats.drop("shared_qos2_member_ended")
                     continue
@@ -597,7 +622,8 @@ class DurableSession(Session):
                 writes.append((r.batch_key(self.client_id, first), adopted.to_bytes()))
                 writes.append((r.acked_key(self.client_id, first),
                                r.acked_to_bytes(adopted.done, adopted.count)))
-            self._ctx.stats.shared_adopted += len(deliveries)
+            if not unsent:
+                self._ctx.stats.shared_adopted += len(deliveries)
             written = store.write(writes, self._ctx.replicated)
             store.taking.add(returned_key)
             written.add_done_callback(partial(_taken, store.taking, returned_key))
@@ -624,6 +650,9 @@ class DurableSession(Session):
         if connection is not None:
             connection.flush()
         self._update_room()
+        if self._regain and not recording:
+            self._regain = False
+            self.refresh_streams()
 
     def _backlogged(self) -> bool:
         return self.queued + self._unsent > 2 * self._ctx.batch_size
@@ -718,16 +747,21 @@ class DurableSession(Session):
             return False
         return now - self.last_ack >= timeout
 
-    def shared_batches(self) -> list[r.BatchRecord]:
-        """Batches of the session's shared subscriptions not fully acknowledged, with what
-        was (a session restored at start-up whose client did not come back has them in the
-        store only)."""
+    def handed_back(self) -> list[tuple[r.BatchRecord, bool]]:
+        """The session ends: what its shared subscriptions' batches hold not acknowledged,
+        per batch, and whether it was never sent (then any QoS goes on to another member;
+        otherwise QoS 1 only). A session restored at start-up whose client did not come back
+        has its batches in the store only, each delivery perhaps sent."""
         if self.loaded:
+            unsent = self.take_unsent()
             records = [pending.record for pending in self._pending.values()]
         else:
+            unsent = []
             stored = self._ctx.store.load(self.client_id)
             records = stored.batches if stored is not None else []
-        return [record for record in records if record.topic_filter.startswith("$share/")]
+        return [(record, True) for record in unsent] + [
+            (record, False) for record in records
+            if record.topic_filter.startswith("$share/") and len(set(record.done)) < record.count]
 
     def backlog(self) -> int:
         """Deliveries recorded but not yet acknowledged (the checkpoint lag)."""

@@ -242,8 +242,10 @@ class SessionStore:
         """The group's position, with the member that moved it (group_fencing.py)."""
         return g.position_key(share, stream), r.dumps({"pos": position, "by": member})
 
-    def load_returned(self, share: str, shard: int) -> list[tuple[bytes, r.BatchRecord]]:
-        """Batches of the shard that members whose session ended left unacknowledged."""
+    def load_returned(self, share: str, shard: int
+                      ) -> list[tuple[bytes, tuple[r.BatchRecord, bool]]]:
+        """Deliveries of the shard's batches handed back to the group by its members
+        (group_records.py): each batch, and whether they were never sent."""
         self._turn.flush_now()
         return [(key, g.returned_from_bytes(value))
                 for key, value in self._group_scan(g.returned_prefix(share, shard))

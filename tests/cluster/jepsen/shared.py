@@ -13,9 +13,11 @@ never loses its last member):
 1. it stops acknowledging (paho's manual acknowledgements) until it holds as many
    unacknowledged deliveries as its Receive Maximum (a QoS 2 PUBLISH counts from its PUBREC,
    before its PUBREL hands it over), or `hold` seconds passed: its whole window is left
-   unacknowledged. (The broker may hold one more window for it, unsent: the client cannot
-   see it, the checker allows for it: `dropped_unseen`.) Should the connection break
-   meanwhile, it goes on as before;
+   unacknowledged. (The broker may hold one more window for it, unsent: it goes back to
+   the group; but after the member moved nodes, what it holds was replayed and counts as
+   maybe sent, and its QoS 2 messages are dropped at the end: the client cannot see them,
+   the checker allows for it: `dropped_unseen`.) Should the connection break meanwhile, it
+   goes on as before;
 2. its connection is reset, the QoS 2 messages it received and was never released are
    recorded with an Ended event (the broker drops them: MQTT-4.8.2-5), and it connects with
    Clean Start 1 (its session ends: its unacknowledged QoS 1 deliveries go to the shard's

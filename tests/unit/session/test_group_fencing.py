@@ -64,13 +64,35 @@ def test_a_returned_batch_is_taken_only_by_the_shards_reader_or_with_the_group()
     store = store_with(g.Owner("w2", g.OWN))
     returned = g.returned_key(SHARE, 2, "w1", 1)
     record = r.BatchRecord(SHARE, STREAM, 0, 10, 1, 3, 1, False)
-    assert kept(store, "A", [(returned, g.returned_to_bytes(record))])[0] == [returned]
-    assert kept(store, "B", [(returned, g.returned_to_bytes(record))])[0] == []
-    store[returned] = g.returned_to_bytes(record)
+    store[r.batch_key("w1", 1)] = record.to_bytes()
+    assert kept(store, "A", [(returned, g.returned_to_bytes(record, False))])[0] == [returned]
+    assert kept(store, "B", [(returned, g.returned_to_bytes(record, False))])[0] == []
+    store[returned] = g.returned_to_bytes(record, False)
     assert kept(store, "A", [(returned, None)])[0] == []
     assert kept(store, "B", [(returned, None)])[0] == [returned]
     ending = [(returned, None), (g.group_key(SHARE), None)]
     assert sorted(kept(store, "A", ending)[0]) == sorted(key for key, _ in ending)
+
+
+def test_a_batch_is_handed_back_only_if_its_record_is_stored_or_written_with_it() -> None:
+    """A member hands back what it read and did not send, also of a batch whose record is
+    on its way; refused, that record's deliveries are the group's already (read again from
+    its position), and handed back too they would reach two members."""
+    store = store_with(g.Owner("w1", g.OWN))
+    returned = g.returned_key(SHARE, 2, "w1", 7)
+    record = r.BatchRecord(SHARE, STREAM, 0, 10, 1, 3, 1, False)
+    back = (returned, g.returned_to_bytes(record, True))
+    assert kept(store, "A", [back])[0] == []
+    assert sorted(kept(store, "A", [(r.batch_key("w1", 1), batch()), back])[0]) == sorted(
+        [r.batch_key("w1", 1), returned])
+    # Written and completed in one flush: the command deletes a record never stored.
+    assert sorted(kept(store, "A", [(r.batch_key("w1", 1), None), back])[0]) == sorted(
+        [r.batch_key("w1", 1), returned])
+    store[g.owner_key(SHARE, 2)] = g.Owner("w2", g.OWN).to_bytes(None)  # the shard moved
+    assert kept(store, "A", [(r.batch_key("w1", 1), batch()), back]) == ([], {"w1"})
+    assert kept(store, "A", [(r.batch_key("w1", 1), None), back])[0] == [r.batch_key("w1", 1)]
+    store[r.batch_key("w1", 1)] = batch()
+    assert kept(store, "A", [back])[0] == [returned]
 
 
 def test_the_group_starts_with_its_first_member() -> None:
