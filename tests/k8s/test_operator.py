@@ -44,6 +44,48 @@ def published_plan(testbed: Testbed, namespace: str, name: str) -> dict[str, Any
     return dict(json.loads(data["placement.json"]))
 
 
+def test_security_spec_as_the_api_server_takes_it(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any], tmp_path: Path) -> None:
+    """spec.auth, spec.acl, spec.tls and spec.service as the API server defaults and stores
+    them and the children it accepts: the config names mounted files, the LoadBalancer keeps
+    its ranges and policy, and the generated password is in its Secret only."""
+    with operator():
+        testbed.apply(cluster_manifest(
+            "locked", replicas=1, acl={"configMapName": "locked-acl"},
+            tls={"secretName": "locked-tls", "verifyPeer": True},
+            service={"type": "LoadBalancer", "annotations": {"example.com/lb": "internal"},
+                     "loadBalancerSourceRanges": ["10.1.0.0/16"],
+                     "externalTrafficPolicy": "Local"}), namespace)
+        sts = eventually(lambda: testbed.find("statefulset", "locked", namespace))
+        user = eventually(lambda: testbed.find("secret", "locked-mqtt-user", namespace))
+    (tmp_path / "broker.toml").write_text(
+        testbed.get("configmap", "locked-config", namespace)["data"]["broker.toml"])
+    config = load_config(tmp_path / "broker.toml")
+    assert config["authentication.allow_anonymous"] == "false"  # the CRD's default
+    pod = sts["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert config["authentication.password_file"] == f"{mounts['users']}/passwd"
+    assert volumes["users"]["secret"]["secretName"] == "locked-mqtt-user"
+    assert config["authorization.acl_file"] == f"{mounts['acl']}/acl"
+    assert volumes["acl"]["configMap"]["name"] == "locked-acl"
+    assert config["listeners.ssl.default.ssl_options.cacertfile"] == f"{mounts['tls']}/ca.crt"
+    assert [i["key"] for i in volumes["tls"]["secret"]["items"]] == [
+        "tls.crt", "tls.key", "ca.crt"]
+    service = testbed.get("service", "locked", namespace)
+    assert service["metadata"]["annotations"]["example.com/lb"] == "internal"
+    assert (service["spec"]["type"], service["spec"]["loadBalancerSourceRanges"],
+            service["spec"]["externalTrafficPolicy"]) == ("LoadBalancer", ["10.1.0.0/16"],
+                                                          "Local")
+    assert {"name": "mqtts", "port": 8883} in [
+        {k: port[k] for k in ("name", "port")} for port in service["spec"]["ports"]]
+    password = base64.b64decode(user["data"]["password"]).decode()
+    shown = testbed.kubectl("get", "configmaps,events,statefulsets,mqc", "-n", namespace,
+                            "-o", "yaml").stdout
+    assert password not in shown
+    assert "UserCreated" in event_reasons(testbed, namespace, "locked")
+
+
 def test_children_as_the_api_server_stores_them_wire_up_a_cluster(
         testbed: Testbed, namespace: str, operator: Callable[[], Any], tmp_path: Path) -> None:
     """What the API server kept (defaults, pruning) still forms a cluster: the config loads
