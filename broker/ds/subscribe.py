@@ -6,7 +6,10 @@ moves to the real-time pool: it costs nothing until a write to its stream wakes 
 Subscriptions whose iterators are equal (same stream, filter and position) are served by one
 read. A subscription that has read everything before a write is handed that write's
 messages (the very objects the writer stored) instead of reading them back: the steady
-state of a consumer that keeps up never reads LevelDB.
+state of a consumer that keeps up never reads LevelDB. Idle subscriptions of a topic (a
+filter without wildcards) are parked by topic: a write costs those of its topics, not every
+subscription of the stream (1,000 sessions reading `jobs/<i>` each, from the stream
+`jobs/+`).
 """
 
 import asyncio
@@ -44,6 +47,7 @@ class Subscription:
         self._batches: deque[Batch] = deque()
         self._arrived = asyncio.Event()
         self.idle_on: Stream | None = None  # set while in the real-time pool
+        self.parked = False  # idle at its stream's last write: `iterator` may be older
 
     @property
     def has_room(self) -> bool:
@@ -79,9 +83,12 @@ class SubscriptionPool:
         self._db = db
         self._read = read
         self._catch_up: set[Subscription] = set()
-        # Every live subscription by stream; those with `idle_on` set form the real-time
-        # pool (read to the end, costing nothing until a write).
+        # Every live subscription by stream, but the parked ones; those with `idle_on` set
+        # form the real-time pool (read to the end, costing nothing until a write).
         self._on_stream: dict[Stream, set[Subscription]] = {}
+        # Subscriptions of a topic idle at their stream's last write, by stream and topic:
+        # what a write to the stream does not match leaves them at its end, untouched.
+        self._parked: dict[Stream, dict[str, set[Subscription]]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # Last timestamp written to each stream since start: a subscriber at that position
@@ -93,7 +100,9 @@ class SubscriptionPool:
     def __len__(self) -> int:
         """Live subscriptions: in the catch-up pool, in the real-time pool or waiting for
         their consumer."""
-        return sum(len(subscriptions) for subscriptions in self._on_stream.values())
+        return (sum(len(subscriptions) for subscriptions in self._on_stream.values())
+                + sum(len(subscriptions) for topics in self._parked.values()
+                      for subscriptions in topics.values()))
 
     def subscribe(self, iterator: Iterator, batch_size: int, max_unacked: int = 2) -> Subscription:
         subscription = Subscription(self, iterator, batch_size, max_unacked)
@@ -112,6 +121,11 @@ class SubscriptionPool:
         waiting for their consumer (up to HANDOVER_BATCHES); idle ones behind are woken to
         read; the rest read when their consumer catches up."""
         if streams is None:
+            slab = (shard, generation)
+            for stream in [s for s in self._parked if (s.shard, s.generation) == slab]:
+                for subscriptions in list(self._parked[stream].values()):
+                    for subscription in list(subscriptions):
+                        self._unpark(subscription)
             for stream in [s for s in self._last if (s.shard, s.generation) == (shard, generation)]:
                 del self._last[stream]
             for stream, subscriptions in self._on_stream.items():
@@ -122,6 +136,11 @@ class SubscriptionPool:
             return
         for stream_id, written in streams.items():
             stream = Stream(self._db, shard, generation, stream_id)
+            parked = self._parked.get(stream)
+            if parked:
+                for topic in {m.topic for m in written.messages()}:
+                    for subscription in list(parked.get(topic, ())):
+                        self._unpark(subscription)
             previous = self._last.get(stream)
             self._last[stream] = written.last
             waiting = self._on_stream.get(stream)
@@ -167,6 +186,7 @@ class SubscriptionPool:
                 subscription.iterator = end
                 self._catch_up.discard(subscription)
                 subscription.idle_on = stream
+                self._park(subscription)
             else:
                 subscription.iterator = taken[-1][0]
                 subscription.idle_on = None  # reads the rest once its consumer has room
@@ -182,8 +202,42 @@ class SubscriptionPool:
         subscription.idle_on = None
         subscription.iterator = None
 
+    def _park(self, subscription: Subscription) -> None:
+        """Idle: parked by its topic if it is at its stream's last write."""
+        iterator, stream = subscription.iterator, subscription.stream
+        if (iterator is None or iterator.position != self._last.get(stream)
+                or "+" in iterator.topic_filter or "#" in iterator.topic_filter):
+            return
+        on_stream = self._on_stream[stream]
+        on_stream.discard(subscription)
+        if not on_stream:
+            del self._on_stream[stream]
+        topics = self._parked.setdefault(stream, {})
+        topics.setdefault(iterator.topic_filter, set()).add(subscription)
+        subscription.parked = True
+
+    def _unpark(self, subscription: Subscription) -> None:
+        """Back with its stream's other subscriptions, at the stream's last write: a write
+        to its topic (before it is counted as the last), the generation sealed or dropped,
+        or closed."""
+        if not subscription.parked:
+            return
+        stream, iterator = subscription.stream, subscription.iterator
+        assert iterator is not None
+        topics = self._parked[stream]
+        parked = topics[iterator.topic_filter]
+        parked.discard(subscription)
+        if not parked:
+            del topics[iterator.topic_filter]
+            if not topics:
+                del self._parked[stream]
+        subscription.parked = False
+        subscription.iterator = Iterator(stream, iterator.topic_filter, self._last[stream])
+        self._on_stream.setdefault(stream, set()).add(subscription)
+
     def _forget(self, subscription: Subscription) -> None:
         """No longer live: closed, or read to the end of its stream."""
+        self._unpark(subscription)
         on_stream = self._on_stream.get(subscription.stream)
         if on_stream is not None:
             on_stream.discard(subscription)
@@ -210,6 +264,14 @@ class SubscriptionPool:
     ) -> None:
         self.reads += 1
         after, messages = await self._read(iterator, batch_size)
+        if not messages and after is not None:
+            # Nothing more: everything up to the stream's last write was read (its data is
+            # stored before it is told of), so the next write is handed over, not read back.
+            # (An indexed read that finds nothing does not move: 1,000 subscribers of one
+            # stream with a topic each read every message of it.)
+            last = self._last.get(iterator.stream)
+            if last is not None and last > after.position:
+                after = Iterator(after.stream, after.topic_filter, last)
         for subscription in subscribers:
             if subscription.iterator != iterator:
                 continue  # closed, or handed a write, while the read waited for its slab
@@ -222,6 +284,7 @@ class SubscriptionPool:
                     self._catch_up.add(subscription)
             else:
                 subscription.idle_on = iterator.stream
+                self._park(subscription)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -162,3 +162,38 @@ async def test_a_consumer_beyond_the_handover_limit_reads_the_rest_later(open_st
         got.extend(m.payload for m in (await subscription.next())[1])
     assert got == [b"%d" % i for i in range(writes)]
     assert storage.subscriptions.reads > reads  # the part beyond the limit came from disk
+
+
+async def test_subscribers_of_one_stream_are_handed_a_write_not_woken_to_read_it(
+        open_storage) -> None:
+    """Subscribers of `jobs/1`..`jobs/20`, all in the stream `jobs/+` and caught up: a write
+    to one topic reaches its subscriber and reads nothing back from LevelDB for the others.
+    (An indexed read that found nothing left its subscriber where it was, and every later
+    write to the stream woke it to read again: a read per subscriber per message.)"""
+    storage = open_storage(n_shards=1, wildcard_thresholds=(1,))
+    await storage.store_batch(MESSAGES, [message(f"jobs/{i}") for i in range(21)])
+    (stream,) = storage.get_streams(MESSAGES, "jobs/1")  # jobs/0, the first, has its own
+    subscriptions = {i: storage.subscribe(storage.make_iterator(stream, f"jobs/{i}"), 10)
+                     for i in range(1, 21)}
+    for subscription in subscriptions.values():
+        await subscription.next()
+    await until_idle(*subscriptions.values())
+    await storage.store_batch(MESSAGES, [message("jobs/5", payload=b"first")])
+    assert [m.payload for m in (await subscriptions[5].next())[1]] == [b"first"]
+    await until_idle(*subscriptions.values())
+    reads = storage.subscriptions.reads
+    for n in (7, 7, 3):
+        await storage.store_batch(MESSAGES, [message(f"jobs/{n}", payload=b"%d" % n)])
+    await until_idle(*subscriptions.values())
+    assert [m.payload for m in (await subscriptions[7].next())[1]] == [b"7"]
+    assert [m.payload for m in (await subscriptions[7].next())[1]] == [b"7"]
+    assert [m.payload for m in (await subscriptions[3].next())[1]] == [b"3"]
+    assert storage.subscriptions.reads == reads
+    subscriptions.pop(9).close()  # a closed one, idle at the end, is gone from the pool
+    assert len(storage.subscriptions) == 19
+    await storage.store_batch(MESSAGES, [message("jobs/9"), message("jobs/4", payload=b"4")])
+    assert [m.payload for m in (await subscriptions[4].next())[1]] == [b"4"]
+    await storage.seal()  # every one, idle, reads on to the end of the sealed generation
+    for subscription in subscriptions.values():
+        assert await subscription.next() == (None, [])
+    assert len(storage.subscriptions) == 0
