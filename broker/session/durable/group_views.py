@@ -12,7 +12,9 @@ only appends (broker.metrics.Registry), whatever the number of groups.
 """
 
 import json
+from array import array
 from collections.abc import Callable, Collection, Generator, Iterator
+from itertools import chain
 from typing import Any, Final
 
 from broker.ds import DurableStorage, Stream, StreamWrite
@@ -55,18 +57,24 @@ def count_from(counted: Counted | None, position: int, start: int, written: int,
     return examined, backlog
 
 
+_ROW: Final = 5  # a stream's count: shard << 32 | generation, stream, position, examined, backlog
+_END: Final = -1  # examined: the end of a sealed stream
+
+
 class Backlogs:
     """Each group's backlog per stream, counted again only where storage or the group's
     position changed since (`count_from`). Storage tells of every write, seal and drop
     (DurableStorage.change_listeners); each is a numbered change, and a count is valid as
-    long as no change touched its stream after the one it followed."""
+    long as no change touched its stream after the one its pass began after. A group's
+    counts are a row of integers a stream (10,000 groups of 16 streams: 8 MiB, not 45 as
+    objects), in the order the last pass met the streams."""
 
     def __init__(self, ds: DurableStorage) -> None:
         self._ds = ds
         self._change = 0
         self._written: dict[tuple[int, int, int], int] = {}  # stream -> its last write
         self._cleared = 0  # the last seal or drop
-        self._counted: dict[str, dict[Stream, Counted]] = {}
+        self._counted: dict[str, tuple[int, array[int]]] = {}  # share -> its pass, its rows
         ds.change_listeners.append(self._changed)
 
     def _changed(self, shard: int, generation: int,
@@ -82,23 +90,33 @@ class Backlogs:
         self._written = {key: change for key, change in self._written.items()
                          if key[:2] != (shard, generation)}
 
-    def count(self, share: str, since: int, read_filter: str, stream: Stream,
-              position: int | None) -> Generator[None, None, int]:
-        """The group's backlog in the stream from its `position` there (0: from where the
-        group started, `since`; None: read to the end); yields between reads."""
-        if position is None:
-            return 0
-        counted = self._counted.setdefault(share, {}).get(stream)
-        written = self._written.get((stream.shard, stream.generation, stream.id), 0)
-        start = count_from(counted, position, position or max(since - 1, 0), written,
-                           self._cleared)
-        if start is None:
-            assert counted is not None
-            return counted[2]
-        seen = self._change
-        examined, backlog = yield from self._read(stream, read_filter, *start)
-        self._counted.setdefault(share, {})[stream] = (position, examined, backlog, seen)
-        return backlog
+    def count(self, share: str, since: int, read_filter: str, streams: list[Stream],
+              positions: dict[Stream, int | None]) -> Generator[None, None, list[int]]:
+        """The group's backlog in each stream from its position there (none: from where
+        the group started, `since`; None: read to the end); yields between reads."""
+        seen, before = self._counted.get(share, (0, array("q")))
+        rows = array("q")
+        backlogs: list[int] = []
+        began = self._change
+        for n, stream in enumerate(streams):
+            position = positions.get(stream, 0)
+            if position is None:
+                backlogs.append(0)
+                continue
+            counted = _counted(before, n, stream, seen)
+            written = self._written.get((stream.shard, stream.generation, stream.id), 0)
+            start = count_from(counted, position, position or max(since - 1, 0), written,
+                               self._cleared)
+            if start is None:
+                assert counted is not None
+                examined, backlog = counted[1], counted[2]
+            else:
+                examined, backlog = yield from self._read(stream, read_filter, *start)
+            rows.extend((stream.shard << 32 | stream.generation, stream.id, position,
+                         _END if examined is None else examined, backlog))
+            backlogs.append(backlog)
+        self._counted[share] = (began, rows)
+        return backlogs
 
     def _read(self, stream: Stream, read_filter: str, after: int,
               backlog: int) -> Generator[None, None, tuple[int | None, int]]:
@@ -114,16 +132,22 @@ class Backlogs:
             yield
         return iterator.position, backlog
 
-    def keep(self, share: str, streams: Collection[Stream]) -> None:
-        """Forgets the group's counts of other streams (of dropped generations)."""
-        counts = self._counted.get(share)
-        if counts and not set(streams).issuperset(counts):
-            self._counted[share] = {s: counts[s] for s in streams if s in counts}
-
     def forget(self, shares: Collection[str]) -> None:
         """Forgets the counts of groups that ended (not in `shares`)."""
         for share in [share for share in self._counted if share not in shares]:
             del self._counted[share]
+
+
+def _counted(rows: "array[int]", hint: int, stream: Stream, seen: int) -> Counted | None:
+    """The stream's count in a group's `rows`: at its place in the last pass (`hint`), or
+    looked for."""
+    slab, count = stream.shard << 32 | stream.generation, len(rows) // _ROW
+    for row in chain((hint,), range(count)):
+        at = row * _ROW
+        if row < count and rows[at] == slab and rows[at + 1] == stream.id:
+            examined = rows[at + 3]
+            return rows[at + 2], None if examined == _END else examined, rows[at + 4], seen
+    return None
 
 
 class GroupViews:
@@ -208,16 +232,15 @@ class GroupViews:
         streams = self._ds.get_streams("messages", read_filter, group.since)
         positions = self._store.load_group_positions(share) if streams else {}
         yield
-        for stream in streams:
+        backlogs = yield from self._backlogs.count(share, group.since, read_filter, streams,
+                                                   positions)
+        for stream, backlog in zip(streams, backlogs, strict=True):
             owner = group.owners.get(stream.shard)
             reader = owner.client if owner is not None and owner.state != g.FREE else None
-            backlog = yield from self._backlogs.count(
-                share, group.since, read_filter, stream, positions.get(stream, 0))
             found.append({"shard": stream.shard, "generation": stream.generation,
                           "stream": stream.id, "backlog": backlog,
                           "owner": reader if reader and self._groups.state(reader) == READY
                           else None})
-        self._backlogs.keep(share, streams)
 
 
 def _shards_by_member(group: Group) -> dict[str, list[int]]:
