@@ -13,7 +13,7 @@ only appends (broker.metrics.Registry), whatever the number of groups.
 
 import json
 from array import array
-from collections.abc import Callable, Collection, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator
 from itertools import chain
 from typing import Any, Final
 
@@ -25,7 +25,7 @@ from broker.session.durable import group_records as g
 from broker.session.durable.groups import GONE, READY, STALLED, Group, GroupManager
 from broker.session.durable.session import ds_filter
 from broker.session.durable.store import SessionStore
-from broker.session.durable.turn import TimeSlice
+from broker.session.durable.turn import TimeSlice, run_in_slices
 
 BACKLOG_CAP: Final = 10_000
 """Messages counted per stream at most."""
@@ -159,54 +159,66 @@ class GroupViews:
         # Declared with no group too, so dashboards and alerts find them.
         self._exposition = _render([], [])
 
-    async def describe(self, node_of: Callable[[str], str | None]) -> bytes:
-        """The API's answer (`{"data": [...], "meta": {"count": n}}`, in JSON): every group,
-        with its members and each stream's backlog, encoded group by group (a group's
-        members a hundred at a time) between time slices."""
+    async def describe(self, node_of: Callable[[str], str | None]) -> AsyncIterator[bytes]:
+        """The API's answer in JSON (`{"data": [...], "meta": {"count": n}}`): every group,
+        with its members and each stream's backlog, in pieces as it is built between time
+        slices (10,000 groups: 12 MB, which encoded and written in one go held the loop
+        for 40 ms)."""
         parts: list[str] = []
         budget = TimeSlice()
+        for _ in self._describe(node_of, parts):
+            if budget.spent():
+                yield "".join(parts).encode()
+                parts.clear()
+                await budget.next()
+        yield "".join(parts).encode()
+
+    def _describe(self, node_of: Callable[[str], str | None], parts: list[str]
+                  ) -> Iterator[None]:
         manager = self._groups
+        parts.append('{"data": [')
+        count = 0
         for share, group in sorted(manager.groups.items()):
             streams: list[dict[str, Any]] = []
-            for _ in self._streams(share, group, streams):
-                if budget.spent():
-                    await budget.next()
-            shards = _shards_by_member(group)
-            members = []
-            for n, client_id in enumerate(sorted(group.members)):
-                state = manager.state(client_id)
-                members.append(json.dumps({
-                    "clientid": client_id, "node": node_of(client_id),
-                    "connected": state != GONE, "stalled": state == STALLED,
-                    "shards": shards.get(client_id, [])}))
-                if n % _MEMBERS_STEP == _MEMBERS_STEP - 1 and budget.spent():
-                    await budget.next()
+            yield from self._streams(share, group, streams)
             name, topic_filter = parse_shared(share)
             fields = json.dumps({
                 "group": name, "filter": topic_filter, "topic": share, "since": group.since,
                 "backlog": sum(s["backlog"] for s in streams), "streams": streams})
-            # The members, encoded already, go in as the object's last field.
-            parts.append(f'{fields[:-1]}, "members": [{", ".join(members)}]}}')
-            if budget.spent():
-                await budget.next()
-        return f'{{"data": [{", ".join(parts)}], "meta": {{"count": {len(parts)}}}}}'.encode()
+            # The members go in as the object's last field, a hundred at a time.
+            parts.append(f'{", " if count else ""}{fields[:-1]}, "members": [')
+            shards = _shards_by_member(group)
+            for n, client_id in enumerate(sorted(group.members)):
+                state = manager.state(client_id)
+                parts.append(("" if n == 0 else ", ") + json.dumps({
+                    "clientid": client_id, "node": node_of(client_id),
+                    "connected": state != GONE, "stalled": state == STALLED,
+                    "shards": shards.get(client_id, [])}))
+                if n % _MEMBERS_STEP == _MEMBERS_STEP - 1:
+                    yield
+            parts.append("]}")
+            count += 1
+            yield
+        parts.append(f'], "meta": {{"count": {count}}}}}')
 
     async def refresh(self) -> None:
-        """Renders the metrics again."""
+        """Renders the metrics again, in time slices."""
+        rest = run_in_slices(self._refresh())
+        if rest is not None:
+            await rest
+
+    def _refresh(self) -> Iterator[None]:
         backlogs: list[str] = []
         members: list[str] = []
-        budget = TimeSlice()
         state = self._groups.state
         for share, group in sorted(self._groups.groups.items()):
             streams: list[dict[str, Any]] = []
-            for _ in self._streams(share, group, streams):
-                if budget.spent():
-                    await budget.next()
+            yield from self._streams(share, group, streams)
             connected = 0
             for n, client_id in enumerate(list(group.members)):
                 connected += state(client_id) != GONE
-                if n % _MEMBERS_STEP == _MEMBERS_STEP - 1 and budget.spent():
-                    await budget.next()
+                if n % _MEMBERS_STEP == _MEMBERS_STEP - 1:
+                    yield
             name, topic_filter = parse_shared(share)
             assert name is not None
             labels = {"group": name, "filter": topic_filter}
@@ -215,8 +227,7 @@ class GroupViews:
             for kind, count in (("connected", connected),
                                 ("disconnected", len(group.members) - connected)):
                 members.append(sample_line(_MEMBERS, {**labels, "state": kind}, float(count)))
-            if budget.spent():
-                await budget.next()
+            yield
         self._exposition = _render(backlogs, members)
         self._backlogs.forget(self._groups.groups)
 
