@@ -9,11 +9,20 @@ duplicated, unknown and out-of-range properties, packets dropped, repeated, reor
 in the other version or in the wrong direction, garbage between packets, and the bytes cut
 into TCP writes at random places.
 
+Enhanced authentication (MQTT 5 AUTH, section 4.12) is fuzzed from the start, valid streams
+included: a CONNECT may name a method the broker offers (SCRAM-SHA-256/512, when
+`authentication.scram.user_file` is set) or one it does not, with a SCRAM client-first
+message whole, cut short or garbage; AUTH packets then carry client-final messages (whole
+but with a proof that cannot match, the server's nonce being unknown here; cut short;
+garbage), re-authentications, reason codes a client may not send, another method or none,
+and properties AUTH may not carry. Broken streams may also put an AUTH before the CONNECT.
+
 Conversation N of seed S is drawn from its own `random.Random`, so it is the same bytes on
 every run whatever the concurrency did with the others: a finding names (S, N) and
 `python -m fuzz.network --seed S --replay N` sends exactly that conversation again.
 """
 
+import base64
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -56,6 +65,11 @@ FILTERS: Final = (
 # Client IDs of sessions that outlive their connection (clean start 0, session expiry > 0)
 # come from this pool: they resume, take each other over, and their number stays bounded.
 PERSISTENT_IDS: Final = 32
+# Authentication Methods a CONNECT or AUTH names: the broker's two SCRAM ones, and ones it
+# must refuse (0x8C in CONNECT, a protocol error in AUTH). SCRAM user names: one a test may
+# create (tests/fuzz/test_network_fuzz.py), one nobody creates, one that needs escaping.
+AUTH_METHODS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512", "SCRAM-SHA-1", "PLAIN", "")
+SCRAM_USERS: Final = ("fz-scram", "fz-nobody", "fz=2Cx")
 MUTATE_RATE: Final = 0.08  # per packet, in a conversation chosen to be broken
 BROKEN_SHARE: Final = 0.7  # of conversations
 
@@ -111,6 +125,8 @@ class _Maker:
         self.next_id = rng.randrange(1, 0x10000)
         self.aliases: dict[str, int] = {}
         self.session_expiry = 0
+        self.auth_method: str | None = None  # the CONNECT's Authentication Method
+        self.nonce = ""  # the SCRAM client nonce of the last client-first message
         self.mutations: list[str] = []
 
     def build(self) -> Conversation:
@@ -118,9 +134,12 @@ class _Maker:
         connect = self._connect()
         connect_bytes = encode(connect, self.version)
         packets = [self._emit(connect, 0)]
+        if self.auth_method is not None and rng.random() < 0.8:  # the exchange's next step
+            packets += [self._emit(packet, len(packets)) for packet in self._auth()]
+        auth_weight = (8 if self.auth_method is not None else 2) if self.v5 else 0
         ops: list[tuple[Callable[[], list[Packet]], float]] = [
             (self._publish, 55), (self._subscribe, 12), (self._unsubscribe, 7),
-            (self._ping, 8), (self._puback, 2), (self._auth, 1 if self.v5 else 0),
+            (self._ping, 8), (self._puback, 2), (self._auth, auth_weight),
         ]  # fmt: skip
         makers, weights = zip(*ops, strict=True)
         for _ in range(min(200, int(rng.expovariate(1 / 30)))):
@@ -152,9 +171,11 @@ class _Maker:
             self._maybe(props, P.REQUEST_PROBLEM_INFORMATION, rng.randrange(2))
             self._maybe(props, P.REQUEST_RESPONSE_INFORMATION, rng.randrange(2))
             self._maybe(props, P.USER_PROPERTY, self._pairs())
-            if rng.random() < 0.03:  # enhanced authentication, refused with 0x8C
-                props[P.AUTHENTICATION_METHOD] = "SCRAM-SHA-1"
-                self._maybe(props, P.AUTHENTICATION_DATA, rng.randbytes(8))
+            if rng.random() < 0.15:  # enhanced authentication, offered or not
+                self.auth_method = rng.choices(AUTH_METHODS, (35, 35, 10, 10, 10))[0]
+                props[P.AUTHENTICATION_METHOD] = self.auth_method
+                if (first := self._scram_first()) is not None:
+                    props[P.AUTHENTICATION_DATA] = first
         will = None
         if rng.random() < 0.2:
             will_props: Properties = {}
@@ -233,8 +254,57 @@ class _Maker:
         return [Puback(self.rng.randrange(1, 8))]
 
     def _auth(self) -> list[Packet]:
-        """No AUTH exchange was started: the broker must end the connection, nothing else."""
-        return [Auth(self.rng.choice((0x18, 0x19)), {P.AUTHENTICATION_METHOD: "SCRAM-SHA-1"})]
+        """An AUTH: mostly the exchange's next step as a client would send it, else one the
+        protocol forbids (a reason code a client may not send, another method or none, a
+        property AUTH may not carry). Without an exchange under way, or when enhanced
+        authentication is off, the broker must end the connection, nothing else."""
+        rng = self.rng
+        reason = rng.choices((0x18, 0x19, 0x00, rng.randrange(256)), (55, 25, 10, 10))[0]
+        props: Properties = {}
+        if rng.random() < 0.92:
+            own = self.auth_method is not None and rng.random() < 0.85
+            props[P.AUTHENTICATION_METHOD] = self.auth_method if own else rng.choice(AUTH_METHODS)
+        data = self._scram_first() if reason == 0x19 else self._scram_final()
+        if data is not None:
+            props[P.AUTHENTICATION_DATA] = data
+        self._maybe(props, P.REASON_STRING, "fz")
+        self._maybe(props, P.USER_PROPERTY, self._pairs())
+        if rng.random() < 0.05:  # not an AUTH property (3.15.2.2)
+            pid, value = rng.choice(((P.TOPIC_ALIAS, 1), (P.CONTENT_TYPE, "x"),
+                                     (P.SESSION_EXPIRY_INTERVAL, 60)))
+            props[pid] = value
+        return [Auth(reason, props)]
+
+    def _scram_first(self) -> bytes | None:
+        """A SCRAM client-first message (RFC 5802 section 7): whole, with channel binding
+        the broker does not offer, cut short, garbage, or missing."""
+        rng = self.rng
+        self.nonce = rng.randbytes(rng.randrange(1, 24)).hex()
+        user = rng.choice(SCRAM_USERS)
+        whole = f"n,,n={user},r={self.nonce}".encode()
+        how = rng.choices(("whole", "binding", "cut", "garbage", "none"), (60, 5, 15, 10, 10))[0]
+        if how == "binding":
+            return b"p=tls-unique," + whole[2:]
+        return self._cut_or_garbage(how, whole)
+
+    def _scram_final(self) -> bytes | None:
+        """A SCRAM client-final message: its nonce extends the client's own (the server's
+        part is unknown before the conversation is played), its proof is random bytes of
+        SHA-256's size; or it is cut short, garbage, or missing."""
+        rng = self.rng
+        nonce = self.nonce + rng.randbytes(rng.randrange(0, 24)).hex()
+        proof = base64.b64encode(rng.randbytes(rng.choice((32, 64, 3)))).decode()
+        whole = f"c={rng.choice(('biws', 'eSws', ''))},r={nonce},p={proof}".encode()
+        how = rng.choices(("whole", "cut", "garbage", "none"), (60, 20, 10, 10))[0]
+        return self._cut_or_garbage(how, whole)
+
+    def _cut_or_garbage(self, how: str, whole: bytes) -> bytes | None:
+        rng = self.rng
+        if how == "cut":
+            return whole[: rng.randrange(len(whole))]
+        if how == "garbage":
+            return rng.randbytes(rng.randrange(0, 300))
+        return None if how == "none" else whole
 
     def _disconnect(self) -> Disconnect:
         rng = self.rng
@@ -282,10 +352,11 @@ class _Maker:
 
     def _break_stream(self, packets: list[bytes]) -> None:
         """Packets dropped, repeated, swapped, garbage between them, a packet of the other
-        version, or one that only a server sends."""
+        version, one that only a server sends, or an AUTH (v5's encoding, whatever the
+        conversation's version) anywhere, before the CONNECT half of the time."""
         rng = self.rng
         i = rng.randrange(len(packets))
-        what = rng.choice(("drop", "dup", "swap", "garbage", "cross", "server"))
+        what = rng.choice(("drop", "dup", "swap", "garbage", "cross", "server", "auth"))
         if what == "drop" and len(packets) > 1:
             del packets[i]
         elif what == "dup":
@@ -294,6 +365,9 @@ class _Maker:
             packets[i], packets[i + 1] = packets[i + 1], packets[i]
         elif what == "garbage":
             packets[i] += rng.randbytes(rng.randrange(1, 64))
+        elif what == "auth":
+            i = 0 if rng.random() < 0.5 else i
+            packets.insert(i, encode(self._auth()[0], MQTT_5))
         elif what == "cross":
             other = MQTT_5 if self.version != MQTT_5 else MQTT_3_1_1
             saved, self.version, self.v5 = self.version, other, other == MQTT_5

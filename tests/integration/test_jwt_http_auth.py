@@ -1,11 +1,13 @@
 """JWT and HTTP authentication on a live broker, with paho clients: signatures, expiry
 (refused, and a live connection ended), an `acl` claim enforced, a JWKS file rotated; an
-aiohttp service answering allow, deny, ignore, 500, and one too slow to answer."""
+aiohttp service answering allow, deny, ignore, 500, one too slow to answer, and one slow
+under a storm of 1,000 CONNECTs while another client's round trips stay fast."""
 
 import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,14 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from broker.mqtt.codec import Decoder, encode
+from broker.mqtt.constants import MQTT_5
+from broker.mqtt.packets import Connack, Connect, Packet, Pingreq, Pingresp
 from tests.integration.clients import PahoClient, unique, wait_until
 from tests.support.broker_process import BrokerProcess
 
 SECRET = "s3cret-" * 10  # 70 bytes: long enough for HS512 too
+SLOW_SERVICE_S = 2.0  # how long the service takes for a "sleepy-*" user
 
 
 def _connect(clients: list[PahoClient], port: int, user: str | None, password: str | None,
@@ -120,6 +126,9 @@ class AuthService:
         user = body["username"]
         if user == "slow":
             await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
+        if user.startswith("sleepy"):  # slow but alive: every request answered, late
+            await asyncio.sleep(SLOW_SERVICE_S)
+            return web.json_response({"result": "allow"})
         if user == "broken":
             return web.Response(status=500)
         result = {"good": "allow", "root": "allow", "bad": "deny"}.get(user, "ignore")
@@ -173,3 +182,81 @@ def test_http_allow_deny_ignore_errors_and_a_slow_service(
     assert _code(_connect(clients, port, "good", "pw")) in (0, 0x88)
     wait_until(lambda: all(c.connack is not None for c in slow), 10, "slow ones answered")
     assert {_code(c) for c in slow} == {0x88}
+
+
+STORM = 1_000  # clients connecting at once
+STORM_INFLIGHT = 8  # authentication.http.max_inflight
+PROBE_BOUND_S = 1.0  # a responsive broker's round trip, however loaded the machine is
+
+
+async def _next_packet(reader: asyncio.StreamReader, decoder: Decoder) -> Packet:
+    """The broker's next packet; EOFError when it closes first (no answer is a failure)."""
+    while not (packets := decoder.feed(await reader.read(4096) or b"")):
+        if reader.at_eof():
+            raise EOFError("the broker closed the connection without answering")
+    assert len(packets) == 1, packets
+    return packets[0]
+
+
+async def _raw_connect(port: int, client_id: str, username: str, password: bytes
+                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Decoder, Connack]:
+    """A raw v5 CONNECT: a thousand paho clients would cost a thousand threads."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(encode(Connect(client_id, MQTT_5, True, 60, username, password), MQTT_5))
+    decoder = Decoder(version=MQTT_5)
+    connack = await _next_packet(reader, decoder)
+    assert isinstance(connack, Connack), connack
+    return reader, writer, decoder, connack
+
+
+async def _stormer(port: int, number: int) -> tuple[int, float]:
+    """One of the storm: its CONNACK's reason code and how long it took to come."""
+    started = time.monotonic()
+    _, writer, _, connack = await _raw_connect(port, f"storm-{number}", f"sleepy-{number}", b"pw")
+    writer.close()
+    return connack.reason_code, time.monotonic() - started
+
+
+async def _storm_and_probe(port: int) -> tuple[list[tuple[int, float]], float, int]:
+    """Starts the storm with a JWT client already connected (its CONNECT never asks the
+    HTTP service), which pings the broker until every stormer has its CONNACK. Returns
+    the stormers' answers, the probe's slowest round trip and how many it made."""
+    token = _token({"exp": int(time.time()) + 600}).encode()
+    reader, writer, decoder, connack = await _raw_connect(port, unique("probe"), "probe", token)
+    assert connack.reason_code == 0
+    storm = asyncio.gather(*(_stormer(port, number) for number in range(STORM)))
+    slowest, pings = 0.0, 0
+    while not storm.done():
+        started = time.monotonic()
+        writer.write(encode(Pingreq(), MQTT_5))
+        assert isinstance(await asyncio.wait_for(_next_packet(reader, decoder), 10), Pingresp)
+        slowest, pings = max(slowest, time.monotonic() - started), pings + 1
+        # The probe's pace, ended at once by the storm's end: not a wait for an event.
+        await asyncio.wait([storm], timeout=0.05)
+    writer.close()
+    return await storm, slowest, pings
+
+
+def test_a_slow_service_under_1000_connecting_clients(
+        start_broker: Callable[..., BrokerProcess], service: AuthService) -> None:
+    """A slow service holds at most max_inflight CONNECTs; the rest are refused at once with
+    0x88 and counted, and a client that does not need the service sees the broker as
+    responsive as ever. Unbounded, all 1,000 would wait SLOW_SERVICE_S and pass."""
+    broker = start_broker(**{
+        "authentication.http.url": f"http://127.0.0.1:{service.port}/auth",
+        "authentication.http.max_inflight": str(STORM_INFLIGHT),
+        "authentication.http.pool_size": str(STORM_INFLIGHT),
+        "authentication.http.request_timeout": f"{SLOW_SERVICE_S * 5}s",
+        "authentication.jwt.secret": SECRET})
+    answers, slowest_probe, pings = asyncio.run(
+        asyncio.wait_for(_storm_and_probe(broker.tcp), 120))
+    allowed = [took for code, took in answers if code == 0]
+    refused = [took for code, took in answers if code == 0x88]
+    assert len(allowed) + len(refused) == STORM, Counter(code for code, _ in answers)
+    # The first max_inflight were asked and waited for the service; connections the
+    # listener accepted late may have found a free slot, but most found none.
+    assert STORM_INFLIGHT <= len(allowed) < STORM // 4, len(allowed)
+    assert min(allowed) >= SLOW_SERVICE_S
+    assert max(refused) < SLOW_SERVICE_S, "a refusal waited as long as the service"
+    assert broker.metric("mqtt_auth_failures_total", reason="http_unavailable") == len(refused)
+    assert pings >= 2 and slowest_probe < PROBE_BOUND_S, (pings, slowest_probe)
