@@ -175,7 +175,7 @@ class KVStore:
     async def _flush(self, writes: list[Write], sync: bool) -> None:
         # The last write of a key in the batch wins.
         if self.replicate is not None:
-            await self.replicate(list(dict(writes).items()))
+            await self.replicate(_command(writes))
             return
         await write_batch(self._db, _cooked(dict(writes)), sync, self.executor)
 
@@ -229,6 +229,16 @@ class KVStore:
         on the event loop, and the dashboard asks every second."""
         return {"name": self.name, "n_shards": 1,
                 "bytes": self._db.approximate_size(b"", b"\xff"), "commits": self.commits}
+
+
+def _command(writes: list[Write]) -> list[Write]:
+    """A flush as one command: the last write of each key, but a key written and then
+    deleted within the flush keeps its last value too, before its delete. Every replica ends
+    with the delete, and judges (the sessions database's fencing) what was written: a
+    record read back in the same flush still vouches for what refers to it."""
+    last = dict(writes)
+    undone = {key: value for key, value in writes if value is not None and last[key] is None}
+    return [*undone.items(), *last.items()]
 
 
 def _cooked(writes: dict[bytes, bytes | None]) -> CookedBatch:

@@ -124,3 +124,22 @@ def test_a_tombstone_is_dated_by_its_command_and_swept_by_a_later_one(
     assert kv.raw_get(r.ended_key("c")) is None
     assert kv.raw_get(r.TOMBSTONE_SWEEP_KEY) is None
     assert replica.refused == []
+
+
+async def test_a_key_written_and_deleted_in_one_flush_is_in_its_command_twice(
+    open_storage: Callable[..., DurableStorage],
+) -> None:
+    """The replicas end with the delete, and judge what was written: a batch record read
+    back within one flush still vouches for the batch a member hands back (group_fencing)."""
+    kv = open_storage().sessions
+    commands: list[list[cmd.KVWrite]] = []
+
+    async def replicate(writes: list[cmd.KVWrite]) -> None:
+        commands.append(writes)
+
+    kv.replicate = replicate
+    kv.buffer.pace(60.0)  # both writes wait for one flush
+    kv.write_soon({b"k": b"v", b"j": b"1"}, sync=False)
+    kv.write_soon({b"k": None, b"j": b"2"}, sync=False)
+    await kv.drain()
+    assert commands == [[(b"k", b"v"), (b"k", None), (b"j", b"2")]]

@@ -88,3 +88,24 @@ async def test_work_hooked_before_the_flush_joins_the_same_commit(open_storage) 
     loaded = store.load("hooked")
     assert loaded is not None and loaded.meta.expiry_interval == 3
 
+
+
+async def test_replicated_a_key_written_and_deleted_in_a_turn_reaches_the_command_twice(
+    open_storage,
+) -> None:
+    """A batch record read, handed back and done with in one turn: the replicas must see
+    it written to admit the hand-back that refers to it (group_fencing.py)."""
+    storage = open_storage()
+    commands: list[list[tuple[bytes, bytes | None]]] = []
+
+    async def replicate(writes: list[tuple[bytes, bytes | None]]) -> None:
+        commands.append(writes)
+
+    storage.sessions.replicate = replicate
+    store = SessionStore(storage)
+    key = r.batch_key("c", 1)
+    store.write_soon([(key, b"record"), (r.meta_key("c"), meta())])
+    store.write_soon([(key, None)])
+    await store.settle()
+    assert [write for command in commands for write in command if write[0] == key] == [
+        (key, b"record"), (key, None)]

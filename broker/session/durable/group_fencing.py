@@ -17,12 +17,11 @@ line, in the log's order, whatever the nodes believe:
   that takes it over. A refused batch takes its session off that node, as every refused
   write of a session does (ownership.py), so what it read is never sent;
 - a member's batch returned to the group (`x`) is written by the node that owns the member's
-  session (it leaves or ends there), and only while the batch's record is stored, or is
-  in the same command (written, or deleted once written in the same flush) while the
-  member still reads the shard: a member hands back what was read for it and not sent,
-  also of a batch whose record is on its way, and a refused record's deliveries are the
-  group's already (read again from its position); the group's keys all go with its start
-  (`g` deleted).
+  session (it leaves or ends there), and only while the batch's record is stored or
+  written, admitted, by the same command: a member hands back what was read for it and not
+  sent, also of a batch whose record is on its way, and a refused record's deliveries are
+  the group's already (read again from its position); the group's keys all go with its
+  start (`g` deleted).
 
 The group's start (`g`) is written once: by the first member's node whose write is applied.
 Deleting the group's keys is admitted from any node: only the decider ends a group, when it
@@ -56,7 +55,12 @@ def refused_units(writer: str, writes: list[tuple[bytes, bytes | None]], stored:
         unit: Unit | None = None
         reader: str | None = None
         if kind == b"q" and value is not None:
-            unit, reader = (name, g.position_stream(key).shard), r.loads(value).get("by")
+            position = r.loads(value)
+            unit, reader = (name, g.position_stream(key).shard), position.get("by")
+            tenure = position.get("tenure")
+            if tenure is not None and tenure != g.Owner.tenure_of(
+                    stored(g.owner_key(*unit))):  # read in an earlier hold of the shard
+                units.setdefault(unit, ([], set()))[1].add("\x00")
         elif kind == b"x" and value is None and not ends_group:
             unit = (name, g.returned_shard(key, name))
             if stored(key) is None:  # taken already: its taker's batch would double it
@@ -84,8 +88,8 @@ def refused_units(writer: str, writes: list[tuple[bytes, bytes | None]], stored:
 def admitted(writer: str, key: bytes, value: bytes | None, stored: Stored,
              site_of: SiteOf, batches: set[bytes]) -> bool:
     """Whether a write of a group's own state is admitted (its reads of a shard: see
-    `refused_units`); `batches`: the batch records the same command writes or deletes,
-    but those refused."""
+    `refused_units`); `batches`: the batch records the same command writes, admitted
+    (a record written and deleted again in one flush is in its command twice: kv.py)."""
     kind, share = r.split_key(key)
     if kind == b"o":
         if value is None:
@@ -97,11 +101,7 @@ def admitted(writer: str, key: bytes, value: bytes | None, stored: Stored,
         batch = r.batch_key(client_id, g.returned_from_bytes(value)[0].first_seqno)
         if not _owns(writer, site_of(client_id)):
             return False
-        if stored(batch) is not None:
-            return True
-        owner = stored(g.owner_key(share, g.returned_shard(key, share)))
-        return batch in batches and owner is not None and \
-            g.Owner.from_bytes(owner).client == client_id
+        return batch in batches or stored(batch) is not None
     if kind == b"g":  # the first member's start is the group's
         return value is None or stored(key) is None
     return True

@@ -7,7 +7,8 @@ records.py); the group's own state is:
     g\\0<share>                              the group: when it started (microseconds)
     o\\0<share>\\0<shard>                     who reads the shard for the group: a member
                                             (`own`), a member asked to let go (`revoke`), or
-                                            no one (`free`), with the state it replaced
+                                            no one (`free`), with the state it replaced and
+                                            its tenure (new each time the shard changes hands)
     q\\0<share>\\0<stream>                    the group's read position in a stream
     x\\0<share>\\0<shard>\\0<client>\\0<seqno>  deliveries of a member's batch handed back to
                                             the group: read for it and never sent (`unsent`:
@@ -76,16 +77,27 @@ class Owner:
     client: str | None
     state: str
 
-    def to_bytes(self, prev: "Owner | None") -> bytes:
+    def to_bytes(self, prev: "Owner | None", tenure: int = 0) -> bytes:
         """With the state it replaces: the replicas admit the change only if that is what
-        they hold (group_fencing.py), so two deciders never both hand a shard out."""
-        return dumps({"client": self.client, "state": self.state,
-                      "prev": None if prev is None else [prev.client, prev.state]})
+        they hold (group_fencing.py), so two deciders never both hand a shard out. And with
+        the tenure of its member: what the member records of the shard names it, so a read
+        made in an earlier tenure (on a node cut off meanwhile) is refused even when the
+        shard has come back to the same member."""
+        value: dict[str, object] = {"client": self.client, "state": self.state,
+                 "prev": None if prev is None else [prev.client, prev.state]}
+        if tenure:
+            value["tenure"] = tenure
+        return dumps(value)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Owner":
         value = loads(raw)
         return cls(value["client"], value["state"])
+
+    @staticmethod
+    def tenure_of(raw: bytes | None) -> int:
+        """0: none stored, or written before tenures."""
+        return 0 if raw is None else int(loads(raw).get("tenure", 0))
 
     @staticmethod
     def prev_of(raw: bytes) -> "Owner | None":
@@ -103,19 +115,19 @@ def position_stream(key: bytes) -> Stream:
 
 
 def returned_key(share: str, shard: int, client_id: str, unique: int) -> bytes:
-    """`unique`: `returned_id()`, so a later return of the same batch, or one by a new
+    """`unique`: `unique_id()`, so a later return of the same batch, or one by a new
     session of the client ID, never overwrites one not yet taken."""
     return _key(b"x", share, _SHARD.pack(shard), client_id.encode(), _SEQNO.pack(unique))
 
 
-_last_returned = 0
+_last_unique = 0
 
 
-def returned_id() -> int:
+def unique_id() -> int:
     """Microseconds of the wall clock, and never twice the same in a process."""
-    global _last_returned
-    _last_returned = max(_last_returned + 1, time.time_ns() // 1000)
-    return _last_returned
+    global _last_unique
+    _last_unique = max(_last_unique + 1, time.time_ns() // 1000)
+    return _last_unique
 
 
 def returned_prefix(share: str, shard: int) -> bytes:

@@ -295,7 +295,10 @@ class GroupManager:
 
     def _write_owner(self, share: str, shard: int, stored: g.Owner | None,
                      new: g.Owner) -> "asyncio.Future[None]":
-        written = self._store.write([(g.owner_key(share, shard), new.to_bytes(stored))])
+        tenure = (self._store.owner_tenure(share, shard)
+                  if stored is not None and stored.client == new.client else
+                  g.unique_id() if new.client is not None else 0)
+        written = self._store.write([(g.owner_key(share, shard), new.to_bytes(stored, tenure))])
         if not self.replicated:  # applied at once: act on it here
             self.owner_applied(share, shard, new)
         return written
@@ -334,7 +337,7 @@ class GroupManager:
             elif kind == b"o" and value is not None:
                 self.owner_applied(name, g.shard_of_key(key), g.Owner.from_bytes(value))
             elif kind == b"x" and value is not None:
-                self._returned(name, g.returned_shard(key, name))
+                self.offer_returned(name, g.returned_shard(key, name))
 
     def _members_of(self, client_id: str) -> None:
         """A meta of a session not served here: the groups it is a member of may change."""
@@ -380,10 +383,10 @@ class GroupManager:
         if not self.replicated:
             loop = asyncio.get_running_loop()
             for share, shard in shares:
-                loop.call_soon(self._returned, share, shard)
+                loop.call_soon(self.offer_returned, share, shard)
 
-    def _returned(self, share: str, shard: int) -> None:
-        """Batches left by an ended member wait in the shard: its owner takes them, if it is
+    def offer_returned(self, share: str, shard: int) -> None:
+        """Batches members handed back wait in the shard: its owner takes them, if it is
         served here."""
         group = self.groups.get(share)
         owner = group.owners.get(shard) if group is not None else None

@@ -98,7 +98,8 @@ def admitted(writer: str, writes: list[Write], stored: Callable[[bytes], bytes |
     refused_reads, refused_members = group_fencing.refused_units(writer, writes, stored,
                                                                  site_of, ends_group)
     refused_ids |= refused_members
-    batches = {key for key, _ in writes if key[:2] == b"b" + r.SEP and key not in refused_reads}
+    batches = {key for key, value in writes
+               if value is not None and key[:2] == b"b" + r.SEP and key not in refused_reads}
     for key, value in writes:
         kind, client_id = r.split_key(key)
         if kind == b"e" or key == r.TOMBSTONE_SWEEP_KEY:

@@ -117,8 +117,9 @@ class DurableSession(Session):
         self._flush_scheduled = False
         self._readers: dict[str, dict[Stream, asyncio.Task[None]]] = {}
         # Per shared subscription, the shards of its group this session reads (and whose
-        # group positions `_positions` holds) while connected (`_sync_shards`).
-        self._group_shards: dict[str, set[int]] = {}
+        # group positions `_positions` holds) while connected, with the tenure of its hold
+        # on each (`_sync_shards`).
+        self._group_shards: dict[str, dict[int, int]] = {}
         # Looking for streams to read, every filter, in time slices (`refresh_streams`).
         self._refresh: asyncio.Task[None] | None = None
         self._refresh_again = False
@@ -296,7 +297,7 @@ class DurableSession(Session):
     def returned_write(self, record: r.BatchRecord, unsent: bool) -> Write:
         """The `x` record handing `record`'s deliveries not done to the group."""
         return (g.returned_key(record.topic_filter, record.stream.shard, self.client_id,
-                               g.returned_id()), g.returned_to_bytes(record, unsent))
+                               g.unique_id()), g.returned_to_bytes(record, unsent))
 
     def stop_reading(self) -> None:
         for readers in self._readers.values():
@@ -431,7 +432,8 @@ class DurableSession(Session):
         read them since this session last did)."""
         groups = self._ctx.groups
         owned = groups.readable(key, self) if groups is not None else set()
-        current = self._group_shards.get(key, set())
+        held = self._group_shards.get(key, {})
+        current = set(held)
         for shard in current - owned:
             self.stop_shard(key, shard)
         gained = owned - current
@@ -442,10 +444,11 @@ class DurableSession(Session):
             self._regain = True
             owned -= gained
             gained = set()
-        self._group_shards[key] = owned
+        self._group_shards[key] = {shard: held[shard] for shard in owned - gained}
         if gained:
             positions = self._positions.setdefault(key, {})
             for shard in gained:
+                self._group_shards[key][shard] = self._ctx.store.owner_tenure(key, shard)
                 positions.update(self._ctx.store.load_group_positions(key, shard))
                 self.adopt_returned(key, shard)  # older than what is read on
         return owned
@@ -461,7 +464,7 @@ class DurableSession(Session):
         positions = self._positions.get(key, {})
         for stream in [stream for stream in positions if stream.shard == shard]:
             del positions[stream]
-        self._group_shards.get(key, set()).discard(shard)
+        self._group_shards.get(key, {}).pop(shard, None)
         return [written for written, _, _ in self._recording]
 
     def _positions_of(self, topic_filter: str) -> dict[Stream, int | None]:
@@ -554,8 +557,9 @@ class DurableSession(Session):
         self._next_seqno = seqno
         position = after.position if after is not None else None
         shared = options.share_group is not None
-        writes = [SessionStore.group_position_write(topic_filter, stream, position,
-                                                    self.client_id) if shared
+        writes = [SessionStore.group_position_write(
+                      topic_filter, stream, position, self.client_id,
+                      self._group_shards.get(topic_filter, {}).get(stream.shard, 0)) if shared
                   else SessionStore.position_write(self.client_id, topic_filter, stream, position)]
         count = seqno - first
         recorded: _Pending | None = None
@@ -592,6 +596,7 @@ class DurableSession(Session):
         doubles any. Of those a member's ended session left unacknowledged (maybe sent),
         QoS 2 ones are dropped: they must not reach another member (MQTT-4.8.2-5)."""
         store = self._ctx.store
+        written: asyncio.Future[None] | None = None
         for returned_key, (record, unsent) in store.load_returned(key, shard):
             options = self.subscriptions.get(key)
             if options is None:
@@ -628,6 +633,13 @@ class DurableSession(Session):
             store.taking.add(returned_key)
             written.add_done_callback(partial(_taken, store.taking, returned_key))
             self._send_once_written(written, pending if deliveries else None, deliveries)
+        groups = self._ctx.groups
+        if written is not None and groups is not None:
+            # Refused (the shard moved on while the take was on its way), the batches are
+            # still there, and nothing else would offer them to the shard's owner again.
+            loop = asyncio.get_running_loop()
+            written.add_done_callback(lambda _: loop.call_soon(groups.offer_returned, key,
+                                                               shard))
 
     def _send_recorded(self, _: object = None) -> None:
         recording = self._recording

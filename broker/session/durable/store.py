@@ -173,7 +173,17 @@ class SessionStore:
 
     def _commit(self, writes: list[Write]) -> asyncio.Future[None]:
         sync, self._sync = self._sync, False
-        written = self._ds.sessions.write_soon(dict(writes), sync)
+        sessions = self._ds.sessions
+        last = dict(writes)
+        if sessions.replicate is not None:
+            # A key written and deleted again within the turn (a batch record read, handed
+            # back and done with) is written first: the replicas judge what a hand-back
+            # refers to by it (group_fencing.py), and the flush keeps both (kv.py).
+            undone: dict[bytes, bytes | None] = {
+                key: value for key, value in writes if value is not None and last[key] is None}
+            if undone:
+                sessions.write_soon(undone, sync)
+        written = sessions.write_soon(last, sync)
         if written.done():  # written at once (no fsync): nothing left to track
             self._done(written)
         else:
@@ -238,9 +248,21 @@ class SessionStore:
 
     @staticmethod
     def group_position_write(share: str, stream: Stream, position: int | None,
-                             member: str) -> Write:
-        """The group's position, with the member that moved it (group_fencing.py)."""
-        return g.position_key(share, stream), r.dumps({"pos": position, "by": member})
+                             member: str, tenure: int) -> Write:
+        """The group's position, with the member that moved it and the tenure of its hold
+        on the shard (group_fencing.py)."""
+        value: dict[str, object] = {"pos": position, "by": member}
+        if tenure:
+            value["tenure"] = tenure
+        return g.position_key(share, stream), r.dumps(value)
+
+    def owner_tenure(self, share: str, shard: int) -> int:
+        """The tenure of the shard's owner, as committed (replicated) or stored."""
+        self._turn.flush_now()
+        key = g.owner_key(share, shard)
+        sessions = self._ds.sessions
+        return g.Owner.tenure_of(sessions.raw_get(key) if self.committed_group_reads
+                                 else sessions.get(key))
 
     def load_returned(self, share: str, shard: int
                       ) -> list[tuple[bytes, tuple[r.BatchRecord, bool]]]:

@@ -20,10 +20,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(reason="known: under partitions and pauses with sessions ending, about"
-                          " one run in three has an acknowledged message no member got"
-                          " (lost=1) or two members with batches over the same window"
-                          " (doubled)", strict=False)
 def test_a_durable_shared_group_under_every_fault_kind(jepsen) -> None:
     harness = jepsen(doors=True, **backend(RAFT), **{"node.dist_net_ticktime": "10s"})
     names = [node.name for node in harness.nodes]

@@ -23,6 +23,9 @@ class FakeStore:
     def write_soon(self, writes: Any) -> None:
         return None
 
+    def owner_tenure(self, share: str, shard: int) -> int:
+        return 0
+
 
 def manager_of(states: dict[str, str], looked: Counter[str]) -> GroupManager:
     def state(client_id: str) -> str:

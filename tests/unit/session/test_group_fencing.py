@@ -85,9 +85,13 @@ def test_a_batch_is_handed_back_only_if_its_record_is_stored_or_written_with_it(
     assert kept(store, "A", [back])[0] == []
     assert sorted(kept(store, "A", [(r.batch_key("w1", 1), batch()), back])[0]) == sorted(
         [r.batch_key("w1", 1), returned])
-    # Written and completed in one flush: the command deletes a record never stored.
-    assert sorted(kept(store, "A", [(r.batch_key("w1", 1), None), back])[0]) == sorted(
-        [r.batch_key("w1", 1), returned])
+    # Read, handed back and completed in one flush: the record is written and deleted again
+    # in one command (kv.py keeps both).
+    written_and_deleted = [(r.batch_key("w1", 1), batch()), (r.batch_key("w1", 1), None)]
+    assert sorted(kept(store, "A", [*written_and_deleted, back])[0]) == sorted(
+        [r.batch_key("w1", 1), r.batch_key("w1", 1), returned])
+    # A record refused before: deleting it vouches for nothing.
+    assert kept(store, "A", [(r.batch_key("w1", 1), None), back])[0] == [r.batch_key("w1", 1)]
     store[g.owner_key(SHARE, 2)] = g.Owner("w2", g.OWN).to_bytes(None)  # the shard moved
     assert kept(store, "A", [(r.batch_key("w1", 1), batch()), back]) == ([], {"w1"})
     assert kept(store, "A", [(r.batch_key("w1", 1), None), back])[0] == [r.batch_key("w1", 1)]
@@ -135,3 +139,15 @@ def test_a_returned_batch_taken_twice_is_refused_the_second_time() -> None:
     assert sorted(kept(store, "A", take)[0]) == sorted(key for key, _ in take)
     del store[returned]
     assert kept(store, "A", take) == ([], {"w1"})
+
+
+def test_a_read_made_in_an_earlier_hold_of_the_shard_is_refused() -> None:
+    """w1's node, cut off, read on while the shard went to w2 and came back to w1: the
+    position it recorded names its earlier tenure and is refused, with its batch."""
+    store = store_with(None)
+    store[g.owner_key(SHARE, 2)] = g.Owner("w1", g.OWN).to_bytes(None, tenure=7)
+    earlier = (g.position_key(SHARE, STREAM), b'{"pos":5,"by":"w1","tenure":3}')
+    record = (r.batch_key("w1", 1), batch())
+    assert kept(store, "A", [earlier, record]) == ([], {"w1"})
+    now = (g.position_key(SHARE, STREAM), b'{"pos":5,"by":"w1","tenure":7}')
+    assert sorted(kept(store, "A", [now, record])[0]) == sorted([now[0], record[0]])
