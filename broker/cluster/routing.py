@@ -13,7 +13,7 @@ keep what their node stored.
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker.cluster.forward import (
     PLAIN,
@@ -25,11 +25,8 @@ from broker.cluster.forward import (
 from broker.cluster.frames import Channel
 from broker.cluster.routes import LocalRoutes, RemoteRoutes, RouteError
 from broker.cluster.service import Cluster
-from broker.routing.router import Forwards, RemoteShared
+from broker.routing.router import Forwards, RemoteShared, Router
 from broker.session.message import Message
-
-if TYPE_CHECKING:
-    from broker.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +38,19 @@ class PeerTraffic:
     messages_in: int = 0
 
 
+class RoutedNode(Protocol):
+    """What cluster routing needs of its node (broker/node.py's Node is one): the router
+    whose route changes go to the peers, and where messages forwarded by them go."""
+
+    router: Router
+
+    def deliver_forwarded(self, message: Message, plain: bool,
+                          targets: list[tuple[str, str, str]]) -> None: ...
+
+
 @dataclass(slots=True)
 class ClusterRouting:
-    node: "Node"
+    node: RoutedNode
     cluster: Cluster
     local: LocalRoutes = field(default_factory=LocalRoutes)
     remote: RemoteRoutes = field(default_factory=RemoteRoutes)

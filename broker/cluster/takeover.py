@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster.rpc import Rpc, RpcError
 from broker.cluster.service import Cluster
@@ -52,11 +52,12 @@ from broker.cluster.session_transfer import (
     import_subscriptions,
 )
 from broker.mqtt.constants import ReasonCode
-from broker.session.session import Session
+from broker.session.durable.session import DurableContext
+from broker.session.manager import SessionManager
+from broker.session.session import Session, SubscriptionOptions
 
 if TYPE_CHECKING:
     from broker.cluster.ds_groups import DsGroups
-    from broker.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,21 @@ class TakeoverStats:
     converged: int = 0  # duplicate connections ended after a partition healed
 
 
+class SessionHost(Protocol):
+    """What a takeover needs of its node (broker/node.py's Node is one): its sessions, and
+    the two ways a session comes in from another node."""
+
+    sessions: SessionManager
+    durable: DurableContext | None
+
+    def load_durable_session(self, client_id: str) -> bool: ...
+
+    def adopt_session(self, client_id: str, expiry: int,
+                      subscriptions: dict[str, SubscriptionOptions]) -> Session: ...
+
+
 class Takeover:
-    def __init__(self, node: "Node", cluster: Cluster, rpc: Rpc,
+    def __init__(self, node: SessionHost, cluster: Cluster, rpc: Rpc,
                  reference: Callable[[], str], timeout: float) -> None:
         self._node = node
         self._cluster = cluster

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from broker.auth.scram_users import ScramFileError, ScramUser, make_user
 from broker.auth.security import Security
-from broker.http.api import NODE_KEY, _page
+from broker.http.common import NODE_KEY, page
 
 AUTHENTICATOR: Final = "scram:built_in_database"
 _BASE: Final = "/api/v5/authentication/{authenticator}/users"
@@ -78,7 +78,7 @@ def _saved(security: Security, users: dict[str, ScramUser]) -> None:
 
 async def list_users(request: web.Request) -> web.Response:
     _, users = _security(request)
-    return _page(request, [user.summary() for user in users.values()])
+    return page(request, [user.summary() for user in users.values()])
 
 
 async def add_user(request: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ replica is left) a 409 that says what will become of it.
 
 from aiohttp import web
 
-from broker.http.api import NODE_KEY, PEERS_KEY, gather, local_subscriptions
+from broker.http.common import NODE_KEY, PEERS_KEY, gather, local_subscriptions
 from broker.http.unserved import unserved
 from broker.mqtt.constants import ReasonCode
 from broker.node import Node

@@ -15,14 +15,14 @@ from aiohttp import web
 from broker.cluster.metadata import MetadataGroup
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
-from broker.http.api import (
+from broker.http.clients_admin import kick_here
+from broker.http.common import (
     NODE_KEY,
     PEERS_KEY,
     client_view,
     local_clients,
     local_subscriptions,
 )
-from broker.http.clients_admin import kick_here
 from broker.http.durable_sessions_api import MISSED_KEY, local_missed, local_views
 from broker.node import Node
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from broker.http.api import NODE_KEY, PEERS_KEY, gather, page_of, paged, paging
+from broker.http.common import NODE_KEY, PEERS_KEY, gather, page_of, paged, paging
 from broker.http.missed import MissedCounts
 from broker.http.unserved import Unserved, unserved
 from broker.node import Node

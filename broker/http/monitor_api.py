@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.http.api import NODE_KEY
+from broker.http.common import NODE_KEY
 
 
 async def monitor_current(request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from broker.http.api import NODE_KEY, _page
+from broker.http.common import NODE_KEY, page
 from broker.mqtt.constants import PropertyId
 from broker.retainer.store import RetainedStore
 from broker.session.message import Message
@@ -56,7 +56,7 @@ async def list_messages(request: web.Request) -> web.Response:
     wanted = request.query.get("topic")
     messages = retainer.match(wanted) if wanted else (
         retainer.match("#") + retainer.match("$SYS/#"))
-    return _page(request, [_summary(m) for m in sorted(messages, key=lambda m: m.topic)])
+    return page(request, [_summary(m) for m in sorted(messages, key=lambda m: m.topic)])
 
 
 async def get_message(request: web.Request) -> web.Response:
