@@ -6,10 +6,12 @@
 
 connect: CONNECT rate with a password file, ours against Mosquitto 2.0 on the same file
   (`$7$` PBKDF2-SHA512 entries made by `mosquitto_passwd`, else by `broker ctl users add`)
-  with anonymous clients refused. `--parallel` raw sockets at a time each connect, send
-  CONNECT with a user's right password, read the CONNACK, send DISCONNECT and wait for the
-  broker to close, `--connects` times in all: connections per second, the time from the
-  TCP connect to the CONNACK (p50/p99) and the broker's CPU.
+  with anonymous clients refused; and ours with JWT authentication instead (HS256 tokens as
+  passwords, `authentication.jwt.secret`), against ours with the password file.
+  `--parallel` raw sockets at a time each connect, send CONNECT with a user's right
+  password, read the CONNACK, send DISCONNECT and wait for the broker to close,
+  `--connects` times in all: connections per second, the time from the TCP connect to the
+  CONNACK (p50/p99) and the broker's CPU.
 acl: QoS 1, 1 -> 1 (bench/run.py's scenario b, its load generator) on ours with a
   `--rules`-rule ACL file against none: messages per second, and their ratio.
 
@@ -45,6 +47,7 @@ from bench import brokers, procstat, report, wire
 from bench.scenarios import SCENARIOS, Outcome, Timing, throughput
 
 RESULTS = Path(__file__).resolve().parent / "security_results.json"
+JWT_SECRET = "bench-jwt-secret-of-32-bytes-or-more"
 ALL_BROKERS = ("ours", "mosquitto")
 USERS = 10
 """Users in the password file; client n logs in as user n mod USERS."""
@@ -274,23 +277,38 @@ def _cell(outcome: Outcome) -> dict[str, Any]:
             "error": outcome.error, **outcome.details}
 
 
+def jwt_users() -> list[tuple[str, str]]:
+    """(user, token) pairs: HS256 tokens with the user as `sub`, valid for a day."""
+    import jwt
+
+    expiry = int(time.time()) + 86_400
+    return [(f"user{n}", jwt.encode({"sub": f"user{n}", "exp": expiry}, JWT_SECRET, "HS256"))
+            for n in range(USERS)]
+
+
 def run_connect(args: argparse.Namespace, tmp: Path, names: list[str]) -> dict[str, Any]:
     users = [(f"user{n}", f"secret-{n}-pw") for n in range(USERS)]
     passwords = tmp / "passwd"
     tool = make_password_file(passwords, users)
     probe = users[0]
     user_line = f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
-    launchers = {
-        "ours": brokers.ours_with({"authentication.password_file": str(passwords)}, probe),
+    tokens = jwt_users()
+    cases = {
+        "ours": (brokers.ours_with({"authentication.password_file": str(passwords)}, probe),
+                 users),
         # `user`: started as root Mosquitto drops to user mosquitto, who cannot read our temp
         # dir; it must stay the user that owns it (ignored when not started as root).
-        "mosquitto": brokers.mosquitto_with(
-            f"password_file {passwords}\nallow_anonymous false\n{user_line}", probe),
+        "mosquitto": (brokers.mosquitto_with(
+            f"password_file {passwords}\nallow_anonymous false\n{user_line}", probe), users),
+        "ours_jwt": (brokers.ours_with({"authentication.jwt.secret": JWT_SECRET}, tokens[0]),
+                     tokens),
     }
+    names = [*names, "ours_jwt"] if "ours" in names else names
     rounds: dict[str, list[Outcome]] = {name: [] for name in names}
     for n in range(args.rounds):
         for name in names:
-            outcome = connect_round(name, launchers[name], args.connects, args.parallel, users)
+            launcher, credentials = cases[name]
+            outcome = connect_round(name, launcher, args.connects, args.parallel, credentials)
             rounds[name].append(outcome)
             print(f"  round {n + 1} {name:10} {_fmt(outcome, 'connections/s')}", flush=True)
     result: dict[str, Any] = {
@@ -304,6 +322,10 @@ def run_connect(args: argparse.Namespace, tmp: Path, names: list[str]) -> dict[s
         pairs = list(zip(rounds["ours"], rounds["mosquitto"], strict=True))
         result["ratio_ours_mosquitto"] = _median_ratio(pairs)
         result["ratio_ours_mosquitto_per_broker_cpu"] = _median_ratio(pairs, _per_cpu)
+    if "ours_jwt" in rounds:
+        pairs = list(zip(rounds["ours_jwt"], rounds["ours"], strict=True))
+        result["ratio_jwt_password_file"] = _median_ratio(pairs)
+        result["ratio_jwt_password_file_per_broker_cpu"] = _median_ratio(pairs, _per_cpu)
     return result
 
 
@@ -403,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         if section.get("ratio_ours_mosquitto") is not None:
             print(f"connect_auth ours/mosquitto {section['ratio_ours_mosquitto']:.2f};"
                   f" per broker CPU second {section['ratio_ours_mosquitto_per_broker_cpu']:.2f}")
+        if section.get("ratio_jwt_password_file") is not None:
+            print(f"connect_auth ours JWT/password file"
+                  f" {section['ratio_jwt_password_file']:.2f}; per broker CPU second"
+                  f" {section['ratio_jwt_password_file_per_broker_cpu']:.2f}")
     if "acl_qos1" in out:
         section = out["acl_qos1"]
         for case, cell in section["results"].items():

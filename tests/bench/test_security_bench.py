@@ -39,3 +39,17 @@ def test_the_acl_file_has_its_rules_and_lets_the_benchmark_through(tmp_path: Pat
     assert acl.allows("bench-ours-b-pub0", None, "bench/qos1_1to1/000", Access.WRITE)
     assert acl.allows("bench-ours-b-sub0", None, "bench/qos1_1to1/000", Access.READ)
     assert not acl.allows("c", None, "tenants/0/0/x", Access.READ)
+
+
+def test_a_jwt_round_counts_only_accepted_connections(tmp_path: Path) -> None:
+    """The JWT case: every token the benchmark makes is accepted; a token signed with
+    another secret is refused, and the round says so."""
+    tokens = security_bench.jwt_users()[:2]
+    launcher = brokers.ours_with({"authentication.jwt.secret": security_bench.JWT_SECRET},
+                                 tokens[0])
+    good = security_bench.connect_round("ours_jwt", launcher, 200, 8, tokens)
+    assert good.ok and good.verified, good.error
+    assert good.details["accepted"] == 200
+    forged = tokens[0][1][:-4] + ("AAAA" if not tokens[0][1].endswith("AAAA") else "BBBB")
+    wrong = security_bench.connect_round("ours_jwt", launcher, 50, 8, [("user0", forged)])
+    assert wrong.ok and not wrong.verified and wrong.details["accepted"] == 0
