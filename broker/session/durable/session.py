@@ -128,8 +128,9 @@ class DurableSession(Session):
         # in every one of possibly many thousands of offline sessions.
         self._recording: list[tuple[asyncio.Future[None], _Pending | None, list[Delivery]]] = []
         self._unsent = 0
-        # Shards of its groups it was given while batches were being recorded (`_sync_shards`).
-        self._regain = False
+        # The last batch record being written when the session stopped reading a shard of
+        # its groups: shards it is given are read once that is stored (`_sync_shards`).
+        self._settling: asyncio.Future[None] | None = None
         # Set while readers wait for the backlog to shrink (created only then, for the same
         # reason as above).
         self._room: asyncio.Future[None] | None = None
@@ -307,7 +308,9 @@ class DurableSession(Session):
         # Other members read on meanwhile: the group's positions are read again on resume.
         for key in self._group_shards:
             self._positions.pop(key, None)
-        self._group_shards.clear()
+        if self._group_shards:
+            self._group_shards.clear()
+            self._hold_gains()
         if self._refresh is not None:
             self._refresh.cancel()
             self._refresh = None
@@ -437,11 +440,10 @@ class DurableSession(Session):
         for shard in current - owned:
             self.stop_shard(key, shard)
         gained = owned - current
-        if gained and self._recording:
-            # Batches this session read on this node are still being recorded: the group's
-            # positions they move are not stored yet, and read now they would have it read
-            # the same again. Gained once they are (`_send_recorded`).
-            self._regain = True
+        if gained and self._settling is not None and not self._settling.done():
+            # What it read of a shard before it stopped reading it is still being recorded:
+            # the group's positions that moves are not stored yet, and read now they would
+            # have it read the same again. Gained once they are (`_settled`).
             owned -= gained
             gained = set()
         self._group_shards[key] = {shard: held[shard] for shard in owned - gained}
@@ -465,6 +467,7 @@ class DurableSession(Session):
         for stream in [stream for stream in positions if stream.shard == shard]:
             del positions[stream]
         self._group_shards.get(key, {}).pop(shard, None)
+        self._hold_gains()
         return [written for written, _, _ in self._recording]
 
     def _positions_of(self, topic_filter: str) -> dict[Stream, int | None]:
@@ -662,8 +665,17 @@ class DurableSession(Session):
         if connection is not None:
             connection.flush()
         self._update_room()
-        if self._regain and not recording:
-            self._regain = False
+
+    def _hold_gains(self) -> None:
+        """It stops reading a shard of its groups: shards it is given from now on wait for
+        the batch records being written now (`_sync_shards`)."""
+        if self._recording:
+            written = self._settling = self._recording[-1][0]
+            written.add_done_callback(self._settled)
+
+    def _settled(self, written: "asyncio.Future[None]") -> None:
+        if self._settling is written:
+            self._settling = None
             self.refresh_streams()
 
     def _backlogged(self) -> bool:
