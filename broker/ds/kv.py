@@ -231,14 +231,19 @@ class KVStore:
                 "bytes": self._db.approximate_size(b"", b"\xff"), "commits": self.commits}
 
 
-def _command(writes: list[Write]) -> list[Write]:
-    """A flush as one command: the last write of each key, but a key written and then
-    deleted within the flush keeps its last value too, before its delete. Every replica ends
-    with the delete, and judges (the sessions database's fencing) what was written: a
-    record read back in the same flush still vouches for what refers to it."""
+def written_then_deleted(writes: list[Write]) -> dict[bytes, bytes | None]:
+    """The last value of each key that `writes` then delete. A replicated command keeps
+    them, before the deletes (`_command`): every replica ends with the delete, and judges
+    (the sessions database's fencing) what was written, a record read back in the same
+    flush still vouching for what refers to it."""
     last = dict(writes)
-    undone = {key: value for key, value in writes if value is not None and last[key] is None}
-    return [*undone.items(), *last.items()]
+    return {key: value for key, value in writes if value is not None and last[key] is None}
+
+
+def _command(writes: list[Write]) -> list[Write]:
+    """A flush as one command: the last write of each key, after the values of keys
+    written and then deleted within it."""
+    return [*written_then_deleted(writes).items(), *dict(writes).items()]
 
 
 def _cooked(writes: dict[bytes, bytes | None]) -> CookedBatch:

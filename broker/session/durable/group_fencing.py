@@ -49,37 +49,40 @@ def refused_units(writer: str, writes: list[tuple[bytes, bytes | None]], stored:
     nor a returned batch goes without the batch that takes it over. Admitted only while
     the shard is read by that member (`own`, or `revoke` until freed) from the writer's
     node."""
-    units: dict[Unit, tuple[list[bytes], set[str]]] = {}
+    # Per unit: its keys, the members reading, the tenures they read in.
+    units: dict[Unit, tuple[list[bytes], set[str], set[int]]] = {}
     for key, value in writes:
         kind, name = r.split_key(key)
         unit: Unit | None = None
         reader: str | None = None
+        tenure: int | None = None
         if kind == b"q" and value is not None:
             position = r.loads(value)
             unit, reader = (name, g.position_stream(key).shard), position.get("by")
             tenure = position.get("tenure")
-            if tenure is not None and tenure != g.Owner.tenure_of(
-                    stored(g.owner_key(*unit))):  # read in an earlier hold of the shard
-                units.setdefault(unit, ([], set()))[1].add("\x00")
         elif kind == b"x" and value is None and not ends_group:
             unit = (name, g.returned_shard(key, name))
             if stored(key) is None:  # taken already: its taker's batch would double it
-                units.setdefault(unit, ([], set()))[1].add("\x00")
+                units.setdefault(unit, ([], set(), set()))[1].add("\x00")
         elif kind == b"b" and value is not None and b'"filter":"$share/' in value:
             record = r.BatchRecord.from_bytes(value)
             unit, reader = (record.topic_filter, record.stream.shard), name
         if unit is None:
             continue
-        keys, readers = units.setdefault(unit, ([], set()))
+        keys, readers, tenures = units.setdefault(unit, ([], set(), set()))
         keys.append(key)
         readers.add(reader or "")
+        if tenure is not None:
+            tenures.add(tenure)
     refused: set[bytes] = set()
     members: set[str] = set()
-    for (share, shard), (keys, readers) in units.items():
+    for (share, shard), (keys, readers, tenures) in units.items():
         raw = stored(g.owner_key(share, shard))
         owner = None if raw is None else g.Owner.from_bytes(raw).client
+        # A reader U+0000 (no client ID): an `x` taken twice. A tenure not the owner's: a
+        # read made in an earlier hold of the shard.
         if owner is None or not _owns(writer, site_of(owner)) or \
-                not readers <= {owner, ""}:  # (U+0000: no client ID, `x` taken twice)
+                not readers <= {owner, ""} or not tenures <= {g.Owner.tenure_of(raw)}:
             refused.update(keys)
             members.update(reader for reader in readers if reader not in ("", "\x00"))
     return refused, members

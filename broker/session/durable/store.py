@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker.ds import DurableStorage, Stream
+from broker.ds.kv import written_then_deleted
 from broker.session.durable import group_records as g
 from broker.session.durable import records as r
 from broker.session.durable.turn import PerTurn
@@ -179,8 +180,7 @@ class SessionStore:
             # A key written and deleted again within the turn (a batch record read, handed
             # back and done with) is written first: the replicas judge what a hand-back
             # refers to by it (group_fencing.py), and the flush keeps both (kv.py).
-            undone: dict[bytes, bytes | None] = {
-                key: value for key, value in writes if value is not None and last[key] is None}
+            undone = written_then_deleted(writes)
             if undone:
                 sessions.write_soon(undone, sync)
         written = sessions.write_soon(last, sync)
