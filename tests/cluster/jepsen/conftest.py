@@ -3,6 +3,7 @@ also on failure: workloads first (frozen nodes thawed so that clients can say go
 the doors; the `cluster` fixture kills the nodes."""
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +15,9 @@ from tests.cluster.jepsen.harness import Harness, build
 def jepsen(cluster: Cluster) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
-    def make(count: int = 3, doors: bool = False, **settings: str) -> Harness:
-        harness = build(cluster, count, doors, **settings)
+    def make(count: int = 3, doors: bool = False, code: Path | None = None,
+             **settings: str) -> Harness:
+        harness = build(cluster, count, doors, code, **settings)
         made.append(harness)
         return harness
 

@@ -90,6 +90,17 @@ class Nemesis:
             if wipe:
                 shutil.rmtree(node.process.data_dir, ignore_errors=True)
 
+    def stop(self, name: str) -> int:
+        """SIGTERM, as Kubernetes or systemd stop a node for an upgrade: out of the directory
+        first (a load balancer stops sending it clients), then the graceful stop; returns
+        the exit code."""
+        self.label("stop", name)
+        node = self.node(name)
+        self.directory.remove(name)
+        code = node.process.stop(timeout=60)
+        self.down.add(name)
+        return code
+
     def restart(self, *names: str, timeout: float = 30.0) -> None:
         """Starts the named nodes again (in parallel, on their data dirs), waits until every
         running node sees every other running, then lets clients in."""

@@ -90,10 +90,13 @@ class Harness:
             self.doors.close()
 
 
-def build(cluster: Cluster, count: int = 3, doors: bool = False,
+def build(cluster: Cluster, count: int = 3, doors: bool = False, code: Path | None = None,
           **settings: str) -> Harness:
-    """`count` nodes started and linked, every one in the clients' directory."""
+    """`count` nodes started and linked, every one in the clients' directory; `code`: the
+    source tree of an earlier release to run them on (tests/support/releases.py)."""
     nodes = cluster.make(count, **{**THREE, **settings})
+    for node in nodes:
+        node.process.code = code
     front = FrontDoors() if doors else None
     directory, recorder = Directory(), Recorder()
     replicated = nodes[0].settings.get("durable_storage.messages.backend") == RAFT
