@@ -9,6 +9,7 @@ from broker.auth.security import SecurityFileError
 from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
 from broker.ds import SiteIdMismatch
+from broker.format_check import FormatRefused
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -25,7 +26,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         run(config)
-    except (SiteIdMismatch, SecurityFileError, ConfigError) as error:
+    except (SiteIdMismatch, SecurityFileError, ConfigError, FormatRefused) as error:
         print(f"broker: cannot start: {error}", file=sys.stderr)
         return 2
     except OSError as error:

@@ -27,6 +27,7 @@ class BrokerProcess:
     ports: dict[str, int] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # over the test's (PYTHONPATH, say)
 
     def start(self, timeout: float = 20.0) -> "BrokerProcess":
         args = [sys.executable, "-m", "broker", "run"]
@@ -43,7 +44,7 @@ class BrokerProcess:
         self.ports = {}
         self.proc = subprocess.Popen(
             args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         ready = threading.Event()
         threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()
