@@ -29,7 +29,8 @@ class BrokerProcess:
     proc: subprocess.Popen[str] | None = None
     env: dict[str, str] = field(default_factory=dict)  # over the test's (PYTHONPATH, say)
 
-    def start(self, timeout: float = 20.0) -> "BrokerProcess":
+    def command(self) -> list[str]:
+        """`broker run` with this node's settings, every listener on loopback."""
         args = [sys.executable, "-m", "broker", "run"]
         base = {
             "listeners.tcp.default.bind": "127.0.0.1:0",
@@ -41,10 +42,16 @@ class BrokerProcess:
         }
         for key, value in {**base, **self.settings}.items():
             args += ["--set", f"{key}={value}"]
+        return args
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+
+    def start(self, timeout: float = 20.0) -> "BrokerProcess":
         self.ports = {}
         self.proc = subprocess.Popen(
-            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            self.command(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env=self.environment(),
         )
         ready = threading.Event()
         threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()

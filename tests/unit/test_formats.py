@@ -25,16 +25,11 @@ from broker.formats import (
 from broker.raft import wal
 from broker.version import RELEASE
 from tests.support.releases import releases
+from tests.support.tree import state
 
 
 def _trees(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "data", tmp_path / "data" / "raft" / "wal"
-
-
-def _files(root: Path) -> dict[str, tuple[int, bytes]]:
-    """Every file under `root`: (mtime, content)."""
-    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes())
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _stamp(root: Path, doc: object) -> None:
@@ -72,9 +67,9 @@ def test_a_tree_without_stamps_is_version_0_and_is_stamped_once(tmp_path: Path) 
     assert json.loads((wal_dir / STAMP).read_text()) == stamp_of(WAL_DIR)
     assert {(item.fmt.name, item.version) for item in inspect(data_dir, wal_dir)} == {
         (fmt.name, fmt.version) for fmt in FORMATS}
-    before = _files(tmp_path)
+    before = state(tmp_path)
     assert _open(tmp_path) == []
-    assert _files(tmp_path) == before
+    assert state(tmp_path) == before
 
 
 def test_a_format_newer_than_this_release_is_refused_naming_file_version_and_release(
@@ -83,13 +78,13 @@ def test_a_format_newer_than_this_release_is_refused_naming_file_version_and_rel
     doc = stamp_of(DATA_DIR)
     doc["formats"]["sessions"] = {"version": 2, "read_by": "0.3.0"}  # type: ignore[index]
     _stamp(data_dir, doc)
-    before = _files(tmp_path)
+    before = state(tmp_path)
     with pytest.raises(FormatRefused) as refused:
         _open(tmp_path)
     message = str(refused.value)
     assert str(data_dir / STAMP) in message and "sessions" in message
     assert "version 2" in message and "release 0.3.0" in message and RELEASE in message
-    assert _files(tmp_path) == before
+    assert state(tmp_path) == before
 
 
 def test_a_format_this_release_does_not_know_is_refused(tmp_path: Path) -> None:
@@ -115,11 +110,11 @@ def test_a_stamp_that_is_not_ours_is_refused_and_left_alone(
     _, wal_dir = _trees(tmp_path)
     wal_dir.mkdir(parents=True)
     (wal_dir / STAMP).write_bytes(content)
-    before = _files(tmp_path)
+    before = state(tmp_path)
     with pytest.raises(FormatRefused) as refused:
         _open(tmp_path)
     assert str(wal_dir / STAMP) in str(refused.value) and reason in str(refused.value)
-    assert _files(tmp_path) == before
+    assert state(tmp_path) == before
 
 
 def _segments(wal_dir: Path, *heads: bytes) -> None:
@@ -138,12 +133,12 @@ def test_a_segment_this_release_cannot_read_is_refused(
         tmp_path: Path, heads: tuple[bytes, ...], bad: int, reason: str) -> None:
     _, wal_dir = _trees(tmp_path)
     _segments(wal_dir, *heads)
-    before = _files(tmp_path)
+    before = state(tmp_path)
     with pytest.raises(FormatRefused) as refused:
         _open(tmp_path)
     assert str(wal_dir / f"{bad:016x}.wal") in str(refused.value)
     assert reason in str(refused.value)
-    assert _files(tmp_path) == before
+    assert state(tmp_path) == before
 
 
 def test_a_last_segment_cut_short_at_creation_is_left_to_recovery(tmp_path: Path) -> None:
