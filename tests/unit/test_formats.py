@@ -5,6 +5,7 @@ start."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,10 @@ def test_an_unreadable_stamp_is_refused_not_replaced(tmp_path: Path) -> None:
     with pytest.raises(FormatRefused, match="cannot read the format stamp"):
         _open(tmp_path)
     assert (data_dir / STAMP).is_dir() and os.listdir(data_dir / STAMP) == []
+
+
+def test_the_documented_table_is_the_registry() -> None:
+    """docs/formats.md lists every format with its tree and version, and no other."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|[^|]*\| (\d+) \|$", text, re.M)
+    assert rows == [(fmt.name, fmt.tree, str(fmt.version)) for fmt in FORMATS]
