@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker import format_check
+from broker.cli import main as broker_main
 from broker.format_check import FormatRefused, inspect, upgrade
 from broker.formats import (
     BY_NAME,
@@ -200,3 +201,20 @@ def test_the_documented_table_is_the_registry() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|[^|]*\| (\d+) \|$", text, re.M)
     assert rows == [(fmt.name, fmt.tree, str(fmt.version)) for fmt in FORMATS]
+
+
+def test_broker_formats_lists_what_a_data_dir_holds_without_changing_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data_dir, wal_dir = _trees(tmp_path)
+    _stamp(wal_dir, stamp_of(WAL_DIR))
+    before = state(tmp_path)
+    assert broker_main(["formats", "--data-dir", str(data_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:3] == ["site", "0", "1"] and "(none: 0.1.0" in lines[1]
+    assert lines[-1].split() == ["wal", "1", "1", str(wal_dir / STAMP)]
+    doc = stamp_of(WAL_DIR)
+    doc["formats"]["wal"]["version"] = 9  # type: ignore[index]
+    _stamp(wal_dir, doc)
+    assert broker_main(["formats", "--data-dir", str(data_dir)]) == 2
+    assert "format wal" in capsys.readouterr().err
+    assert state(tmp_path).keys() == before.keys()
