@@ -46,7 +46,8 @@ def _formats(args: argparse.Namespace) -> int:
         return 2
     print(f"{'FORMAT':<14} {'VERSION':>7} {'THIS RELEASE':>12}  STAMP")
     for item in found:
-        stamp = item.stamp if item.stamp.exists() else f"{item.stamp} (none: 0.1.0, or nothing written yet)"
+        stamp = (item.stamp if item.stamp.exists()
+                 else f"{item.stamp} (none: 0.1.0, or nothing written yet)")
         print(f"{item.fmt.name:<14} {item.version:>7} {item.fmt.version:>12}  {stamp}")
     return 0
 

@@ -89,7 +89,12 @@ def open_formats(config: Config) -> None:
 def trees(config: Config) -> tuple[Path, Path]:
     """The node's data dir and write-ahead log dir."""
     data_dir = Path(config["node.data_dir"])
-    return data_dir, Path(config["durable_storage.raft.wal_dir"] or data_dir / "raft" / "wal")
+    return data_dir, wal_dir_of(data_dir, config["durable_storage.raft.wal_dir"])
+
+
+def wal_dir_of(data_dir: Path, configured: str = "") -> Path:
+    """durable_storage.raft.wal_dir: empty = `<data dir>/raft/wal`."""
+    return Path(configured) if configured else data_dir / "raft" / "wal"
 
 
 def _read_stamp(path: Path, tree: str) -> dict[str, int]:

@@ -218,3 +218,16 @@ def test_broker_formats_lists_what_a_data_dir_holds_without_changing_it(
     assert broker_main(["formats", "--data-dir", str(data_dir)]) == 2
     assert "format wal" in capsys.readouterr().err
     assert state(tmp_path).keys() == before.keys()
+
+
+def test_ctl_ds_info_refuses_to_open_a_newer_data_dir(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data_dir, _ = _trees(tmp_path)
+    (data_dir / "ds").mkdir(parents=True)
+    doc = stamp_of(DATA_DIR)
+    doc["formats"]["messages"] = {"version": 5, "read_by": "1.0.0"}  # type: ignore[index]
+    _stamp(data_dir, doc)
+    before = state(tmp_path)
+    assert broker_main(["ctl", "ds", "info", "--data-dir", str(data_dir)]) == 1
+    assert "format messages" in capsys.readouterr().err
+    assert state(tmp_path) == before
