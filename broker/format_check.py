@@ -30,11 +30,11 @@ from broker.formats import (
     in_tree,
     stamp_of,
 )
+from broker.raft.wal import SUFFIX as WAL_SUFFIX
 from broker.version import RELEASE
 
 log = logging.getLogger(__name__)
 
-_WAL_SUFFIX: Final = ".wal"
 _HEADER_SIZE: Final = len(WAL_SEGMENT_MAGIC) + 1
 
 
@@ -152,7 +152,7 @@ def _check_segments(wal_dir: Path, stamp: Found) -> None:
     last may be shorter than a header: a crash right after creating it (recovery removes
     it)."""
     try:
-        names = sorted(p.name for p in wal_dir.iterdir() if p.name.endswith(_WAL_SUFFIX))
+        names = sorted(p.name for p in wal_dir.iterdir() if p.name.endswith(WAL_SUFFIX))
     except FileNotFoundError:
         return
     except OSError as error:
