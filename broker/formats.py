@@ -13,7 +13,7 @@ the start-up check and the tests all read the one list.
 """
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from broker.version import RELEASE
 
@@ -79,7 +79,7 @@ def wal_segment_header() -> bytes:
     return WAL_SEGMENT_MAGIC + str(WAL.version).encode()
 
 
-def stamp_of(tree: str) -> dict[str, object]:
+def stamp_of(tree: str) -> dict[str, Any]:
     """What this release writes as the stamp of `tree` (the JSON object)."""
     return {"kind": STAMP_KIND, "written_by": RELEASE,
             "formats": {fmt.name: {"version": fmt.version, "read_by": fmt.read_by[-1]}

@@ -173,7 +173,7 @@ def _refused_twice_untouched(data_dir: Path, node: BrokerProcess) -> str:
 def test_a_data_dir_of_a_newer_release_is_refused_and_left_untouched(
         data_dir: Path, node: BrokerProcess) -> None:
     newer = stamp_of(DATA_DIR)
-    newer["formats"]["sessions"] = {"version": 2, "read_by": "0.3.0"}  # type: ignore[index]
+    newer["formats"]["sessions"] = {"version": 2, "read_by": "0.3.0"}
     (data_dir / STAMP).write_text(json.dumps(newer))
     message = _refused_twice_untouched(data_dir, node)
     assert str(data_dir / STAMP) in message and "format sessions" in message

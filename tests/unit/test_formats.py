@@ -78,7 +78,7 @@ def test_a_format_newer_than_this_release_is_refused_naming_file_version_and_rel
         tmp_path: Path) -> None:
     data_dir, _ = _trees(tmp_path)
     doc = stamp_of(DATA_DIR)
-    doc["formats"]["sessions"] = {"version": 2, "read_by": "0.3.0"}  # type: ignore[index]
+    doc["formats"]["sessions"] = {"version": 2, "read_by": "0.3.0"}
     _stamp(data_dir, doc)
     before = state(tmp_path)
     with pytest.raises(FormatRefused) as refused:
@@ -92,7 +92,7 @@ def test_a_format_newer_than_this_release_is_refused_naming_file_version_and_rel
 def test_a_format_this_release_does_not_know_is_refused(tmp_path: Path) -> None:
     _, wal_dir = _trees(tmp_path)
     doc = stamp_of(WAL_DIR)
-    doc["formats"]["wal-index"] = {"version": 1, "read_by": "0.4.0"}  # type: ignore[index]
+    doc["formats"]["wal-index"] = {"version": 1, "read_by": "0.4.0"}
     _stamp(wal_dir, doc)
     with pytest.raises(FormatRefused, match=r"wal-index, which this release does not know.*"
                                             r"release 0\.4\.0"):
@@ -180,8 +180,8 @@ def test_a_stamp_of_an_older_version_is_brought_up_to_this_release(tmp_path: Pat
     is rewritten with this release's versions; the formats it names stay readable."""
     data_dir, _ = _trees(tmp_path)
     doc = stamp_of(DATA_DIR)
-    del doc["formats"]["api-key"]  # type: ignore[attr-defined]
-    doc["formats"]["sessions"]["version"] = 0  # type: ignore[index]
+    del doc["formats"]["api-key"]
+    doc["formats"]["sessions"]["version"] = 0
     _stamp(data_dir, doc)
     assert _open(tmp_path) == [(data_dir / STAMP, "sessions 0->1, api-key 0->1"),
                                (_trees(tmp_path)[1] / STAMP, "wal 0->1")]
@@ -213,7 +213,7 @@ def test_broker_formats_lists_what_a_data_dir_holds_without_changing_it(
     assert lines[1].split()[:3] == ["site", "0", "1"] and "(none: 0.1.0" in lines[1]
     assert lines[-1].split() == ["wal", "1", "1", str(wal_dir / STAMP)]
     doc = stamp_of(WAL_DIR)
-    doc["formats"]["wal"]["version"] = 9  # type: ignore[index]
+    doc["formats"]["wal"]["version"] = 9
     _stamp(wal_dir, doc)
     assert broker_main(["formats", "--data-dir", str(data_dir)]) == 2
     assert "format wal" in capsys.readouterr().err
@@ -225,7 +225,7 @@ def test_ctl_ds_info_refuses_to_open_a_newer_data_dir(
     data_dir, _ = _trees(tmp_path)
     (data_dir / "ds").mkdir(parents=True)
     doc = stamp_of(DATA_DIR)
-    doc["formats"]["messages"] = {"version": 5, "read_by": "1.0.0"}  # type: ignore[index]
+    doc["formats"]["messages"] = {"version": 5, "read_by": "1.0.0"}
     _stamp(data_dir, doc)
     before = state(tmp_path)
     assert broker_main(["ctl", "ds", "info", "--data-dir", str(data_dir)]) == 1
