@@ -58,6 +58,9 @@ def inspect(data_dir: Path, wal_dir: Path) -> list[Found]:
     for tree, root in ((DATA_DIR, data_dir), (WAL_DIR, wal_dir)):
         versions = _read_stamp(root / STAMP, tree)
         found += [Found(fmt, versions.get(fmt.name, 0), root / STAMP) for fmt in in_tree(tree)]
+        for fmt in in_tree(tree):
+            for name in fmt.files:
+                _check_file(root / name, fmt)
     wal_stamp = next(item for item in found if item.fmt is WAL)
     _check_segments(wal_dir, wal_stamp)
     return found
@@ -145,6 +148,27 @@ def _parse_stamp(path: Path, raw: bytes) -> dict[str, Any]:
             for entry in formats.values()):
         raise foreign("\"formats\" is not a map of {\"version\": int, \"read_by\": release}")
     return doc
+
+
+def _check_file(path: Path, fmt: Format) -> None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise FormatRefused(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        text = raw.decode()
+        if path.suffix == ".json":
+            if not isinstance(json.loads(text), dict):
+                raise ValueError("not a JSON object")
+        elif not text.strip() or "\n" in text.strip():
+            raise ValueError("not one line of text")
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError too
+        raise FormatRefused(
+            f"{path}: not the file of format {fmt.name} this broker writes ({error}). It was"
+            " damaged or written by something else: restore it; nothing was changed"
+        ) from None
 
 
 def _check_segments(wal_dir: Path, stamp: Found) -> None:

@@ -39,6 +39,10 @@ class Format:
     # read_by[v]: the oldest release that reads version v; the last one is the version this
     # release writes. Version 0 is a tree without a stamp (0.1.0).
     read_by: tuple[str, ...]
+    # Small files of it that start-up reads whole: the check refuses one that is not ours
+    # (`.json`: a JSON object; else one line of text) naming it, before the code that reads
+    # it fails on it with less to say.
+    files: tuple[str, ...] = ()
 
     @property
     def version(self) -> int:
@@ -50,17 +54,19 @@ class Format:
 _FIRST: Final = ("0.1.0", "0.1.0")
 
 FORMATS: Final = (
-    Format("site", "ds/site_id, ds/incarnation (16 hex digits each)", DATA_DIR, _FIRST),
+    Format("site", "ds/site_id, ds/incarnation (16 hex digits each)", DATA_DIR, _FIRST,
+           ("ds/site_id", "ds/incarnation")),
     Format("messages", "ds/messages/: db.json, shard-NNN/gen-NNNNNN LevelDB slabs (TTV values"
            " carry their own version byte), a sealed slab's manifest.json, replica indexes",
-           DATA_DIR, _FIRST),
+           DATA_DIR, _FIRST, ("ds/messages/db.json",)),
     Format("sessions", "ds/sessions/: LevelDB of durable sessions (records.py)", DATA_DIR,
            _FIRST),
     Format("retained", "retained/: LevelDB of retained messages (a format byte per record)",
            DATA_DIR, _FIRST),
     Format("raft-metadata", "raft/metadata.json: the metadata group's first voters",
-           DATA_DIR, _FIRST),
-    Format("cluster", "cluster/members.json, cluster/cookie", DATA_DIR, _FIRST),
+           DATA_DIR, _FIRST, ("raft/metadata.json",)),
+    Format("cluster", "cluster/members.json, cluster/cookie", DATA_DIR, _FIRST,
+           ("cluster/members.json", "cluster/cookie")),
     Format("api-key", "api_key: the generated administrator key", DATA_DIR, _FIRST),
     Format("wal", "*.wal: Raft write-ahead log segments, each headed RAFTWAL<version>",
            WAL_DIR, _FIRST),

@@ -4,8 +4,9 @@ A data dir really written by release 0.1.0 (its code built from git, `RELEASES`)
 this tree: its durable session, the messages stored for it in a sealed and in the current
 generation, and its retained message are all there, and it is stamped; a kill -9 between
 the two stamps restarts cleanly. One from a newer release, or with a damaged stamp or
-write-ahead log segment, is refused at start with a message naming the file, and the
-refusal changes nothing, however often the node is started again.
+write-ahead log segment, or a site ID or JSON file not ours, is refused at start with a
+message naming the file, and the refusal changes nothing, however often the node is started
+again.
 """
 
 import json
@@ -192,7 +193,8 @@ def _truncate_first_segment(data_dir: Path) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["garbage-stamp", "foreign-json-stamp",
-                                    "truncated-segment-header"])
+                                    "truncated-segment-header", "binary-site-id",
+                                    "foreign-metadata-json"])
 def test_a_damaged_or_foreign_file_is_refused_naming_it(
         data_dir: Path, node: BrokerProcess, damage: str) -> None:
     if damage == "garbage-stamp":
@@ -203,8 +205,16 @@ def test_a_damaged_or_foreign_file_is_refused_naming_it(
         bad = data_dir / "raft" / "wal" / STAMP
         bad.write_text('{"name": "someone else\'s", "version": 3}')
         reason = "not a format stamp of this broker (no \"kind\""
-    else:
+    elif damage == "truncated-segment-header":
         bad = _truncate_first_segment(data_dir)
         reason = "not a write-ahead log segment: it is 5 bytes"
+    elif damage == "binary-site-id":
+        bad = data_dir / "ds" / "site_id"
+        bad.write_bytes(b"\xfe\xed\xfa\xce")
+        reason = "not the file of format site this broker writes ('utf-8' codec"
+    else:
+        bad = data_dir / "raft" / "metadata.json"
+        bad.write_text('["not", "ours"]')
+        reason = "not the file of format raft-metadata this broker writes (not a JSON object"
     message = _refused_twice_untouched(data_dir, node)
     assert f"{bad}: {reason}" in message

@@ -231,3 +231,34 @@ def test_ctl_ds_info_refuses_to_open_a_newer_data_dir(
     assert broker_main(["ctl", "ds", "info", "--data-dir", str(data_dir)]) == 1
     assert "format messages" in capsys.readouterr().err
     assert state(tmp_path) == before
+
+
+@pytest.mark.parametrize(("name", "content", "reason"), [
+    ("ds/site_id", b"\x89\xffbinary", "can't decode"),
+    ("ds/incarnation", b"", "not one line of text"),
+    ("ds/messages/db.json", b"[16]", "not a JSON object"),
+    ("ds/messages/db.json", b'{"n_shards": 1', "Expecting"),
+    ("raft/metadata.json", b"\x00\x00\x00", "Expecting value"),
+    ("cluster/members.json", "{\"members\": []}".encode("utf-16"), "can't decode"),
+    ("cluster/cookie", b"one\ntwo\n", "not one line of text"),
+])
+def test_a_small_file_that_is_not_ours_is_refused_naming_it(
+        tmp_path: Path, name: str, content: bytes, reason: str) -> None:
+    data_dir, _ = _trees(tmp_path)
+    (data_dir / name).parent.mkdir(parents=True)
+    (data_dir / name).write_bytes(content)
+    before = state(tmp_path)
+    with pytest.raises(FormatRefused) as refused:
+        _open(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{data_dir / name}: not the file of format ") and reason in message
+    assert state(tmp_path) == before
+
+
+def test_the_small_files_a_node_writes_pass(tmp_path: Path) -> None:
+    data_dir, _ = _trees(tmp_path)
+    for name, content in [("ds/site_id", "5c6028d6ce9459c7\n"), ("cluster/cookie", "c\n"),
+                          ("ds/messages/db.json", '{"n_shards": 16, "format": 1}')]:
+        (data_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (data_dir / name).write_text(content)
+    assert _open(tmp_path)[0][0] == data_dir / STAMP
