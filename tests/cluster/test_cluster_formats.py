@@ -16,10 +16,10 @@ from tests.support import releases
 
 def test_a_cluster_of_release_0_1_0_restarts_on_this_release_with_everything(
         cluster: Cluster, clients: list[PahoClient], tmp_path: Path) -> None:
-    code = releases.build("0.1.0", tmp_path / "release-0.1.0")
+    code = releases.build("0.1.0", tmp_path)
     nodes = cluster.make(3, **REPLICATED)
     for node in nodes:
-        node.process.env = releases.env(code)
+        node.process.code = code
         node.start()
     cluster.all_running(nodes)
     _groups_led(nodes, 1 + 1 + 4)  # metadata, sessions, 4 shards
@@ -44,7 +44,7 @@ def test_a_cluster_of_release_0_1_0_restarts_on_this_release_with_everything(
         assert not (node.process.data_dir / STAMP).exists()
 
     for node in nodes:
-        node.process.env = {}
+        node.process.code = None
         node.process.log_lines.clear()
         node.start()
     cluster.all_running(nodes)

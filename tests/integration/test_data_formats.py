@@ -40,8 +40,8 @@ def release_0_1_0_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The data dir of a 0.1.0 node that took a durable session, ten messages stored for it
     (five of them then sealed in a generation) and a retained message, stopped by SIGTERM."""
     root = tmp_path_factory.mktemp("release-0.1.0")
-    code = releases.build("0.1.0", root / "code")
-    node = BrokerProcess(root / "data", SETTINGS, env=releases.env(code)).start()
+    code = releases.build("0.1.0", root)
+    node = BrokerProcess(root / "data", SETTINGS, code=code).start()
     clients: list[PahoClient] = []
     try:
         subscriber = PahoClient(node.tcp, SESSION)
@@ -134,7 +134,7 @@ def test_a_kill_between_the_two_stamps_restarts_cleanly(
     wal_tmp = data_dir / "raft" / "wal" / (STAMP + ".tmp")
     os.mkfifo(wal_tmp)
     process = subprocess.Popen(node.command(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=node.environment())
+                               stderr=subprocess.DEVNULL, **node.popen_options())
     try:
         wait_until(lambda: (data_dir / STAMP).exists() or process.poll() is not None, 20,
                    "the data dir's stamp")
@@ -155,7 +155,7 @@ def test_a_kill_between_the_two_stamps_restarts_cleanly(
 def _refused(node: BrokerProcess) -> str:
     """Starts the node, which must refuse the data dir: its stderr."""
     done = subprocess.run(node.command(), capture_output=True, text=True, timeout=60,
-                          env=node.environment())
+                          **node.popen_options())
     assert done.returncode == 2, done.stderr
     return done.stderr
 

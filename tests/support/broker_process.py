@@ -13,6 +13,7 @@ import threading
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.procstat import rss_kib
 
@@ -27,7 +28,8 @@ class BrokerProcess:
     ports: dict[str, int] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
-    env: dict[str, str] = field(default_factory=dict)  # over the test's (PYTHONPATH, say)
+    # Another release's source tree (tests/support/releases.py) to run instead of this one.
+    code: Path | None = None
 
     def command(self) -> list[str]:
         """`broker run` with this node's settings, every listener on loopback."""
@@ -44,14 +46,19 @@ class BrokerProcess:
             args += ["--set", f"{key}={value}"]
         return args
 
-    def environment(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+    def popen_options(self) -> dict[str, Any]:
+        """The environment and working directory `command` runs in: this tree's, or the
+        release's in `code`."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.code is not None:
+            env["PYTHONPATH"] = str(self.code)
+        return {"env": env, "cwd": self.code}
 
     def start(self, timeout: float = 20.0) -> "BrokerProcess":
         self.ports = {}
         self.proc = subprocess.Popen(
             self.command(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env=self.environment(),
+            **self.popen_options(),
         )
         ready = threading.Event()
         threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()
