@@ -1,4 +1,5 @@
-"""The `broker` command: `broker run` starts a node; `broker config docs` prints the reference."""
+"""The `broker` command: `broker run` starts a node; `broker config docs` prints the reference;
+`broker formats` lists the format versions of a node's data (read-only)."""
 
 import argparse
 import logging
@@ -9,6 +10,7 @@ from broker.auth.security import SecurityFileError
 from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
 from broker.ds import SiteIdMismatch
+from broker.format_check import FormatRefused, inspect, trees
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -25,12 +27,28 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         run(config)
-    except (SiteIdMismatch, SecurityFileError, ConfigError) as error:
+    except (SiteIdMismatch, SecurityFileError, ConfigError, FormatRefused) as error:
         print(f"broker: cannot start: {error}", file=sys.stderr)
         return 2
     except OSError as error:
         print(f"broker: cannot start: {error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _formats(args: argparse.Namespace) -> int:
+    """What `broker run` with these options would find, without changing anything."""
+    overrides = [*(args.set or []), *([f"node.data_dir={args.data_dir}"] if args.data_dir else [])]
+    try:
+        found = inspect(*trees(load_config(args.config, overrides)))
+    except (ConfigError, FormatRefused) as error:
+        print(f"broker: {error}", file=sys.stderr)
+        return 2
+    print(f"{'FORMAT':<14} {'VERSION':>7} {'THIS RELEASE':>12}  STAMP")
+    for item in found:
+        stamp = (item.stamp if item.stamp.exists()
+                 else f"{item.stamp} (none: 0.1.0, or nothing written yet)")
+        print(f"{item.fmt.name:<14} {item.version:>7} {item.fmt.version:>12}  {stamp}")
     return 0
 
 
@@ -42,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--set", "-s", action="append", metavar="KEY=VALUE",
                      help="override one configuration key (repeatable)")
     run.set_defaults(func=_run)
+    formats = commands.add_parser("formats", help="list the format versions of a node's data"
+                                  " (read-only; the options of `broker run`)")
+    formats.add_argument("--data-dir", help="the node's data dir (node.data_dir)")
+    formats.add_argument("--config", "-c", help="TOML configuration file")
+    formats.add_argument("--set", "-s", action="append", metavar="KEY=VALUE",
+                         help="override one configuration key (repeatable)")
+    formats.set_defaults(func=_formats)
     config = commands.add_parser("config", help="configuration reference")
     config.add_argument("what", choices=["docs"])
     config.set_defaults(func=lambda _args: print(render_markdown_table()) or 0)

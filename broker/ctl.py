@@ -25,6 +25,7 @@ import plyvel
 
 from broker.auth.users_ctl import add_users_parser
 from broker.ds import DurableStorage, Settings
+from broker.format_check import FormatRefused, inspect, wal_dir_of
 from broker.http.auth import ApiKeyFileError, parse_api_keys
 
 DEFAULT_URL = "http://127.0.0.1:18083"
@@ -90,6 +91,7 @@ def _calls_api(command: Callable[[argparse.Namespace], int]
 async def _offline_info(data_dir: Path) -> dict[str, Any]:
     if not (data_dir / "ds").is_dir():
         raise FileNotFoundError(f"no durable storage in {data_dir}")
+    inspect(data_dir, wal_dir_of(data_dir))  # opening what a newer release wrote could harm it
     storage = DurableStorage(data_dir, Settings())
     try:
         return storage.info()
@@ -209,7 +211,7 @@ def ds_command(args: argparse.Namespace) -> int:
         else:
             info = _http(args, "/api/v5/ds/storages")
             info["sites"] = _sites(args)
-    except (urllib.error.URLError, OSError, plyvel.Error) as error:
+    except (urllib.error.URLError, OSError, plyvel.Error, FormatRefused) as error:
         where = args.data_dir or args.url
         print(f"broker ctl: cannot read durable storage at {where}: {error}", file=sys.stderr)
         return 1

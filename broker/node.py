@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 from broker.auth.security import Security
 from broker.config.loader import Config
 from broker.ds import DurableStorage, Settings
+from broker.format_check import open_formats
 from broker.metrics import Stats
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.topic import parse_shared
@@ -58,6 +59,7 @@ class PublishLimits:
 
 class Node:
     def __init__(self, config: Config) -> None:
+        open_formats(config)  # first: refuses formats it cannot read before writing any
         self.config = config
         self.limits = PublishLimits.from_config(config)
         self.stats = Stats()

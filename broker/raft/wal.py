@@ -4,8 +4,8 @@ Every group's entries, term and vote go to one sequence of segment files, so one
 `fdatasync` makes a whole event-loop turn of writes of every group durable (group commit);
 with one file per group, 16 groups would need 16 fsyncs per turn.
 
-File format. A segment `<sequence, 16 hex digits>.wal` starts with the 8 bytes `RAFTWAL1`,
-then records:
+File format. A segment `<sequence, 16 hex digits>.wal` starts with the 8 bytes `RAFTWAL1`
+(the `wal` format's version, broker/formats.py), then records:
 
     offset  size  field
     0       4     L = body length, unsigned big-endian
@@ -41,12 +41,13 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from broker.formats import wal_segment_header
 from broker.raft.latency import LatencyHistogram
 from broker.raft.log import RaftLog
 from broker.raft.messages import Config, Entry, MalformedMessage, decode_entries, encode_entries
 from broker.raft.ready import HardState, SnapshotMeta
 
-MAGIC: Final = b"RAFTWAL1"
+MAGIC: Final = wal_segment_header()  # b"RAFTWAL1" (broker/formats.py)
 ENTRIES: Final = 1
 HARD_STATE: Final = 2
 SNAPSHOT: Final = 3

@@ -13,6 +13,7 @@ import threading
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.procstat import rss_kib
 
@@ -30,7 +31,8 @@ class BrokerProcess:
     # Another release's source tree (tests/support/releases.py) to run instead of this one.
     code: Path | None = None
 
-    def start(self, timeout: float = 20.0) -> "BrokerProcess":
+    def command(self) -> list[str]:
+        """`broker run` with this node's settings, every listener on loopback."""
         args = [sys.executable, "-m", "broker", "run"]
         base = {
             "listeners.tcp.default.bind": "127.0.0.1:0",
@@ -42,13 +44,21 @@ class BrokerProcess:
         }
         for key, value in {**base, **self.settings}.items():
             args += ["--set", f"{key}={value}"]
-        self.ports = {}
+        return args
+
+    def popen_options(self) -> dict[str, Any]:
+        """The environment and working directory `command` runs in: this tree's, or the
+        release's in `code`."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.code is not None:
             env["PYTHONPATH"] = str(self.code)
+        return {"env": env, "cwd": self.code}
+
+    def start(self, timeout: float = 20.0) -> "BrokerProcess":
+        self.ports = {}
         self.proc = subprocess.Popen(
-            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
-            cwd=self.code,
+            self.command(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            **self.popen_options(),
         )
         ready = threading.Event()
         threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()
