@@ -18,12 +18,13 @@ to `receive`.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from broker.raft.core import RaftGroup
+from broker.raft.core import LEADER, RaftGroup
 from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport
 from broker.raft.ready import SnapshotMeta
 from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
@@ -43,13 +44,16 @@ class RaftNode:
     def __init__(self, node_id: str, directory: str, transport: Transport, *,
                  tick_seconds: float = 0.05, election_ticks: int = 10,
                  heartbeat_ticks: int = 2, segment_bytes: int = 64 << 20,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None,
+                 can_transfer_to: Callable[[str], bool] | None = None) -> None:
         self.id = node_id
         self.tick_seconds = tick_seconds
         self.wal = WriteAheadLog(FileStore(directory), segment_bytes)
         self.recovered: dict[int, RecoveredGroup] = self.wal.recover()
         self.host = RaftHost(node_id, self.wal, transport, random.Random(seed),
                              election_ticks, heartbeat_ticks)
+        if can_transfer_to is not None:
+            self.host.can_transfer_to = can_transfer_to
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
         self._to_write: list[HostBatch] = []
@@ -123,6 +127,34 @@ class RaftNode:
     def remove(self, group: int, node: str) -> None:
         self.core(group).remove(node)
         self._schedule_flush()
+
+    def led(self) -> list[int]:
+        """The groups this node leads now."""
+        return [group for group, hosted in self.host.groups.items()
+                if hosted.core.role == LEADER]
+
+    async def hand_over(self) -> list[int]:
+        """Hands the leadership of every group this node leads to another voter (a graceful
+        stop: the groups need not wait an election timeout to notice it is gone) and
+        returns once it leads none, or has nobody to hand one to. A transfer that did not
+        happen within its election timeout is tried again: the caller bounds the wait.
+        Returns the groups still led."""
+        while True:
+            for group in self.led():
+                if self.core(group).transferee is None:
+                    target = self.host.transfer_leadership(group)
+                    if target is not None:
+                        log.info("group %d: handing leadership to %s", group, target)
+            self._schedule_flush()
+            pending = [group for group in self.led() if self.core(group).transferee]
+            if not pending:
+                return self.led()
+            # Until a transfer ends: done (not leading), or given up (no transferee).
+            await self.wait(functools.partial(self._transfers_ended, pending))
+
+    def _transfers_ended(self, groups: list[int]) -> bool:
+        return not any(self.core(group).role == LEADER and self.core(group).transferee
+                       for group in groups)
 
     async def wait(self, condition: Callable[[], bool]) -> None:
         """Returns once `condition()` holds, checked after every flush (for tests and
