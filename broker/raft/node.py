@@ -133,28 +133,41 @@ class RaftNode:
         return [group for group, hosted in self.host.groups.items()
                 if hosted.core.role == LEADER]
 
-    async def hand_over(self) -> list[int]:
+    async def hand_over(self, timeout: float) -> tuple[list[int], list[int]]:
         """Hands the leadership of every group this node leads to another voter (a graceful
-        stop: the groups need not wait an election timeout to notice it is gone) and
-        returns once it leads none, or has nobody to hand one to. A transfer that did not
-        happen within its election timeout is tried again: the caller bounds the wait.
-        Returns the groups still led."""
-        while True:
-            for group in self.led():
-                if self.core(group).transferee is None:
-                    target = self.host.transfer_leadership(group)
-                    if target is not None:
-                        log.info("group %d: handing leadership to %s", group, target)
-            self._schedule_flush()
-            pending = [group for group in self.led() if self.core(group).transferee]
-            if not pending:
-                return self.led()
-            # Until a transfer ends: done (not leading), or given up (no transferee).
-            await self.wait(functools.partial(self._transfers_ended, pending))
+        stop: the groups need not wait an election timeout to notice it is gone) until each
+        group has another leader, has no voter to hand it to, or `timeout` seconds passed;
+        returns the groups handed over and those it still leads. A transfer given up (its
+        election timeout passed) is tried again meanwhile."""
+        led = self.led()
+        handing = set(led)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while True:
+                    for group in sorted(handing):
+                        core = self.core(group)
+                        if core.role == LEADER and core.transferee is None:
+                            target = self.host.transfer_leadership(group)
+                            if target is None:
+                                handing.discard(group)
+                            else:
+                                log.debug("group %d: handing leadership to %s", group, target)
+                    self._schedule_flush()
+                    waiting = [group for group in handing if not self._led_elsewhere(group)]
+                    if not waiting:
+                        break
+                    # Until each has another leader, or this node leads it with no transfer
+                    # under way (given up, or elected again): then try again.
+                    await self.wait(functools.partial(self._transfers_settled, waiting))
+        return [group for group in led if self._led_elsewhere(group)], self.led()
 
-    def _transfers_ended(self, groups: list[int]) -> bool:
-        return not any(self.core(group).role == LEADER and self.core(group).transferee
-                       for group in groups)
+    def _led_elsewhere(self, group: int) -> bool:
+        return self.core(group).leader not in (None, self.id)
+
+    def _transfers_settled(self, groups: list[int]) -> bool:
+        return all(self._led_elsewhere(group) or (
+            self.core(group).role == LEADER and self.core(group).transferee is None)
+            for group in groups)
 
     async def wait(self, condition: Callable[[], bool]) -> None:
         """Returns once `condition()` holds, checked after every flush (for tests and
