@@ -78,7 +78,7 @@ class _Group:
         self.reads: deque[tuple[int, Callable[[bool], None]]] = deque()
 
 
-def _anyone(_peer: str) -> bool:
+def anyone(_peer: str) -> bool:
     return True
 
 
@@ -88,7 +88,7 @@ class RaftHost:
 
     def __init__(self, node_id: str, wal: WriteAheadLog, transport: Transport,
                  rng: random.Random, election_ticks: int = 10, heartbeat_ticks: int = 1,
-                 can_transfer_to: Callable[[str], bool] = _anyone) -> None:
+                 can_transfer_to: Callable[[str], bool] = anyone) -> None:
         self.id = node_id
         self.can_transfer_to = can_transfer_to
         self.wal = wal

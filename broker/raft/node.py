@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from broker.raft.core import LEADER, RaftGroup
-from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport
+from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport, anyone
 from broker.raft.ready import SnapshotMeta
 from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
 
@@ -45,15 +45,13 @@ class RaftNode:
                  tick_seconds: float = 0.05, election_ticks: int = 10,
                  heartbeat_ticks: int = 2, segment_bytes: int = 64 << 20,
                  seed: int | None = None,
-                 can_transfer_to: Callable[[str], bool] | None = None) -> None:
+                 can_transfer_to: Callable[[str], bool] = anyone) -> None:
         self.id = node_id
         self.tick_seconds = tick_seconds
         self.wal = WriteAheadLog(FileStore(directory), segment_bytes)
         self.recovered: dict[int, RecoveredGroup] = self.wal.recover()
         self.host = RaftHost(node_id, self.wal, transport, random.Random(seed),
-                             election_ticks, heartbeat_ticks)
-        if can_transfer_to is not None:
-            self.host.can_transfer_to = can_transfer_to
+                             election_ticks, heartbeat_ticks, can_transfer_to)
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
         self._to_write: list[HostBatch] = []
