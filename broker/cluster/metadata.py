@@ -71,8 +71,12 @@ _STATUS_EVERY: Final = 10  # maintenance rounds between asking a coordinator abo
 
 class MetadataGroup:
     def __init__(self, config: Config, cluster: Cluster, rpc: Rpc, store: RetainedStore,
-                 refused: Callable[[int], None]) -> None:
+                 refused: Callable[[int], None],
+                 can_transfer_to: Callable[[str], bool] = lambda site: True) -> None:
         self._cluster = cluster
+        # Whether a site's node may be handed a group's leadership (TimeoutNow is new since
+        # 0.1.0): the cluster's versions decide.
+        self.can_transfer_to = can_transfer_to
         self._rpc = rpc
         self.me = cluster.me.site
         self._dir = Path(config["node.data_dir"]) / "raft"
@@ -133,6 +137,10 @@ class MetadataGroup:
             self.machine.flush()
             await self._raft.close()
 
+    async def hand_over(self, timeout: float) -> tuple[list[int], list[int]]:
+        """A graceful stop: see RaftNode.hand_over (every group of this node is on it)."""
+        return ([], []) if self._raft is None else await self._raft.hand_over(timeout)
+
     def _open(self) -> RaftNode:
         if self.bootstrap.record is None and self._wal_dir.is_dir():
             # A node that is no member has no Raft history: whatever a log holds is of a
@@ -142,7 +150,9 @@ class MetadataGroup:
                 segment.unlink()
         return RaftNode(self.me, str(self._wal_dir), self.transport,
                         tick_seconds=self._tick, election_ticks=self._election_ticks,
-                        heartbeat_ticks=2, segment_bytes=self._segment_bytes)
+                        heartbeat_ticks=2, segment_bytes=self._segment_bytes,
+                        can_transfer_to=lambda site: self.is_up(site)
+                        and self.can_transfer_to(site))
 
     def _reset_machine(self) -> None:
         """This node's retained messages are not the group's: they go, with the machine

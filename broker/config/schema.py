@@ -99,6 +99,11 @@ SETTINGS: tuple[Setting, ...] = (
             "A peer silent for this long (no frame, no heartbeat: frozen, partitioned) is"
             " declared down, its link closed and its routes purged; heartbeats go out every"
             " quarter of it."),
+    Setting("node.graceful_stop_timeout", "5s", parse_duration,
+            "On SIGTERM, how long a node in a cluster waits for the Raft groups it leads"
+            " (metadata, sessions, Durable Storage shards) to be led by other nodes before"
+            " it disconnects its clients (MQTT 5: DISCONNECT 0x8B) and exits: the groups need"
+            " not wait an election timeout to replace their leader. 0 = no hand-over."),
     Setting("node.event_loop", "asyncio", parse_choice("asyncio", "uvloop"),
             "The event loop: `asyncio` (the standard library's) or `uvloop` (libuv's: ~5% less"
             " CPU per QoS 1 message in `bench/run.py` b and d, the same memory), for a node"

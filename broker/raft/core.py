@@ -21,7 +21,12 @@ Raft as in the paper and Ongaro's thesis, plus:
 - read index: a leader confirms it still leads with a heartbeat round, then the read waits
   for the state machine to reach the commit index of when it was asked;
 - snapshots: the state machine owns its data; compaction drops entries it has flushed, and
-  a follower behind the leader's first entry gets the state machine's snapshot in chunks.
+  a follower behind the leader's first entry gets the state machine's snapshot in chunks;
+- leadership transfer (thesis section 3.10, etcd's MsgTransferLeader/MsgTimeoutNow): the
+  leader refuses proposals (NotLeader) and membership changes, brings the target's log up to
+  its own, then sends TimeoutNow; the target campaigns at once, without pre-vote, and its
+  vote requests say so, so voters grant them despite hearing from a live leader. A transfer
+  that did not happen within an election timeout is given up and the leader goes on.
 """
 
 import random
@@ -44,6 +49,7 @@ from broker.raft.messages import (
     Message,
     RequestVote,
     SnapshotResponse,
+    TimeoutNow,
     VoteResponse,
 )
 from broker.raft.progress import PROBE, REPLICATE, SNAPSHOT, Progress
@@ -73,6 +79,10 @@ class NotLeader(Exception):
 
 class ConfigChangeRefused(Exception):
     pass
+
+
+class TransferRefused(Exception):
+    """A leadership transfer to a server that is not another voter of the group."""
 
 
 class RaftGroup:
@@ -114,6 +124,10 @@ class RaftGroup:
         self._reads: deque[tuple[object, int, int]] = deque()  # (context, index, seq)
         self._committed_in_term = False
         self._receiving: tuple[int, int, int] = (0, 0, 0)  # snapshot index, term, offset
+        # The voter this leader hands its leadership to (None: no transfer under way).
+        self.transferee: str | None = None
+        self._transfer_ticks = 0
+        self._timeout_now_sent = False
         # The Ready being collected.
         self._seq = 0
         self._unstable = 0  # the first index to write (0: none)
@@ -133,6 +147,9 @@ class RaftGroup:
         # Counters for metrics and tests.
         self.stale_messages = 0
         self.elections = 0
+        self.transfers = 0  # transfers this server started as leader
+        self.transfers_aborted = 0  # of those, given up after an election timeout
+        self.transfer_elections = 0  # elections it started on a leader's TimeoutNow
         self._alone_campaigns_at_once()
 
     # ----------------------------------------------------------------- inputs
@@ -165,19 +182,26 @@ class RaftGroup:
                 self._elapsed = 0
                 self._check_quorum()
             self._tick_snapshots()
+            if self.transferee is not None:
+                self._transfer_ticks += 1
+                if self._transfer_ticks >= self.election_ticks:
+                    self.transfers_aborted += 1
+                    self._end_transfer()
         elif self._elapsed >= self._timeout and self.id in self.log.config.voters:
             self._campaign(pre_vote=True)
 
     def step(self, sender: str, m: Message) -> None:
         if m.term > self.term:
             if isinstance(m, RequestVote):
-                if self.leader is not None and self._elapsed < self.election_ticks:
+                if (self.leader is not None and self._elapsed < self.election_ticks
+                        and not m.transfer):
                     return  # a live leader: the requester is partitioned or removed
                 if not m.pre_vote:
                     self._become_follower(m.term, None)
             elif not (isinstance(m, VoteResponse) and m.pre_vote and m.granted):
                 # (A pre-vote grant carries the term the pre-candidate would take.)
-                leads = isinstance(m, (AppendEntries, Heartbeat, Commit, InstallSnapshot))
+                leads = isinstance(m, (AppendEntries, Heartbeat, Commit, InstallSnapshot,
+                                       TimeoutNow))
                 self._become_follower(m.term, sender if leads else None)
         elif m.term < self.term:
             self.stale_messages += 1
@@ -199,6 +223,8 @@ class RaftGroup:
             self._on_vote_request(sender, m)
         elif isinstance(m, VoteResponse):
             self._on_vote_response(sender, m)
+        elif isinstance(m, TimeoutNow):
+            self._on_timeout_now()
         elif self.role == LEADER:
             pr = self.progress.get(sender)
             if pr is None:
@@ -214,9 +240,11 @@ class RaftGroup:
     def propose(self, data: bytes) -> tuple[int, int]:
         """Appends a command; returns its (index, term). It is committed when the state
         machine is handed an entry at that index with that term; a different term there
-        means it was lost to a change of leader."""
-        if self.role != LEADER:
-            raise NotLeader(self.leader)
+        means it was lost to a change of leader. Refused during a leadership transfer (with
+        its target as the leader to ask): the target's log must catch up with an end that
+        stays put, and what the leader appended after TimeoutNow would be lost."""
+        if self.role != LEADER or self.transferee is not None:
+            raise NotLeader(self.leader if self.transferee is None else self.transferee)
         index = self.log.last_index + 1
         self._append(Entry(index, self.term, NORMAL, data))
         return index, self.term
@@ -300,6 +328,22 @@ class RaftGroup:
             raise ConfigChangeRefused("cannot remove the last voter")
         return self._change_config(Config(config.voters - {node}, config.learners - {node}))
 
+    def transfer_leadership(self, target: str) -> None:
+        """Hands leadership to the voter `target` (a transfer under way to another one is
+        replaced): see the module's docstring. Raises NotLeader, TransferRefused."""
+        if self.role != LEADER:
+            raise NotLeader(self.leader)
+        if target == self.id or target not in self.log.config.voters:
+            raise TransferRefused(f"{target} is not another voter of group {self.group}")
+        if self.transferee == target:
+            return
+        self.transferee = target
+        self._transfer_ticks = 0
+        self._timeout_now_sent = False
+        self.transfers += 1
+        self._to_replicate[target] = None
+        self._maybe_send_timeout_now()
+
     def send_snapshot_chunk(self, peer: str, index: int, offset: int, data: bytes,
                             done: bool) -> None:
         """The state machine's answer to a SnapshotRequest. Ignored when the peer no longer
@@ -373,7 +417,7 @@ class RaftGroup:
     def _random_timeout(self) -> int:
         return self.election_ticks + self._rng.randrange(self.election_ticks)
 
-    def _campaign(self, pre_vote: bool) -> None:
+    def _campaign(self, pre_vote: bool, transfer: bool = False) -> None:
         self._elapsed = 0
         self._timeout = self._random_timeout()
         self._votes = {self.id: True}
@@ -392,7 +436,7 @@ class RaftGroup:
             self.elections += 1
             term = self.term
         request = RequestVote(self.group, term, self.log.last_index, self.log.last_term,
-                              pre_vote)
+                              pre_vote, transfer)
         for peer in sorted(self.log.config.voters):
             if peer != self.id:
                 self._messages.append((peer, request))
@@ -413,6 +457,29 @@ class RaftGroup:
             self._elapsed = 0
         term = m.term if granted and m.pre_vote else self.term
         self._reply(sender, VoteResponse(self.group, term, granted, m.pre_vote))
+
+    def _on_timeout_now(self) -> None:
+        """The leader of this term hands over (step() made this server its follower):
+        an election now, skipping pre-vote and the election timer."""
+        if self.role == FOLLOWER and self.id in self.log.config.voters:
+            self.transfer_elections += 1
+            self._campaign(pre_vote=False, transfer=True)
+
+    def _maybe_send_timeout_now(self) -> None:
+        """TimeoutNow, once, when the transfer's target matches the whole log."""
+        target = self.transferee
+        pr = self.progress.get(target) if target is not None else None
+        if pr is None:
+            self._end_transfer()
+        elif not self._timeout_now_sent and pr.match == self.log.last_index:
+            assert target is not None
+            self._timeout_now_sent = True
+            self._messages.append((target, TimeoutNow(self.group, self.term)))
+
+    def _end_transfer(self) -> None:
+        self.transferee = None
+        self._transfer_ticks = 0
+        self._timeout_now_sent = False
 
     def _on_vote_response(self, sender: str, m: VoteResponse) -> None:
         if self.role == PRE_CANDIDATE:
@@ -439,6 +506,7 @@ class RaftGroup:
             self._become_follower(self.term, None)
 
     def _become_follower(self, term: int, leader: str | None) -> None:
+        self._end_transfer()
         if term != self.term:
             self.term = term
             self.vote = None
@@ -460,6 +528,7 @@ class RaftGroup:
         self._elapsed = 0
         self._heartbeat_elapsed = 0
         self._committed_in_term = False
+        self._end_transfer()
         self.progress = {}
         for peer in sorted(self.log.config.members()):
             if peer != self.id:
@@ -578,6 +647,8 @@ class RaftGroup:
                     pr.state = REPLICATE
                     pr.probe_sent = False
                 self._maybe_commit()
+                if sender == self.transferee:
+                    self._maybe_send_timeout_now()
             elif pr.state == PROBE:
                 pr.probe_sent = False
             if pr.match < self.log.last_index or pr.commit_sent < min(pr.match, self.commit):
@@ -724,6 +795,8 @@ class RaftGroup:
     def _config_change_allowed(self) -> Config:
         if self.role != LEADER:
             raise NotLeader(self.leader)
+        if self.transferee is not None:
+            raise ConfigChangeRefused("a leadership transfer is in progress")
         if not self._committed_in_term or self.log.pending_config_index() > self.commit:
             raise ConfigChangeRefused("a configuration change is in progress")
         return self.log.config
@@ -745,6 +818,8 @@ class RaftGroup:
         for peer in list(self.progress):
             if peer not in members:
                 del self.progress[peer]
+        if self.transferee is not None and self.transferee not in self.log.config.voters:
+            self._end_transfer()
         self._maybe_commit()
 
     # ------------------------------------------------------------- replies

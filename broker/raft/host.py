@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker.raft.core import ROLE_NAMES, RaftGroup
+from broker.raft.core import LEADER, ROLE_NAMES, RaftGroup
 from broker.raft.messages import Config, Entry, MalformedMessage, Message, decode, encode
 from broker.raft.ready import Ready, SnapshotChunk, SnapshotMeta
 from broker.raft.wal import RecoveredGroup, WalBatch, WriteAheadLog
@@ -78,11 +78,19 @@ class _Group:
         self.reads: deque[tuple[int, Callable[[bool], None]]] = deque()
 
 
+def anyone(_peer: str) -> bool:
+    return True
+
+
 class RaftHost:
+    """`can_transfer_to(peer)`: whether leadership may be handed to `peer` (TimeoutNow is a
+    message a node older than transfers cannot decode; the cluster layer knows versions)."""
+
     def __init__(self, node_id: str, wal: WriteAheadLog, transport: Transport,
-                 rng: random.Random, election_ticks: int = 10, heartbeat_ticks: int = 1
-                 ) -> None:
+                 rng: random.Random, election_ticks: int = 10, heartbeat_ticks: int = 1,
+                 can_transfer_to: Callable[[str], bool] = anyone) -> None:
         self.id = node_id
+        self.can_transfer_to = can_transfer_to
         self.wal = wal
         self.transport = transport
         self._rng = rng
@@ -148,6 +156,19 @@ class RaftHost:
 
     def compact(self, group: int, index: int) -> None:
         self.groups[group].core.compact(index)
+
+    def transfer_leadership(self, group: int) -> str | None:
+        """Starts handing the group's leadership (this node must lead it) to the voter
+        `can_transfer_to` allows whose log is the most complete, one heard from lately first
+        (a transfer to a dead one would only time out); None when there is no such voter."""
+        core = self.groups[group].core
+        candidates = [(pr.match, pr.active, peer) for peer, pr in core.progress.items()
+                      if peer in core.log.config.voters and self.can_transfer_to(peer)]
+        if core.role != LEADER or not candidates:
+            return None
+        target = max(candidates)[2]
+        core.transfer_leadership(target)
+        return target
 
     def unreachable(self, peer: str) -> None:
         """The link to `peer` dropped or came back: see RaftGroup.unreachable."""
@@ -311,5 +332,14 @@ class RaftHost:
                  labels, float(core.stale_messages)),
                 ("raft_elections", "counter", "Elections this node started", labels,
                  float(core.elections)),
+                ("raft_transfer_elections", "counter",
+                 "Elections this node started because the leader handed over (TimeoutNow)",
+                 labels, float(core.transfer_elections)),
+                ("raft_transfers", "counter",
+                 "Leadership transfers this node started as leader, by outcome",
+                 {**labels, "result": "started"}, float(core.transfers)),
+                ("raft_transfers", "counter",
+                 "Leadership transfers this node started as leader, by outcome",
+                 {**labels, "result": "aborted"}, float(core.transfers_aborted)),
             ))
         return result

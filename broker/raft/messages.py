@@ -16,6 +16,13 @@ first one's. A configuration is a count (2) then, per member, a role byte (0 vot
 
 InstallSnapshot ends with its configuration, then the data's length (4) and the data.
 
+RequestVote's last byte is a set of flags: 1 pre-vote, 2 leadership transfer. A 0.1.0 node
+reads the byte as a boolean, so it takes a transfer's vote request for a pre-vote and answers
+one, which the candidate ignores: only nodes that know transfers vote in one (too few of them,
+and the group elects as after a leader's crash). TimeoutNow
+(type 10) is new since 0.1.0, whose decoder drops it as an unknown type; a leader sends it
+only to a peer its host says may receive it (RaftHost's `can_transfer_to`).
+
 A frame that is too short, too long, of an unknown type or with a bad configuration raises
 `MalformedMessage`; the shell drops and counts it.
 """
@@ -128,13 +135,16 @@ class HeartbeatResponse:
 @dataclass(slots=True)
 class RequestVote:
     """A pre-vote (`pre_vote`) asks "would you vote for me in `term`?" without anyone's term
-    changing, so a server that cannot win never disrupts the group."""
+    changing, so a server that cannot win never disrupts the group. `transfer`: the leader
+    asked the candidate to take over (TimeoutNow), so a voter grants it although it hears
+    from a live leader (etcd's campaignTransfer)."""
 
     group: int
     term: int
     last_index: int
     last_term: int
     pre_vote: bool
+    transfer: bool = False
 
 
 @dataclass(slots=True)
@@ -170,8 +180,17 @@ class SnapshotResponse:
     done: bool
 
 
+@dataclass(slots=True)
+class TimeoutNow:
+    """The leader hands its leadership over: the receiver, whose log the leader knows to
+    match its own, campaigns at once (Raft thesis section 3.10)."""
+
+    group: int
+    term: int
+
+
 Message = (AppendEntries | AppendResponse | Heartbeat | HeartbeatResponse | RequestVote
-           | VoteResponse | InstallSnapshot | SnapshotResponse | Commit)
+           | VoteResponse | InstallSnapshot | SnapshotResponse | Commit | TimeoutNow)
 
 _TYPE_APPEND: Final = 1
 _TYPE_APPEND_RESPONSE: Final = 2
@@ -182,6 +201,10 @@ _TYPE_VOTE_RESPONSE: Final = 6
 _TYPE_SNAPSHOT: Final = 7
 _TYPE_SNAPSHOT_RESPONSE: Final = 8
 _TYPE_COMMIT: Final = 9
+_TYPE_TIMEOUT_NOW: Final = 10
+
+_PRE_VOTE: Final = 1
+_TRANSFER: Final = 2
 
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
@@ -252,7 +275,8 @@ def encode(message: Message) -> bytes:
                                         message.seq)
     if isinstance(message, RequestVote):
         return _VOTE.pack(_TYPE_VOTE, message.group, message.term, message.last_index,
-                          message.last_term, message.pre_vote)
+                          message.last_term, (_PRE_VOTE if message.pre_vote else 0)
+                          | (_TRANSFER if message.transfer else 0))
     if isinstance(message, VoteResponse):
         return _VOTE_RESPONSE.pack(_TYPE_VOTE_RESPONSE, message.group, message.term,
                                    message.granted, message.pre_vote)
@@ -263,6 +287,8 @@ def encode(message: Message) -> bytes:
             message.config.encode(), _U32.pack(len(message.data)), message.data))
     if isinstance(message, Commit):
         return _COMMIT.pack(_TYPE_COMMIT, message.group, message.term, message.commit)
+    if isinstance(message, TimeoutNow):
+        return _HEAD.pack(_TYPE_TIMEOUT_NOW, message.group, message.term)
     return _SNAPSHOT_RESPONSE.pack(_TYPE_SNAPSHOT_RESPONSE, message.group, message.term,
                                    message.index, message.offset, message.done)
 
@@ -288,8 +314,11 @@ def decode(data: bytes) -> Message:
             return HeartbeatResponse(group, term, _HEARTBEAT_RESPONSE.unpack(data)[3])
         if kind == _TYPE_VOTE:
             _expect_end(data, _VOTE.size)
-            _, _, _, last_index, last_term, pre = _VOTE.unpack(data)
-            return RequestVote(group, term, last_index, last_term, bool(pre))
+            _, _, _, last_index, last_term, flags = _VOTE.unpack(data)
+            if flags > _PRE_VOTE | _TRANSFER:
+                raise MalformedMessage(f"unknown vote request flags {flags}")
+            return RequestVote(group, term, last_index, last_term, bool(flags & _PRE_VOTE),
+                               bool(flags & _TRANSFER))
         if kind == _TYPE_VOTE_RESPONSE:
             _expect_end(data, _VOTE_RESPONSE.size)
             _, _, _, granted, pre = _VOTE_RESPONSE.unpack(data)
@@ -308,6 +337,9 @@ def decode(data: bytes) -> Message:
         if kind == _TYPE_COMMIT:
             _expect_end(data, _COMMIT.size)
             return Commit(group, term, _COMMIT.unpack(data)[3])
+        if kind == _TYPE_TIMEOUT_NOW:
+            _expect_end(data, _HEAD.size)
+            return TimeoutNow(group, term)
     except struct.error as exc:
         raise MalformedMessage(str(exc)) from None
     raise MalformedMessage(f"unknown message type {kind}")

@@ -18,13 +18,14 @@ to `receive`.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from broker.raft.core import RaftGroup
-from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport
+from broker.raft.core import LEADER, RaftGroup
+from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport, anyone
 from broker.raft.ready import SnapshotMeta
 from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
 
@@ -43,13 +44,14 @@ class RaftNode:
     def __init__(self, node_id: str, directory: str, transport: Transport, *,
                  tick_seconds: float = 0.05, election_ticks: int = 10,
                  heartbeat_ticks: int = 2, segment_bytes: int = 64 << 20,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None,
+                 can_transfer_to: Callable[[str], bool] = anyone) -> None:
         self.id = node_id
         self.tick_seconds = tick_seconds
         self.wal = WriteAheadLog(FileStore(directory), segment_bytes)
         self.recovered: dict[int, RecoveredGroup] = self.wal.recover()
         self.host = RaftHost(node_id, self.wal, transport, random.Random(seed),
-                             election_ticks, heartbeat_ticks)
+                             election_ticks, heartbeat_ticks, can_transfer_to)
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
         self._to_write: list[HostBatch] = []
@@ -123,6 +125,47 @@ class RaftNode:
     def remove(self, group: int, node: str) -> None:
         self.core(group).remove(node)
         self._schedule_flush()
+
+    def led(self) -> list[int]:
+        """The groups this node leads now."""
+        return [group for group, hosted in self.host.groups.items()
+                if hosted.core.role == LEADER]
+
+    async def hand_over(self, timeout: float) -> tuple[list[int], list[int]]:
+        """Hands the leadership of every group this node leads to another voter (a graceful
+        stop: the groups need not wait an election timeout to notice it is gone) until each
+        group has another leader, has no voter to hand it to, or `timeout` seconds passed;
+        returns the groups handed over and those it still leads. A transfer given up (its
+        election timeout passed) is tried again meanwhile."""
+        led = self.led()
+        handing = set(led)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while True:
+                    for group in sorted(handing):
+                        core = self.core(group)
+                        if core.role == LEADER and core.transferee is None:
+                            target = self.host.transfer_leadership(group)
+                            if target is None:
+                                handing.discard(group)
+                            else:
+                                log.debug("group %d: handing leadership to %s", group, target)
+                    self._schedule_flush()
+                    waiting = [group for group in handing if not self._led_elsewhere(group)]
+                    if not waiting:
+                        break
+                    # Until each has another leader, or this node leads it with no transfer
+                    # under way (given up, or elected again): then try again.
+                    await self.wait(functools.partial(self._transfers_settled, waiting))
+        return [group for group in led if self._led_elsewhere(group)], self.led()
+
+    def _led_elsewhere(self, group: int) -> bool:
+        return self.core(group).leader not in (None, self.id)
+
+    def _transfers_settled(self, groups: list[int]) -> bool:
+        return all(self._led_elsewhere(group) or (
+            self.core(group).role == LEADER and self.core(group).transferee is None)
+            for group in groups)
 
     async def wait(self, condition: Callable[[], bool]) -> None:
         """Returns once `condition()` holds, checked after every flush (for tests and

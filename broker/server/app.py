@@ -32,6 +32,7 @@ from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
 from broker.http.ds_sites_api import add_ds_site_routes
 from broker.http.header_timeout import HeaderTimeout
 from broker.metrics import add_samples, make_registry
+from broker.mqtt.constants import ReasonCode
 from broker.node import Node
 from broker.periodic import every
 from broker.server.admission import ListenerGate
@@ -246,16 +247,36 @@ class BrokerApp:
         if ended:
             log.info("garbage collected %d expired durable sessions", ended)
 
+    async def _hand_over(self) -> None:
+        """A graceful stop (`node.graceful_stop_timeout`): the Raft groups this node leads
+        get other leaders while its clients are still served, so neither they nor the other
+        nodes' clients wait an election timeout for the groups to notice it is gone. (A
+        single node leads groups it has nobody to hand to: it goes on at once.)"""
+        timeout: float = self.config["node.graceful_stop_timeout"]
+        if self.metadata is None or timeout <= 0:
+            return
+        started = time.monotonic()
+        handed, kept = await self.metadata.hand_over(timeout)
+        if handed or (kept and self.cluster.links):
+            log.info("handed the leadership of %d Raft groups to other nodes in %.2f s%s",
+                     len(handed), time.monotonic() - started,
+                     f"; still leading {len(kept)}" if kept else "")
+
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
+        await self._hand_over()
         if self.ds_groups is None:
             await self.cluster.stop()
         await self.node.security.stop()
         for task in self._tasks:
             task.cancel()
         for connection in list(self.node.connections):
-            connection.close()
+            # MQTT 5 clients learn why (0x8B), and reconnect where they connected: Service or
+            # load balancer, which sends them to a node that stays. (A Server Reference to a
+            # peer would name a node's own address, which may be neither reachable from the
+            # client nor the next to stop in a rolling restart.)
+            connection.disconnect(ReasonCode.SERVER_SHUTTING_DOWN)
             connection.connection_lost()  # detach its session now, not on a later loop turn
         for server in self._servers:
             with contextlib.suppress(asyncio.TimeoutError):

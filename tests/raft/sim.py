@@ -15,6 +15,10 @@ command at an index, down to a digest of the whole applied history), durability 
 node had on disk before a crash is there after it; an acknowledged proposal is never
 lost), linearizable read-index reads, and at the end liveness (after the faults heal, every
 group elects a leader and commits).
+
+Leaders hand their leadership over now and then (to a random voter: one that lags, is cut
+off or down; or to the one RaftHost chooses), while proposals go on, and sometimes the
+leader or the target crashes mid-transfer; the same checks hold.
 """
 
 import argparse
@@ -27,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup
+from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup, TransferRefused
 from broker.raft.host import HostBatch, RaftHost
 from broker.raft.messages import Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
@@ -255,6 +259,8 @@ class Options:
     propose_every: float = 0.5
     compact_every: float = 40.0
     read_every: float = 5.0
+    transfer_every: float = 20.0
+    crash_in_transfer: float = 0.2  # share of transfers during which the leader or target crashes
     check_every: int = 200  # steps between pairwise log-matching checks
     torn_writes: bool = True
     disk_stalls: float = 0.1  # share of fsyncs that take 2-8 ticks (wider crash windows)
@@ -289,6 +295,7 @@ class Simulation:
         self.crashes = 0
         self.partitions = 0
         self.changes = 0
+        self.transfers: list[tuple[int, int, str]] = []  # (group, term, target) started
         self.faults = True
         self._schedule_faults()
 
@@ -340,6 +347,7 @@ class Simulation:
         self._every(options.propose_every, self.propose)
         self._every(options.compact_every, self.compact)
         self._every(options.read_every, self.read)
+        self._every(options.transfer_every, self.transfer)
 
     def _every(self, mean: float, action: Callable[[], None]) -> None:
         def fire() -> None:
@@ -356,6 +364,9 @@ class Simulation:
             node = self.nodes[self.rng.choice(syncing)]
         else:
             node = self.nodes[self.rng.choice(self.ids)]
+        self._crash(node)
+
+    def _crash(self, node: "SimNode") -> None:
         if not node.alive:
             return
         self.crashes += 1
@@ -402,6 +413,38 @@ class Simulation:
             return
         self.changes += 1
         node.flush()
+
+    def transfer(self) -> None:
+        group = self.rng.randrange(1, self.options.groups + 1)
+        node = self.leader_of(group)
+        if node is None:
+            return
+        core = node.host.core(group)
+        if self.rng.random() < 0.5:
+            target = node.host.transfer_leadership(group)
+            if target is None:
+                return
+        else:
+            target = self.rng.choice(sorted(core.log.config.members()))
+            try:
+                core.transfer_leadership(target)
+            except TransferRefused:
+                return  # itself, or a learner
+        self.transfers.append((group, core.term, target))
+        node.flush()
+        if self.faults and self.rng.random() < self.options.crash_in_transfer:
+            victim = self.nodes[self.rng.choice([node.id, target])]
+            self.at(self.rng.random() * 3, lambda: self._crash(victim))
+
+    def transfers_done(self) -> int:
+        """Transfers whose target led the next term (an election may have made it so, too)."""
+        return sum(1 for group, term, target in self.transfers
+                   if self.checker.leaders.get((group, term + 1)) == target)
+
+    def transfers_aborted(self) -> int:
+        return sum(node.transfers_aborted + sum(
+            node.host.core(group).transfers_aborted for group in node.machines)
+            for node in self.nodes.values())
 
     def propose(self) -> None:
         group = self.rng.randrange(1, self.options.groups + 1)
@@ -533,6 +576,7 @@ class SimNode:
                          for group in range(1, sim.options.groups + 1)}
         self._written: list[tuple[HostBatch, WalBatch]] = []
         self.syncing = False
+        self.transfers_aborted = 0  # by the cores of its earlier incarnations
         self._roles: dict[int, tuple[int, int]] = {}
         self._before_crash: dict[int, tuple[int, int, str | None, list[int]]] = {}
 
@@ -589,6 +633,7 @@ class SimNode:
             persisted = min(core.persisted_index, log.last_index)
             terms = [log.term_at(i) or 0 for i in range(1, persisted + 1)]  # 0: compacted
             self._before_crash[group] = (persisted, durable.term, durable.vote, terms)
+            self.transfers_aborted += core.transfers_aborted
         self.alive = False
         self.incarnation += 1
         self._written = []
@@ -678,7 +723,8 @@ def main() -> None:
         print(f"seed {seed}: {sim.steps} steps, {sim.checker.acks} acknowledged, "
               f"{sim.checker.reads} reads, {sim.crashes} crashes, {sim.partitions} partitions, "
               f"{sim.changes} membership changes, {sim.checker.installs} snapshots installed, "
-              f"{len(sim.checker.leaders)} leaders: ok")
+              f"{len(sim.transfers)} transfers ({sim.transfers_done()} done, "
+              f"{sim.transfers_aborted()} given up), {len(sim.checker.leaders)} leaders: ok")
     print(f"{len(seeds)} seeds, {total} steps in {time.perf_counter() - started:.0f} s: "
           f"no violation (seeds {seeds[0]}..{seeds[-1]})")
 

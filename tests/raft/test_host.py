@@ -9,6 +9,7 @@ from broker.raft.host import HostBatch, RaftHost
 from broker.raft.messages import NORMAL, Entry
 from broker.raft.ready import SnapshotChunk
 from broker.raft.wal import FileStore, WriteAheadLog
+from tests.raft.test_core import Cluster
 
 
 class Recording:
@@ -145,3 +146,23 @@ def test_messages_leave_with_the_flush_that_made_them(tmp_path: Path) -> None:
     events.clear()
     flush("a")  # committed: the follower is told before the leader applies
     assert events == ["sent 1", "apply A"]
+
+
+def test_leadership_goes_to_the_most_complete_voter_the_predicate_allows(
+        tmp_path: Path) -> None:
+    cluster = Cluster("a", "b", "c", "d")
+    host = RaftHost("a", WriteAheadLog(FileStore(str(tmp_path))), Nowhere(), random.Random(1))
+    cluster.cores["a"] = host.add_group(1, Recording([]), voters=frozenset(cluster.cores))
+    leader = cluster.elect("a")
+    cluster.down.add("b")
+    for i in range(5):
+        leader.propose(b"%d" % i)
+    cluster.settle()
+    refused: set[str] = {"c", "b", "d"}
+    host.can_transfer_to = lambda peer: peer not in refused
+    assert host.transfer_leadership(1) is None and leader.transferee is None
+    refused = {"c"}
+    assert host.transfer_leadership(1) == "d"  # b lags behind d
+    refused = {"c", "d"}
+    assert host.transfer_leadership(1) == "b"  # lagging, but the only one allowed
+    assert leader.transferee == "b"

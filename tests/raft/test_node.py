@@ -132,3 +132,30 @@ async def test_garbled_and_unknown_group_frames_are_dropped_and_counted(
         assert node.host.dropped_unknown_group == 1
     finally:
         await node.close()
+
+
+async def test_hand_over_moves_every_led_group_to_a_peer_the_predicate_allows(
+        tmp_path: Path) -> None:
+    network = Network()
+    for node in NODES:
+        _start(network, node, tmp_path)
+    try:
+        leader = await _leader(network, 1)
+        await leader.propose(1, b"before")
+        refused, allowed = sorted(n for n in NODES if n != leader.id)
+        leader.host.can_transfer_to = lambda peer: peer != refused
+        led = leader.led()
+        assert 1 in led
+        assert await leader.hand_over(10) == (led, [])
+        assert leader.led() == []
+        for group in led:
+            new = network.nodes[allowed].core(group)
+            assert new.role == LEADER and new.transfer_elections == 1
+        # Nobody it may hand to: it keeps leading, and says so at once.
+        new_leader = network.nodes[allowed]
+        new_leader.host.can_transfer_to = lambda peer: False
+        assert await new_leader.hand_over(10) == ([], led)
+        await new_leader.propose(1, b"after")
+    finally:
+        for node in list(network.nodes.values()):
+            await node.close()

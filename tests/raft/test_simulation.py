@@ -26,3 +26,16 @@ def test_a_seed_replays_exactly() -> None:
 def test_snapshots_reach_followers() -> None:
     installs = sum(run(seed, Options(steps=30_000)).checker.installs for seed in (1, 2))
     assert installs > 0
+
+
+def test_leadership_transfers_under_faults_keep_safety() -> None:
+    """Frequent transfers, a crash of the leader or the target in half of them, proposals
+    all along: every safety check holds, transfers happen and some are given up."""
+    options = Options(steps=30_000, transfer_every=5.0, crash_in_transfer=0.5)
+    done = aborted = 0
+    for seed in (11, 12):
+        sim = run(seed, options)
+        assert sim.checker.acks > 100
+        done += sim.transfers_done()
+        aborted += sim.transfers_aborted()
+    assert done > 10 and aborted > 0
