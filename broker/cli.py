@@ -9,6 +9,7 @@ from broker.auth.security import SecurityFileError
 from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
 from broker.ds import SiteIdMismatch
+from broker.version import RELEASE
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -36,6 +37,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="broker", description="Durable MQTT broker")
+    parser.add_argument("--version", action="version", version=RELEASE)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="start a broker node")
     run.add_argument("--config", "-c", help="TOML configuration file")
