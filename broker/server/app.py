@@ -28,7 +28,7 @@ from broker.cluster.takeover import Takeover
 from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.http.api import make_app
-from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
+from broker.http.cluster_api import add_cluster_routes, add_raft_routes
 from broker.http.ds_sites_api import add_ds_site_routes
 from broker.http.header_timeout import HeaderTimeout
 from broker.metrics import add_samples, make_registry
@@ -43,6 +43,7 @@ from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, 
 from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
 from broker.sys_topics import SysTopics, remove_client_written
+from broker.version import RELEASE
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class BrokerApp:
                 removed = remove_client_written(node.retainer)
                 if removed:
                     log.info("removed %d retained $SYS messages published by clients", removed)
-        sys_topics = SysTopics(config["node.name"], VERSION, node.publish, node.gauges,
+        sys_topics = SysTopics(config["node.name"], RELEASE, node.publish, node.gauges,
                                node.stats)
         # As in EMQX, the first round comes one interval after start, and rounds count in
         # the node's metrics like any message (no_subscribers drops, 3 retained messages).
