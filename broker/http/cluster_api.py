@@ -78,6 +78,7 @@ async def get_node(request: web.Request) -> web.Response:
 async def cluster_status(request: web.Request) -> web.Response:
     cluster = request.app[CLUSTER_KEY]
     return web.json_response({"name": cluster.name, "self": cluster.me.node,
+                              "cluster_version": cluster.cluster_version(),
                               "nodes": cluster.status()})
 
 

@@ -18,13 +18,14 @@ from pathlib import Path
 from aiohttp import web
 
 from broker import COMPILED_MODULES
-from broker.cluster import placement
+from broker.cluster import placement, versions
 from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
 from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.cluster.takeover import Takeover
+from broker.cluster.version_keeper import VersionKeeper
 from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.http.api import make_app
@@ -63,6 +64,10 @@ class BrokerApp:
             self.metadata = MetadataGroup(config, self.cluster, self.rpc, self.node.retainer,
                                           partial(self.node.stats.drop, "retained_limit"))
             self.node.retained_writer = self.metadata.write_retained
+        # The cluster's effective version, kept in the metadata group.
+        self.versions: VersionKeeper | None = None
+        if self.metadata is not None:
+            self.versions = VersionKeeper(self.metadata, self.cluster)
         # Replicated Durable Storage: its Raft groups live next to the metadata group.
         self.ds_groups: DsGroups | None = None
         if config["durable_storage.messages.backend"] == "builtin_raft" and self.node.ds:
@@ -73,8 +78,10 @@ class BrokerApp:
                                       self.node.durable_state_applied, ownership.admitted,
                                       self.node.durable_writes_refused,
                                       ownership.sessions_of)
+            assert self.versions is not None
             self.node.replicate_sessions(partial(self.ds_groups.leads, None),
-                                         self.ds_groups.is_up, self.ds_groups.sessions_barrier)
+                                         self.ds_groups.is_up, self.ds_groups.sessions_barrier,
+                                         partial(self.versions.allows, versions.DURABLE_GROUPS))
             self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
@@ -155,6 +162,8 @@ class BrokerApp:
         if self.metadata is not None:
             await self.metadata.start()  # before the links: Raft frames find it ready
         await self.cluster.start()
+        if self.versions is not None:
+            self._every(VERSION_ROUND, self.versions.round)
         if self.ds_groups is not None:
             self._tasks.append(asyncio.create_task(self._restore_replicated()))
             watch = partial(self._watch_placement, self.ds_groups,
@@ -280,6 +289,8 @@ class BrokerApp:
             await self.cluster.stop()
         if self.node.ds is not None:
             await self.node.ds.close()  # flushes what is buffered
+        if self.versions is not None:
+            await self.versions.stop()
         if self.metadata is not None:
             await self.metadata.stop()
         self.node.close()
@@ -296,6 +307,7 @@ def _gate(config: Config, listener: str) -> ListenerGate:
 # walked all of them for nothing (~5% of the CPU per durable message, bench/pathcost.py).
 _GC_THRESHOLDS = (50_000, 20, 20)
 GROUP_TICK = 1.0  # seconds
+VERSION_ROUND = 0.5  # seconds: how soon a cluster whose members all run newer code rises
 GROUP_VIEWS_INTERVAL = 5.0  # seconds: how old the durable group metrics may be
 PLACEMENT_POLL = 2.0  # seconds: kubelet itself refreshes a ConfigMap volume within ~1 min
 CERTIFICATE_POLL = 1.0  # seconds: two stats, as the password and ACL files' watch
