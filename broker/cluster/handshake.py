@@ -188,6 +188,12 @@ class Handshake:
             raise Refused("self", "a node dialled itself")
         if self._refuse_all:
             raise Refused("not clustering", self._refuse_all)
+        speaks = versions.from_handshake(message)
+        if speaks is None:
+            raise Refused("malformed", "bad release or cluster_version")
+        refused = versions.refusal(speaks, self._cluster_version)
+        if refused is not None:
+            raise Refused(refused[0], f"{refused[1]} ({peer.node}, site {peer.site})")
         known = self._incarnations.get(peer.site, "")
         if known and peer.incarnation and peer.incarnation != known:
             raise Refused("reborn", f"site {peer.site} ({peer.node}) is back without the data"
@@ -204,12 +210,6 @@ class Handshake:
             if message.get("join") is not True:
                 raise Refused("removed", f"site {peer.site} was removed from the cluster")
             self.readmitted = True
-        speaks = versions.from_handshake(message)
-        if speaks is None:
-            raise Refused("malformed", "bad release or cluster_version")
-        refused = versions.refusal(speaks, self._cluster_version)
-        if refused is not None:
-            raise Refused(refused[0], f"{peer.node} (site {peer.site}): {refused[1]}")
         self.peer_speaks = speaks
         return peer
 

@@ -76,16 +76,16 @@ def refusal(peer: Speaks, effective: int) -> tuple[str, str] | None:
     None when it can.
 
     Too old: e.g. release 0.1.0 back on a node after the cluster rose to version 1 with
-    every member on 0.2.0 (the effective version never falls). Too new: a release that no
+    every member on 0.2.0 (the effective version never falls). Short: a log line clips it
+    (logsafe), the node's name follows it. Too new: a release that no
     longer runs the versions this cluster still does (upgrade through one that does)."""
     if peer.highest < effective:
-        return TOO_OLD, (f"release {peer.release} runs cluster versions up to {peer.highest};"
-                         f" the cluster runs version {effective}, which never falls: run"
-                         f" release {MINE.release} or newer on that node")
+        return TOO_OLD, (f"release {peer.release} runs cluster versions up to {peer.highest},"
+                         f" the cluster runs {effective}: run {MINE.release} or newer")
     if peer.lowest > effective:
-        return TOO_NEW, (f"release {peer.release} runs cluster versions from {peer.lowest};"
-                         f" the cluster runs version {effective}: upgrade the cluster"
-                         f" through a release that runs both")
+        return TOO_NEW, (f"release {peer.release} runs cluster versions from {peer.lowest},"
+                         f" the cluster runs {effective}: upgrade through a release that"
+                         f" runs both")
     return None
 
 

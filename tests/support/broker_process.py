@@ -27,6 +27,10 @@ class BrokerProcess:
     ports: dict[str, int] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
+    # Another broker's source tree to run instead of this one (an earlier release:
+    # tests/support/releases.py); its directory is the process's working directory too,
+    # since `python -m` looks there first.
+    code: Path | None = None
 
     def start(self, timeout: float = 20.0) -> "BrokerProcess":
         args = [sys.executable, "-m", "broker", "run"]
@@ -41,9 +45,12 @@ class BrokerProcess:
         for key, value in {**base, **self.settings}.items():
             args += ["--set", f"{key}={value}"]
         self.ports = {}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.code is not None:
+            env["PYTHONPATH"] = str(self.code)
         self.proc = subprocess.Popen(
-            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+            cwd=self.code,
         )
         ready = threading.Event()
         threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()

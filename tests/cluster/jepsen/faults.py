@@ -177,6 +177,9 @@ class Nemesis:
             for node in nodes:
                 wait_until(lambda node=node: led(node), timeout,
                            f"{node.name}: {self.raft_groups} Raft groups with leaders")
+            # Durable shared groups are joined from cluster version 1, which a wiped node
+            # learns from the log.
+            self.cluster.wait_version(nodes, timeout=timeout)
             subscribers = self.subscribers()
             for node in nodes:
                 wait_until(lambda node=node: node.metric("mqtt_durable_filters") >= subscribers,
