@@ -2,12 +2,16 @@
 effective version rises (broker/cluster/versions.py, broker/cluster/handshake.py)."""
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from broker.cluster import versions
 from broker.cluster.handshake import REASONS, Handshake, Identity, Refused, Role
+from broker.cluster.service import Cluster
 from broker.cluster.versions import LEGACY, MINE, Speaks
+from broker.config.loader import load_config
 from broker.version import RELEASE
 
 A = Identity("AAAA", "a@h", "127.0.0.1", 1)
@@ -119,3 +123,15 @@ def test_a_member_whose_code_is_unknown_holds_the_version() -> None:
     """Down or not linked: it may come back running older code."""
     assert versions.next_version(0, [MINE, None, MINE]) is None
     assert versions.next_version(0, []) is None
+
+
+def test_other_code_asks_what_a_linked_peer_speaks(tmp_path: Path) -> None:
+    """What Raft's leadership transfer asks before it sends TimeoutNow to a peer."""
+    cluster = Cluster(load_config(None, [f"node.data_dir={tmp_path}", "node.cookie=c"]))
+    for site, speaks in (("OLD", LEGACY), ("NEW", MINE)):
+        cluster.links[site] = SimpleNamespace(  # type: ignore[assignment]
+            handshake=SimpleNamespace(peer_speaks=speaks))
+    assert cluster.speaks(cluster.me.site) == MINE and cluster.speaks("OLD") == LEGACY
+    assert cluster.supports("NEW", versions.TIMEOUT_NOW)
+    assert not cluster.supports("OLD", versions.TIMEOUT_NOW)
+    assert cluster.speaks("DOWN") is None and not cluster.supports("DOWN", 0)
