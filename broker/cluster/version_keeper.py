@@ -1,8 +1,8 @@
 """Keeps the cluster's effective version (broker/cluster/versions.py) in the metadata group.
 
 The leader of the metadata group raises it, with a `version` entry (broker/retainer/
-machine.py), once every member of the cluster and of the group (voters and learners) is
-linked to it running code that supports a higher one; every node applies the entry and
+machine.py), once every member of the cluster and of its Raft groups (voters and learners)
+is linked to it running code that supports a higher one; every node applies the entry and
 stores the version with the retained messages, so a restart reads it back and a snapshot
 carries it. Each node then drops its links to peers whose code cannot run it (they are
 refused at their next handshake). One raise at a time; a failed one is tried again at a
@@ -51,7 +51,8 @@ class VersionKeeper:
         core = self._metadata.core()
         if core is None or core.role != LEADER or self._raising is not None:
             return
-        sites = self._metadata.member_sites() | core.log.config.members()
+        # The cluster's members and every group's (a removed site may still be in one).
+        sites = self._metadata.member_sites() | self._cluster.group_sites()
         target = versions.next_version(effective,
                                        [self._cluster.speaks(site) for site in sorted(sites)])
         if target is not None:
