@@ -19,7 +19,7 @@ from broker.version import RELEASE
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.cluster.test_replicated_ds import REPLICATED, _client, _groups_led
 from tests.integration.clients import PahoClient, unique, wait_until
-from tests.support.releases import build_release
+from tests.support.releases import build
 
 OLD = "0.1.0"
 EXPIRY = 3600
@@ -27,7 +27,7 @@ EXPIRY = 3600
 
 @pytest.fixture(scope="module")
 def old_release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield build_release(OLD, tmp_path_factory.mktemp("releases") / OLD)
+    yield build(OLD, tmp_path_factory.mktemp("releases"))
 
 
 def _members(node: Node) -> dict[str, dict[str, object]]:

@@ -13,6 +13,7 @@ import threading
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.procstat import rss_kib
 
@@ -27,12 +28,11 @@ class BrokerProcess:
     ports: dict[str, int] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
-    # Another broker's source tree to run instead of this one (an earlier release:
-    # tests/support/releases.py); its directory is the process's working directory too,
-    # since `python -m` looks there first.
+    # Another release's source tree (tests/support/releases.py) to run instead of this one.
     code: Path | None = None
 
-    def start(self, timeout: float = 20.0) -> "BrokerProcess":
+    def command(self) -> list[str]:
+        """`broker run` with this node's settings, every listener on loopback."""
         args = [sys.executable, "-m", "broker", "run"]
         base = {
             "listeners.tcp.default.bind": "127.0.0.1:0",
@@ -44,13 +44,21 @@ class BrokerProcess:
         }
         for key, value in {**base, **self.settings}.items():
             args += ["--set", f"{key}={value}"]
-        self.ports = {}
+        return args
+
+    def popen_options(self) -> dict[str, Any]:
+        """The environment and working directory `command` runs in: this tree's, or the
+        release's in `code`."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.code is not None:
             env["PYTHONPATH"] = str(self.code)
+        return {"env": env, "cwd": self.code}
+
+    def start(self, timeout: float = 20.0) -> "BrokerProcess":
+        self.ports = {}
         self.proc = subprocess.Popen(
-            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
-            cwd=self.code,
+            self.command(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            **self.popen_options(),
         )
         ready = threading.Event()
         threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()

@@ -1,45 +1,39 @@
-"""Earlier releases of the broker, built from git for upgrade tests.
+"""Earlier releases of the broker (the `RELEASES` file), as source trees built from git, so
+upgrade tests run the code a user really has installed: `BrokerProcess(code=...)` starts one.
 
-`RELEASES` (the repository's root) lists them, one `release commit` per line. A release's
-tree is exported with `git archive` (not a worktree: nothing of this checkout's git state
-changes), once per directory, and a BrokerProcess runs it with `code=` that directory:
-
-    old = build_release("0.1.0", tmp_path / "0.1.0")
-    BrokerProcess(data_dir, settings, code=old).start()
-
-It runs in pure Python (no native build is made for it), as any checkout without one does.
+A release is the tree of its commit (`git archive`), run in pure Python with this tree's
+virtualenv; the dependencies it needs are a subset of ours. Built once per test session.
 """
 
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).parents[2]
 
 
 def releases() -> dict[str, str]:
-    """release -> commit, as RELEASES lists them (comments and blank lines skipped)."""
-    listed: dict[str, str] = {}
+    """release -> commit, oldest first, from the RELEASES file."""
+    found: dict[str, str] = {}
     for line in (ROOT / "RELEASES").read_text().splitlines():
-        words = line.split("#", 1)[0].split()
-        if words:
-            release, commit = words
-            listed[release] = commit
-    return listed
+        line = line.split("#", 1)[0].strip()
+        if line:
+            release, commit = line.split()
+            found[release] = commit
+    return found
 
 
-def build_release(release: str, directory: Path) -> Path:
-    """The source tree of `release` in `directory` (made if absent), ready to run."""
-    marker = directory / ".release"
-    if marker.is_file() and marker.read_text() == release:
-        return directory
+def build(release: str, into: Path) -> Path:
+    """The source tree of `release` under `into` (made once): a directory to run
+    `python -m broker` from. Fails, naming the commit, in a clone without it (shallow)."""
     commit = releases()[release]
-    directory.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", commit],
-                               stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(directory)], stdin=archive.stdout, check=True)
-    assert archive.stdout is not None
-    archive.stdout.close()
-    if archive.wait() != 0:
-        raise RuntimeError(f"git archive {commit} (release {release}) failed")
-    marker.write_text(release)
-    return directory
+    tree = into / f"broker-{release}"
+    if (tree / "broker" / "__init__.py").exists():
+        return tree
+    tree.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "broker"],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise RuntimeError(f"release {release} needs commit {commit} in this clone (a full,"
+                           f" not shallow, clone): {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
