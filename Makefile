@@ -120,7 +120,8 @@ bench: install
 # The broker/operator image and the Spark image (tools/image/build.sh): docker where its
 # daemon answers, else podman; from python:3.11-slim, or a Debian base made here when no
 # registry answers (IMAGE_BASE=... picks one). Rebuilt only when their inputs change;
-# tagged :dev and the chart's appVersion, so `helm install` finds them with default values.
+# tagged :dev and the release (broker/version.py, the chart's appVersion), so `helm install`
+# finds them with default values.
 # NATIVE=0: the hot path in pure Python.
 CONTAINER_PACKAGES := podman runc debootstrap containerd containernetworking-plugins iptables conntrack
 container-tools:

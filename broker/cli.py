@@ -11,6 +11,7 @@ from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
 from broker.ds import SiteIdMismatch
 from broker.format_check import FormatRefused, inspect, trees
+from broker.version import RELEASE
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -54,6 +55,7 @@ def _formats(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="broker", description="Durable MQTT broker")
+    parser.add_argument("--version", action="version", version=RELEASE)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="start a broker node")
     run.add_argument("--config", "-c", help="TOML configuration file")

@@ -269,9 +269,11 @@ def sessions_command(args: argparse.Namespace) -> int:
 
 
 def format_cluster(status: dict[str, Any]) -> str:
-    lines = [f"Cluster {status['name']}", f"{'NODE':<40}{'SITE':<18}{'STATUS':<10}ADDRESS"]
+    lines = [f"Cluster {status['name']}, cluster version {status.get('cluster_version', '?')}",
+             f"{'NODE':<40}{'SITE':<18}{'STATUS':<10}{'RELEASE':<10}ADDRESS"]
     lines += [f"{n['node'] + (' (this node)' if n['self'] else ''):<40}{n['site']:<18}"
-              f"{n['node_status']:<10}{n['address']}" for n in status["nodes"]]
+              f"{n['node_status']:<10}{n.get('release') or '-':<10}{n['address']}"
+              for n in status["nodes"]]
     return "\n".join(lines)
 
 

@@ -120,10 +120,12 @@ class Node:
             self.group_views = GroupViews(self.groups, self.durable.ds, self.durable.store)
 
     def replicate_sessions(self, decides: Callable[[], bool], is_up: Callable[[str], bool],
-                           read_barrier: Callable[[], Awaitable[bool]]) -> None:
+                           read_barrier: Callable[[], Awaitable[bool]],
+                           groups_allowed: Callable[[], bool]) -> None:
         """Replicated Durable Storage (builtin_raft): the `sessions` database is every
         node's; durable groups are decided by the node that `decides` (the leader of the
-        `sessions` group), a member counting as connected while its node `is_up`."""
+        `sessions` group), a member counting as connected while its node `is_up`, and
+        joined only while `groups_allowed` (every member's code fences their writes)."""
         self.replicated_ds = True
         self._is_up = is_up
         if self.durable is not None and self.groups is not None:
@@ -131,6 +133,7 @@ class Node:
             self.durable.store.committed_group_reads = True
             self.groups.decides = decides
             self.groups.read_barrier = read_barrier
+            self.groups.allowed = groups_allowed
 
     def member_node(self, client_id: str) -> str | None:
         """The site of the node serving a durable group member (its replicated meta's, when
@@ -378,10 +381,10 @@ class Node:
             self.stats.drop("session_ended", dropped)
         for key, options in session.subscriptions.items():
             _, topic_filter = parse_shared(key)
-            if session.durable:
-                self.remove_durable_filter(session.client_id, key)
-            else:
+            if session.is_routed(key):
                 self.router.unsubscribe(session.client_id, topic_filter, options.share_group)
+            else:
+                self.remove_durable_filter(session.client_id, key)
         session.subscriptions.clear()
 
     @property

@@ -3,8 +3,10 @@
 Sans-I/O, one object per connection and role. Four messages, JSON (once per connection,
 so readability beats size), each one frame on the HANDSHAKE channel:
 
-    dialer   -> hello      {cluster, site, node, host, port, nonce, join}
-    listener -> challenge  {cluster, site, node, host, port, nonce, proof}
+    dialer   -> hello      {cluster, site, node, host, port, nonce, join, release,
+                            cluster_version}
+    listener -> challenge  {cluster, site, node, host, port, nonce, proof, release,
+                            cluster_version}
     dialer   -> response   {proof}
     listener -> welcome    {}
     either   -> refused    {reason}        (and the connection is closed)
@@ -19,6 +21,12 @@ it dials with `join` set, which only an operator's `broker ctl cluster join` doe
 that comes back with another data dir than the one its peers knew (a configured site ID on
 an empty volume) is refused: it would vote in Raft groups having forgotten its votes and the
 entries it acknowledged, which can elect a leader that lacks committed entries.
+
+`v` stays 1, which release 0.1.0 requires; what came later is in added fields, which 0.1.0
+ignores: `release` and `cluster_version` (the range of cluster versions the node's code
+runs, broker/cluster/versions.py; none from 0.1.0: version 0). A peer whose code cannot run
+the cluster's effective version is refused ("too old", "too new"): release 0.1.0 cannot
+check this itself, its peers refuse it.
 """
 
 import hmac
@@ -30,9 +38,13 @@ from enum import Enum
 from hashlib import sha256
 from typing import Any
 
+from broker.cluster import versions
+from broker.cluster.versions import Speaks
+
 VERSION = 1
 REASONS = frozenset({"bad cookie", "cluster name mismatch", "version mismatch", "removed",
-                     "not clustering", "malformed", "self", "reborn"})
+                     "not clustering", "malformed", "self", "reborn", versions.TOO_OLD,
+                     versions.TOO_NEW})
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +110,8 @@ class Handshake:
     def __init__(self, role: Role, me: Identity, cluster: str, cookie: str,
                  refused_sites: frozenset[str] = frozenset(), refuse_all: str = "",
                  incarnations: Mapping[str, str] | None = None,
-                 unsettled: frozenset[str] = frozenset()) -> None:
+                 unsettled: frozenset[str] = frozenset(), cluster_version: int = 0,
+                 speaks: Speaks = versions.MINE) -> None:
         self.role = role
         self.me = me
         self.cluster = cluster
@@ -113,6 +126,9 @@ class Handshake:
         self.readmitted = False  # listener: the peer was removed and joined again
         self._state = _State.START if role is Role.DIALER else _State.AWAIT_HELLO
         self.peer: Identity | None = None
+        self._cluster_version = cluster_version  # the effective one, as this node knows it
+        self._speaks = speaks
+        self.peer_speaks: Speaks | None = None  # the peer's release and cluster versions
 
     @property
     def done(self) -> bool:
@@ -127,7 +143,8 @@ class Handshake:
 
     def _me(self) -> dict[str, Any]:
         return {"site": self.me.site, "node": self.me.node, "host": self.me.host,
-                "port": self.me.port, "incarnation": self.me.incarnation}
+                "port": self.me.port, "incarnation": self.me.incarnation,
+                **versions.announce(self._speaks)}
 
     def receive(self, payload: bytes) -> list[bytes]:
         """Replies to send, in order. Raises Refused (after which `refusal()` says what to
@@ -171,6 +188,12 @@ class Handshake:
             raise Refused("self", "a node dialled itself")
         if self._refuse_all:
             raise Refused("not clustering", self._refuse_all)
+        speaks = versions.from_handshake(message)
+        if speaks is None:
+            raise Refused("malformed", "bad release or cluster_version")
+        refused = versions.refusal(speaks, self._cluster_version)
+        if refused is not None:
+            raise Refused(refused[0], f"{refused[1]} ({peer.node}, site {peer.site})")
         known = self._incarnations.get(peer.site, "")
         if known and peer.incarnation and peer.incarnation != known:
             raise Refused("reborn", f"site {peer.site} ({peer.node}) is back without the data"
@@ -187,6 +210,7 @@ class Handshake:
             if message.get("join") is not True:
                 raise Refused("removed", f"site {peer.site} was removed from the cluster")
             self.readmitted = True
+        self.peer_speaks = speaks
         return peer
 
     def _on_hello(self, message: dict[str, Any]) -> list[bytes]:

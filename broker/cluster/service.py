@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from broker.cluster import versions
 from broker.cluster.discovery import Discovery
 from broker.cluster.frames import Channel
 from broker.cluster.handshake import Handshake, Identity, Refused, Role
@@ -108,6 +109,9 @@ class Cluster:
         self.membership = Membership(self.me)
         # The sites this node's Raft groups list (set by the metadata group, if any).
         self.group_sites: Callable[[], set[str]] = set
+        # The cluster's effective version (broker/cluster/version_keeper.py, if any): peers
+        # whose code cannot run it are refused at the handshake.
+        self.cluster_version: Callable[[], int] = lambda: 0
         self.links: dict[str, PeerLink] = {}
         self.stats = ClusterStats()
         self.started_at = time.time()
@@ -169,6 +173,32 @@ class Cluster:
     def peers(self) -> list[str]:
         """Sites with a link up now."""
         return list(self.links)
+
+    def speaks(self, site: str) -> versions.Speaks | None:
+        """The release and cluster versions of the code `site` runs, as its handshake said
+        (this node's own for its site); None while no link to it is up."""
+        if site == self.me.site:
+            return versions.MINE
+        link = self.links.get(site)
+        return link.handshake.peer_speaks if link is not None else None
+
+    def supports(self, site: str, cluster_version: int) -> bool:
+        """Whether `site`, linked now, runs code that takes what cluster version
+        `cluster_version` introduced (a message kind only newer code decodes, such as Raft's
+        TimeoutNow: versions.TIMEOUT_NOW)."""
+        speaks = self.speaks(site)
+        return speaks is not None and speaks.highest >= cluster_version
+
+    def refuse_older(self, cluster_version: int) -> None:
+        """The cluster rose to `cluster_version`: links to peers whose code cannot run it
+        close (each is refused at its next handshake)."""
+        for site, link in list(self.links.items()):
+            speaks = link.handshake.peer_speaks
+            refused = versions.refusal(speaks, cluster_version) if speaks else None
+            if refused is not None:
+                self.stats.refuse(refused[0])
+                log.warning("peer %s dropped: %s", site, refused[1])
+                self._drop_link(site)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -270,7 +300,8 @@ class Cluster:
                          refused_sites=frozenset(self.membership.removed),
                          refuse_all="this node left the cluster" if self._left else "",
                          incarnations=self.membership.incarnations(),
-                         unsettled=frozenset(self.membership.removed & self.group_sites()))
+                         unsettled=frozenset(self.membership.removed & self.group_sites()),
+                         cluster_version=self.cluster_version())
 
     def link_refused(self, link: PeerLink, error: Refused) -> None:
         self._pending.discard(link)
@@ -301,7 +332,9 @@ class Cluster:
             existing.close()
         new = self.membership.up(peer, self._clock())
         self.stats.link_ups[peer.site] = self.stats.link_ups.get(peer.site, 0) + 1
-        log.info("peer %s (site %s) up%s", peer.node, peer.site, " (new member)" if new else "")
+        speaks = link.handshake.peer_speaks
+        log.info("peer %s (site %s, release %s) up%s", peer.node, peer.site,
+                 speaks.release if speaks else "?", " (new member)" if new else "")
         for site in self.membership.replaced_by(peer):
             log.warning("member %s came back as site %s (a new data dir): its site %s is gone"
                         " for good, removed", peer.node, peer.site, site)
@@ -396,13 +429,15 @@ class Cluster:
     # ---- operations (broker ctl cluster ...) ---------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
         rows = [{"node": self.me.node, "site": self.me.site, "node_status": "running",
-                 "self": True, "address": f"{self.me.host}:{self.me.port}"}]
+                 "self": True, "address": f"{self.me.host}:{self.me.port}",
+                 **_speaks_json(versions.MINE)}]
         for site, member in sorted(self.membership.members.items()):
             identity = member.identity
             link = self.links.get(site)
             rows.append({
                 "node": identity.node, "site": site, "node_status": member.status.value,
                 "self": False, "address": f"{identity.host}:{identity.port}",
+                **_speaks_json(self.speaks(site)),
                 "since": member.since, "bytes_sent": link.bytes_sent if link else 0,
                 "bytes_received": link.bytes_received if link else 0,
             })
@@ -457,6 +492,18 @@ class Cluster:
                         {}, stats.frames_dropped))
         samples.append(("mqtt_cluster_dial_failures", "counter",
                         "Connection attempts to peers that failed", {}, stats.dial_failures))
+        samples.append(("mqtt_cluster_version", "gauge",
+                        "The cluster's effective version (rises once every member runs code"
+                        " that supports it)", {}, self.cluster_version()))
+        releases = [(self.me.node, versions.MINE)] + [
+            (member.identity.node, self.speaks(site))
+            for site, member in sorted(self.membership.members.items())]
+        for node, speaks in releases:
+            if speaks is not None:
+                samples.append(("mqtt_cluster_member_release", "gauge",
+                                "Release of each member's code, linked now (value: the highest"
+                                " cluster version it runs)",
+                                {"peer": node, "release": speaks.release}, speaks.highest))
         for site, member in sorted(self.membership.members.items()):
             peer = {"peer": member.identity.node}
             link = self.links.get(site)
@@ -490,3 +537,10 @@ class Cluster:
 
 def _dump(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
+
+
+def _speaks_json(speaks: versions.Speaks | None) -> dict[str, Any]:
+    """A member's release and cluster versions in `cluster status` (None: not linked)."""
+    if speaks is None:
+        return {"release": None, "cluster_versions": None}
+    return {"release": speaks.release, "cluster_versions": [speaks.lowest, speaks.highest]}

@@ -7,7 +7,6 @@ with what membership knows of it, never left out.
 
 import logging
 import time
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from aiohttp import web
@@ -25,18 +24,13 @@ from broker.http.common import (
 )
 from broker.http.durable_sessions_api import MISSED_KEY, local_missed, local_views
 from broker.node import Node
+from broker.version import RELEASE
 
 log = logging.getLogger(__name__)
 
 CLUSTER_KEY = web.AppKey("cluster", Cluster)
 RPC_KEY = web.AppKey("rpc", Rpc)
 RAFT_KEY = web.AppKey("raft", MetadataGroup)
-
-try:
-    VERSION = version("durable-mqtt-broker")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    VERSION = "0.0.0"
-
 
 def local_node_info(node: Node, cluster: Cluster) -> dict[str, Any]:
     """This node's entry of `/api/v5/nodes`, also served to peers over RPC."""
@@ -45,7 +39,7 @@ def local_node_info(node: Node, cluster: Cluster) -> dict[str, Any]:
         "node": cluster.me.node,
         "site": cluster.me.site,
         "node_status": "running",
-        "version": VERSION,
+        "version": RELEASE,
         "uptime": int((time.time() - cluster.started_at) * 1000),
         "connections": len(node.sessions.sessions),
         "live_connections": connected,
@@ -84,6 +78,7 @@ async def get_node(request: web.Request) -> web.Response:
 async def cluster_status(request: web.Request) -> web.Response:
     cluster = request.app[CLUSTER_KEY]
     return web.json_response({"name": cluster.name, "self": cluster.me.node,
+                              "cluster_version": cluster.cluster_version(),
                               "nodes": cluster.status()})
 
 

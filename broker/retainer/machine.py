@@ -8,6 +8,12 @@ admitted them (default lifetime fixed there, so every replica stores the same de
     entry    := count:u32  command*
     command  := kind:u8  length:u32  record        kind 1: set (empty payload: clear)
     record   := broker/retainer/store.py's record
+    version  := count:u32 = 1  kind:u8 = 2  length:u32 = 4  cluster_version:u32
+
+A `version` entry raises the cluster's effective version (broker/cluster/versions.py);
+it is proposed alone, only once every member runs code that applies it (release 0.1.0
+reads kind 2 as a bad command and skips the entry). The version never falls: an entry
+below the current one changes nothing.
 
 A snapshot is the store's content at the applied index, `count:u32` then per topic
 `length:u32 topic length:u32 record`, cut into chunks by offset. It moves through files on
@@ -28,14 +34,16 @@ from typing import IO, Any, Final
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool
-from broker.retainer.store import RetainedStore, decode_record
+from broker.retainer.store import CLUSTER_VERSION_KEY, RetainedStore, decode_record
 from broker.session.message import Message
 
 log = logging.getLogger(__name__)
 
 SET: Final = 1
+VERSION: Final = 2
 _U32: Final = struct.Struct(">I")
 _COMMAND: Final = struct.Struct(">BI")
+_VERSION_ENTRY: Final = struct.Struct(">IBII")
 _dumps: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -49,6 +57,18 @@ def encode_commands(records: list[bytes]) -> bytes:
         parts.append(_COMMAND.pack(SET, len(record)))
         parts.append(record)
     return b"".join(parts)
+
+
+def encode_version(cluster_version: int) -> bytes:
+    return _VERSION_ENTRY.pack(1, VERSION, _U32.size, cluster_version)
+
+
+def decode_version(data: bytes) -> int | None:
+    """The cluster version a `version` entry sets; None for any other entry."""
+    if len(data) != _VERSION_ENTRY.size:
+        return None
+    count, kind, length, cluster_version = _VERSION_ENTRY.unpack(data)
+    return cluster_version if (count, kind, length) == (1, VERSION, _U32.size) else None
 
 
 def decode_commands(data: bytes) -> list[tuple[Message, bytes]]:
@@ -81,7 +101,8 @@ def _write_snapshot(file: IO[bytes], stop: threading.Event, items: Any) -> None:
         for key, record in items:
             if not count % 1024 and stop.is_set():
                 raise DumpStopped
-            if not key.startswith(b"\x00"):  # markers (RetainedStore), not topics
+            # Markers (RetainedStore) are no topics, but the cluster version goes along.
+            if not key.startswith(b"\x00") or key == CLUSTER_VERSION_KEY:
                 file.write(_U32.pack(len(key)) + key + _U32.pack(len(record)) + record)
                 count += 1
     finally:
@@ -125,6 +146,7 @@ class RetainedMachine:
         self.store = store
         self._refused = refused
         self.applied_index, self.applied_term = store.applied()
+        self.cluster_version = store.cluster_version()  # the effective one, never falls
         # Applied and made durable by `flush`: the log may be truncated up to here. What
         # LevelDB recovered at start is not known to be synced, hence 0.
         self.flushed_index = 0
@@ -157,12 +179,16 @@ class RetainedMachine:
         if entry.kind == NORMAL:
             self.unflushed_bytes += len(entry.data)
             proposed = self._proposed
+            version = decode_version(entry.data)
             if proposed is not None and proposed[0] is entry.data:
                 messages = proposed[1]
                 self._proposed = None
+            elif version is not None:
+                messages = []
+                version = self.cluster_version = max(version, self.cluster_version)
             else:
                 messages = self._decode(entry.data)
-            refused = self.store.write(messages, entry.index, entry.term)
+            refused = self.store.write(messages, entry.index, entry.term, version)
             if refused:
                 self._refused(refused)
         self.applied_index, self.applied_term = entry.index, entry.term
@@ -182,6 +208,9 @@ class RetainedMachine:
         if self.spool.receive(chunk, lambda path: self._install(path, chunk)):
             self.applied_index, self.applied_term = chunk.index, chunk.term
             self.flushed_index = chunk.index
+            # The snapshot's, if higher: one taken before this node applied a version entry
+            # it holds (the log after it goes on from there) cannot lower it.
+            self.cluster_version = max(self.cluster_version, self.store.cluster_version())
 
     def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
         view = self.store.view()

@@ -45,6 +45,10 @@ _HEADER: Final = struct.Struct(">BdI")
 _MARKER: Final = b"\x00"
 _APPLIED: Final = b"\x00applied"  # index, term of the last log entry the data reflects
 _SNAPSHOT: Final = b"\x00snapshot"  # index, term, configuration of the last installed snapshot
+# The cluster's effective version (broker/cluster/versions.py) the log set, u32; absent: 0.
+# The one marker a snapshot carries: a node that installs one runs the cluster's version.
+CLUSTER_VERSION_KEY: Final = b"\x00cluster_version"
+_VERSION: Final = struct.Struct(">I")
 _POSITION: Final = struct.Struct(">QQ")
 _LEGACY_HEADER: Final = struct.Struct(">dB")  # the first format: no format byte
 _NEVER: Final = 0.0
@@ -120,17 +124,25 @@ class RetainedStore:
         with self._db.write_batch() as batch:
             return self._stage(batch, admitted, encode_record(admitted))
 
-    def write(self, messages: list[tuple[Message, bytes]], index: int, term: int) -> int:
+    def write(self, messages: list[tuple[Message, bytes]], index: int, term: int,
+              cluster_version: int | None = None) -> int:
         """Applies admitted messages with their records (a committed log entry at `index`,
-        `term`) in one atomic write with that position; returns how many the message limit
-        refused."""
+        `term`) in one atomic write with that position (and the cluster version the entry
+        set); returns how many the message limit refused."""
         refused = 0
         with self._db.write_batch() as batch:
             for message, record in messages:
                 if not self._stage(batch, message, record):
                     refused += 1
+            if cluster_version is not None:
+                batch.put(CLUSTER_VERSION_KEY, _VERSION.pack(cluster_version))
             batch.put(_APPLIED, _POSITION.pack(index, term))
         return refused
+
+    def cluster_version(self) -> int:
+        """The effective cluster version the applied log set; 0 before any did."""
+        raw = self._db.get(CLUSTER_VERSION_KEY)
+        return _VERSION.unpack(raw)[0] if raw is not None else 0
 
     def _stage(self, batch: Any, message: Message, record: bytes) -> bool:
         topic = message.topic

@@ -18,17 +18,18 @@ from pathlib import Path
 from aiohttp import web
 
 from broker import COMPILED_MODULES
-from broker.cluster import placement
+from broker.cluster import placement, versions
 from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
 from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
 from broker.cluster.takeover import Takeover
+from broker.cluster.version_keeper import VersionKeeper
 from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.http.api import make_app
-from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
+from broker.http.cluster_api import add_cluster_routes, add_raft_routes
 from broker.http.ds_sites_api import add_ds_site_routes
 from broker.http.header_timeout import HeaderTimeout
 from broker.metrics import add_samples, make_registry
@@ -44,6 +45,7 @@ from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, 
 from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
 from broker.sys_topics import SysTopics, remove_client_written
+from broker.version import RELEASE
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,10 @@ class BrokerApp:
             self.metadata = MetadataGroup(config, self.cluster, self.rpc, self.node.retainer,
                                           partial(self.node.stats.drop, "retained_limit"))
             self.node.retained_writer = self.metadata.write_retained
+        # The cluster's effective version, kept in the metadata group.
+        self.versions: VersionKeeper | None = None
+        if self.metadata is not None:
+            self.versions = VersionKeeper(self.metadata, self.cluster)
         # Replicated Durable Storage: its Raft groups live next to the metadata group.
         self.ds_groups: DsGroups | None = None
         if config["durable_storage.messages.backend"] == "builtin_raft" and self.node.ds:
@@ -73,8 +79,10 @@ class BrokerApp:
                                       self.node.durable_state_applied, ownership.admitted,
                                       self.node.durable_writes_refused,
                                       ownership.sessions_of)
+            assert self.versions is not None
             self.node.replicate_sessions(partial(self.ds_groups.leads, None),
-                                         self.ds_groups.is_up, self.ds_groups.sessions_barrier)
+                                         self.ds_groups.is_up, self.ds_groups.sessions_barrier,
+                                         partial(self.versions.allows, versions.DURABLE_GROUPS))
             self.node.takeover.replicated = self.ds_groups
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
@@ -155,6 +163,8 @@ class BrokerApp:
         if self.metadata is not None:
             await self.metadata.start()  # before the links: Raft frames find it ready
         await self.cluster.start()
+        if self.versions is not None:
+            self._every(VERSION_ROUND, self.versions.round)
         if self.ds_groups is not None:
             self._tasks.append(asyncio.create_task(self._restore_replicated()))
             watch = partial(self._watch_placement, self.ds_groups,
@@ -184,7 +194,7 @@ class BrokerApp:
                 removed = remove_client_written(node.retainer)
                 if removed:
                     log.info("removed %d retained $SYS messages published by clients", removed)
-        sys_topics = SysTopics(config["node.name"], VERSION, node.publish, node.gauges,
+        sys_topics = SysTopics(config["node.name"], RELEASE, node.publish, node.gauges,
                                node.stats)
         # As in EMQX, the first round comes one interval after start, and rounds count in
         # the node's metrics like any message (no_subscribers drops, 3 retained messages).
@@ -300,6 +310,8 @@ class BrokerApp:
             await self.cluster.stop()
         if self.node.ds is not None:
             await self.node.ds.close()  # flushes what is buffered
+        if self.versions is not None:
+            await self.versions.stop()
         if self.metadata is not None:
             await self.metadata.stop()
         self.node.close()
@@ -316,6 +328,7 @@ def _gate(config: Config, listener: str) -> ListenerGate:
 # walked all of them for nothing (~5% of the CPU per durable message, bench/pathcost.py).
 _GC_THRESHOLDS = (50_000, 20, 20)
 GROUP_TICK = 1.0  # seconds
+VERSION_ROUND = 0.5  # seconds: how soon a cluster whose members all run newer code rises
 GROUP_VIEWS_INTERVAL = 5.0  # seconds: how old the durable group metrics may be
 PLACEMENT_POLL = 2.0  # seconds: kubelet itself refreshes a ConfigMap volume within ~1 min
 CERTIFICATE_POLL = 1.0  # seconds: two stats, as the password and ACL files' watch

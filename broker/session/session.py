@@ -155,6 +155,11 @@ class Session:
         del self.subscriptions[key]
         return False
 
+    def is_routed(self, key: str) -> bool:
+        """Whether the subscription `key` is routed to the session (else a durable filter:
+        `subscribe` said which)."""
+        return not self.durable
+
     # ---- outgoing QoS 1 and 2 ----------------------------------------------------------
     def finish(self, packet_id: int) -> None:
         """An outgoing QoS 1/2 flow ended: acknowledged (PUBACK / PUBCOMP), refused by the

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from bench.brokers import free_port
+from broker.cluster import versions
 from tests.integration.clients import wait_until
 from tests.support.broker_process import BrokerProcess
 
@@ -71,6 +72,11 @@ class Node:
     def metric(self, name: str, **labels: str) -> float:
         return self.process.metric(name, **labels)
 
+    def cluster_version(self) -> int:
+        """The cluster's effective version as this node applied it (this tree's API)."""
+        return int(http_json(self.http, "/api/v5/cluster", api_key=self.api_key)
+                   ["cluster_version"])
+
     def start(self) -> "Node":
         self.process.start()
         return self
@@ -117,6 +123,14 @@ class Cluster:
 
     def all_running(self, nodes: list[Node], timeout: float = 20.0) -> None:
         self.wait_statuses(nodes, {node.node_name: "running" for node in nodes}, timeout)
+
+    @staticmethod
+    def wait_version(nodes: list[Node], version: int = versions.HIGHEST,
+                     timeout: float = 20.0) -> None:
+        """Every node has applied the cluster's rise to `version` (this tree's highest by
+        default: what a fresh cluster of it reaches once its members are linked)."""
+        wait_until(lambda: all(node.cluster_version() == version for node in nodes), timeout,
+                   f"cluster version {version} on {[node.name for node in nodes]}")
 
     def stop_all(self) -> None:
         for node in self.nodes:

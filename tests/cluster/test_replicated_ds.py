@@ -41,6 +41,7 @@ def _start(cluster: Cluster, **settings: str) -> list[Node]:
     nodes = cluster.start(3, **REPLICATED, **settings)
     cluster.all_running(nodes)
     _groups_led(nodes, 1 + 1 + 4)  # metadata, sessions, 4 shards
+    cluster.wait_version(nodes)  # durable shared groups are joined from cluster version 1
     return nodes
 
 

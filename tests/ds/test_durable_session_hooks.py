@@ -6,6 +6,7 @@ import pytest
 
 from broker.metrics import Stats
 from broker.session.durable import records as r
+from broker.session.durable.groups import READY, GroupManager
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
 from broker.session.session import SubscriptionOptions
@@ -71,3 +72,30 @@ async def test_an_incoming_qos2_message_is_remembered_until_its_pubrel(
     await store.settle()
     stored = store.load("dev")
     assert stored is not None and stored.awaiting_rel == set()
+
+
+async def test_before_the_cluster_runs_durable_groups_a_shared_subscription_is_routed(
+    context: DurableContext, session: DurableSession, store: SessionStore,
+) -> None:
+    """Cluster version 0 (a member on release 0.1.0, whose replicas do not fence a group's
+    writes): routed live and not stored, as 0.1.0 did, and so until it is unsubscribed;
+    one made after the rise is a group's."""
+    allowed = False
+    groups = GroupManager(context.ds, store, Stats(), {}, lambda _: READY, True)
+    groups.allowed = lambda: allowed
+    context.groups = groups
+    options = SubscriptionOptions(1, share_group="g")
+    assert session.subscribe("$share/g/a", options) is False
+    assert session.is_routed("$share/g/a") and not session.is_routed("b/#")
+    await store.settle()
+    stored = store.load("dev", subscriptions=True)
+    assert stored is not None and stored.subscriptions == {} and groups.groups == {}
+    allowed = True
+    assert session.subscribe("$share/g/a", options) is False  # still routed
+    assert session.subscribe("$share/g/b", options) is True
+    assert list(groups.groups) == ["$share/g/b"]
+    assert session.unsubscribe("$share/g/a") is False
+    assert not session.is_routed("$share/g/a") and "$share/g/a" not in session.subscriptions
+    await store.settle()
+    stored = store.load("dev", subscriptions=True)
+    assert stored is not None and list(stored.subscriptions) == ["$share/g/b"]

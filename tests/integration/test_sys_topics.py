@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.http.cluster_api import VERSION
 from broker.mqtt.packets import Publish, Pubrec
+from broker.version import RELEASE
 from tests.integration.clients import (
     BOTH,
     NO_MATCHING_SUBSCRIBERS,
@@ -99,7 +99,7 @@ def test_the_node_publishes_its_sys_topics(paho_client: Clients, start_broker: B
     sub = paho_client(port=broker.tcp)
     sub.subscribe("$SYS/#", 0)
     version = sub.wait_message_on(BASE + "version")
-    assert version.payload == VERSION.encode()
+    assert version.payload == RELEASE.encode()
     assert sub.wait_message_on("$SYS/brokers").payload == NODE.encode()
     connections = sub.wait_message_on(BASE + "stats/connections/count")
     assert int(connections.payload) >= 1

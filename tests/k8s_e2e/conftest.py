@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.version import RELEASE
 from tests.container.engine import build_images, detect
 from tests.k8s.conftest import (
     BUILT,
@@ -31,7 +32,7 @@ from tests.k8s.conftest import (
 
 NODE_SCRIPTS = TESTBED_SCRIPTS / "kubelet"
 CHART = ROOT / "helm" / "durable-mqtt"
-IMAGE = "durable-mqtt-broker:0.1.0"  # the chart's default: image.repository:appVersion
+IMAGE = f"durable-mqtt-broker:{RELEASE}"  # the chart's default: image.repository:appVersion
 LOCK = Path("/run/lock/k8s-testbed-node.lock")
 
 

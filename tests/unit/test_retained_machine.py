@@ -13,7 +13,9 @@ from broker.retainer.machine import (
     BadCommand,
     RetainedMachine,
     decode_commands,
+    decode_version,
     encode_commands,
+    encode_version,
 )
 from broker.retainer.store import RetainedStore, encode_record
 from broker.session.message import Message
@@ -163,6 +165,43 @@ async def _transfer(leader: RetainedMachine, peer: RetainedMachine, config: Conf
         if done:
             return chunks
         index, offset = at, offset + len(data)
+
+
+def test_the_cluster_version_entry_is_applied_kept_and_never_falls(tmp_path: Path) -> None:
+    assert decode_version(encode_version(1)) == 1
+    assert decode_version(_entry(1, Message("t", b"v", retain=True)).data) is None
+    with pytest.raises(BadCommand):  # what release 0.1.0 makes of it: skipped, no crash
+        decode_commands(encode_version(1))
+    store = _store(tmp_path)
+    machine = RetainedMachine(store, lambda _: None)
+    assert machine.cluster_version == 0
+    machine.apply(_entry(1, Message("t", b"v", retain=True)))
+    machine.apply(Entry(2, 1, NORMAL, encode_version(1)))
+    assert machine.cluster_version == 1 and machine.bad_commands == 0
+    machine.apply(Entry(3, 1, NORMAL, encode_version(0)))  # never lower
+    assert machine.cluster_version == 1 and _topics(store) == {"t": b"v"}
+    store.close()
+    store = _store(tmp_path)  # a restart reads it back with the data
+    assert RetainedMachine(store, lambda _: None).cluster_version == 1
+    assert store.applied() == (3, 1) and len(store) == 1  # a marker, not a topic
+    store.close()
+
+
+async def test_a_snapshot_carries_the_cluster_version(tmp_path: Path) -> None:
+    leader_store = _store(tmp_path / "leader")
+    leader = RetainedMachine(leader_store, lambda _: None)
+    leader.apply(_entry(1, Message("a", b"1", retain=True)))
+    leader.apply(Entry(2, 1, NORMAL, encode_version(1)))
+    peer_store = _store(tmp_path / "peer")
+    peer = RetainedMachine(peer_store, lambda _: None)
+    await _transfer(leader, peer, Config(frozenset({"a", "b"})))
+    assert peer.cluster_version == 1 and _topics(peer_store) == {"a": b"1"}
+    peer_store.close()
+    peer_store = _store(tmp_path / "peer")
+    assert RetainedMachine(peer_store, lambda _: None).cluster_version == 1
+    assert len(peer_store) == 1
+    peer_store.close()
+    leader_store.close()
 
 
 def test_pending_writes_show_here_until_released(tmp_path: Path) -> None:

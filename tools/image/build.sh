@@ -2,7 +2,8 @@
 # Builds the broker/operator image and the Spark image (docker where its daemon answers,
 # else podman), each only when its inputs changed since the image on hand was built: the
 # files it is built from and the build arguments, hashed into the label
-# org.durablemqtt.inputs. Tags :dev and the chart's appVersion (what `helm install` pulls).
+# org.durablemqtt.inputs. Tags :dev and the release (broker/version.py's RELEASE, which the
+# chart's appVersion equals: what `helm install` pulls).
 #   IMAGE_BASE=...  base image (default: python:3.11-slim when a registry answers, else a
 #                   Debian bookworm base made here by tools/image/base.sh)
 #   NATIVE=0        the hot path in pure Python (no mypyc build in the image)
@@ -12,7 +13,7 @@ source tools/image/engine.sh
 REGISTRY_BASE=docker.io/library/python:3.11-slim
 LOCAL_BASE=localhost/durable-mqtt-base:bookworm
 NATIVE=${NATIVE:-1}
-VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' helm/durable-mqtt/Chart.yaml)
+VERSION=$(sed -n 's/^RELEASE: Final = "\(.*\)"$/\1/p' broker/version.py)  # = the chart's appVersion
 LABEL=org.durablemqtt.inputs
 
 base() {

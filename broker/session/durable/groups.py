@@ -77,6 +77,9 @@ class GroupManager:
         self.groups: dict[str, Group] = {}
         # Set by the app with builtin_raft: whether this node decides (leads `sessions`).
         self.decides: Callable[[], bool] = lambda: True
+        # Set by the app with builtin_raft: whether sessions may join groups now (every
+        # member's code fences a group's writes: broker/cluster/versions.py).
+        self.allowed: Callable[[], bool] = lambda: True
         self._dirty: set[str] = set()
         self._pass: asyncio.Handle | None = None
         self._releasing: set[tuple[str, int]] = set()

@@ -128,6 +128,9 @@ class DurableSession(Session):
         # in every one of possibly many thousands of offline sessions.
         self._recording: list[tuple[asyncio.Future[None], _Pending | None, list[Delivery]]] = []
         self._unsent = 0
+        # Shared subscriptions routed live, not a durable group's (`subscribe`): None, as
+        # nearly every session has none (created only then, for the reason above).
+        self._routed: set[str] | None = None
         # The last batch record being written when the session stopped reading a shard of
         # its groups: shards it is given are read once that is stored (`_sync_shards`).
         self._settling: asyncio.Future[None] | None = None
@@ -329,12 +332,22 @@ class DurableSession(Session):
         stored with the session; a shared subscription makes the session a member of its
         durable group (groups.py), which reads from where the group started. Only this
         filter's streams are looked up: a SUBSCRIBE of n filters costs n lookups, not one per
-        filter the session has for each of them."""
+        filter the session has for each of them.
+
+        Until every member of a replicated cluster runs code that fences a group's writes
+        (versions.DURABLE_GROUPS), a shared subscription is routed live and not stored, as
+        release 0.1.0 did, and stays so until it is unsubscribed."""
+        groups = self._ctx.groups
+        if options.share_group is not None and groups is not None and (
+                self.is_routed(key) or (key not in self.since and not groups.allowed())):
+            if self._routed is None:
+                self._routed = set()
+            self._routed.add(key)
+            return super().subscribe(key, options)
         self.subscriptions[key] = options
         since = self.since.get(key)
         if since is None:
             since = now_us()
-            groups = self._ctx.groups
             if options.share_group is not None and groups is not None:
                 since = groups.join(key, self.client_id, since)
             self.since[key] = since
@@ -344,10 +357,16 @@ class DurableSession(Session):
                                      r.subscription_to_bytes(options, since))])
         return True
 
+    def is_routed(self, key: str) -> bool:
+        return self._routed is not None and key in self._routed
+
     def unsubscribe(self, key: str) -> bool:
         """Forgets the filter and what was read of it, in the store too. Positions in memory
         are all there are while the client is connected (a session restored at start-up
         loads them when its client comes back), so the store need not be scanned for them."""
+        if self._routed is not None and key in self._routed:
+            self._routed.discard(key)
+            return super().unsubscribe(key)
         shared = self.subscriptions.pop(key).share_group is not None
         self.since.pop(key, None)
         for task in self._readers.pop(key, {}).values():

@@ -188,6 +188,11 @@ class Nemesis:
             for node in nodes:
                 wait_until(lambda node=node: led(node), timeout,
                            f"{node.name}: {self.raft_groups} Raft groups with leaders")
+            # Durable shared groups are joined from cluster version 1, which a wiped node
+            # learns from the log, and a cluster of this tree rises to once every node runs
+            # it (not while one runs an earlier release: tests/support/releases.py).
+            if all(node.process.code is None for node in nodes):
+                self.cluster.wait_version(nodes, timeout=timeout)
             subscribers = self.subscribers()
             for node in nodes:
                 wait_until(lambda node=node: node.metric("mqtt_durable_filters") >= subscribers,
