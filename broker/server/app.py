@@ -62,8 +62,12 @@ class BrokerApp:
         # The metadata Raft group: today it holds the retained messages, so no store, no group.
         self.metadata: MetadataGroup | None = None
         if self.node.retainer is not None:
-            self.metadata = MetadataGroup(config, self.cluster, self.rpc, self.node.retainer,
-                                          partial(self.node.stats.drop, "retained_limit"))
+            # Leadership goes only to a peer whose Raft decodes TimeoutNow (not 0.1.0's).
+            self.metadata = MetadataGroup(
+                config, self.cluster, self.rpc, self.node.retainer,
+                partial(self.node.stats.drop, "retained_limit"),
+                can_transfer_to=partial(self.cluster.supports,
+                                        cluster_version=versions.TIMEOUT_NOW))
             self.node.retained_writer = self.metadata.write_retained
         # The cluster's effective version, kept in the metadata group.
         self.versions: VersionKeeper | None = None
