@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import http_json
+from tests.cluster.conftest import Node, http_json
 from tests.cluster.jepsen.harness import RAFT, Harness, backend
-from tests.integration.clients import PahoClient
+from tests.integration.clients import PahoClient, wait_until
 from tests.support.releases import build, releases
 
 pytestmark = pytest.mark.integration
@@ -61,6 +61,26 @@ def _stored(harness: Harness) -> list[tuple[str, bytes, bool]]:
     return batches
 
 
+def _durable_group(nodes: list[Node]) -> None:
+    """A durable shared group made on one node stores a job its worker gets on another."""
+    share = "$share/upgraded/upgrade/jobs/#"
+    worker = PahoClient(nodes[0].process.tcp, "upgrade-worker")
+    worker.connect(clean_start=True, session_expiry=3600)
+    assert worker.subscribe(share, qos=1) == [1]
+    worker.disconnect()
+    worker.close()
+    wait_until(lambda: all(share in [g["topic"] for g in http_json(
+        node.http, "/api/v5/durable_shared_groups")["data"]] for node in nodes), 15,
+        "the durable group in every replica")
+    _publish(nodes[1].process.tcp, "upgrade-job", [("upgrade/jobs/1", b"job", False)])
+    back = PahoClient(nodes[2].process.tcp, "upgrade-worker")
+    try:
+        assert back.connect(clean_start=False, session_expiry=3600).session_present
+        assert [m.payload for m in back.wait_messages(1, timeout=30)] == [b"job"]
+    finally:
+        back.close()
+
+
 def test_a_rolling_upgrade_from_the_previous_release_loses_nothing(
         jepsen, previous_release: Path) -> None:
     harness = jepsen(3, code=previous_release, **backend(RAFT))
@@ -78,12 +98,19 @@ def test_a_rolling_upgrade_from_the_previous_release_loses_nothing(
         assert nemesis.stop(node.name) == 0, f"{node.name} did not stop cleanly"
         node.process.code = None  # this tree, on the same data dir
         nemesis.restart(node.name)
+        if node is not nodes[-1]:  # a member still runs the previous release
+            assert node.cluster_version() == 0
         workload.run_for(2)
     report = workload.finish(drain_timeout=30)
     print(report.summary(), workload.stats)
     if not report.ok:
         print(f"evidence kept in {harness.keep_evidence()}")
     assert report.ok, report.summary()
+
+    # Every member runs this tree: the cluster's effective version rises, and the command
+    # kinds it gates (a durable shared group's writes) are used.
+    harness.cluster.wait_version(nodes)
+    _durable_group(nodes)
 
     for node in nodes:
         reader = PahoClient(node.process.tcp, f"upgrade-retained-{node.name}")
