@@ -52,8 +52,10 @@ def subscribe(topic_filter: str, qos: int, packet_id: int = 1) -> bytes:
     return encode(packet, MQTT_V311)
 
 
-def publish(topic: str, payload: bytes, qos: int, packet_id: int | None = None) -> bytes:
-    packet = Publish(topic=topic, payload=payload, qos=qos, packet_id=packet_id if qos else None)
+def publish(topic: str, payload: bytes, qos: int, packet_id: int | None = None,
+            dup: bool = False) -> bytes:
+    packet = Publish(topic=topic, payload=payload, qos=qos, packet_id=packet_id if qos else None,
+                     dup=dup)
     return encode(packet, MQTT_V311)
 
 
