@@ -34,6 +34,7 @@ from broker.auth.client_rules import ClientRule, decide
 from broker.auth.enhanced import EnhancedAuth
 from broker.auth.http_client import HttpService
 from broker.auth.http_requests import RequestTemplate, interpret
+from broker.auth.jwks_endpoint import refresh_forever
 from broker.auth.passwords import Hash, PasswordFileError, parse_password_file
 from broker.auth.scram import METHODS
 from broker.auth.scram_users import ScramFileError, ScramUser, dump_scram_file, parse_scram_file
@@ -83,6 +84,8 @@ class Security:
         self._acl_path: str = config["authorization.acl_file"]
         self._scram_path: str = config["authentication.scram.user_file"]
         self._jwks_path: str = config["authentication.jwt.jwks_file"]
+        self._jwks_url: str = config["authentication.jwt.endpoint"]
+        self._jwks_refresh: float = config["authentication.jwt.refresh_interval"]
         self.scram_iterations: int = config["authentication.scram.iteration_count"]
         self.scram_users: dict[str, ScramUser] | None = None
         # Salts of unknown SCRAM users are made with it: random per process, so they
@@ -110,7 +113,7 @@ class Security:
         self._signatures: dict[str, Signature | None] = {}
         self._pending = 0
         self._executor: ThreadPoolExecutor | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # the files' watch, the JWKS fetches
         for path in self._paths():
             self._load(path)  # raises: a broker does not start on a bad file
 
@@ -175,8 +178,14 @@ class Security:
     def start(self) -> None:
         if self._password_path:
             self._executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="password")
+        loop = asyncio.get_running_loop()
         if self._paths():
-            self._task = asyncio.get_running_loop().create_task(self._watch())
+            self._tasks.append(loop.create_task(self._watch()))
+        if self._jwks_url:
+            assert self.jwt is not None
+            self._tasks.append(loop.create_task(refresh_forever(
+                self._jwks_url, self._jwks_refresh, self.jwt,
+                lambda result: self.stats.count(self.stats.reloads, result))))
 
     async def _watch(self) -> None:
         while True:
@@ -187,8 +196,8 @@ class Security:
                 self.reload(f"{', '.join(changed)} changed")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self.http is not None:
@@ -391,7 +400,7 @@ class Security:
                {"action": action, "reason": reason}, float(n))
               for (action, reason), n in stats.unavailable.items()),
             *(("mqtt_security_reloads_total", "counter",
-               "Password and ACL file reloads, by result", {"result": result}, float(n))
+               "Security file reloads and JWKS fetches, by result", {"result": result}, float(n))
               for result, n in stats.reloads.items()),
         ]
 
@@ -400,11 +409,12 @@ def _jwt_verifier(config: Config) -> JwtVerifier | None:
     """None when no key is configured (JWT is then not in the chain)."""
     prefix = "authentication.jwt."
     secret, public_key = config[prefix + "secret"], config[prefix + "public_key"]
-    jwks = config[prefix + "jwks_file"]
-    if not (secret or public_key or jwks):
+    jwks, endpoint = config[prefix + "jwks_file"], config[prefix + "endpoint"]
+    if not (secret or public_key or jwks or endpoint):
         return None
-    if sum(map(bool, (secret, public_key, jwks))) > 1:
-        raise SecurityFileError("authentication.jwt: set one of secret, public_key, jwks_file")
+    if sum(map(bool, (secret, public_key, jwks, endpoint))) > 1:
+        raise SecurityFileError("authentication.jwt: set one of secret, public_key, jwks_file,"
+                                " endpoint")
     verifier = JwtVerifier(JwtSettings(config[prefix + "from"], config[prefix + "leeway"],
                                        config[prefix + "verify_claims"],
                                        config[prefix + "acl_claim_name"]))

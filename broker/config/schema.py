@@ -447,8 +447,8 @@ SETTINGS: tuple[Setting, ...] = (
             " `iteration_count`); each user keeps the count it was made with."),
     Setting("authentication.jwt.secret", "", parse_str,
             "JWT authentication with HS256, HS384 or HS512 and this secret (EMQX's"
-            " `hmac-based`). Set at most one of `secret`, `public_key`, `jwks_file`; none ="
-            " JWT off."),
+            " `hmac-based`). Set at most one of `secret`, `public_key`, `jwks_file`,"
+            " `endpoint`; none = JWT off."),
     Setting("authentication.jwt.secret_base64_encoded", False, parse_bool,
             "The secret is written in base64."),
     Setting("authentication.jwt.public_key", "", parse_str,
@@ -457,6 +457,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("authentication.jwt.jwks_file", "", parse_str,
             "JWT with RS*/ES*: a JWKS file (RFC 7517; keys chosen by the token's `kid`),"
             " re-read when it changes; a version that fails keeps the keys in force."),
+    Setting("authentication.jwt.endpoint", "", parse_str,
+            "JWT with RS*/ES*: a JWKS URL (EMQX's `use_jwks` with `endpoint`), fetched at"
+            " start-up and every `refresh_interval` in the background; a fetch that fails"
+            " keeps the keys in force (`mqtt_security_reloads_total{result=\"failed\"}`)."),
+    Setting("authentication.jwt.refresh_interval", "5m", parse_duration,
+            "How often the JWKS at `endpoint` is fetched again; 0 = once, at start-up."),
     Setting("authentication.jwt.from", "password", parse_choice("password", "username"),
             "The CONNECT field that carries the token."),
     Setting("authentication.jwt.leeway", "10s", parse_duration,

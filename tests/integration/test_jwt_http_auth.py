@@ -94,6 +94,51 @@ def test_es256_from_a_jwks_file_that_is_rotated(start_broker: Callable[..., Brok
     assert _code(_connect(clients, port, "u", _token({"exp": exp}, old, "ES256", "k1"))) == 0x86
 
 
+class JwksService(ThreadedService):
+    """A JWKS at /jwks whose document the test replaces; `broken` answers 500."""
+
+    def __init__(self, document: str) -> None:
+        self.document, self.broken, self.fetches = document, False, 0
+        super().__init__("/jwks", self._jwks, method="GET")
+
+    async def _jwks(self, request: web.Request) -> web.Response:
+        self.fetches += 1
+        if self.broken:
+            return web.Response(status=500)
+        return web.Response(text=self.document, content_type="application/json")
+
+
+def test_es256_from_a_jwks_endpoint_refreshed(start_broker: Callable[..., BrokerProcess],
+                                              clients: list[PahoClient]) -> None:
+    """EMQX's `endpoint` and `refresh_interval`: keys rotated at the provider are used after
+    the next fetch; a fetch that fails keeps the keys in force."""
+    old, new = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    service = JwksService(_jwks(old, "k1"))
+    try:
+        broker = start_broker(**{
+            "authentication.jwt.endpoint": f"http://127.0.0.1:{service.port}/jwks",
+            "authentication.jwt.refresh_interval": "1s"})
+        port, exp = broker.tcp, int(time.time()) + 60
+        wait_until(lambda: broker.metric("mqtt_security_reloads_total", result="ok") >= 1,
+                   10, "the first fetch")
+        assert _code(_connect(clients, port, "u", _token({"exp": exp}, old, "ES256", "k1"))) \
+            == 0
+        assert _code(_connect(clients, port, "u", _token({"exp": exp}, new, "ES256", "k2"))) \
+            == 0x86
+        service.broken = True
+        wait_until(lambda: broker.metric("mqtt_security_reloads_total", result="failed") >= 1,
+                   10, "a failed fetch")
+        assert _code(_connect(clients, port, "u", _token({"exp": exp}, old, "ES256", "k1"))) \
+            == 0  # kept
+        service.document, service.broken = _jwks(new, "k2"), False
+        wait_until(lambda: _code(_connect(clients, port, "u", _token(
+            {"exp": exp}, new, "ES256", "k2"))) == 0, 10, "the rotated key in force")
+        assert _code(_connect(clients, port, "u", _token({"exp": exp}, old, "ES256", "k1"))) \
+            == 0x86
+    finally:
+        service.stop()
+
+
 class AuthService(ThreadedService):
     """An HTTP authentication service: answers by user name."""
 

@@ -1,6 +1,6 @@
 """An aiohttp service for a broker under test to call (HTTP authentication and
-authorization): its own event loop in a thread, bound to loopback on a free port, one POST
-route. `release` lets a handler hold requests until the test (or `stop`) lets them go."""
+authorization, a JWKS): its own event loop in a thread, bound to loopback on a free port,
+one route. `release` lets a handler hold requests until the test (or `stop`) lets them go."""
 
 import asyncio
 import threading
@@ -13,21 +13,21 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ThreadedService:
-    def __init__(self, path: str, handler: Handler) -> None:
+    def __init__(self, path: str, handler: Handler, method: str = "POST") -> None:
         self.release = threading.Event()
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(path, handler, started),
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run,
+                                        args=(method, path, handler, started), daemon=True)
         self._thread.start()
         assert started.wait(10), "the HTTP service did not start"
 
-    def _run(self, path: str, handler: Handler, started: threading.Event) -> None:
+    def _run(self, method: str, path: str, handler: Handler, started: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
-        app.router.add_post(path, handler)
+        app.router.add_route(method, path, handler)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
