@@ -17,6 +17,7 @@ from broker.mqtt.packets import Suback, Subscribe, Subscription
 from broker.mqtt.topic import parse_shared, validate_topic_filter
 from broker.server.handlers.authorize import verdict_later, verdict_now
 from broker.server.handlers.sliced import finish_in_slices, handle_in_slices
+from broker.session.durable.turn import TimeSlice
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -55,7 +56,10 @@ async def _subscribe_when_decided(conn: "Connection", session: Session,
     SUBSCRIBE applied with them."""
     verdicts: dict[str, Verdict] = {}
     ask: list[tuple[str, int]] = []
+    budget = TimeSlice()  # tens of thousands of filters must not stall other clients
     for sub in packet.subscriptions:
+        if budget.spent():
+            await budget.next()
         try:
             _, topic_filter = _check(conn, sub)
         except MQTTError:
