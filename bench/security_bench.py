@@ -7,7 +7,10 @@
 connect: CONNECT rate with a password file, ours against Mosquitto 2.0 on the same file
   (`$7$` PBKDF2-SHA512 entries made by `mosquitto_passwd`, else by `broker ctl users add`)
   with anonymous clients refused; and ours with JWT authentication instead (HS256 tokens as
-  passwords, `authentication.jwt.secret`), against ours with the password file.
+  passwords, `authentication.jwt.secret`), SCRAM-SHA-256 (MQTT 5 enhanced authentication,
+  `authentication.scram.user_file`, the same users) and HTTP authentication
+  (`authentication.http.url`, a minimal aiohttp service answering allow, bench/
+  auth_service.py), each against ours with the password file and against Mosquitto's.
   `--parallel` raw sockets at a time each connect, send CONNECT with a user's right
   password, read the CONNACK, send DISCONNECT and wait for the broker to close,
   `--connects` times in all: connections per second, the time from the TCP connect to the
@@ -38,13 +41,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 if __package__ in (None, ""):  # run as a script: make `bench` and `broker` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import brokers, procstat, report, wire
+from bench.auth_service import allow_service
+from bench.logins import Login, PasswordLogin, ScramLogin
 from bench.scenarios import SCENARIOS, Outcome, Timing, throughput
+from broker.auth.scram import DEFAULT_ITERATIONS
+from broker.auth.scram_users import dump_scram_file, make_user
 
 RESULTS = Path(__file__).resolve().parent / "security_results.json"
 JWT_SECRET = "bench-jwt-secret-of-32-bytes-or-more"
@@ -52,7 +59,6 @@ ALL_BROKERS = ("ours", "mosquitto")
 USERS = 10
 """Users in the password file; client n logs in as user n mod USERS."""
 DISCONNECT = wire.DISCONNECT
-CONNACK_OK = b"\x20\x02\x00\x00"
 STORM_TIMEOUT = 300.0
 
 
@@ -101,6 +107,7 @@ class Storm:
     parallel: int
     warmup: int
     users: list[tuple[str, str]]
+    login: Callable[[str, tuple[str, str]], Login] = PasswordLogin
 
 
 def _storm_worker(storm: Storm, cpus: set[int], results: Any) -> None:
@@ -119,13 +126,12 @@ def _storm_worker(storm: Storm, cpus: set[int], results: Any) -> None:
 
 
 class _Slot:
-    __slots__ = ("buffer", "packet", "sock", "started", "state")
+    __slots__ = ("login", "sock", "started", "state")
 
-    def __init__(self, packet: bytes) -> None:
-        self.packet = packet
+    def __init__(self, login: Login) -> None:
+        self.login = login
         self.sock: socket.socket | None = None
-        self.state = 0  # 0 connecting, 1 waiting for CONNACK, 2 waiting for the close
-        self.buffer = b""
+        self.state = 0  # 0 connecting, 1 logging in, 2 waiting for the close
         self.started = 0.0
 
 
@@ -133,7 +139,7 @@ def _run_connects(storm: Storm, total: int) -> tuple[int, int, list[float]]:
     """`total` CONNECT/CONNACK/DISCONNECT exchanges, `parallel` at a time, non-blocking
     sockets on epoll. Returns (accepted, refused or failed, CONNACK latencies)."""
     sel = selectors.DefaultSelector()
-    slots = [_Slot(wire.connect(f"sec-{n}", credentials=storm.users[n % len(storm.users)]))
+    slots = [_Slot(storm.login(f"sec-{n}", storm.users[n % len(storm.users)]))
              for n in range(min(storm.parallel, total))]
     started = ok = failed = 0
     latencies: list[float] = []
@@ -145,7 +151,7 @@ def _run_connects(storm: Storm, total: int) -> tuple[int, int, list[float]]:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        slot.sock, slot.state, slot.buffer = sock, 0, b""
+        slot.sock, slot.state = sock, 0
         slot.started = time.perf_counter()
         code = sock.connect_ex(("127.0.0.1", storm.port))
         if code not in (0, errno.EINPROGRESS):
@@ -178,7 +184,7 @@ def _run_connects(storm: Storm, total: int) -> tuple[int, int, list[float]]:
                     if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                         finish(slot, False)
                         continue
-                    sock.send(slot.packet)  # a few dozen bytes: one send
+                    sock.send(slot.login.connect())  # a few dozen bytes: one send
                     slot.state = 1
                     sel.modify(sock, selectors.EVENT_READ, slot)
                     continue
@@ -188,10 +194,12 @@ def _run_connects(storm: Storm, total: int) -> tuple[int, int, list[float]]:
                     finish(slot, slot.state == 2)
                     continue
                 if slot.state == 1:
-                    slot.buffer += data
-                    if not data or (len(slot.buffer) >= 4 and slot.buffer[:4] != CONNACK_OK):
+                    answer, accepted = slot.login.feed(data) if data else (b"", False)
+                    if answer:
+                        sock.send(answer)
+                    if accepted is False:
                         finish(slot, False)
-                    elif len(slot.buffer) >= 4:
+                    elif accepted:
                         latencies.append(time.perf_counter() - slot.started)
                         sock.send(DISCONNECT)
                         slot.state = 2
@@ -206,11 +214,12 @@ def _run_connects(storm: Storm, total: int) -> tuple[int, int, list[float]]:
 
 
 def connect_round(name: str, launcher: Callable[[Path], brokers.Launch], connects: int,
-                  parallel: int, users: list[tuple[str, str]]) -> Outcome:
+                  parallel: int, users: list[tuple[str, str]],
+                  login: Callable[[str, tuple[str, str]], Login] = PasswordLogin) -> Outcome:
     try:
         with brokers.running(name, launcher=launcher) as broker:
             storm = Storm(broker.port, broker.pid, connects, parallel,
-                          max(parallel, connects // 10), users)
+                          max(parallel, connects // 10), users, login)
             ctx = multiprocessing.get_context("fork")
             results = ctx.SimpleQueue()
             worker = ctx.Process(target=_storm_worker, args=(storm, brokers.load_cpus(), results),
@@ -286,46 +295,71 @@ def jwt_users() -> list[tuple[str, str]]:
             for n in range(USERS)]
 
 
+def make_scram_file(path: Path, users: list[tuple[str, str]]) -> None:
+    """The SCRAM users, as `broker ctl users add --scram` writes them (EMQX's 4096
+    iterations)."""
+    path.write_text(dump_scram_file({user: make_user(user, password.encode(), False,
+                                                     DEFAULT_ITERATIONS)
+                                     for user, password in users}))
+
+
+# Each of ours' other methods against ours with the password file and against Mosquitto's.
+_OTHERS: Final = ("ours_jwt", "ours_scram", "ours_http")
+
+
 def run_connect(args: argparse.Namespace, tmp: Path, names: list[str]) -> dict[str, Any]:
     users = [(f"user{n}", f"secret-{n}-pw") for n in range(USERS)]
-    passwords = tmp / "passwd"
+    passwords, scram = tmp / "passwd", tmp / "scram.json"
     tool = make_password_file(passwords, users)
+    make_scram_file(scram, users)
     probe = users[0]
     user_line = f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
     tokens = jwt_users()
-    cases = {
-        "ours": (brokers.ours_with({"authentication.password_file": str(passwords)}, probe),
-                 users),
-        # `user`: started as root Mosquitto drops to user mosquitto, who cannot read our temp
-        # dir; it must stay the user that owns it (ignored when not started as root).
-        "mosquitto": (brokers.mosquitto_with(
-            f"password_file {passwords}\nallow_anonymous false\n{user_line}", probe), users),
-        "ours_jwt": (brokers.ours_with({"authentication.jwt.secret": JWT_SECRET}, tokens[0]),
-                     tokens),
-    }
-    names = [*names, "ours_jwt"] if "ours" in names else names
-    rounds: dict[str, list[Outcome]] = {name: [] for name in names}
-    for n in range(args.rounds):
-        for name in names:
-            launcher, credentials = cases[name]
-            outcome = connect_round(name, launcher, args.connects, args.parallel, credentials)
-            rounds[name].append(outcome)
-            print(f"  round {n + 1} {name:10} {_fmt(outcome, 'connections/s')}", flush=True)
+    with allow_service(brokers.load_cpus()) as url:
+        cases: dict[str, tuple[Callable[[Path], brokers.Launch], list[tuple[str, str]],
+                               Callable[[str, tuple[str, str]], Login]]] = {
+            "ours": (brokers.ours_with({"authentication.password_file": str(passwords)},
+                                       probe), users, PasswordLogin),
+            # `user`: started as root Mosquitto drops to user mosquitto, who cannot read our
+            # temp dir; it must stay the user that owns it (ignored when not started as root).
+            "mosquitto": (brokers.mosquitto_with(
+                f"password_file {passwords}\nallow_anonymous false\n{user_line}", probe), users,
+                PasswordLogin),
+            "ours_jwt": (brokers.ours_with({"authentication.jwt.secret": JWT_SECRET},
+                                           tokens[0]), tokens, PasswordLogin),
+            # The probe connects without a method: SCRAM alone leaves anonymous clients in.
+            "ours_scram": (brokers.ours_with({"authentication.scram.user_file": str(scram)}),
+                           users, ScramLogin),
+            "ours_http": (brokers.ours_with({"authentication.http.url": url}, probe), users,
+                          PasswordLogin),
+        }
+        names = [*names, *_OTHERS] if "ours" in names else names
+        rounds: dict[str, list[Outcome]] = {name: [] for name in names}
+        for n in range(args.rounds):
+            for name in names:
+                launcher, credentials, login = cases[name]
+                outcome = connect_round(name, launcher, args.connects, args.parallel,
+                                        credentials, login)
+                rounds[name].append(outcome)
+                print(f"  round {n + 1} {name:10} {_fmt(outcome, 'connections/s')}", flush=True)
     result: dict[str, Any] = {
-        "title": "CONNECT/CONNACK/DISCONNECT per second with a password file",
+        "title": "CONNECT/CONNACK/DISCONNECT per second: a password file (ours, Mosquitto),"
+                 " JWT, SCRAM-SHA-256 and HTTP authentication (ours)",
         "unit": "connections/s",
         "password_file": f"{USERS} users, $7$ PBKDF2-SHA512 (101 iterations), made by {tool}",
+        "scram": f"the same {USERS} users, SCRAM-SHA-256 over MQTT 5 AUTH, 4096 iterations"
+                 " (the client keeps each user's salted password)",
+        "http": "authentication.http.url: an aiohttp service answering allow, on the load CPUs",
         "results": {name: {"median": _median(outs), "rounds": [_cell(o) for o in outs]}
                     for name, outs in rounds.items()},
     }
-    if "ours" in rounds and "mosquitto" in rounds:
-        pairs = list(zip(rounds["ours"], rounds["mosquitto"], strict=True))
-        result["ratio_ours_mosquitto"] = _median_ratio(pairs)
-        result["ratio_ours_mosquitto_per_broker_cpu"] = _median_ratio(pairs, _per_cpu)
-    if "ours_jwt" in rounds:
-        pairs = list(zip(rounds["ours_jwt"], rounds["ours"], strict=True))
-        result["ratio_jwt_password_file"] = _median_ratio(pairs)
-        result["ratio_jwt_password_file_per_broker_cpu"] = _median_ratio(pairs, _per_cpu)
+    for top, bottom in (("ours", "mosquitto"),
+                        *((other, base) for other in _OTHERS for base in ("ours", "mosquitto"))):
+        if top in rounds and bottom in rounds:
+            pairs = list(zip(rounds[top], rounds[bottom], strict=True))
+            key = f"ratio_{top}_{'password_file' if bottom == 'ours' else bottom}"
+            result[key] = _median_ratio(pairs)
+            result[key + "_per_broker_cpu"] = _median_ratio(pairs, _per_cpu)
     return result
 
 
@@ -422,13 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         section = out["connect_auth"]
         for name, cell in section["results"].items():
             print(f"connect_auth {name:10} median {cell['median'] or 0:>10,.0f} connections/s")
-        if section.get("ratio_ours_mosquitto") is not None:
-            print(f"connect_auth ours/mosquitto {section['ratio_ours_mosquitto']:.2f};"
-                  f" per broker CPU second {section['ratio_ours_mosquitto_per_broker_cpu']:.2f}")
-        if section.get("ratio_jwt_password_file") is not None:
-            print(f"connect_auth ours JWT/password file"
-                  f" {section['ratio_jwt_password_file']:.2f}; per broker CPU second"
-                  f" {section['ratio_jwt_password_file_per_broker_cpu']:.2f}")
+        for key, value in section.items():
+            if key.startswith("ratio_") and not key.endswith("_per_broker_cpu") and value:
+                print(f"connect_auth {key[len('ratio_'):]} {value:.2f}; per broker CPU second"
+                      f" {section[key + '_per_broker_cpu']:.2f}")
     if "acl_qos1" in out:
         section = out["acl_qos1"]
         for case, cell in section["results"].items():

@@ -56,16 +56,22 @@ class Acl:
     patterns: list[Rule] = field(default_factory=list)
 
     def allows(self, client_id: str, username: str | None, topic: str, access: Access) -> bool:
+        """Mosquitto's answer: a topic no rule matches is denied."""
+        return self.decide(client_id, username, topic, access) or False
+
+    def decide(self, client_id: str, username: str | None, topic: str,
+               access: Access) -> bool | None:
+        """None when no rule matches (EMQX's file source then passes to the next one)."""
         own = self.anonymous if username is None else self.users.get(username, [])
         decided = _first_match(own, topic, access)
         if decided is not None:
             return decided
         if not self.patterns or "+" in client_id or "#" in client_id or (
                 username is not None and ("+" in username or "#" in username)):
-            return False
+            return None
         rules = [Rule(rule.access, _substitute(rule.filter, client_id, username))
                  for rule in self.patterns]
-        return bool(_first_match(rules, topic, access))
+        return _first_match(rules, topic, access)
 
 
 def _first_match(rules: list[Rule], topic: str, access: Access) -> bool | None:

@@ -37,15 +37,19 @@ class Request(NamedTuple):
 
 class Answer(NamedTuple):
     """`allowed` None: ignore (the next source decides); `unavailable`: the service did not
-    answer usably."""
+    answer usably; `busy`: it was not asked, `max_inflight` requests being out already."""
 
     allowed: bool | None
     superuser: bool = False
     rules: tuple[ClientRule, ...] | None = None
     unavailable: bool = False
+    busy: bool = False
 
 
 UNAVAILABLE: Final = Answer(None, unavailable=True)
+BUSY: Final = Answer(None, unavailable=True, busy=True)
+_IGNORE: Final = Answer(None)
+_DENY: Final = Answer(False)
 
 
 def render(template: RequestTemplate, values: dict[str, str]) -> Request:
@@ -69,27 +73,43 @@ def _fill(value: Any, values: dict[str, str]) -> Any:
     return value
 
 
-def interpret(status: int, body: bytes, client_id: str, username: str | None) -> Answer:
+def _document(status: int, body: bytes) -> dict[str, Any] | None:
+    """The answer's JSON object with a known `result`; None for an unusable answer. 204 is
+    `{"result": "allow"}`."""
     if status == 204:
-        return Answer(True)
+        return {"result": "allow"}
     if status != 200 or len(body) > _MAX_ANSWER:
-        return UNAVAILABLE
+        return None
     try:
         document = json.loads(body)
     except ValueError:
+        return None
+    if not isinstance(document, dict) or document.get("result") not in ("allow", "deny",
+                                                                          "ignore"):
+        return None
+    return document
+
+
+def interpret(status: int, body: bytes, client_id: str, username: str | None) -> Answer:
+    """An authentication answer: with `allow`, maybe a superuser and an ACL."""
+    document = _document(status, body)
+    if document is None:
         return UNAVAILABLE
-    result = document.get("result") if isinstance(document, dict) else None
-    if result == "ignore":
-        return Answer(None)
-    if result not in ("allow", "deny"):
-        return UNAVAILABLE
-    if result == "deny":
-        return Answer(False)
+    result = document["result"]
+    if result != "allow":
+        return _IGNORE if result == "ignore" else _DENY
     rules = None
     if "acl" in document:
         try:
             rules = parse_client_rules(document["acl"], client_id, username)
         except ClientRulesError:
-            return Answer(False)
+            return _DENY
     return Answer(True, document.get("is_superuser") is True, rules)
 
+
+def interpret_authorization(status: int, body: bytes) -> Answer:
+    """An authorization answer: allow, deny or ignore, nothing else in it is read."""
+    document = _document(status, body)
+    if document is None:
+        return UNAVAILABLE
+    return {"allow": Answer(True), "deny": _DENY}.get(document["result"], _IGNORE)

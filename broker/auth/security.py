@@ -22,16 +22,19 @@ import asyncio
 import logging
 import os
 import secrets
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 from broker.auth.acl import Access, Acl, AclFileError, parse_acl_file
+from broker.auth.authorization import AclCache, HttpAuthorization, Verdict
 from broker.auth.client_rules import ClientRule, decide
 from broker.auth.enhanced import EnhancedAuth
 from broker.auth.http_client import HttpService
-from broker.auth.http_requests import RequestTemplate
+from broker.auth.http_requests import RequestTemplate, interpret
+from broker.auth.jwks_endpoint import refresh_forever
 from broker.auth.passwords import Hash, PasswordFileError, parse_password_file
 from broker.auth.scram import METHODS
 from broker.auth.scram_users import ScramFileError, ScramUser, dump_scram_file, parse_scram_file
@@ -46,6 +49,7 @@ _MAX_PENDING: Final = 1024
 _WORKERS: Final = 2
 _WATCH_INTERVAL: Final = 1.0
 
+K = TypeVar("K")
 Signature = tuple[int, int, int, int]  # (device, inode, size, mtime ns) of the file read
 
 
@@ -58,8 +62,9 @@ class SecurityStats:
     auth_failures: dict[str, int] = field(default_factory=dict)
     denied: dict[str, int] = field(default_factory=dict)
     reloads: dict[str, int] = field(default_factory=dict)
+    unavailable: dict[tuple[str, str], int] = field(default_factory=dict)  # action, why
 
-    def count(self, table: dict[str, int], key: str) -> None:
+    def count(self, table: dict[K, int], key: K) -> None:
         table[key] = table.get(key, 0) + 1
 
 
@@ -73,28 +78,14 @@ class Outcome(NamedTuple):
     expires_at: float | None = None
 
 
-class AclCache:
-    """One connection's decisions by topic, one table per access (`authorization.cache.
-    max_size` each, the oldest dropped), valid for one generation of the ACL file. Plain
-    dicts keyed by the topic: a hit, every message but a topic's first, is one lookup with
-    nothing allocated (`Connection.authorized` looks there before calling `allows`).
-    `rules`: the ACL that came with the client's credentials, asked before the file."""
-
-    __slots__ = ("generation", "read", "rules", "write")
-
-    def __init__(self, generation: int, rules: tuple[ClientRule, ...] = ()) -> None:
-        self.generation = generation
-        self.read: dict[str, bool] = {}
-        self.write: dict[str, bool] = {}
-        self.rules = rules
-
-
 class Security:
     def __init__(self, config: Config) -> None:
         self._password_path: str = config["authentication.password_file"]
         self._acl_path: str = config["authorization.acl_file"]
         self._scram_path: str = config["authentication.scram.user_file"]
         self._jwks_path: str = config["authentication.jwt.jwks_file"]
+        self._jwks_url: str = config["authentication.jwt.endpoint"]
+        self._jwks_refresh: float = config["authentication.jwt.refresh_interval"]
         self.scram_iterations: int = config["authentication.scram.iteration_count"]
         self.scram_users: dict[str, ScramUser] | None = None
         # Salts of unknown SCRAM users are made with it: random per process, so they
@@ -102,13 +93,19 @@ class Security:
         self._mock_key = secrets.token_bytes(32)
         self.jwt = _jwt_verifier(config)
         self.disconnect_after_expire: bool = config["authentication.jwt.disconnect_after_expire"]
-        self.http = _http_service(config)
+        self.http = _http_service(config, "authentication.http.")
+        authz_service = _http_service(config, "authorization.http.")
+        # The cache's size, 0 when it is off (every decision made again).
+        self.cache_size: int = (config["authorization.cache.max_size"]
+                                if config["authorization.cache.enable"] else 0)
+        self.http_authz = None if authz_service is None else HttpAuthorization(
+            authz_service, self.cache_size, config["authorization.cache.ttl"])
+        self.no_match: bool = config["authorization.no_match"] == "allow"
         self._order: tuple[str, ...] = config["authentication.order"]
         anonymous: str = config["authentication.allow_anonymous"]
         sources = self._password_path or self.jwt is not None or self.http is not None
         self.allow_anonymous = anonymous == "true" or (anonymous == "auto" and not sources)
         self.disconnect_on_deny = config["authorization.deny_action"] == "disconnect"
-        self.cache_size: int = config["authorization.cache.max_size"]
         self.stats = SecurityStats()
         self.generation = 0
         self.users: dict[str, Hash | None] | None = None
@@ -116,13 +113,18 @@ class Security:
         self._signatures: dict[str, Signature | None] = {}
         self._pending = 0
         self._executor: ThreadPoolExecutor | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # the files' watch, the JWKS fetches
         for path in self._paths():
             self._load(path)  # raises: a broker does not start on a bad file
 
     def _paths(self) -> list[str]:
         return [path for path in (self._password_path, self._acl_path, self._scram_path,
                                   self._jwks_path) if path]
+
+    @property
+    def authorizes(self) -> bool:
+        """Whether a connection's actions are asked about (it gets an `AclCache`)."""
+        return self.acl is not None or self.http_authz is not None or not self.no_match
 
     @property
     def checks_credentials(self) -> bool:
@@ -176,8 +178,14 @@ class Security:
     def start(self) -> None:
         if self._password_path:
             self._executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="password")
+        loop = asyncio.get_running_loop()
         if self._paths():
-            self._task = asyncio.get_running_loop().create_task(self._watch())
+            self._tasks.append(loop.create_task(self._watch()))
+        if self._jwks_url:
+            assert self.jwt is not None
+            self._tasks.append(loop.create_task(refresh_forever(
+                self._jwks_url, self._jwks_refresh, self.jwt,
+                lambda result: self.stats.count(self.stats.reloads, result))))
 
     async def _watch(self) -> None:
         while True:
@@ -188,12 +196,14 @@ class Security:
                 self.reload(f"{', '.join(changed)} changed")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self.http is not None:
             await self.http.close()
+        if self.http_authz is not None:
+            await self.http_authz.service.close()
 
     # ---- authentication --------------------------------------------------------------------
     async def authenticate(self, client_id: str, username: str | None,
@@ -269,7 +279,8 @@ class Security:
         values = {"clientid": client_id, "username": username or "",
                   "password": password.decode(errors="replace") if password else "",
                   "peerhost": peer.rpartition(":")[0]}
-        answer = await http.ask(values, client_id, username)
+        answer = await http.ask(
+            values, lambda status, body: interpret(status, body, client_id, username))
         if answer.allowed is None:
             return None, answer.unavailable
         if not answer.allowed:
@@ -304,25 +315,75 @@ class Security:
     # ---- authorization ---------------------------------------------------------------------
     def allows(self, cache: AclCache, client_id: str, username: str | None, topic: str,
                access: Access) -> bool:
-        """The credentials' rules first, then the ACL file; nothing matching in the rules
-        and no file: allowed (EMQX's `no_match = allow`)."""
-        acl = self.acl
-        if cache.generation != self.generation:
-            cache.read.clear()
-            cache.write.clear()
-            cache.generation = self.generation
+        """The credentials' rules first, then the ACL file. Without the HTTP service this
+        decides every action; with it, only deliveries (`authorize_now` and `authorize`
+        decide the actions)."""
+        cache.refresh(self.generation)
         decisions = cache.read if access is Access.READ else cache.write
         decided = decisions.get(topic)
         if decided is None:
             decided = decide(cache.rules, topic, access) if cache.rules else None
             if decided is None:
-                decided = acl is None or acl.allows(client_id, username, topic, access)
-            if len(decisions) >= self.cache_size:
-                del decisions[next(iter(decisions))]
-            decisions[topic] = decided
+                decided = self._file_decides(client_id, username, topic, access)
+            if self.cache_size:
+                if len(decisions) >= self.cache_size:
+                    del decisions[next(iter(decisions))]
+                decisions[topic] = decided
         if not decided:
             self.stats.count(self.stats.denied, "read" if access is Access.READ else "write")
         return decided
+
+    def _file_decides(self, client_id: str, username: str | None, topic: str,
+                      access: Access) -> bool:
+        acl = self.acl
+        if self.http_authz is None:  # Mosquitto's file: no rule, denied
+            return acl.allows(client_id, username, topic, access) if acl is not None \
+                else self.no_match
+        # A delivery: its subscription was decided already; the file only vetoes by a rule.
+        decided = acl.decide(client_id, username, topic, access) if acl is not None else None
+        return decided is not False
+
+    def authorize_now(self, cache: AclCache, action: str, topic: str, qos: int,
+                      retain: bool) -> Verdict | None:
+        """With the HTTP service: the decision the credentials' rules or the cache hold;
+        None: the service is to be asked (`authorize`)."""
+        assert self.http_authz is not None
+        access = Access.WRITE if action == "publish" else Access.READ
+        decided = decide(cache.rules, topic, access) if cache.rules else None
+        if decided is None:
+            cache.refresh(self.generation)
+            decided = self.http_authz.known(cache, (action, topic, qos, retain),
+                                            time.monotonic())
+        return None if decided is None else self._verdict(decided, access)
+
+    async def authorize(self, cache: AclCache, client_id: str, username: str | None,
+                        peer: str, action: str, topic: str, qos: int, retain: bool) -> Verdict:
+        """The service, then the file, then `no_match`; for what `authorize_now` left."""
+        http = self.http_authz
+        assert http is not None
+        answer = await http.ask({
+            "clientid": client_id, "username": username or "", "peerhost": peer.rpartition(
+                ":")[0], "topic": topic, "action": action, "qos": str(qos),
+            "retain": "true" if retain else "false"})
+        if answer.unavailable:
+            verdict = Verdict.BUSY if answer.busy else Verdict.FAILED
+            self.stats.count(self.stats.unavailable, (action, verdict.value))
+            return verdict
+        access = Access.WRITE if action == "publish" else Access.READ
+        decided = answer.allowed
+        if decided is None and self.acl is not None:
+            decided = self.acl.decide(client_id, username, topic, access)
+        if decided is None:
+            decided = self.no_match
+        cache.refresh(self.generation)
+        http.remember(cache, (action, topic, qos, retain), decided, time.monotonic())
+        return self._verdict(decided, access)
+
+    def _verdict(self, allowed: bool, access: Access) -> Verdict:
+        if allowed:
+            return Verdict.ALLOW
+        self.stats.count(self.stats.denied, "read" if access is Access.READ else "write")
+        return Verdict.DENY
 
     def metrics(self) -> list[tuple[str, str, str, dict[str, str], float]]:
         stats = self.stats
@@ -333,8 +394,13 @@ class Security:
                {"reason": reason}, float(n)) for reason, n in stats.auth_failures.items()),
             *(("mqtt_acl_denied_total", "counter", "Actions refused by the ACL file",
                {"action": action}, float(n)) for action, n in stats.denied.items()),
+            *(("mqtt_authz_unavailable_total", "counter",
+               "Actions refused because the HTTP authorization service could not be asked"
+               " (busy: max_inflight requests out) or did not answer usably (failed)",
+               {"action": action, "reason": reason}, float(n))
+              for (action, reason), n in stats.unavailable.items()),
             *(("mqtt_security_reloads_total", "counter",
-               "Password and ACL file reloads, by result", {"result": result}, float(n))
+               "Security file reloads and JWKS fetches, by result", {"result": result}, float(n))
               for result, n in stats.reloads.items()),
         ]
 
@@ -343,11 +409,12 @@ def _jwt_verifier(config: Config) -> JwtVerifier | None:
     """None when no key is configured (JWT is then not in the chain)."""
     prefix = "authentication.jwt."
     secret, public_key = config[prefix + "secret"], config[prefix + "public_key"]
-    jwks = config[prefix + "jwks_file"]
-    if not (secret or public_key or jwks):
+    jwks, endpoint = config[prefix + "jwks_file"], config[prefix + "endpoint"]
+    if not (secret or public_key or jwks or endpoint):
         return None
-    if sum(map(bool, (secret, public_key, jwks))) > 1:
-        raise SecurityFileError("authentication.jwt: set one of secret, public_key, jwks_file")
+    if sum(map(bool, (secret, public_key, jwks, endpoint))) > 1:
+        raise SecurityFileError("authentication.jwt: set one of secret, public_key, jwks_file,"
+                                " endpoint")
     verifier = JwtVerifier(JwtSettings(config[prefix + "from"], config[prefix + "leeway"],
                                        config[prefix + "verify_claims"],
                                        config[prefix + "acl_claim_name"]))
@@ -362,8 +429,7 @@ def _jwt_verifier(config: Config) -> JwtVerifier | None:
     return verifier
 
 
-def _http_service(config: Config) -> HttpService | None:
-    prefix = "authentication.http."
+def _http_service(config: Config, prefix: str) -> HttpService | None:
     url = config[prefix + "url"]
     if not url:
         return None

@@ -452,8 +452,8 @@ SETTINGS: tuple[Setting, ...] = (
             " `iteration_count`); each user keeps the count it was made with."),
     Setting("authentication.jwt.secret", "", parse_str,
             "JWT authentication with HS256, HS384 or HS512 and this secret (EMQX's"
-            " `hmac-based`). Set at most one of `secret`, `public_key`, `jwks_file`; none ="
-            " JWT off."),
+            " `hmac-based`). Set at most one of `secret`, `public_key`, `jwks_file`,"
+            " `endpoint`; none = JWT off."),
     Setting("authentication.jwt.secret_base64_encoded", False, parse_bool,
             "The secret is written in base64."),
     Setting("authentication.jwt.public_key", "", parse_str,
@@ -462,6 +462,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("authentication.jwt.jwks_file", "", parse_str,
             "JWT with RS*/ES*: a JWKS file (RFC 7517; keys chosen by the token's `kid`),"
             " re-read when it changes; a version that fails keeps the keys in force."),
+    Setting("authentication.jwt.endpoint", "", parse_str,
+            "JWT with RS*/ES*: a JWKS URL (EMQX's `use_jwks` with `endpoint`), fetched at"
+            " start-up and every `refresh_interval` in the background; a fetch that fails"
+            " keeps the keys in force (`mqtt_security_reloads_total{result=\"failed\"}`)."),
+    Setting("authentication.jwt.refresh_interval", "5m", parse_duration,
+            "How often the JWKS at `endpoint` is fetched again; 0 = once, at start-up."),
     Setting("authentication.jwt.from", "password", parse_choice("password", "username"),
             "The CONNECT field that carries the token."),
     Setting("authentication.jwt.leeway", "10s", parse_duration,
@@ -508,9 +514,51 @@ SETTINGS: tuple[Setting, ...] = (
             "What a denied PUBLISH or SUBSCRIBE gets: `ignore` = a refusal reason (v5 0x87,"
             " SUBACK 0x80 in 3.1.1) or, where the protocol has none, the message dropped;"
             " `disconnect` = the connection is closed (v5: DISCONNECT 0x87)."),
+    Setting("authorization.no_match", "allow", parse_choice("allow", "deny"),
+            "What a PUBLISH or SUBSCRIBE gets when no source decides: no ACL file and no"
+            " rule that came with the credentials matching, or (with `authorization.http`)"
+            " the service answering `ignore` and the file having no rule for the topic."),
+    Setting("authorization.http.url", "", parse_str,
+            "EMQX's HTTP authorization: a PUBLISH, SUBSCRIBE or will not decided by the"
+            " rules that came with the credentials asks this URL, before the ACL file. The"
+            " answer: 200 with `{\"result\": \"allow\"|\"deny\"|\"ignore\"}` or 204 (allow);"
+            " `ignore` passes to the ACL file (where then a topic without a rule passes to"
+            " `no_match`, EMQX's file source). Anything else, no answer in time, or"
+            " `max_inflight` requests already out refuses the action without asking further:"
+            " PUBACK/PUBREC/SUBACK 0x80 Unspecified error (service failed or timed out) or 0x97"
+            " Quota exceeded (too many out), a will's CONNECT 0x88, 3.1.1 a SUBACK failure or"
+            " the message dropped; counted in `mqtt_authz_unavailable_total`. Deliveries are"
+            " checked against the credentials' rules and the file only. Empty = off."),
+    Setting("authorization.http.method", "post", parse_choice("post", "get"),
+            "`post` sends the body as JSON; `get` sends its fields as the query string."),
+    Setting("authorization.http.headers", '{"content-type": "application/json"}',
+            _string_map, "Request headers, as a JSON object."),
+    Setting("authorization.http.body", '{"clientid": "${clientid}", "username":'
+            ' "${username}", "topic": "${topic}", "action": "${action}", "qos": "${qos}",'
+            ' "retain": "${retain}"}', _json_object,
+            "The request's fields, a JSON object whose strings may hold `${clientid}`,"
+            " `${username}`, `${peerhost}`, `${topic}` (a SUBSCRIBE's filter, without"
+            " `$share/GROUP/`), `${action}` (`publish` or `subscribe`), `${qos}` and"
+            " `${retain}` (`true`/`false`; `false` for a SUBSCRIBE)."),
+    Setting("authorization.http.request_timeout", "5s", parse_duration,
+            "A request not answered in this time refuses the action (0x80)."),
+    Setting("authorization.http.pool_size", 8, parse_int(1, 1024),
+            "Connections to the service kept open and used at once (a pool of its own, apart"
+            " from authentication's, so a slow one cannot hold up the other)."),
+    Setting("authorization.http.max_inflight", 256, parse_int(1, 100_000),
+            "Requests out at once (queued for a connection included); an action past it is"
+            " refused at once (0x97), so a slow or dead service holds at most this many"
+            " actions; the client whose action waits is not read meanwhile, others are."),
+    Setting("authorization.cache.enable", True, parse_bool,
+            "Keep each connection's decisions (EMQX's authorization cache)."),
     Setting("authorization.cache.max_size", 32, parse_int(1, 1_000_000),
-            "ACL decisions kept per connection and action (read, write), by topic; when"
-            " full, the oldest is dropped. A changed ACL file empties every cache."),
+            "Decisions kept per connection and table (deliveries, publishes, and with"
+            " `authorization.http` its actions by action, topic, QoS and retain); when full,"
+            " the oldest is dropped. A changed ACL file empties every cache."),
+    Setting("authorization.cache.ttl", "1m", parse_duration,
+            "How long a decision made with `authorization.http` is kept (the service is not"
+            " asked again about that action meanwhile); the file's decisions last until it"
+            " changes. Refusals for an unavailable service are never kept."),
 )
 
 BY_KEY: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}

@@ -9,7 +9,6 @@ import contextlib
 import gc
 import logging
 import signal
-import ssl
 import time
 from collections.abc import Callable
 from functools import partial
@@ -40,7 +39,7 @@ from broker.server.admission import ListenerGate
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
 from broker.server.reactor import create_server
-from broker.server.tls import CertificateWatch, reload_certificate, tls_context
+from broker.server.tls import CertificateWatch, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
@@ -93,7 +92,7 @@ class BrokerApp:
         self._http_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._placement_seen: tuple[int, ...] | None = None
-        self._tls: ssl.SSLContext | None = None
+        self._tls: CertificateWatch | None = None
         self.ports: dict[str, int] = {}
 
     def _mqtt_address(self) -> str:
@@ -123,8 +122,9 @@ class BrokerApp:
                      _gate(config, "ws"), ClientRates.from_config(config, "ws")),
              None),
         ]
-        tls = self._tls = tls_context(config)
+        tls = tls_context(config)
         if tls is not None:
+            self._tls = CertificateWatch(tls, config)
             listeners.append(("ssl", config["listeners.ssl.default.bind"],
                               partial(MQTTStreamProtocol, node, output, _gate(config, "ssl"),
                                       ClientRates.from_config(config, "ssl")),
@@ -176,8 +176,8 @@ class BrokerApp:
                             config["durable_storage.messages.n_shards"])
             self._every(PLACEMENT_POLL, watch, at_once=True)
         node.security.start()
-        if tls is not None:
-            self._every(CERTIFICATE_POLL, CertificateWatch(tls, config).check)
+        if self._tls is not None:
+            self._every(CERTIFICATE_POLL, self._tls.check)
         if node.ds is not None:
             node.ds.start()
         if node.durable is not None:
@@ -242,7 +242,7 @@ class BrokerApp:
         """SIGHUP: the password and ACL files and the TLS certificate, read again."""
         self.node.security.reload(reason)
         if self._tls is not None:
-            reload_certificate(self._tls, self.config)
+            self._tls.reload()
 
     def _clear_retained(self) -> None:
         assert self.node.retainer is not None

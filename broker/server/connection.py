@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from typing import Any, Final
 
 from broker.auth.acl import Access
-from broker.auth.security import AclCache
+from broker.auth.authorization import AclCache
 from broker.mqtt.codec import Decoder, encode, encode_publish
 from broker.mqtt.constants import (
     FIRST_FAILURE_CODE,
@@ -114,8 +114,8 @@ class Connection:
         self.will: Will | None = None
         self.clean_start = True
         self.username: str | None = None
-        # The connection's ACL decisions; None when there is no ACL file (nothing to ask).
-        self.acl_cache = AclCache(0) if node.security.acl is not None else None
+        # The connection's ACL decisions; None when nothing is asked (Security.authorizes).
+        self.acl_cache = AclCache(0) if node.security.authorizes else None
         # Enhanced authentication and a JWT's expiry (handlers.auth); None for most.
         self.auth: ConnectionAuth | None = None
         # When this connection claimed its client ID in the cluster (hybrid clock, site): of

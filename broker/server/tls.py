@@ -1,9 +1,12 @@
 """The TLS listener's context, and who a client certificate says its holder is.
 
-One SSLContext for the listener's life: re-reading the certificate chain into it on SIGHUP,
-or when the files change (cert-manager renews a Kubernetes Secret, and kubelet swaps the
-mounted files in place; nobody is there to send a signal), serves new handshakes with the
-new certificate while established connections keep theirs.
+The listener keeps one SSLContext for its life, but each new handshake is moved (in the
+ClientHello callback, which runs with or without SNI) to the context built from the files
+as they are now. Files change when cert-manager renews a Kubernetes Secret and kubelet swaps
+the mounted files in place, with nobody there to send a signal; so they are watched, and
+read again on SIGHUP too. A new context, not a reload into the old one, because a context
+can only add CAs: a rotated `ca.crt` must also drop the CA it replaces. Established
+connections keep the context they were made with.
 """
 
 import logging
@@ -16,6 +19,7 @@ from broker.config.loader import Config
 log = logging.getLogger(__name__)
 
 _PREFIX = "listeners.ssl.default.ssl_options."
+_FILES = ("certfile", "keyfile", "cacertfile")
 
 
 def tls_context(config: Config) -> ssl.SSLContext | None:
@@ -33,39 +37,47 @@ def tls_context(config: Config) -> ssl.SSLContext | None:
     return context
 
 
-def reload_certificate(context: ssl.SSLContext, config: Config) -> bool:
-    """Whether the files were loaded; a pair that fails (a key that does not match, a file
-    half written) leaves the previous certificate in force."""
-    try:
-        context.load_cert_chain(config[_PREFIX + "certfile"], config[_PREFIX + "keyfile"])
-    except (OSError, ssl.SSLError) as error:
-        log.error("reloading the TLS certificate failed, the previous one stays: %s", error)
-        return False
-    log.info("reloaded the TLS certificate %s", config[_PREFIX + "certfile"])
-    return True
-
-
 class CertificateWatch:
-    """Reloads the certificate when its or its key's file changes: a stat of each per
-    `check`. The identity of what a path leads to (inode, size, mtime) changes with kubelet's
-    symlink swap as with a rewrite. A reload that failed is tried again at the next check:
-    the two files of a renewal may be seen one before the other."""
+    """The context new handshakes get (`listener`'s ClientHello callback hands it out),
+    made again from the files when the certificate's, the key's or the CA file's identity
+    (inode, size, mtime: kubelet's symlink swap changes it as a rewrite does) changes, a
+    stat of each per `check`, or on `reload`. Files that fail to load (a key that does not
+    match, a file half written, the two files of a renewal seen one before the other)
+    leave the previous context in force and are tried again at the next check."""
 
-    def __init__(self, context: ssl.SSLContext, config: Config) -> None:
-        self._context, self._config = context, config
+    def __init__(self, listener: ssl.SSLContext, config: Config) -> None:
+        self._config = config
+        self._current = listener
         self._seen = self._identity()
+        listener.sni_callback = self._choose
+
+    def _choose(self, connection: ssl.SSLObject, _server_name: str | None,
+                context: ssl.SSLContext) -> None:
+        if self._current is not context:
+            connection.context = self._current
 
     def _identity(self) -> tuple[tuple[int, int, int], ...] | None:
         try:
-            stats = [os.stat(self._config[_PREFIX + name]) for name in ("certfile", "keyfile")]
+            stats = [os.stat(path) for name in _FILES if (path := self._config[_PREFIX + name])]
         except OSError:
             return None
         return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
 
+    def reload(self) -> bool:
+        """Whether the files were loaded (into a new context for new handshakes)."""
+        try:
+            context = tls_context(self._config)
+        except (OSError, ssl.SSLError) as error:
+            log.error("reloading the TLS certificate failed, the previous one stays: %s", error)
+            return False
+        assert context is not None  # the listener exists, so its settings are there
+        self._current = context
+        log.info("reloaded the TLS certificate %s", self._config[_PREFIX + "certfile"])
+        return True
+
     def check(self) -> None:
         now = self._identity()
-        if now is not None and now != self._seen and reload_certificate(
-                self._context, self._config):
+        if now is not None and now != self._seen and self.reload():
             self._seen = now
 
 

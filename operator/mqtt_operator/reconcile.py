@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from mqtt_operator import broker_config, manifests, placement, sites, spark, sparkapp, status
+from mqtt_operator import (
+    broker_config,
+    manifests,
+    placement,
+    references,
+    sites,
+    spark,
+    sparkapp,
+    status,
+)
 from mqtt_operator import constants as c
 from mqtt_operator.brokers import Credentials, SiteReport, drain_verdict, settled, still_held
 from mqtt_operator.kube import Kube, path
@@ -206,6 +215,7 @@ class _Pass:
         self.credentials: Credentials = None
         self.reports: dict[str, SiteReport] = {}
         self.lost_secrets: list[tuple[str, str]] = []  # (condition reason, what is wrong)
+        self.missing: list[tuple[str, str]] = []  # of them, objects the spec names
         self.spark_status: dict[str, Any] | None = None  # null: no Spark section, none in status
 
     def run(self) -> Outcome:
@@ -219,8 +229,13 @@ class _Pass:
         replicas, drain = self.scale(plan.leaving)
         self.kube.apply(manifests.statefulset(self.cluster, replicas, config_text))
         spark_conditions = self.spark(replicas, plan.shards)
-        return self.write_status(plan, replicas, drain, [
+        outcome = self.write_status(plan, replicas, drain, [
             self.degraded(), self.replication(len(plan.staying)), *spark_conditions])
+        if self.missing and not outcome.waiting:
+            # No watch on Secrets and ConfigMaps: looked at again soon, so the condition
+            # clears once someone creates or mends what is missing.
+            outcome = dataclasses.replace(outcome, waiting=self.missing[0][1])
+        return outcome
 
     def report(self, site: str) -> SiteReport:
         """What the site's own pod says of it; of a site gone with its volume (no pod of
@@ -287,6 +302,8 @@ class _Pass:
         ensure_user(kube, cluster, self.emit)
         self.lost_secrets = [(reason, problem) for reason, problem in (
             ("CookieMissing", cookie_lost), ("ApiKeyUnusable", key_problem)) if problem]
+        self.missing = references.missing(cluster, self.keys_of)
+        self.lost_secrets += self.missing
         kube.apply(manifests.headless_service(cluster))
         kube.apply(manifests.client_service(cluster))
         for account in (manifests.broker_service_account, manifests.broker_role,
@@ -297,6 +314,13 @@ class _Pass:
         if cluster.service_monitor and kube.served("monitoring.coreos.com/v1"):
             kube.apply(manifests.service_monitor(cluster))
         return config_text
+
+    def keys_of(self, kind: str, name: str) -> set[str] | None:
+        """The names of an object's keys (never their values); None: it does not exist."""
+        found = self.kube.get(path("v1", kind, self.cluster.namespace, name))
+        if found is None:
+            return None
+        return {*(found.get("data") or {}), *(found.get("binaryData") or {})}
 
     def place(self) -> _Placement:
         """Plans shard replicas over the staying sites, keeping the most of the published

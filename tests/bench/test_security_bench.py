@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench import brokers, security_bench
+from bench.auth_service import allow_service
+from bench.logins import ScramLogin
 from broker.auth.acl import Access, parse_acl_file
 
 
@@ -52,4 +54,33 @@ def test_a_jwt_round_counts_only_accepted_connections(tmp_path: Path) -> None:
     assert good.details["accepted"] == 200
     forged = tokens[0][1][:-4] + ("AAAA" if not tokens[0][1].endswith("AAAA") else "BBBB")
     wrong = security_bench.connect_round("ours_jwt", launcher, 50, 8, [("user0", forged)])
+    assert wrong.ok and not wrong.verified and wrong.details["accepted"] == 0
+
+
+def test_a_scram_round_counts_only_accepted_connections(tmp_path: Path) -> None:
+    """Every SCRAM login completes (the CONNACK's server-final checked by the client); a
+    wrong password is refused, and the round says so."""
+    users = [("alice", "wonder:land"), ("bob", "builder")]
+    scram = tmp_path / "scram.json"
+    security_bench.make_scram_file(scram, users)
+    launcher = brokers.ours_with({"authentication.scram.user_file": str(scram)})
+    good = security_bench.connect_round("ours_scram", launcher, 200, 8, users, ScramLogin)
+    assert good.ok and good.verified, good.error
+    assert good.details["accepted"] == 200
+    wrong = security_bench.connect_round("ours_scram", launcher, 50, 8, [("alice", "wrong")],
+                                         ScramLogin)
+    assert wrong.ok and not wrong.verified and wrong.details["accepted"] == 0
+
+
+def test_an_http_round_asks_the_service(tmp_path: Path) -> None:
+    """With the bench's service every CONNECT is accepted; with no service at that URL
+    every one is refused (0x88), so an accepted round did go through the service."""
+    users = [("alice", "pw")]
+    with allow_service(brokers.load_cpus()) as url:
+        launcher = brokers.ours_with({"authentication.http.url": url}, users[0])
+        good = security_bench.connect_round("ours_http", launcher, 200, 8, users)
+    assert good.ok and good.verified, good.error
+    dead = brokers.ours_with({"authentication.http.url": url, "authentication.allow_anonymous":
+                              "true"})
+    wrong = security_bench.connect_round("ours_http", dead, 50, 8, users)
     assert wrong.ok and not wrong.verified and wrong.details["accepted"] == 0

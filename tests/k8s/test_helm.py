@@ -52,6 +52,11 @@ def test_lint_and_template(testbed: Testbed) -> None:
         if doc and doc["kind"] == "MQTTCluster")
     assert custom["spec"]["listeners"]["rpcPort"] == 5400
     assert custom["spec"]["clusterDomain"] == "corp.example"
+    # verifyPeer goes through as set (the operator renders it: test_operator.py)
+    mutual = next(doc for doc in yaml.safe_load_all(helm(
+        testbed, "template", "rel", str(CHART), "--set", "cluster.tls.secretName=mq-tls",
+        "--set", "cluster.tls.verifyPeer=true").stdout) if doc and doc["kind"] == "MQTTCluster")
+    assert mutual["spec"]["tls"] == {"secretName": "mq-tls", "verifyPeer": True}
     off = helm(testbed, "template", "rel", str(CHART), "--set", "cluster.enabled=false").stdout
     assert "kind: MQTTCluster" not in off
 

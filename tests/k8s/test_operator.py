@@ -70,6 +70,10 @@ def test_security_spec_as_the_api_server_takes_it(
     assert config["authorization.acl_file"] == f"{mounts['acl']}/acl"
     assert volumes["acl"]["configMap"]["name"] == "locked-acl"
     assert config["listeners.ssl.default.ssl_options.cacertfile"] == f"{mounts['tls']}/ca.crt"
+    # verifyPeer: client certificates required, checked against the mounted ca.crt
+    assert (config["listeners.ssl.default.ssl_options.verify"],
+            config["listeners.ssl.default.ssl_options.fail_if_no_peer_cert"]) == (
+        "verify_peer", True)
     assert [i["key"] for i in volumes["tls"]["secret"]["items"]] == [
         "tls.crt", "tls.key", "ca.crt"]
     service = testbed.get("service", "locked", namespace)
@@ -84,6 +88,39 @@ def test_security_spec_as_the_api_server_takes_it(
                             "-o", "yaml").stdout
     assert password not in shown
     assert "UserCreated" in event_reasons(testbed, namespace, "locked")
+
+
+def test_a_missing_secret_or_config_map_is_named_until_it_appears(
+        testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
+    """Objects spec.acl and spec.tls name that do not exist (or lack a key) make the cluster
+    Degraded, naming them and their field; the condition clears once they are there, with
+    no edit of the MQTTCluster (the operator looks again while something is missing)."""
+    with operator():
+        testbed.apply(cluster_manifest(
+            "refs", replicas=1, acl={"configMapName": "refs-acl"},
+            tls={"secretName": "refs-tls", "verifyPeer": True}), namespace)
+        first = eventually(lambda: (d := condition(testbed, namespace, "refs", "Degraded"))
+                           .get("reason") == "ConfigMapMissing" and d, what="ConfigMapMissing")
+        assert "ConfigMap refs-acl (named by spec.acl) does not exist" in first["message"]
+        assert "Secret refs-tls (named by spec.tls.secretName) does not exist" in \
+            first["message"]
+        assert status_of(testbed, namespace, "refs")["phase"] == "Degraded"
+        testbed.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "refs-acl"},
+                       "data": {"acl": "topic readwrite #\n"}}, namespace)
+        pem = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()  # never parsed
+        testbed.apply({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                       "metadata": {"name": "refs-tls"},
+                       "data": {"tls.crt": pem, "tls.key": pem}}, namespace)
+        lacking = eventually(lambda: (d := condition(testbed, namespace, "refs", "Degraded"))
+                             .get("reason") == "SecretMissing" and d, what="SecretMissing")
+        assert lacking["message"].startswith(
+            "Secret refs-tls (named by spec.tls.secretName) has no key ca.crt")
+        testbed.kubectl("patch", "secret", "refs-tls", "-n", namespace, "--type=merge", "-p",
+                        json.dumps({"data": {"ca.crt": pem}}))
+        cleared = eventually(lambda: (d := condition(testbed, namespace, "refs", "Degraded"))
+                             .get("status") == "False" and d, what="Degraded cleared")
+        assert cleared["reason"] == "SpecValid"
+        assert "ConfigMapMissing" in event_reasons(testbed, namespace, "refs")
 
 
 def test_children_as_the_api_server_stores_them_wire_up_a_cluster(

@@ -17,6 +17,7 @@ from broker.mqtt.codec import encode
 from broker.mqtt.packets import Connect
 from tests.integration.clients import wait_until
 from tests.support.broker_process import BrokerProcess
+from tests.support.pki import make_ca, publish_version, server_certificate, sign
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -70,32 +71,10 @@ def test_without_certificates_there_is_no_tls_listener(broker: BrokerProcess) ->
     assert {"tcp", "ws", "http"} <= set(broker.ports)
 
 
-def _sign(directory: Path, ca: tuple[Path, Path], name: str, subject: str,
-          extension: str = "") -> tuple[Path, Path]:
-    """A key and a certificate for `subject`, signed by the CA `ca`."""
-    key, request, cert = (directory / f"{name}.key", directory / f"{name}.csr",
-                          directory / f"{name}.pem")
-    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-                    "-keyout", str(key), "-out", str(request)], check=True, capture_output=True)
-    extra = directory / f"{name}.ext"
-    extra.write_text(extension)
-    subprocess.run(["openssl", "x509", "-req", "-in", str(request), "-CA", str(ca[0]),
-                    "-CAkey", str(ca[1]), "-CAcreateserial", "-days", "1", "-out", str(cert),
-                    "-extfile", str(extra)], check=True, capture_output=True)
-    return cert, key
-
-
 def _pki(directory: Path) -> dict[str, tuple[Path, Path]]:
-    ca = directory / "ca.pem", directory / "ca.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=test CA", "-keyout", str(ca[1]), "-out", str(ca[0])],
-                   check=True, capture_output=True)
-    return {
-        "ca": ca,
-        "server": _sign(directory, ca, "server", "/CN=127.0.0.1",
-                        "subjectAltName=IP:127.0.0.1\n"),
-        "device": _sign(directory, ca, "device", "/O=Acme/CN=device-1"),
-    }
+    ca = make_ca(directory)
+    return {"ca": ca, "server": server_certificate(directory, ca),
+            "device": sign(directory, ca, "device", "/O=Acme/CN=device-1")}
 
 
 def _mutual_tls_broker(start_broker: Callable[..., BrokerProcess], pki: dict[str, Any],
@@ -186,18 +165,11 @@ def _served(broker: BrokerProcess, pki: dict[str, Any]) -> bytes | None:
 
 
 def _renewed(directory: Path, pki: dict[str, Any]) -> tuple[Path, Path]:
-    return _sign(directory, pki["ca"], "renewed", "/CN=127.0.0.1",
-                 "subjectAltName=IP:127.0.0.1\n")
+    return server_certificate(directory, pki["ca"], "renewed")
 
 
 def _publish_version(mounted: Path, version: str, pair: tuple[Path, Path]) -> None:
-    """What kubelet does to a mounted Secret: the files in a new directory, then the
-    `..data` symlink swapped to it in one rename (the files are links through `..data`)."""
-    (mounted / version).mkdir()
-    for source, name in zip(pair, ("tls.crt", "tls.key"), strict=True):
-        (mounted / version / name).write_bytes(source.read_bytes())
-    (mounted / "..data_tmp").symlink_to(version)
-    (mounted / "..data_tmp").replace(mounted / "..data")
+    publish_version(mounted, version, dict(zip(("tls.crt", "tls.key"), pair, strict=True)))
 
 
 def test_a_certificate_renewed_in_a_mounted_secret_is_served_without_a_signal(
@@ -209,8 +181,6 @@ def test_a_certificate_renewed_in_a_mounted_secret_is_served_without_a_signal(
     mounted = tmp_path / "mounted"
     mounted.mkdir()
     _publish_version(mounted, "v1", pki["server"])
-    for name in ("tls.crt", "tls.key"):
-        (mounted / name).symlink_to(f"..data/{name}")
     pki["server"] = (mounted / "tls.crt", mounted / "tls.key")
     broker = _mutual_tls_broker(start_broker, pki)
     first = _served(broker, pki)

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from broker.auth.authorization import AclCache
 from broker.auth.enhanced import Continue, EnhancedAuth, Failure, Step, Success
-from broker.auth.security import AclCache, Outcome
+from broker.auth.security import Outcome
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import ProtocolError
 from broker.mqtt.packets import Auth, Connack

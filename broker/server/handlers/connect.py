@@ -6,12 +6,13 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.auth.acl import Access
+from broker.auth.authorization import Verdict
 from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Connack, Connect
 from broker.mqtt.topic import validate_topic_name
 from broker.server.handlers.auth import apply_outcome, begin_enhanced, connack_properties
+from broker.server.handlers.authorize import verdict_later, verdict_now
 from broker.server.tls import certificate_user
 from broker.session.manager import granted_expiry
 from broker.session.message import payload_format_ok
@@ -103,15 +104,17 @@ def proceed(conn: "Connection", accept: "Accept", authenticate: bool) -> None:
     """CONNECT once the client is known, or with its password still to check."""
     takeover = conn.node.takeover
     claim = takeover is not None and takeover.needed()
-    if authenticate or claim:
-        # A password to check off the loop, or other nodes that may hold the ID: the client's
-        # next packets wait, in order, for the CONNACK (`hold_input`).
+    will = None if authenticate or claim else _will_now(conn)
+    if will is None:
+        # A password to check off the loop, other nodes that may hold the ID, or the HTTP
+        # authorization service to ask about the will: the client's next packets wait, in
+        # order, for the CONNACK (`hold_input`).
         conn.hold_input(asyncio.get_running_loop().create_task(
             _accept_later(conn, accept, authenticate, claim)))
         return
     if takeover is not None:
         conn.claim_stamp = takeover.stamp()
-    if _will_allowed(conn):
+    if _will_allowed(conn, will):
         _open(conn, accept)
 
 
@@ -140,7 +143,12 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
                      packet.username, conn.peer, verdict.code.name)
             return _refuse(conn, verdict.code)
         apply_outcome(conn, verdict)
-    if conn.closed or not _will_allowed(conn):
+    will = _will_now(conn)
+    if will is None:
+        assert conn.will is not None
+        will = await verdict_later(conn, "publish", conn.will.topic, conn.will.qos,
+                                   conn.will.retain)
+    if conn.closed or not _will_allowed(conn, will):
         return
     takeover = conn.node.takeover
     if not claim or takeover is None:
@@ -162,13 +170,21 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
     _open(conn, accept)
 
 
-def _will_allowed(conn: "Connection") -> bool:
-    """A will is a PUBLISH made later on the client's behalf: the ACL is asked now, so a
-    client learns at CONNECT (0x87) rather than never."""
+def _will_now(conn: "Connection") -> Verdict | None:
+    """A will is a PUBLISH made later on the client's behalf: it is authorized now, so a
+    client learns at CONNECT rather than never. None: the HTTP service is to be asked."""
     will = conn.will
-    if will is None or conn.authorized(will.topic, Access.WRITE):
+    if will is None:
+        return Verdict.ALLOW
+    return verdict_now(conn, "publish", will.topic, will.qos, will.retain)
+
+
+def _will_allowed(conn: "Connection", verdict: Verdict) -> bool:
+    """Refused: 0x87 denied, 0x88 the HTTP service could not be asked or failed."""
+    if verdict is Verdict.ALLOW:
         return True
-    _refuse(conn, ReasonCode.NOT_AUTHORIZED)
+    _refuse(conn, ReasonCode.NOT_AUTHORIZED if verdict is Verdict.DENY
+            else ReasonCode.SERVER_UNAVAILABLE)
     return False
 
 

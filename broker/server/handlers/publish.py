@@ -3,12 +3,13 @@
 import asyncio
 from typing import TYPE_CHECKING, Final
 
-from broker.auth.acl import Access
+from broker.auth.authorization import REFUSAL_CODES, Verdict
 from broker.mqtt.codec import encode_ack
 from broker.mqtt.constants import MQTT_5, PUBACK_BYTE, PUBREC_BYTE, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Publish
 from broker.mqtt.topic import validate_topic_name
+from broker.server.handlers.authorize import verdict_later, verdict_now
 from broker.session.message import message_from_publish, payload_format_ok
 from broker.sys_topics import is_sys_topic
 
@@ -34,13 +35,24 @@ def _resolve_alias(conn: "Connection", packet: Publish) -> str:
     return topic
 
 
-def _not_authorized(conn: "Connection", qos: int, packet_id: int, drop: str) -> None:
+def _not_authorized(conn: "Connection", qos: int, packet_id: int, drop: str,
+                    code: int = ReasonCode.NOT_AUTHORIZED) -> None:
     """Refused, not routed. v3.1.1 has no way to say no: its QoS 1/2 acknowledgement carries
     no reason, and the message is dropped all the same."""
     conn.stats.drop(drop)
     if qos:
         conn.send_when(None, encode_ack(PUBACK_BYTE if qos == 1 else PUBREC_BYTE, packet_id,
-                                        ReasonCode.NOT_AUTHORIZED, conn.version))
+                                        code, conn.version))
+
+
+def _refused(conn: "Connection", verdict: Verdict, topic: str, qos: int,
+             packet_id: int) -> None:
+    """Denied (0x87, or the connection ends with `deny_action = disconnect`), or not
+    decided because the HTTP service could not be asked (0x97) or failed (0x80)."""
+    if verdict is Verdict.DENY and conn.node.security.disconnect_on_deny:
+        raise MQTTError(f"not authorized to publish to {topic!r}", ReasonCode.NOT_AUTHORIZED)
+    drop = "not_authorized" if verdict is Verdict.DENY else f"authorization_{verdict.value}"
+    _not_authorized(conn, qos, packet_id, drop, REFUSAL_CODES[verdict])
 
 
 def handle_publish(conn: "Connection", packet: Publish) -> None:
@@ -77,10 +89,31 @@ def handle_publish(conn: "Connection", packet: Publish) -> None:
     if topic.startswith("$SYS") and is_sys_topic(topic) and not conn.node.config[_SYS_PUBLISH]:
         # MQTT 4.7.2: `$` topics are the server's.
         return _not_authorized(conn, qos, packet_id, "sys_topic_denied")
-    if conn.acl_cache is not None and not conn.authorized(topic, Access.WRITE):
-        if conn.node.security.disconnect_on_deny:
-            raise MQTTError(f"not authorized to publish to {topic!r}", ReasonCode.NOT_AUTHORIZED)
-        return _not_authorized(conn, qos, packet_id, "not_authorized")
+    if conn.acl_cache is not None:
+        verdict = verdict_now(conn, "publish", topic, qos, packet.retain)
+        if verdict is None:  # the HTTP service is asked; the client's next packets wait
+            conn.hold_input(asyncio.get_running_loop().create_task(
+                _publish_when_decided(conn, packet, topic, packet_id)))
+            return
+        if verdict is not Verdict.ALLOW:
+            return _refused(conn, verdict, topic, qos, packet_id)
+    _accept(conn, packet, topic, packet_id)
+
+
+async def _publish_when_decided(conn: "Connection", packet: Publish, topic: str,
+                                packet_id: int) -> None:
+    verdict = await verdict_later(conn, "publish", topic, packet.qos, packet.retain)
+    if conn.closed:
+        return
+    if verdict is Verdict.ALLOW:
+        _accept(conn, packet, topic, packet_id)
+    else:
+        _refused(conn, verdict, topic, packet.qos, packet_id)
+
+
+def _accept(conn: "Connection", packet: Publish, topic: str, packet_id: int) -> None:
+    """An authorized PUBLISH: routed and acknowledged."""
+    limits, stats, props, qos = conn.node.limits, conn.stats, packet.properties, packet.qos
     if props and not payload_format_ok(packet.payload, props):
         if qos == 0:
             raise MQTTError("payload is not UTF-8", ReasonCode.PAYLOAD_FORMAT_INVALID)

@@ -18,6 +18,13 @@ def handle_in_slices(conn: "Connection", steps: Iterator[None]) -> None:
         conn.hold_input(rest)
 
 
+async def finish_in_slices(conn: "Connection", steps: Iterator[None]) -> None:
+    """`handle_in_slices` for a handler already running in a task that holds the input."""
+    rest = run_in_slices(_while_open(conn, steps))
+    if rest is not None:
+        await rest
+
+
 def _while_open(conn: "Connection", steps: Iterator[None]) -> Iterator[None]:
     """Stops once the connection is closed: what was done stays, as if the client had left
     right after its request."""

@@ -1,22 +1,29 @@
 """SUBSCRIBE: validate each filter, store options, SUBACK, then retained messages.
 
 Applied in time slices (`handle_in_slices`): a SUBSCRIBE may carry tens of thousands of
-filters and must not stall the other connections while they are applied.
+filters and must not stall the other connections while they are applied. With the HTTP
+authorization service, the filters it must be asked about are asked first, a few at a time,
+in a task that holds the client's later packets (`authorize`).
 """
 
+import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from broker.auth.acl import Access
+from broker.auth.authorization import REFUSAL_CODES, Verdict
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Suback, Subscribe, Subscription
 from broker.mqtt.topic import parse_shared, validate_topic_filter
-from broker.server.handlers.sliced import handle_in_slices
+from broker.server.handlers.authorize import verdict_later, verdict_now
+from broker.server.handlers.sliced import finish_in_slices, handle_in_slices
+from broker.session.durable.turn import TimeSlice
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
 if TYPE_CHECKING:
     from broker.server.connection import Connection
+
+_ASKED_AT_ONCE: Final = 8  # a SUBSCRIBE's requests out at once to the HTTP service
 
 
 def _check(conn: "Connection", sub: Subscription) -> tuple[str | None, str]:
@@ -36,10 +43,45 @@ def _check(conn: "Connection", sub: Subscription) -> tuple[str | None, str]:
 def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
     session = conn.session
     assert session is not None
-    handle_in_slices(conn, _subscribe(conn, session, packet))
+    if conn.acl_cache is not None and conn.node.security.http_authz is not None:
+        conn.hold_input(asyncio.get_running_loop().create_task(
+            _subscribe_when_decided(conn, session, packet)))
+        return
+    handle_in_slices(conn, _subscribe(conn, session, packet, None))
 
 
-def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Iterator[None]:
+async def _subscribe_when_decided(conn: "Connection", session: Session,
+                                  packet: Subscribe) -> None:
+    """Each valid filter's verdict, asking the service where the cache has none, then the
+    SUBSCRIBE applied with them."""
+    verdicts: dict[str, Verdict] = {}
+    ask: list[tuple[str, int]] = []
+    budget = TimeSlice()  # tens of thousands of filters must not stall other clients
+    for sub in packet.subscriptions:
+        if budget.spent():
+            await budget.next()
+        try:
+            _, topic_filter = _check(conn, sub)
+        except MQTTError:
+            continue  # refused by _subscribe, without asking
+        verdict = verdict_now(conn, "subscribe", topic_filter, sub.qos, False)
+        if verdict is None:
+            ask.append((topic_filter, sub.qos))
+        else:
+            verdicts[topic_filter] = verdict
+    for start in range(0, len(ask), _ASKED_AT_ONCE):
+        batch = ask[start:start + _ASKED_AT_ONCE]
+        answers = await asyncio.gather(*(verdict_later(conn, "subscribe", topic_filter, qos,
+                                                       False) for topic_filter, qos in batch))
+        if conn.closed:
+            return
+        verdicts.update(zip((topic_filter for topic_filter, _ in batch), answers, strict=True))
+    await finish_in_slices(conn, _subscribe(conn, session, packet, verdicts))
+
+
+def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
+               verdicts: dict[str, Verdict] | None) -> Iterator[None]:
+    """`verdicts`: each valid filter's, decided beforehand; None: asked here (no service)."""
     node = conn.node
     identifiers = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
     identifier = identifiers[0] if identifiers else None
@@ -54,11 +96,17 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
         except MQTTError as error:
             codes.append(error.reason_code)
             continue
-        if not conn.authorized(topic_filter, Access.READ):
-            if conn.node.security.disconnect_on_deny:  # the connection ends (v5: 0x87)
+        verdict = verdicts[topic_filter] if verdicts is not None else verdict_now(
+            conn, "subscribe", topic_filter, sub.qos, False)
+        assert verdict is not None  # immediate without the service
+        if verdict is not Verdict.ALLOW:
+            if verdict is Verdict.DENY and conn.node.security.disconnect_on_deny:
+                # the connection ends (v5: 0x87)
                 raise MQTTError(f"not authorized to subscribe to {topic_filter!r}",
                                 ReasonCode.NOT_AUTHORIZED)
-            codes.append(ReasonCode.NOT_AUTHORIZED)
+            # 0x87 denied; 0x97 or 0x80 the HTTP service could not be asked or failed
+            # (counted in mqtt_authz_unavailable_total); 3.1.1: 0x80 for all.
+            codes.append(REFUSAL_CODES[verdict])
             continue
         if group is not None and sub.no_local:
             # MQTT-3.8.3-4: No Local on a shared subscription is a Protocol Error.

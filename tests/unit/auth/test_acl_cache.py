@@ -4,7 +4,8 @@ that made them."""
 from pathlib import Path
 
 from broker.auth.acl import Access
-from broker.auth.security import AclCache, Security
+from broker.auth.authorization import AclCache
+from broker.auth.security import Security
 from broker.config.loader import load_config
 
 
