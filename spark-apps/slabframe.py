@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+import mqtt_ds
 import slabs
 
 COLUMNS = [
@@ -138,6 +139,11 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--generation", type=int, help="read only this generation")
     parser.add_argument("--strict", action="store_true",
                         help="fail on a corrupt slab instead of skipping it")
+    parser.add_argument("--stream", action="store_true",
+                        help="read only the generations sealed since the last run with this "
+                             "--checkpoint (a Structured Streaming query, Trigger.AvailableNow;"
+                             " a slab that cannot be read fails the run)")
+    parser.add_argument("--checkpoint", help="the streaming query's checkpoint directory")
     return parser
 
 
@@ -149,6 +155,12 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
                                      args.generation)
     slabs.check_selection(args.selection)
     slabs.messages_dir(args.data)
+    if args.stream and not (args.checkpoint and getattr(args, "output", None)):
+        raise slabs.ReaderError("--stream needs --checkpoint and --output")
+    if args.stream and args.generation is not None:
+        raise slabs.ReaderError("--stream reads every generation not read yet: no --generation")
+    if args.checkpoint and not args.stream:
+        raise slabs.ReaderError("--checkpoint is for --stream")
     return args
 
 
@@ -157,6 +169,12 @@ def session(app_name: str, master: str | None = None, lean_jvm: bool = False) ->
     executor-side modules shipped with the job so spark-submit needs no --py-files.
     `lean_jvm`: for a job whose rows never reach the JVM (see _local_jvm_options)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    here = Path(__file__).resolve().parent
+    # The Python process that plans a streaming query from mqtt-ds runs without the files
+    # added below (only tasks get them): it finds the modules through the JVM's environment.
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(here) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(here), *filter(None, paths)])
     local = (master or "local").startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local run listens on loopback
@@ -179,9 +197,10 @@ def session(app_name: str, master: str | None = None, lean_jvm: bool = False) ->
     conf.set("spark.sql.session.timeZone", "UTC")
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark = SparkSession.builder.appName(app_name).config(conf=conf).getOrCreate()
-    here = Path(__file__).resolve().parent
-    for module in ("ttvarrow.py", "slabs.py", "hourly.py", "slabframe.py"):
+    for module in ("ttvarrow.py", "slabs.py", "hourly.py", "generations.py", "mqtt_ds.py",
+                   "slabframe.py"):
         spark.sparkContext.addPyFile(str(here / module))
+    spark.dataSource.register(mqtt_ds.MqttDsDataSource)
     return spark
 
 
