@@ -109,7 +109,7 @@ class MqttDsDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         limit = self.options.get("maxFilesPerTrigger")
-        return StreamReader(*self._query(schema), _positive("maxFilesPerTrigger", limit))
+        return StreamReader(*self._query(schema), _integer("maxFilesPerTrigger", limit))
 
     def _query(self, schema: StructType) -> tuple[Path, _Read]:
         options = self.options
@@ -119,7 +119,7 @@ class MqttDsDataSource(DataSource):
             options.get("topicFilter"),
             slabs.parse_time(options["since"]) if "since" in options else None,
             slabs.parse_time(options["until"]) if "until" in options else None,
-            _positive("shard", options.get("shard"), minimum=0))
+            _integer("shard", options.get("shard"), minimum=0))
         slabs.check_selection(selection)
         messages = slabs.messages_dir(Path(options["path"]))
         combine = options.get("combine")
@@ -127,11 +127,12 @@ class MqttDsDataSource(DataSource):
             names = [n.strip() for n in options.get("columns", "").split(",") if n.strip()]
         else:
             names = ["timestamp_us" if n == "timestamp" else n for n in schema.fieldNames()]
+        if not names:
+            raise slabs.ReaderError("mqtt-ds: the combine option needs the columns option")
         unknown = [n for n in names if n not in _READABLE]
-        if unknown or not names:
-            raise slabs.ReaderError(
-                f"mqtt-ds cannot read column(s) {unknown or names}: "
-                f"one of {', '.join(_columns())}")
+        if unknown:
+            raise slabs.ReaderError(f"mqtt-ds cannot read column(s) {', '.join(unknown)}: "
+                                    f"it reads {', '.join(_columns())}")
         return messages, _Read(selection, pa.schema([_READABLE[n] for n in names]), combine,
                                to_arrow_schema(schema, timezone="UTC"))
 
@@ -140,7 +141,7 @@ def _columns() -> list[str]:
     return [f.name for f in frame_schema()] + [ttvarrow.PAYLOAD_SIZE.name]
 
 
-def _positive(name: str, value: str | None, minimum: int = 1) -> int | None:
+def _integer(name: str, value: str | None, minimum: int = 1) -> int | None:
     if value is None:
         return None
     if not value.isdigit() or int(value) < minimum:

@@ -77,6 +77,9 @@ def test_bad_options_are_one_line(spark: SparkSession, live, tmp_path) -> None:
                 str(live.data_dir)).writeStream.format("noop").start().awaitTermination()
     with pytest.raises(Exception, match="no Durable Storage messages database"):
         spark.read.format("mqtt-ds").load(str(tmp_path)).count()
+    with pytest.raises(Exception, match="mqtt-ds cannot read column.s. nope: it reads topic,"):
+        spark.read.format("mqtt-ds").schema("topic STRING, nope STRING").load(
+            str(live.data_dir)).count()
     assert mqtt_ds.NAME == "mqtt-ds"
 
 
