@@ -169,12 +169,6 @@ def session(app_name: str, master: str | None = None, lean_jvm: bool = False) ->
     executor-side modules shipped with the job so spark-submit needs no --py-files.
     `lean_jvm`: for a job whose rows never reach the JVM (see _local_jvm_options)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    here = Path(__file__).resolve().parent
-    # The Python process that plans a streaming query from mqtt-ds runs without the files
-    # added below (only tasks get them): it finds the modules through the JVM's environment.
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if str(here) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(here), *filter(None, paths)])
     local = (master or "local").startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local run listens on loopback
@@ -197,11 +191,24 @@ def session(app_name: str, master: str | None = None, lean_jvm: bool = False) ->
     conf.set("spark.sql.session.timeZone", "UTC")
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark = SparkSession.builder.appName(app_name).config(conf=conf).getOrCreate()
+    register(spark)
+    return spark
+
+
+def register(spark: SparkSession) -> None:
+    """Ships the executor-side modules and registers the `mqtt-ds` data source (done by
+    session(); for a session made otherwise, a notebook's)."""
+    here = Path(__file__).resolve().parent
     for module in ("ttvarrow.py", "slabs.py", "hourly.py", "generations.py", "mqtt_ds.py",
                    "slabframe.py"):
         spark.sparkContext.addPyFile(str(here / module))
+    # The Python process that plans a streaming query from mqtt-ds on the driver gets none
+    # of the files added above (only tasks do): it finds the modules through the data
+    # source's environment, taken from the context's when it is registered.
+    environment = spark.sparkContext.environment
+    paths = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+    environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(here), *paths]))
     spark.dataSource.register(mqtt_ds.MqttDsDataSource)
-    return spark
 
 
 def _local_cores(master: str | None) -> int:

@@ -3,6 +3,7 @@ exactly-once into a Parquet table across a driver killed between a batch's write
 commit, and a generation dropped by retention before it was read."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -77,10 +78,25 @@ def test_bad_options_are_one_line(spark: SparkSession, live, tmp_path) -> None:
                 str(live.data_dir)).writeStream.format("noop").start().awaitTermination()
     with pytest.raises(Exception, match="no Durable Storage messages database"):
         spark.read.format("mqtt-ds").load(str(tmp_path)).count()
-    with pytest.raises(Exception, match="mqtt-ds cannot read column.s. nope: it reads topic,"):
+    with pytest.raises(Exception, match=r"mqtt-ds cannot read column\(s\) nope: it reads topic,"):
         spark.read.format("mqtt-ds").schema("topic STRING, nope STRING").load(
             str(live.data_dir)).count()
     assert mqtt_ds.NAME == "mqtt-ds"
+
+
+def test_spark_submit_streams_without_the_jobs_on_the_python_path(live, tmp_path) -> None:
+    """Under spark-submit (as on Kubernetes) the JVM runs first: the Python process that
+    plans the stream must still find mqtt-ds's modules."""
+    assert "spark-apps" not in os.environ.get("PYTHONPATH", "")
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+         str(ROOT / "spark-apps" / "stats.py"), str(live.data_dir), "--stream",
+         "--checkpoint", str(tmp_path / "ck"), "--output", str(tmp_path / "stats")],
+        capture_output=True, text=True, timeout=_WAIT_S,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert (summary["stream"], summary["slabs_read"]) == (True, 2 * N_SHARDS)
 
 
 # ---- exactly once across a killed driver --------------------------------------------------
