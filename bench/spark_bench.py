@@ -15,6 +15,14 @@ messages/s of the job = N / stats (in a warm session, its fixed per-job cost inc
 noise cannot make it look better than it is); the ratio is that over plyvel's. The marginal
 rate leaves the per-job cost out: N / (stats - per-job cost).
 Results go to bench/spark_results.json.
+
+With --stream, the streaming mode of the jobs against their batch mode over the same four
+sealed slabs instead: `stats.py` and `export.py` with and without `--stream --checkpoint`
+(each streaming run with a fresh checkpoint and output, so it reads every generation, in
+one Trigger.AvailableNow micro-batch), alternately, in one warm local[2] session; the
+ratio is the streaming run's messages/s over the batch run's (median of --repeat each),
+and the marginal ratio leaves out each mode's fixed cost per run (its run over one message).
+Results go to bench/spark_stream_results.json.
 """
 
 import argparse
@@ -28,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import plyvel
 from pyspark.sql import SparkSession
@@ -39,6 +48,7 @@ from broker.ds.ttv import decode_value
 
 # spark-apps/ is not a package: its jobs run as scripts and import each other by name.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark-apps"))
+import export
 import slabframe
 import stats
 
@@ -84,10 +94,52 @@ def median_of(repeat: int, job: Callable[[], object]) -> float:
     return statistics.median(timed(job) for _ in range(repeat))
 
 
+def stream_vs_batch(work: Path, big: Path, tiny: Path, messages: int,
+                    repeat: int) -> dict[str, Any]:
+    """Each job's streaming mode against its batch mode over the same slabs, alternately."""
+    slabframe.session("bench", "local[2]")
+    runs = iter(range(1_000_000))
+
+    def batch(job: Any, data: Path) -> None:
+        job.main([str(data), "--output", str(work / f"out-{next(runs)}")])
+
+    def stream(job: Any, data: Path) -> None:
+        run = next(runs)
+        job.main([str(data), "--stream", "--checkpoint", str(work / f"ck-{run}"),
+                  "--output", str(work / f"out-{run}")])
+
+    results: dict[str, Any] = {"messages": messages, "cores": os.cpu_count(),
+                               "repeat": repeat, "load_before": round(os.getloadavg()[0], 2)}
+    for name, job in (("stats", stats), ("export", export)):
+        batch(job, tiny)  # the first job of each kind pays for class loading and JIT
+        stream(job, tiny)
+        times: dict[str, list[float]] = {"batch": [], "stream": [], "batch_tiny": [],
+                                         "stream_tiny": []}
+        for _ in range(repeat):
+            for mode, run in (("batch", batch), ("stream", stream)):
+                times[mode].append(timed(lambda job=job, run=run: run(job, big)))
+                times[f"{mode}_tiny"].append(timed(lambda job=job, run=run: run(job, tiny)))
+        m = {mode: statistics.median(values) for mode, values in times.items()}
+        per = {mode: messages / max(m[mode] - m[f"{mode}_tiny"], 1e-3)
+               for mode in ("batch", "stream")}
+        results[name] = {
+            "batch_s": round(m["batch"], 2), "stream_s": round(m["stream"], 2),
+            "batch_per_run_s": round(m["batch_tiny"], 2),
+            "stream_per_run_s": round(m["stream_tiny"], 2),
+            "batch_msgs_per_s": round(messages / m["batch"]),
+            "stream_msgs_per_s": round(messages / m["stream"]),
+            "stream_to_batch": round(m["batch"] / m["stream"], 2),
+            "marginal_stream_to_batch": round(per["stream"] / per["batch"], 2)}
+    results["load_after"] = round(os.getloadavg()[0], 2)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--stream", action="store_true",
+                        help="the jobs' streaming mode against their batch mode")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     try:
@@ -96,6 +148,12 @@ def main() -> None:
         write(big, args.messages)
         write(tiny, 1)
         print(f"wrote {args.messages} messages in {time.perf_counter() - started:.1f} s")
+        if args.stream:
+            streamed = stream_vs_batch(work, big, tiny, args.messages, args.repeat)
+            print(json.dumps(streamed, indent=1))
+            (ROOT / "bench" / "spark_stream_results.json").write_text(
+                json.dumps(streamed, indent=1) + "\n")
+            return
 
         load_before = os.getloadavg()[0]
         assert plyvel_scan(big) == args.messages

@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+import mqtt_ds
 import slabs
 
 COLUMNS = [
@@ -138,6 +139,11 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--generation", type=int, help="read only this generation")
     parser.add_argument("--strict", action="store_true",
                         help="fail on a corrupt slab instead of skipping it")
+    parser.add_argument("--stream", action="store_true",
+                        help="read only the generations sealed since the last run with this "
+                             "--checkpoint (a Structured Streaming query, Trigger.AvailableNow;"
+                             " a slab that cannot be read fails the run)")
+    parser.add_argument("--checkpoint", help="the streaming query's checkpoint directory")
     return parser
 
 
@@ -149,6 +155,12 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
                                      args.generation)
     slabs.check_selection(args.selection)
     slabs.messages_dir(args.data)
+    if args.stream and not (args.checkpoint and getattr(args, "output", None)):
+        raise slabs.ReaderError("--stream needs --checkpoint and --output")
+    if args.stream and args.generation is not None:
+        raise slabs.ReaderError("--stream reads every generation not read yet: no --generation")
+    if args.checkpoint and not args.stream:
+        raise slabs.ReaderError("--checkpoint is for --stream")
     return args
 
 
@@ -179,10 +191,24 @@ def session(app_name: str, master: str | None = None, lean_jvm: bool = False) ->
     conf.set("spark.sql.session.timeZone", "UTC")
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark = SparkSession.builder.appName(app_name).config(conf=conf).getOrCreate()
-    here = Path(__file__).resolve().parent
-    for module in ("ttvarrow.py", "slabs.py", "hourly.py", "slabframe.py"):
-        spark.sparkContext.addPyFile(str(here / module))
+    register(spark)
     return spark
+
+
+def register(spark: SparkSession) -> None:
+    """Ships the executor-side modules and registers the `mqtt-ds` data source (done by
+    session(); for a session made otherwise, a notebook's)."""
+    here = Path(__file__).resolve().parent
+    for module in ("ttvarrow.py", "slabs.py", "hourly.py", "generations.py", "mqtt_ds.py",
+                   "slabframe.py"):
+        spark.sparkContext.addPyFile(str(here / module))
+    # The Python process that plans a streaming query from mqtt-ds on the driver gets none
+    # of the files added above (only tasks do): it finds the modules through the data
+    # source's environment, taken from the context's when it is registered.
+    environment = spark.sparkContext.environment
+    paths = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+    environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(here), *paths]))
+    spark.dataSource.register(mqtt_ds.MqttDsDataSource)
 
 
 def _local_cores(master: str | None) -> int:

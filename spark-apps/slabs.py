@@ -150,28 +150,38 @@ def plan(path: Path, selection: Selection) -> tuple[list[SlabTask], list[Skipped
     check_selection(selection)
     tasks: list[SlabTask] = []
     skipped: list[Skipped] = []
-    for shard_dir in sorted(messages_dir(path).glob("shard-*")):
-        number = shard_dir.name.removeprefix("shard-")
-        if not number.isdigit():
-            continue  # a Raft snapshot on its way in or out (replication_shard.py): no slabs
-        shard = int(number)
-        if selection.shard is not None and shard != selection.shard:
-            continue
-        for slab_dir in sorted(shard_dir.glob("gen-*")):
-            if slab_dir.name.endswith(".tmp"):
-                continue  # a slab being created (shard.py): never data
-            generation = int(slab_dir.name.removeprefix("gen-"))
+    for shard, shard_dir in shard_dirs(messages_dir(path), selection.shard):
+        for generation, slab_dir in slab_dirs(shard_dir):
             if selection.generation is not None and generation != selection.generation:
                 continue
-            task = _task(slab_dir, shard, generation, selection, skipped)
-            if task is not None:
-                tasks.append(task)
+            found = slab_task(slab_dir, shard, generation, selection, skipped)
+            if found is not None:
+                tasks.append(found)
     return tasks, skipped
 
 
-def _task(
+def shard_dirs(messages: Path, only: int | None = None) -> Iterator[tuple[int, Path]]:
+    """(shard, directory) of the messages database `messages`, in shard order."""
+    for shard_dir in sorted(messages.glob("shard-*")):
+        number = shard_dir.name.removeprefix("shard-")
+        if not number.isdigit():
+            continue  # a Raft snapshot on its way in or out (replication_shard.py): no slabs
+        if only is None or int(number) == only:
+            yield int(number), shard_dir
+
+
+def slab_dirs(shard_dir: Path) -> list[tuple[int, Path]]:
+    """(generation, directory) of a shard's slabs, sealed or not, in generation order."""
+    return sorted((int(slab_dir.name.removeprefix("gen-")), slab_dir)
+                  for slab_dir in shard_dir.glob("gen-*")
+                  if not slab_dir.name.endswith(".tmp"))  # a slab being created (shard.py)
+
+
+def slab_task(
     slab_dir: Path, shard: int, generation: int, selection: Selection, skipped: list[Skipped]
 ) -> SlabTask | None:
+    """What to read of one slab, None if it cannot hold a match (or was skipped: then
+    `skipped` says why)."""
     def skip(reason: str) -> None:
         skipped.append(Skipped(str(slab_dir), shard, generation, reason))
 

@@ -8,15 +8,25 @@ Writes OUT/by_topic and OUT/by_stream (hour, topic or structure, messages, bytes
 publishers, qos0, qos1, qos2); without --output, prints them. Both come from one pass over
 the slabs (grouping sets); distinct publishers per stream cannot be summed from per-topic
 rows, so the stream level is not derived from the topic level.
+
+    python spark-apps/stats.py DATA_DIR --stream --checkpoint CK --output OUT
+
+reads only the generations sealed since the last run with checkpoint CK: their partial
+sums are appended to OUT/partials exactly once, and OUT/by_topic and OUT/by_stream are
+rewritten from all of them.
 """
 
+from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Observation
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 import hourly
 import slabframe
+import streamjob
 
 # Over the partials of hourly.py (one row per hour, topic, structure and publisher of a
 # partition, or a few): grouping sets straight over the messages doubled every message (one
@@ -40,9 +50,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
     args = slabframe.parse(parser, argv)
     with slabframe.job_session("mqtt-stats", args.master, lean_jvm=True) as spark:
-        partials, report = slabframe.read_slabs(
-            spark, args.data, args.selection, hourly.READS, args.strict,
-            (hourly.partials, hourly.SCHEMA))
+        if args.stream:
+            summary, partials = _stream_partials(spark, args)
+        else:
+            partials, report = slabframe.read_slabs(
+                spark, args.data, args.selection, hourly.READS, args.strict,
+                (hourly.partials, hourly.SCHEMA))
+            summary = report.to_json()
         partials.createOrReplaceTempView("partials")
         stats = spark.sql(_AGGREGATE).cache()
         tables = {
@@ -64,8 +78,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             else:
                 table.show(1000, truncate=False)
                 rows[name] = table.count()
-        return {"job": "stats", "rows": rows, **report.to_json()}
+        return {"job": "stats", "rows": rows, **summary}
 
+
+def _stream_partials(spark: SparkSession, args: Namespace) -> tuple[dict[str, Any], DataFrame]:
+    """Streaming mode: the partials of the generations not read yet are appended, exactly
+    once, to OUT/partials (hourly.SCHEMA, a streaming Parquet table); the tables are then
+    added up from all the partials so far. A run reads only what is new, and an hour that
+    spans runs still counts each publisher once."""
+    path = f"{args.output}/partials"
+    stream = streamjob.read(spark, args, ("hourly.partials", hourly.READS, hourly.SCHEMA))
+    summary = streamjob.run(stream.writeStream.format("parquet"), args.checkpoint, path)
+    if Path(path, "_spark_metadata").is_dir():  # the schema given: no job to infer it
+        return summary, spark.read.schema(from_arrow_schema(hourly.SCHEMA)).parquet(path)
+    # nothing sealed yet: no batch ran, so no table exists
+    return summary, spark.createDataFrame([], from_arrow_schema(hourly.SCHEMA))
 
 if __name__ == "__main__":
     slabframe.run("stats", main)

@@ -91,7 +91,8 @@ def reconcile_spark(kube: Kube, cluster: Cluster, settings: spark.Settings,
              for ordinal, pod in pods.items()
              if ordinal < cluster.replicas and pod.ready}
     answers = {ordinal: held for ordinal, held in asked.items() if held is not None}
-    todo = spark.planned(settings, spark.sources(answers, replicas), marks, time.time())
+    todo = spark.planned(settings, spark.sources(answers, replicas), marks, time.time(),
+                         apps)
     owner = manifests.owner_reference(cluster)
     created = [spark.AppView.from_object(kube.apply(sparkapp.spark_application(
         cluster=cluster.name, namespace=ns, owner=owner, job=plan.job, run=plan.run,

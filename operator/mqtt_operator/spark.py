@@ -131,21 +131,27 @@ class Planned:
 
 
 def planned(settings: Settings, located: Mapping[tuple[int, int], int],
-            marks: Mapping[str, int], now: float) -> list[Planned]:
+            marks: Mapping[str, int], now: float,
+            running: Iterable[AppView] = ()) -> list[Planned]:
     """Applications that should exist and were never launched.
 
     On seal: one per job and sealed (shard, generation) above the watermark. On a schedule:
     one per job and shard that has sealed data, for the current tick, if not launched yet;
-    it reads the replica that holds the shard's newest sealed generation."""
+    it reads the replica that holds the shard's newest sealed generation. Tick runs of a
+    job and shard share a streaming checkpoint (what they have read), so one waits while
+    an earlier tick's application of `running` (the listed ones) has not finished."""
     if settings.interval is None:
         runs = {Run(shard, generation=gen): ordinal for (shard, gen), ordinal in located.items()}
     else:
         tick = int(now) // settings.interval * settings.interval
         newest = {shard: ordinal for (shard, _gen), ordinal in sorted(located.items())}
         runs = {Run(shard, tick=tick): ordinal for shard, ordinal in newest.items()}
+    busy = {(app.job, app.run.shard) for app in running
+            if app.run.tick is not None and app.state not in FINISHED}
     return sorted(
         (Planned(job, run, ordinal) for run, ordinal in runs.items() for job in settings.jobs
-         if _position(run) > marks.get(watermark_key(job.kind, run), -1)),
+         if _position(run) > marks.get(watermark_key(job.kind, run), -1)
+         and (run.tick is None or (job.kind, run.shard) not in busy)),
         key=lambda plan: _order(plan.job.kind, plan.run))
 
 

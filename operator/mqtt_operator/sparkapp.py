@@ -21,6 +21,7 @@ JOBS = {"stats": "stats.py", "export": "export.py"}
 APP_DIR = "/opt/spark-apps"  # where spark-apps/Dockerfile puts the jobs
 DATA_MOUNT = "/data"
 OUTPUT_MOUNT = "/output"
+CHECKPOINTS = "_checkpoints"  # under a job's output: Spark's readers skip `_` names
 COMPONENT = "spark"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_JOB = f"{c.GROUP}/job"
@@ -60,8 +61,9 @@ class SparkSpec:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """What one application reads of its shard: one sealed generation (on seal), or every
-    sealed generation as of a schedule tick (`tick`: epoch seconds of the tick's start)."""
+    """What one application reads of its shard: one sealed generation (on seal), or the
+    generations sealed since the previous tick's run (`tick`: epoch seconds of the tick's
+    start; the job's streaming checkpoint knows what was read)."""
 
     shard: int
     generation: int | None = None
@@ -132,16 +134,20 @@ def spark_application(
     mounts = [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
               {"name": "output", "mountPath": OUTPUT_MOUNT}]
     labels = run_labels(cluster, job.kind, run)
-    output = f"{OUTPUT_MOUNT}/{job.output}"
-    if job.kind == "stats":  # export overwrites its own partitions; stats files would clash
-        output += f"/shard-{run.shard:03d}/" + (
-            f"gen-{run.generation:06d}" if run.generation is not None
-            else f"tick-{tick_label(run.tick or 0)}")
     selection = ["--shard", str(run.shard)]
     if run.generation is not None:
         selection += ["--generation", str(run.generation)]
     if job.topic_filter:
         selection += ["--topic-filter", job.topic_filter]
+    output = f"{OUTPUT_MOUNT}/{job.output}"
+    if run.generation is None:
+        # A tick reads only what the shard sealed since the last tick: a streaming run
+        # (Trigger.AvailableNow) whose checkpoint lives beside its output, one table per
+        # shard (a streaming Parquet table has one writer, its _spark_metadata log).
+        selection += ["--stream", "--checkpoint", f"{output}/{CHECKPOINTS}/shard-{run.shard:03d}"]
+        output += f"/shard-{run.shard:03d}"
+    elif job.kind == "stats":  # export overwrites its own partitions; stats would clash
+        output += f"/shard-{run.shard:03d}/gen-{run.generation:06d}"
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

@@ -7,19 +7,19 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 import export
 import slabframe
 import slabs
 import stats
 from broker.ds import TTV
+from tests.spark.rows import collect, ordered
 from tests.support.slabdata import (
     N_SHARDS,
     TOPICS,
@@ -30,26 +30,6 @@ from tests.support.slabdata import (
 ROOT = Path(__file__).resolve().parents[2]
 UNSEALED = "unsealed (no manifest.json yet)"
 _HOUR_US = 3_600_000_000
-
-
-def collect(frame: DataFrame) -> list[dict[str, Any]]:
-    """Rows as plain values; times as epoch microseconds (what PySpark turns a timestamp
-    into depends on the test process's time zone)."""
-    columns = [c for c in slabframe.COLUMNS if c != "timestamp"]
-    frame = frame.selectExpr(*columns, "unix_micros(timestamp) AS timestamp_us")
-    out = []
-    for row in frame.collect():
-        values = row.asDict()
-        values["user_properties"] = [tuple(kv) for kv in values["user_properties"]]
-        for column in ("payload", "correlation_data"):
-            if values[column] is not None:
-                values[column] = bytes(values[column])
-        out.append(values)
-    return sorted(out, key=lambda r: (r["shard"], r["timestamp_us"]))
-
-
-def ordered(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(rows, key=lambda r: (r["shard"], r["timestamp_us"]))
 
 
 def fingerprint(data_dir: Path) -> dict[str, str]:

@@ -94,6 +94,12 @@ def test_schedule_launches_one_per_shard_per_tick() -> None:
     marks = spark.launched({}, plans)
     assert spark.planned(hourly, located, marks, NOW + 60) == []  # same tick
     assert len(spark.planned(hourly, located, marks, NOW + HOUR)) == 2  # the next one
+    # A tick's run still going: the next tick of that job and shard waits for it (both
+    # would use one streaming checkpoint); a finished one does not hold it back.
+    running = [view("a", "stats", Run(0, tick=tick), "RUNNING"),
+               view("b", "stats", Run(3, tick=tick), "COMPLETED")]
+    later = spark.planned(hourly, located, marks, NOW + HOUR, running)
+    assert [p.run.shard for p in later] == [3]
 
 
 def test_retention_keeps_the_newest_finished_per_job_and_every_running_one() -> None:

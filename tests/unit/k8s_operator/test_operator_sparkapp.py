@@ -61,8 +61,15 @@ def test_stats_output_is_per_run_and_filters_pass_through() -> None:
     scheduled = build(Job("stats", "hourly"), Run(2, tick=TICK))
     assert scheduled["metadata"]["name"] == "prod-stats-s2-t202511220000"
     assert scheduled["metadata"]["labels"]["mqtt.durablemqtt.io/tick"] == "202511220000"
-    assert scheduled["spec"]["arguments"] == [  # every sealed generation of the shard
-        "/data", "--shard", "2", "--output", "/output/hourly/shard-002/tick-202511220000"]
+    # what the shard sealed since the last tick: a streaming run, its checkpoint on the
+    # output volume, one output per shard (the same every tick)
+    assert scheduled["spec"]["arguments"] == [
+        "/data", "--shard", "2", "--stream", "--checkpoint",
+        "/output/hourly/_checkpoints/shard-002", "--output", "/output/hourly/shard-002"]
+    export = build(Job("export", "raw", "fleet/#"), Run(1, tick=TICK))["spec"]["arguments"]
+    assert export == ["/data", "--shard", "1", "--topic-filter", "fleet/#", "--stream",
+                      "--checkpoint", "/output/raw/_checkpoints/shard-001",
+                      "--output", "/output/raw/shard-001"]
 
 
 def test_names_are_deterministic_unique_dns_labels() -> None:
