@@ -205,10 +205,7 @@ def version(name: str) -> str:
     if name == "rabbitmq":
         return _output(["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"]) or "unknown"
     python = REPO_DIR / ".venv" / "bin" / "python"
-    ours = _output([
-        str(python), "-c",
-        "import importlib.metadata as m; print(m.version('durable-mqtt-broker'))",
-    ]).splitlines()
+    ours = _output([str(python), "-m", "broker", "--version"]).splitlines()
     sha = _output(["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"])
     label = ours[-1] if ours and " " not in ours[-1] else "unknown"
     return f"{label} (git {sha})" if sha and " " not in sha else label
