@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 from broker.auth.acl import Access
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
-from broker.mqtt.packets import Suback, Subscribe, Subscription
-from broker.mqtt.topic import parse_shared, validate_topic_filter
+from broker.mqtt.packets import Properties, Suback, Subscribe, Subscription
+from broker.mqtt.topic import STREAM_PREFIX, parse_shared, validate_topic_filter
 from broker.server.handlers.sliced import handle_in_slices
+from broker.server.handlers.stream_subscribe import start_stream, stream_target
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -46,13 +47,18 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
     max_qos = node.config["mqtt.max_qos_allowed"]
     max_subscriptions = node.config["mqtt.max_subscriptions"]
     codes: list[int] = []
+    reasons: list[str] = []  # the SUBACK's Reason String: why filters were refused
     retained: list[Delivery] = []
     for sub in packet.subscriptions:
         yield
+        stream = False
         try:
             group, topic_filter = _check(conn, sub)
+            if group is None and topic_filter.startswith(STREAM_PREFIX):
+                stream, topic_filter = True, stream_target(conn, session, topic_filter)
         except MQTTError as error:
             codes.append(error.reason_code)
+            reasons.append(f"{sub.topic_filter[:64]}: {error}")
             continue
         if not conn.authorized(topic_filter, Access.READ):
             if conn.node.security.disconnect_on_deny:  # the connection ends (v5: 0x87)
@@ -73,6 +79,13 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
             node.stats.refuse("max_subscriptions")
             codes.append(ReasonCode.QUOTA_EXCEEDED)
             continue
+        if stream:
+            try:
+                start_stream(conn, session, sub.topic_filter, packet.properties)
+            except MQTTError as error:
+                codes.append(error.reason_code)
+                reasons.append(f"{sub.topic_filter[:64]}: {error}")
+                continue
         if session.subscribe(sub.topic_filter, options):
             # Read from Durable Storage, not routed: the topics become durable from now on.
             node.add_durable_filter(session.client_id, sub.topic_filter, options)
@@ -80,13 +93,14 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
             node.router.subscribe(session.client_id, topic_filter, options)
         codes.append(granted)
         send_retained = sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
-        if group is None and send_retained and node.retainer is not None:
+        if group is None and send_retained and node.retainer is not None and not stream:
             sub_ids = (identifier,) if identifier is not None else ()
             retained.extend(
                 Delivery(message, min(message.qos, granted), True, sub_ids)
                 for message in node.retainer.match(topic_filter)
             )
-    conn.send_packet(Suback(packet.packet_id, codes))
+    properties: Properties = {PropertyId.REASON_STRING: "; ".join(reasons)[:512]} if reasons else {}
+    conn.send_packet(Suback(packet.packet_id, codes, properties))
     for delivery in retained:
         yield
         conn.deliver(delivery)
