@@ -426,8 +426,8 @@ class Node:
             "mqtt_sessions": ("Sessions, connected or not", len(self.sessions.sessions)),
             "mqtt_subscriptions": ("Subscriptions", len(self.router)),
             "mqtt_durable_filters": (
-                "Durable sessions' subscriptions whose messages this node stores (every"
-                " node's, with replicated Durable Storage)", len(self.durable_filters)),
+                "Durable sessions' subscriptions and streams whose messages this node stores"
+                " (every node's, with replicated Durable Storage)", len(self.durable_filters)),
             "mqtt_retained_messages": (
                 "Retained messages stored", len(self.retainer) if self.retainer else 0
             ),
