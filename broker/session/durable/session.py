@@ -354,10 +354,10 @@ class DurableSession(Session):
             again = self._refresh_again
         self._refresh = None  # not reached when cancelled: `stop_reading` clears it then
 
-    def _start_readers(self, topic_filter: str) -> None:
-        """Starts readers for the filter's streams not yet read: per shard only the oldest
-        generation not read to its end, so a topic's messages stay in order across
-        generations."""
+    def _start_readers(self, topic_filter: str, shard: int | None = None) -> None:
+        """Starts readers for the filter's streams not yet read (of one `shard`, when a
+        reader of it finished): per shard only the oldest generation not read to its end,
+        so a topic's messages stay in order across generations."""
         since = self.since.get(topic_filter)
         if since is None:
             return
@@ -369,7 +369,7 @@ class DurableSession(Session):
         groups = self._ctx.groups
         if shared and groups is not None:  # from the group's start (its first member's)
             since = groups.since(topic_filter) or since
-        streams = ds.get_streams("messages", read_filter, since)
+        streams = ds.get_streams("messages", read_filter, since, shard)
         if shared:  # only the group's shards this session owns
             owned = self._sync_shards(topic_filter)
             streams = [stream for stream in streams if stream.shard in owned]
@@ -483,7 +483,7 @@ class DurableSession(Session):
             if not readers:
                 del self._readers[topic_filter]
         if self.connection is not None:
-            self._start_readers(topic_filter)  # the next generation of this shard, if any
+            self._start_readers(topic_filter, stream.shard)  # the shard's next generation
 
     def _record_batch(
         self, topic_filter: str, stream: Stream, before: Iterator, after: Iterator | None,

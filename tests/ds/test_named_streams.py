@@ -3,6 +3,7 @@ durable filter it makes, how a `$stream` subscription's start time is worked out
 
 import pytest
 
+from broker.ds import TTV
 from broker.mqtt.errors import MQTTError
 from broker.session.durable.store import SessionStore
 from broker.session.durable.streams import (
@@ -90,3 +91,19 @@ async def test_a_subscription_starts_no_earlier_than_its_stream(open_storage) ->
     with pytest.raises(MQTTError):
         streams.resolve("$stream/u/#/x", None, True)  # not a filter: nothing created
     assert streams.get("u") is None
+
+
+async def test_a_reader_that_finished_a_stream_looks_up_its_own_shard_only(
+        open_storage) -> None:
+    """What follows a finished stream is looked up in its shard: the same streams as the
+    whole lookup has for that shard, in the same order, none of another shard's."""
+    storage = open_storage(n_shards=4)
+    for _ in range(3):  # three generations
+        await storage.store_batch("messages", [
+            TTV(f"s/{i % 3}", b"x", 1, False, f"pub{i}", {}, 0) for i in range(16)])
+        await storage.seal()
+    everything = storage.get_streams("messages", "s/+")
+    assert {stream.shard for stream in everything} == {0, 1, 2, 3}
+    for shard in range(4):
+        assert storage.get_streams("messages", "s/+", 0, shard) == [
+            stream for stream in everything if stream.shard == shard]

@@ -284,3 +284,16 @@ def test_streams_over_http_survive_a_restart(
     reader = durable(clients, broker)
     assert reader.subscribe("$stream/api.one", 1, user_properties=offset("earliest")) == [1]
     assert reader.wait_messages(1)[0].payload == b"stored"
+
+
+def test_the_readme_s_mosquitto_sub_replays_a_stream(
+        broker: BrokerProcess, clients: list[PahoClient], mosquitto_sub) -> None:
+    """README, Operations: `mosquitto_sub -V mqttv5 -c -x 3600 -t '$stream/plant' -D
+    subscribe user-property stream-offset earliest`."""
+    topic = unique("readme").replace("-", "/")
+    create(broker, "readme", f"{topic}/#")
+    publish_all(publisher(clients, broker), f"{topic}/t1", numbers(100, 1))
+    sub = mosquitto_sub(broker.tcp, ["$stream/readme"], version="mqttv5", qos=1, extra=[
+        "-i", unique("replay"), "-c", "-x", "3600",
+        "-D", "subscribe", "user-property", "stream-offset", "earliest"])
+    assert [m.payload.encode() for m in sub.wait_messages(100)] == numbers(100, 1)
