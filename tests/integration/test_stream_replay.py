@@ -6,6 +6,7 @@ across a kill -9 of the broker; bad requests get their SUBACK reason codes."""
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -297,3 +298,33 @@ def test_the_readme_s_mosquitto_sub_replays_a_stream(
         "-i", unique("replay"), "-c", "-x", "3600",
         "-D", "subscribe", "user-property", "stream-offset", "earliest"])
     assert [m.payload.encode() for m in sub.wait_messages(100)] == numbers(100, 1)
+
+
+def test_subscribing_to_a_stream_is_authorized_on_its_topic_filter(
+        start_broker: Callable[..., BrokerProcess], clients: list[PahoClient],
+        tmp_path: Path) -> None:
+    """A client may replay a stream only if it may subscribe to the stream's filter: the ACL
+    is checked on `public/#` or `secret/#`, not on `$stream/...`."""
+    acl = tmp_path / "acl"
+    acl.write_text("topic read public/#\n")  # anonymous clients: public/# only
+    broker = start_broker(**{"authorization.acl_file": str(acl)})
+    create(broker, "open", "public/#")
+    create(broker, "closed", "secret/#")
+    reader = durable(clients, broker)
+    assert reader.subscribe([("$stream/open", 1), ("$stream/closed", 1),
+                             ("$stream/closed/secret/#", 1)]) == [1, 0x87, 0x87]
+
+
+def test_a_stream_subscription_gets_no_retained_messages(
+        broker: BrokerProcess, clients: list[PahoClient]) -> None:
+    """Its history is the replay: from `latest`, a topic's retained message stays away."""
+    topic = unique("kept").replace("-", "/")
+    create(broker, "kept", f"{topic}/#")
+    pub = publisher(clients, broker)
+    pub.publish(f"{topic}/state", b"retained", 1, retain=True)
+    reader = durable(clients, broker)
+    assert reader.subscribe("$stream/kept", 1, user_properties=offset("latest")) == [1]
+    plain = durable(clients, broker)
+    assert plain.subscribe(f"{topic}/#", 1) == [1]
+    assert plain.wait_messages(1)[0].retain  # the broker has it to give
+    assert reader.barrier() == []
