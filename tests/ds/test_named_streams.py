@@ -107,3 +107,15 @@ async def test_a_reader_that_finished_a_stream_looks_up_its_own_shard_only(
     for shard in range(4):
         assert storage.get_streams("messages", "s/+", 0, shard) == [
             stream for stream in everything if stream.shard == shard]
+
+
+async def test_a_stream_record_that_does_not_parse_is_left_out(open_storage, caplog) -> None:
+    storage = open_storage()
+    changes: list[tuple[str, str | None, str | None]] = []
+    streams = Streams(storage, SessionStore(storage), lambda *change: changes.append(change))
+    for raw in (b"{", b'{"filter": "a"}', b'{"filter": 5, "since": 1}',
+                b'{"filter": "a/#/b", "since": 1}'):
+        streams.applied(stream_key("broken"), raw)
+    streams.applied(stream_key("fine"), b'{"filter": "a/#", "since": 1}')
+    assert changes == [("$stream/fine", None, "a/#")] and streams.get("broken") is None
+    assert caplog.text.count("stream record b't\\x00broken'") == 4

@@ -50,3 +50,15 @@ def start_stream(conn: "Connection", session: Session, key: str,
             offset = value
     since = streams.resolve(key, offset, conn.node.config["streams.auto_create"])[1]
     session.start_at(key, since)
+
+
+def suback_properties(conn: "Connection", codes: list[int], reasons: list[str]) -> Properties:
+    """The SUBACK's Reason String saying why `$stream` filters were refused, left out when
+    the packet would then exceed the client's Maximum Packet Size (MQTT-3.1.2-25)."""
+    if not reasons:
+        return {}
+    reason = "; ".join(reasons)[:512]
+    size = len(reason.encode()) + len(codes) + 16  # fixed header, identifier, properties
+    if conn.client_max_packet is not None and size > conn.client_max_packet:
+        return {}
+    return {PropertyId.REASON_STRING: reason}

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from broker.auth.acl import Access
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
-from broker.mqtt.packets import Properties, Suback, Subscribe, Subscription
+from broker.mqtt.packets import Suback, Subscribe, Subscription
 from broker.mqtt.topic import STREAM_PREFIX, parse_shared, validate_topic_filter
 from broker.server.handlers.sliced import handle_in_slices
-from broker.server.handlers.stream_subscribe import start_stream, stream_target
+from broker.server.handlers.stream_subscribe import start_stream, stream_target, suback_properties
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
     max_qos = node.config["mqtt.max_qos_allowed"]
     max_subscriptions = node.config["mqtt.max_subscriptions"]
     codes: list[int] = []
-    reasons: list[str] = []  # the SUBACK's Reason String: why filters were refused
+    reasons: list[str] = []  # why `$stream` filters were refused (the SUBACK's Reason String)
     retained: list[Delivery] = []
     for sub in packet.subscriptions:
         yield
@@ -58,7 +58,8 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
                 stream, topic_filter = True, stream_target(conn, session, topic_filter)
         except MQTTError as error:
             codes.append(error.reason_code)
-            reasons.append(f"{sub.topic_filter[:64]}: {error}")
+            if sub.topic_filter.startswith(STREAM_PREFIX):
+                reasons.append(f"{sub.topic_filter[:64]}: {error}")
             continue
         if not conn.authorized(topic_filter, Access.READ):
             if conn.node.security.disconnect_on_deny:  # the connection ends (v5: 0x87)
@@ -99,8 +100,7 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe) -> Itera
                 Delivery(message, min(message.qos, granted), True, sub_ids)
                 for message in node.retainer.match(topic_filter)
             )
-    properties: Properties = {PropertyId.REASON_STRING: "; ".join(reasons)[:512]} if reasons else {}
-    conn.send_packet(Suback(packet.packet_id, codes, properties))
+    conn.send_packet(Suback(packet.packet_id, codes, suback_properties(conn, codes, reasons)))
     for delivery in retained:
         yield
         conn.deliver(delivery)

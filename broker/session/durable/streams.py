@@ -17,6 +17,7 @@ iterator (no seam to cross).
 """
 
 import asyncio
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from broker.mqtt.topic import STREAM_PREFIX as PREFIX
 from broker.mqtt.topic import parse_stream, validate_topic_filter
 from broker.session.durable.records import SEP, dumps, loads
 from broker.session.durable.store import SessionStore, Write
+
+log = logging.getLogger(__name__)
 
 KIND: Final = b"t"
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,255}")  # EMQX's rule for stream names
@@ -119,13 +122,20 @@ class Streams:
             self._set(name, None)
 
     def applied(self, key: bytes, value: bytes | None) -> None:
-        """A `t` key written (here, or replicated from any node)."""
-        name = key[len(KIND + SEP):].decode()
+        """A `t` key written (here, or replicated from any node); one that does not parse
+        is logged and left out, not the end of the node."""
+        name = key[len(KIND + SEP):].decode(errors="replace")
         if value is None:
             self._set(name, None)
-        else:
+            return
+        try:
             fields = loads(value)
-            self._set(name, StreamDef(name, fields["filter"], fields["since"]))
+            stream = StreamDef(name, fields["filter"], int(fields["since"]))
+            check_definition(name, stream.topic_filter)
+        except (ValueError, KeyError, TypeError) as error:
+            log.error("stream record %r in the sessions database left out: %s", key, error)
+            return
+        self._set(name, stream)
 
     def _set(self, name: str, stream: StreamDef | None) -> None:
         old = self._streams.pop(name, None)
