@@ -87,8 +87,8 @@ def _cpu(before: Snapshot, after: Snapshot) -> dict[str, float]:
 
 
 def _session_fleet(broker: brokers.Running, sessions: int, topic_filter: str | None,
-                   expected: int = 0) -> tuple[Fleet, range]:
-    ids = [f"bench-durable-{i:05d}" for i in range(sessions)]
+                   expected: int = 0, prefix: str = "bench-durable") -> tuple[Fleet, range]:
+    ids = [f"{prefix}-{i:05d}" for i in range(sessions)]
     specs: list[Spec] = [
         SubscriberSpec(broker.port, part, topic_filter, 1, LAYOUT, clean=False,
                        expected=expected)
@@ -139,12 +139,15 @@ def publish(broker: brokers.Running, messages: int) -> dict[str, Any]:
             **{f"publish_{k}": v for k, v in _cpu(before, after).items()}}
 
 
-def drain(broker: brokers.Running, sessions: int, messages: int) -> dict[str, Any]:
+def drain(broker: brokers.Running, sessions: int, messages: int,
+          topic_filter: str | None = None, prefix: str = "bench-durable") -> dict[str, Any]:
     """All sessions come back (clean session 0, no SUBSCRIBE) and take their backlog,
     acknowledging each PUBLISH: seconds from the first CONNECT to the last delivery, and
-    whether every session got exactly `messages`."""
+    whether every session got exactly `messages`. With `topic_filter`, new sessions
+    (`prefix`) subscribe to it and take what it gives (a `$stream` replay)."""
     expected = sessions * messages
-    fleet, slots = _session_fleet(broker, sessions, None, expected=messages)
+    fleet, slots = _session_fleet(broker, sessions, topic_filter, expected=messages,
+                                  prefix=prefix)
     sh = fleet.shared
     try:
         before = _snapshot(broker, fleet)

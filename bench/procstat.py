@@ -9,13 +9,14 @@ import os
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def rss_kib(pid: int) -> int:
-    """Resident set size (VmRSS) in KiB."""
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size (VmRSS) in KiB; `RssAnon` its anonymous part (the heap, not
+    the pages of files read through mmap, such as LevelDB's tables)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 def cpu_seconds(pid: int) -> float:

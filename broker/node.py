@@ -25,6 +25,8 @@ from broker.session.durable.groups import GONE, READY, STALLED, GroupManager
 from broker.session.durable.persist import MessagePersister
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
+from broker.session.durable.streams import KIND as STREAM_KIND
+from broker.session.durable.streams import Streams, is_stream_key
 from broker.session.manager import SessionManager
 from broker.session.message import Message
 from broker.session.session import Delivery, Session, SubscriptionOptions
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from broker.cluster.takeover import Takeover
 
 _CACHE_LIMIT: Final = 10_000
+# How a stream's filter sits among the durable filters (what it stores, not who reads).
+_STREAM_OPTIONS: Final = SubscriptionOptions(2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,11 @@ class Node:
         # and durable filters are no routes (no node stores a message a second time).
         self.replicated_ds = False
         self._durable_topics: dict[str, int] = {}
+        # Named streams (`$stream/<name>`): durable filters that exist without a session.
+        self.streams: Streams | None = None
+        if self.durable is not None:
+            self.streams = self.durable.streams = Streams(self.durable.ds, self.durable.store,
+                                                          self._stream_changed)
         # Members of each durable group (`$share/...` of durable sessions) this node knows.
         self._share_members: dict[str, set[str]] = {}
         self.sessions = SessionManager(
@@ -176,6 +185,8 @@ class Node:
 
         if self.groups is not None:
             self.groups.load()
+        if self.streams is not None:
+            self.streams.load()
         return self.sessions.restore(subscribed)
 
     def add_durable_filter(self, client_id: str, key: str,
@@ -183,28 +194,41 @@ class Node:
         """A durable session's subscription (`key`, a share's too): messages matching its
         filter are stored from now on."""
         entry = self._durable_entry(client_id, key, True)
-        if entry is None:
-            return
-        # A durable filter is a route of this node too (unless storage is replicated).
-        listener = None if self.replicated_ds else self.router.listener
-        if self.durable_filters.add(entry[0], entry[1], options) and listener is not None:
-            listener(entry[0], None, entry[1], True)
-        self._durable_topics.clear()
+        if entry is not None:
+            self._durable_filter(entry[0], entry[1], options)
 
     def remove_durable_filter(self, client_id: str, key: str) -> None:
         entry = self._durable_entry(client_id, key, False)
-        if entry is None:
-            return
+        if entry is not None:
+            self._durable_filter(entry[0], entry[1], None)
+
+    def _durable_filter(self, topic_filter: str, entry: str,
+                        options: SubscriptionOptions | None) -> None:
+        """Adds (`options`) or removes a durable filter's entry; a durable filter is a route
+        of this node too (unless storage is replicated: every node stores for every filter)."""
         listener = None if self.replicated_ds else self.router.listener
-        removed = self.durable_filters.remove(entry[0], entry[1]) is not None
-        if removed and listener is not None:
-            listener(entry[0], None, entry[1], False)
+        if options is not None:
+            changed = self.durable_filters.add(topic_filter, entry, options)
+        else:
+            changed = self.durable_filters.remove(topic_filter, entry) is not None
+        if changed and listener is not None:
+            listener(topic_filter, None, entry, options is not None)
         self._durable_topics.clear()
+
+    def _stream_changed(self, entry: str, old: str | None, new: str | None) -> None:
+        """A stream was created, deleted or replaced: its filter stores from now on."""
+        if old is not None:
+            self._durable_filter(old, entry, None)
+        if new is not None:
+            self._durable_filter(new, entry, _STREAM_OPTIONS)
 
     def _durable_entry(self, client_id: str, key: str, added: bool) -> tuple[str, str] | None:
         """(filter, entry) of a durable subscription in the node's durable filters, when
         it changes them: a durable group is one entry whatever its members (a publish
-        matches it in constant time with 10,000 members), there while it has one."""
+        matches it in constant time with 10,000 members), there while it has one; a
+        stream's subscription none (its stream's filter stores, with or without readers)."""
+        if is_stream_key(key):
+            return None
         if not key.startswith("$share/"):
             return key, client_id
         members = self._share_members.setdefault(key, set())
@@ -229,9 +253,14 @@ class Node:
             self.durable_filters = TopicTrie()
             self._share_members.clear()
             self._member_metas.clear()
+            if self.streams is not None:
+                self.streams.clear()
         writes = list(writes)
         for key, value in writes:
             kind, client_id = records.split_key(key)
+            if kind == STREAM_KIND and self.streams is not None:
+                self.streams.applied(key, value)
+                continue
             if kind == b"m":
                 self._member_metas.pop(client_id, None)
             if kind == b"m" and value is not None and client_id in self.sessions.sessions:
@@ -402,8 +431,8 @@ class Node:
             "mqtt_sessions": ("Sessions, connected or not", len(self.sessions.sessions)),
             "mqtt_subscriptions": ("Subscriptions", len(self.router)),
             "mqtt_durable_filters": (
-                "Durable sessions' subscriptions whose messages this node stores (every"
-                " node's, with replicated Durable Storage)", len(self.durable_filters)),
+                "Durable sessions' subscriptions and streams whose messages this node stores"
+                " (every node's, with replicated Durable Storage)", len(self.durable_filters)),
             "mqtt_retained_messages": (
                 "Retained messages stored", len(self.retainer) if self.retainer else 0
             ),

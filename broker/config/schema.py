@@ -323,6 +323,11 @@ SETTINGS: tuple[Setting, ...] = (
             " while it ended); the `sessions` group's leader forgets older ones at each"
             " `session_gc_interval`. A node frozen for longer than this could bring such a"
             " session back with its stale state."),
+    Setting("streams.auto_create", False, parse_bool,
+            "A durable session's `SUBSCRIBE $stream/<name>/<filter>` creates the stream"
+            " `<name>` with that filter when there is none (EMQX's auto-create). Off: streams"
+            " are created by `POST /api/v5/message_streams` only, and such a subscription to a"
+            " missing stream gets 0x8F."),
     Setting("durable_sessions.max_session_expiry_interval", "0s", parse_duration,
             "Administrative cap on a durable session's expiry interval (TBMQ's"
             " `max-expiry-interval`), granted in CONNACK; 0 = no cap."),

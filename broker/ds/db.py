@@ -105,11 +105,14 @@ class MessagesDB:
             return futures[0]
         return asyncio.gather(*futures)  # type: ignore[return-value]  # only its completion counts
 
-    def get_streams(self, topic_filter: str, start_time: int = 0) -> list[Stream]:
+    def get_streams(self, topic_filter: str, start_time: int = 0,
+                    shard_index: int | None = None) -> list[Stream]:
         """Streams of every live generation that may hold messages matching the filter at or
-        after `start_time` (microseconds), oldest generation first."""
+        after `start_time` (microseconds), oldest generation first; of one shard's only when
+        given (a reader that finished a stream looks for what follows it in its shard)."""
         streams: list[Stream] = []
-        for shard in self.shards:
+        shards = self.shards if shard_index is None else self.shards[shard_index:shard_index + 1]
+        for shard in shards:
             for slab in shard.slabs.values():
                 if slab.sealed and slab.stats.max_timestamp < start_time:
                     continue

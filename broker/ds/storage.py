@@ -64,8 +64,9 @@ class DurableStorage:
 
     # Read path -------------------------------------------------------------------------
 
-    def get_streams(self, db: str, topic_filter: str, start_time: int = 0) -> list[Stream]:
-        return self._messages(db).get_streams(topic_filter, start_time)
+    def get_streams(self, db: str, topic_filter: str, start_time: int = 0,
+                    shard: int | None = None) -> list[Stream]:
+        return self._messages(db).get_streams(topic_filter, start_time, shard)
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
         return self._messages(stream.db).make_iterator(stream, topic_filter, start_time)

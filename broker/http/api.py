@@ -27,6 +27,7 @@ from broker.http.durable_sessions_api import add_durable_session_routes
 from broker.http.monitor_api import add_monitor_routes
 from broker.http.retainer_api import add_retainer_routes
 from broker.http.shared_groups_api import add_shared_group_routes
+from broker.http.streams_api import add_stream_routes
 from broker.metrics import Registry, add_samples
 from broker.node import Node
 
@@ -133,4 +134,5 @@ def make_app(node: Node, registry: Registry) -> web.Application:
     add_authn_user_routes(app)
     add_monitor_routes(app)
     add_shared_group_routes(app, node)
+    add_stream_routes(app)
     return app

@@ -67,6 +67,18 @@ def parse_shared(topic_filter: str) -> tuple[str | None, str]:
     return group, inner
 
 
+STREAM_PREFIX = "$stream/"
+
+
+def parse_stream(topic_filter: str) -> tuple[str, str | None] | None:
+    """(name, topic filter or None) of a stream subscription `$stream/<name>[/<filter>]`
+    (EMQX 6.1's MQTT Streams); None for any other filter."""
+    if not topic_filter.startswith(STREAM_PREFIX):
+        return None
+    name, _, inner = topic_filter[len(STREAM_PREFIX):].partition("/")
+    return name, inner or None
+
+
 def topic_matches(topic_filter: str, topic: str) -> bool:
     """Whether a (valid, non-shared) filter matches a topic name (4.7).
 

@@ -150,6 +150,12 @@ class Session:
         self.subscriptions[key] = options
         return False
 
+    def start_at(self, key: str, since: int) -> bool:
+        """The subscription `key`, about to be made, reads stored messages from `since`
+        (microseconds: a `$stream` replay). False when the session cannot: a memory session
+        reads nothing stored."""
+        return False
+
     def unsubscribe(self, key: str) -> bool:
         """Removes the subscription `key`, which exists; returns what `subscribe` did."""
         del self.subscriptions[key]

@@ -186,6 +186,7 @@ class PahoClient:
         self.disconnect_count = 0
         self.messages: list[Received] = []
         self._subacks: dict[int, list[int]] = {}
+        self.suback_reason: str | None = None  # the last SUBACK's Reason String
         self._unsubacks: dict[int, list[int]] = {}
         self._published: dict[int, int] = {}
         self._started = False
@@ -227,6 +228,7 @@ class PahoClient:
                       properties: Any) -> None:
         with self._cond:
             self._subacks[mid] = [int(code.value) for code in reason_codes]
+            self.suback_reason = getattr(properties, "ReasonString", None)
             self._cond.notify_all()
 
     def _on_unsubscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any,
@@ -289,12 +291,17 @@ class PahoClient:
         retain_as_published: bool = False,
         retain_handling: int = 0,
         sub_id: int | None = None,
+        user_properties: list[tuple[str, str]] | None = None,
         timeout: float = TIMEOUT,
     ) -> list[int]:
         """SUBSCRIBE and wait for SUBACK; returns its reason codes (granted QoS or errors)."""
         properties = None
-        if sub_id is not None:
-            properties = props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=sub_id)
+        if sub_id is not None or user_properties:
+            properties = props(PacketTypes.SUBSCRIBE)
+            if sub_id is not None:
+                properties.SubscriptionIdentifier = sub_id
+            if user_properties:
+                properties.UserProperty = user_properties
         filters = [(topic, qos)] if isinstance(topic, str) else topic
         request: list[tuple[str, Any]] = []
         for topic_filter, filter_qos in filters:
@@ -605,6 +612,19 @@ def http_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), error.read()
+
+
+def http_send(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """(status, JSON body or None) of a POST/DELETE to the HTTP API."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{HOST}:{port}{path}", data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    return status, json.loads(raw) if raw else None
 
 
 def http_json(port: int, path: str, status: int = 200) -> Any:

@@ -14,9 +14,10 @@ from broker.auth.authorization import REFUSAL_CODES, Verdict
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Suback, Subscribe, Subscription
-from broker.mqtt.topic import parse_shared, validate_topic_filter
+from broker.mqtt.topic import STREAM_PREFIX, parse_shared, validate_topic_filter
 from broker.server.handlers.authorize import verdict_later, verdict_now
 from broker.server.handlers.sliced import finish_in_slices, handle_in_slices
+from broker.server.handlers.stream_subscribe import start_stream, stream_target, suback_properties
 from broker.session.durable.turn import TimeSlice
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
@@ -40,6 +41,17 @@ def _check(conn: "Connection", sub: Subscription) -> tuple[str | None, str]:
     return group, topic_filter
 
 
+def _target(conn: "Connection", session: Session,
+            sub: Subscription) -> tuple[str | None, str, bool]:
+    """(share group, the filter authorized and read, whether it is a `$stream` replay), or
+    MQTTError: a `$stream/<name>` subscription is authorized on its stream's filter, so a
+    stream cannot read what the ACL denies directly."""
+    group, topic_filter = _check(conn, sub)
+    if group is None and topic_filter.startswith(STREAM_PREFIX):
+        return None, stream_target(conn, session, topic_filter), True
+    return group, topic_filter, False
+
+
 def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
     session = conn.session
     assert session is not None
@@ -61,7 +73,7 @@ async def _subscribe_when_decided(conn: "Connection", session: Session,
         if budget.spent():
             await budget.next()
         try:
-            _, topic_filter = _check(conn, sub)
+            _, topic_filter, _ = _target(conn, session, sub)
         except MQTTError:
             continue  # refused by _subscribe, without asking
         verdict = verdict_now(conn, "subscribe", topic_filter, sub.qos, False)
@@ -88,13 +100,16 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
     max_qos = node.config["mqtt.max_qos_allowed"]
     max_subscriptions = node.config["mqtt.max_subscriptions"]
     codes: list[int] = []
+    reasons: list[str] = []  # why `$stream` filters were refused (the SUBACK's Reason String)
     retained: list[Delivery] = []
     for sub in packet.subscriptions:
         yield
         try:
-            group, topic_filter = _check(conn, sub)
+            group, topic_filter, stream = _target(conn, session, sub)
         except MQTTError as error:
             codes.append(error.reason_code)
+            if sub.topic_filter.startswith(STREAM_PREFIX):
+                reasons.append(f"{sub.topic_filter[:64]}: {error}")
             continue
         verdict = verdicts[topic_filter] if verdicts is not None else verdict_now(
             conn, "subscribe", topic_filter, sub.qos, False)
@@ -121,6 +136,13 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
             node.stats.refuse("max_subscriptions")
             codes.append(ReasonCode.QUOTA_EXCEEDED)
             continue
+        if stream:
+            try:
+                start_stream(conn, session, sub.topic_filter, packet.properties)
+            except MQTTError as error:
+                codes.append(error.reason_code)
+                reasons.append(f"{sub.topic_filter[:64]}: {error}")
+                continue
         if session.subscribe(sub.topic_filter, options):
             # Read from Durable Storage, not routed: the topics become durable from now on.
             node.add_durable_filter(session.client_id, sub.topic_filter, options)
@@ -128,13 +150,13 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
             node.router.subscribe(session.client_id, topic_filter, options)
         codes.append(granted)
         send_retained = sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
-        if group is None and send_retained and node.retainer is not None:
+        if group is None and send_retained and node.retainer is not None and not stream:
             sub_ids = (identifier,) if identifier is not None else ()
             retained.extend(
                 Delivery(message, min(message.qos, granted), True, sub_ids)
                 for message in node.retainer.match(topic_filter)
             )
-    conn.send_packet(Suback(packet.packet_id, codes))
+    conn.send_packet(Suback(packet.packet_id, codes, suback_properties(conn, codes, reasons)))
     for delivery in retained:
         yield
         conn.deliver(delivery)

@@ -22,8 +22,8 @@ from broker.ds import Iterator as DSIterator
 from broker.metrics import family_header, sample_line
 from broker.mqtt.topic import parse_shared
 from broker.session.durable import group_records as g
+from broker.session.durable.context import ds_filter
 from broker.session.durable.groups import GONE, READY, STALLED, Group, GroupManager
-from broker.session.durable.session import ds_filter
 from broker.session.durable.store import SessionStore
 from broker.session.durable.turn import TimeSlice, run_in_slices
 

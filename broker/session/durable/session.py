@@ -22,44 +22,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Generator, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Final
 
-from broker.ds import TTV, DurableStorage, Iterator, Stream, now_us
-from broker.metrics import Stats
-from broker.mqtt.constants import PropertyId, ReasonCode
+from broker.ds import TTV, Iterator, Stream, now_us
+from broker.mqtt.constants import ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.mqtt.topic import parse_shared
 from broker.session.durable import group_records as g
 from broker.session.durable import records as r
+from broker.session.durable.context import DurableContext, message_from_ttv
 from broker.session.durable.store import SessionStore, StoredSession, Write
 from broker.session.durable.turn import run_in_slices
-from broker.session.message import Message
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
-if TYPE_CHECKING:
-    from broker.session.durable.groups import GroupManager
-
 log = logging.getLogger(__name__)
-
-_EXPIRY: Final = PropertyId.MESSAGE_EXPIRY_INTERVAL
-
-
-@dataclass(slots=True)
-class DurableContext:
-    """What every durable session of a node shares."""
-
-    ds: DurableStorage
-    store: SessionStore
-    stats: Stats
-    batch_size: int
-    ttl: float = 0.0  # durable_sessions.session_ttl
-    # Durable shared-subscription groups (groups.py); set once the node made it.
-    groups: "GroupManager | None" = None
-    # Replicated `sessions` database: a shared subscription's batch is sent only once its
-    # record is committed, since the replicas may refuse it (group_fencing.py).
-    replicated: bool = False
 
 
 class _Pending:
@@ -78,22 +54,6 @@ def _offset(record: r.BatchRecord, packet_id: int) -> int:
 
 def _taken(taking: set[bytes], key: bytes, _: object) -> None:
     taking.discard(key)
-
-
-def ds_filter(key: str) -> str:
-    """The filter a subscription key reads from Durable Storage (a share's, without its
-    `$share/<group>/`)."""
-    return parse_shared(key)[1] if key.startswith("$share/") else key
-
-
-def message_from_ttv(ttv: TTV) -> Message:
-    """A stored message as the broker's own; one handed over from its write is that already."""
-    if isinstance(ttv, Message):
-        return ttv
-    interval = ttv.properties.get(_EXPIRY)
-    expires_at = ttv.timestamp / 1e6 + interval if interval is not None else None
-    return Message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher, ttv.properties,
-                   ttv.timestamp, expires_at)
 
 
 class DurableSession(Session):
@@ -216,8 +176,8 @@ class DurableSession(Session):
         skip_from = self.client_id if record.no_local else None
         max_qos = record.max_qos
         found: list[tuple[TTV, int]] = []
-        iterator: Iterator | None = Iterator(record.stream, ds_filter(record.topic_filter),
-                                             record.begin)
+        read_filter = self._ctx.read_filter(record.topic_filter)
+        iterator = Iterator(record.stream, read_filter, record.begin) if read_filter else None
         while iterator is not None and iterator.position < record.end:
             iterator, ttvs = self._ctx.ds.next(iterator, self._ctx.batch_size)
             if not ttvs:
@@ -360,6 +320,11 @@ class DurableSession(Session):
     def is_routed(self, key: str) -> bool:
         return self._routed is not None and key in self._routed
 
+    def start_at(self, key: str, since: int) -> bool:
+        """A subscription the session has already goes on from its position."""
+        self.since.setdefault(key, since)
+        return True
+
     def unsubscribe(self, key: str) -> bool:
         """Forgets the filter and what was read of it, in the store too. Positions in memory
         are all there are while the client is connected (a session restored at start-up
@@ -408,20 +373,22 @@ class DurableSession(Session):
             again = self._refresh_again
         self._refresh = None  # not reached when cancelled: `stop_reading` clears it then
 
-    def _start_readers(self, topic_filter: str) -> None:
-        """Starts readers for the filter's streams not yet read: per shard only the oldest
-        generation not read to its end, so a topic's messages stay in order across
-        generations."""
+    def _start_readers(self, topic_filter: str, shard: int | None = None) -> None:
+        """Starts readers for the filter's streams not yet read (of one `shard`, when a
+        reader of it finished): per shard only the oldest generation not read to its end,
+        so a topic's messages stay in order across generations."""
         since = self.since.get(topic_filter)
         if since is None:
             return
         ds = self._ctx.ds
-        read_filter = ds_filter(topic_filter)
+        read_filter = self._ctx.read_filter(topic_filter)
+        if read_filter is None:  # a stream that does not exist (any more)
+            return
         shared = topic_filter.startswith("$share/")
         groups = self._ctx.groups
         if shared and groups is not None:  # from the group's start (its first member's)
             since = groups.since(topic_filter) or since
-        streams = ds.get_streams("messages", read_filter, since)
+        streams = ds.get_streams("messages", read_filter, since, shard)
         if shared:  # only the group's shards this session owns
             owned = self._sync_shards(topic_filter)
             streams = [stream for stream in streams if stream.shard in owned]
@@ -535,7 +502,7 @@ class DurableSession(Session):
             if not readers:
                 del self._readers[topic_filter]
         if self.connection is not None:
-            self._start_readers(topic_filter)  # the next generation of this shard, if any
+            self._start_readers(topic_filter, stream.shard)  # the shard's next generation
 
     def _record_batch(
         self, topic_filter: str, stream: Stream, before: Iterator, after: Iterator | None,

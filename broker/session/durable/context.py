@@ -1,0 +1,59 @@
+"""What every durable session of a node shares, and how a stored message and a subscription
+key are seen by a session."""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from broker.ds import TTV, DurableStorage
+from broker.metrics import Stats
+from broker.mqtt.constants import PropertyId
+from broker.mqtt.topic import parse_shared
+from broker.session.durable.store import SessionStore
+from broker.session.durable.streams import Streams, is_stream_key
+from broker.session.message import Message
+
+if TYPE_CHECKING:
+    from broker.session.durable.groups import GroupManager
+
+_EXPIRY: Final = PropertyId.MESSAGE_EXPIRY_INTERVAL
+
+
+@dataclass(slots=True)
+class DurableContext:
+    """What every durable session of a node shares."""
+
+    ds: DurableStorage
+    store: SessionStore
+    stats: Stats
+    batch_size: int
+    ttl: float = 0.0  # durable_sessions.session_ttl
+    # Durable shared-subscription groups (groups.py); set once the node made it.
+    groups: "GroupManager | None" = None
+    # Replicated `sessions` database: a shared subscription's batch is sent only once its
+    # record is committed, since the replicas may refuse it (group_fencing.py).
+    replicated: bool = False
+    # Named streams (streams.py); set once the node made them.
+    streams: Streams | None = None
+
+    def read_filter(self, key: str) -> str | None:
+        """The filter a subscription key reads from Durable Storage; None for a stream's
+        that does not exist (its readers find nothing)."""
+        if is_stream_key(key):
+            return self.streams.read_filter(key) if self.streams is not None else None
+        return ds_filter(key)
+
+
+def ds_filter(key: str) -> str:
+    """The filter a subscription key reads from Durable Storage (a share's, without its
+    `$share/<group>/`)."""
+    return parse_shared(key)[1] if key.startswith("$share/") else key
+
+
+def message_from_ttv(ttv: TTV) -> Message:
+    """A stored message as the broker's own; one handed over from its write is that already."""
+    if isinstance(ttv, Message):
+        return ttv
+    interval = ttv.properties.get(_EXPIRY)
+    expires_at = ttv.timestamp / 1e6 + interval if interval is not None else None
+    return Message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher, ttv.properties,
+                   ttv.timestamp, expires_at)
