@@ -18,6 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from broker import COMPILED_MODULES
+from broker.alarms import Alarm
 from broker.cluster import placement
 from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
@@ -42,7 +43,7 @@ from broker.server.tls import CertificateWatch, reload_certificate, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
-from broker.sys_topics import SysTopics, remove_client_written
+from broker.sys_topics import SysTopics, alarm_message, remove_client_written
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,8 @@ class BrokerApp:
             log.info("listener %s on %s:%d", name, bind[0], self.ports[name])
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
-            registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics,
+            registry = make_registry(node.stats, node.gauges, node.ds, node.alarms.samples,
+                                     self.cluster.metrics,
                                      self.node.cluster_routing.metrics, node.takeover.metrics,
                                      node.security.metrics)
             if node.group_views is not None:
@@ -183,6 +185,7 @@ class BrokerApp:
                 removed = remove_client_written(node.retainer)
                 if removed:
                     log.info("removed %d retained $SYS messages published by clients", removed)
+        node.alarms.on_change = partial(_alarm_changed, node)
         sys_topics = SysTopics(config["node.name"], VERSION, node.publish, node.gauges,
                                node.stats)
         # As in EMQX, the first round comes one interval after start, and rounds count in
@@ -282,6 +285,15 @@ class BrokerApp:
         if self.metadata is not None:
             await self.metadata.stop()
         self.node.close()
+
+
+def _alarm_changed(node: Node, alarm: Alarm) -> None:
+    """An alarm raised or cleared: logged, and published to `$SYS` as EMQX does."""
+    if alarm.activated:
+        log.error("alarm %s raised: %s", alarm.name, alarm.message)
+    else:
+        log.warning("alarm %s cleared", alarm.name)
+    node.publish(alarm_message(node.alarms.node, alarm))
 
 
 def _gate(config: Config, listener: str) -> ListenerGate:
