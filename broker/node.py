@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 from broker.alarms import Alarms
 from broker.auth.security import Security
 from broker.config.loader import Config
-from broker.ds import DurableStorage, Settings
+from broker.ds import DurableStorage, Settings, space
 from broker.metrics import Stats
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.topic import parse_shared
@@ -72,6 +72,8 @@ class Node:
         self.takeover: Takeover | None = None
         self.connections: set[Any] = set()
         self.retainer: RetainedStore | None = None
+        if config["durable_sessions.enable"]:  # before any database opens (a full volume)
+            space.release_reserve_if_short(Path(config["node.data_dir"]) / "ds")
         # Set by the app: retained messages are written through the metadata Raft group.
         self.retained_writer: Callable[[Message], Awaitable[None]] | None = None
         if config["retainer.enable"]:

@@ -31,8 +31,11 @@ log = logging.getLogger(__name__)
 DISK_FULL: Final = "disk_full"
 QUOTA: Final = "db_storage_quota_exceeded"
 WRITE_FAILED: Final = "write_failed"  # another error: the database is reopened, then retried
-RESUME_FREE_MIN: Final = 16 << 20  # bytes free before writes resume, at least...
+RESUME_FREE_MIN: Final = 8 << 20  # bytes free before writes resume, at least...
 RESUME_FREE_SHARE: Final = 100  # ...and 1/100 of the volume
+RESERVE: Final = "reserve.bin"
+RESERVE_MAX: Final = 32 << 20  # bytes kept for a start on a full volume, at most...
+RESERVE_SHARE: Final = 4  # ...and a quarter of the volume
 _NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
 _NO_SPACE_TEXTS: Final = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 
@@ -76,6 +79,24 @@ def tree_bytes(path: Path) -> int:
             with contextlib.suppress(FileNotFoundError):
                 total += os.stat(os.path.join(root, name)).st_size
     return total
+
+
+def reserve_bytes(root: Path) -> int:
+    return min(RESERVE_MAX, free_bytes(root)[1] // RESERVE_SHARE)
+
+
+def release_reserve_if_short(root: Path) -> bool:
+    """At start-up, before any database opens: frees the reserve when the volume has less
+    free than it holds. Opening a LevelDB writes (a new manifest, and the log a crash left
+    becomes a table), so on a volume filled to the last block a node could not start; the
+    reserve it kept makes room for that, and is made again once the volume has room."""
+    reserve = root / RESERVE
+    if not reserve.exists() or free_bytes(root)[0] >= reserve_bytes(root):
+        return False
+    log.warning("the data volume is full: freeing the space kept in %s so that the databases"
+                " can open", reserve)
+    reserve.unlink()
+    return True
 
 
 class SpaceGuard:
@@ -124,6 +145,32 @@ class SpaceGuard:
             listener(reason, None, {})
 
     def has_room(self) -> bool:
-        """Whether writes may resume: the volume has `resume_free_bytes` free."""
+        """Whether writes may resume: the reserve is in place (made again first if a start
+        on a full volume freed it) and the volume has RESUME_FREE_MIN free beside it."""
+        if not self.keep_reserve():
+            return False
         free, size = free_bytes(self.root)
         return free >= max(RESUME_FREE_MIN, size // RESUME_FREE_SHARE)
+
+    def keep_reserve(self) -> bool:
+        """Makes the reserve (release_reserve_if_short) if it is missing and the volume has
+        room for it and the resume margin; whether it is in place."""
+        path = self.root / RESERVE
+        if path.exists():
+            return True
+        size = reserve_bytes(self.root)
+        if free_bytes(self.root)[0] < size + RESUME_FREE_MIN:
+            return False
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, size)  # blocks taken now, not when written
+            os.fsync(fd)
+        except OSError as error:
+            log.warning("cannot keep %d bytes in reserve in %s: %s", size, path, error)
+            tmp.unlink()
+            return False
+        finally:
+            os.close(fd)
+        tmp.rename(path)
+        return True

@@ -49,6 +49,7 @@ class DurableStorage:
         # Lack of space and the storage quota: durable writes refused meanwhile (space.py).
         self.space = SpaceGuard(self.root)
         self.sessions.on_error = self.space.failed
+        self.space.keep_reserve()
         self.subscriptions = SubscriptionPool(MESSAGES, self.messages.read)
         # Told of every write (the streams written), seal and drop (None): durable sessions
         # learn of new streams this way instead of polling get_streams.
@@ -127,7 +128,8 @@ class DurableStorage:
         space, or at once after another failure, the databases a write failed on reopened
         first (the next round tries again if one cannot be); then the quota is checked."""
         space = self.space
-        if space.reason(DISK_FULL) and not space.has_room():
+        room = space.has_room()  # (makes the reserve again first, if a start freed it)
+        if space.reason(DISK_FULL) and not room:
             return  # opening a LevelDB writes: not on a full volume
         recovered = self.sessions.recover()
         for shard in self.messages.shards:
