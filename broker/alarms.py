@@ -19,9 +19,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-DISK_FULL: Final = "disk_full"
-STORAGE_QUOTA: Final = "db_storage_quota_exceeded"
-KNOWN: Final = (DISK_FULL, STORAGE_QUOTA)
+from broker.ds.space import DISK_FULL, QUOTA
+
+__all__ = ["DISK_FULL", "KNOWN", "QUOTA", "Alarm", "Alarms"]
+
+KNOWN: Final = (DISK_FULL, QUOTA)
 HISTORY: Final = 100
 
 # (name, kind, help, labels, value): broker.metrics.Sample, without importing the metrics.

@@ -105,6 +105,7 @@ class SpaceGuard:
         self.listeners: list[Listener] = []
         self._refusing: dict[str, StorageRefused] = {}
         self.refused = 0  # writes refused while the gate was closed
+        self.held: set[str] = set()  # other writers of the node that have no space (`hold`)
 
     @property
     def refusing(self) -> bool:
@@ -128,6 +129,16 @@ class SpaceGuard:
             self.refuse(DISK_FULL, f"no space left on the data volume ({error})",
                         {"path": str(self.root), "free_bytes": free, "size_bytes": size})
         return True
+
+    def hold(self, writer: str, error: BaseException | None) -> None:
+        """Another writer of the node (the Raft log, perhaps on a volume of its own) has no
+        space (`error`), or has again (None): durable writes are refused while one has none,
+        since what they would write goes through it."""
+        if error is None:
+            self.held.discard(writer)
+            return
+        self.held.add(writer)
+        self.failed(error)
 
     def refuse(self, reason: str, message: str, details: dict[str, Any]) -> None:
         if reason in self._refusing:

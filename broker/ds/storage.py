@@ -129,7 +129,7 @@ class DurableStorage:
         first (the next round tries again if one cannot be); then the quota is checked."""
         space = self.space
         room = space.has_room()  # (makes the reserve again first, if a start freed it)
-        if space.reason(DISK_FULL) and not room:
+        if space.reason(DISK_FULL) and (not room or space.held):
             return  # opening a LevelDB writes: not on a full volume
         recovered = self.sessions.recover()
         for shard in self.messages.shards:

@@ -26,9 +26,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from broker.raft.core import RaftGroup
 from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport
 from broker.raft.ready import SnapshotMeta
-from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
+from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog, WriteRefused
 
 log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 1.0  # how often a log that had no space is written again
 
 
 class CommandLost(Exception):
@@ -58,6 +60,13 @@ class RaftNode:
         self._disk = ThreadPoolExecutor(1, thread_name_prefix=f"raft-wal-{node_id}")
         self._committing: Future[None] | None = None
         self._failed = False
+        # No space for the log: the batches wait and are written again every RETRY_SECONDS;
+        # meanwhile nothing of them is acknowledged (their messages wait for the write).
+        self._full = False
+        self._retry: asyncio.TimerHandle | None = None
+        # Told when the log cannot be written for lack of space (the error) and when it can
+        # again (None): the node's disk_full alarm.
+        self.on_disk: Callable[[BaseException | None], object] = lambda error: None
         self._closed = False
         self._tasks = [self._loop.create_task(self._ticker())]
 
@@ -140,6 +149,8 @@ class RaftNode:
         """Stops at once, as a crash would: what was not fsync'd is not acknowledged. (A
         write already in its thread finishes first: a thread cannot be stopped.)"""
         self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -184,12 +195,13 @@ class RaftNode:
     def _queue(self, batch: HostBatch) -> None:
         """The flush's log batch: written now, or after the running write (group commit)."""
         self._to_write.append(batch)
-        if self._committing is None:
+        if self._committing is None and not self._full:
             self._write()
 
     def _write(self) -> None:
         """Hands what waits to the log's thread: its batches share one fdatasync."""
-        if self._failed:
+        self._retry = None
+        if self._failed or self._closed or self._committing is not None:
             return  # after a failed fsync nothing written since may be trusted: see _written
         batches, self._to_write = self._to_write, []
         wal_batches = [batch.wal for batch in batches if batch.wal is not None]
@@ -212,6 +224,17 @@ class RaftNode:
         self._committing = None
         if self._closed:
             return
+        if isinstance(error, WriteRefused):
+            # Nothing of the batch that failed stayed in the file: the same batches are
+            # written again, first, once a retry finds room.
+            self._to_write[:0] = batches
+            if not self._full:
+                self._full = True
+                log.error("Raft write-ahead log: no space (%s); this node acknowledges and"
+                          " votes for nothing until it can write again", error)
+                self.on_disk(error)
+            self._retry = self._loop.call_later(RETRY_SECONDS, self._write)
+            return
         if error is not None:
             # A failed fsync may have dropped the written pages (the kernel forgets the
             # error once reported): retrying could report success for lost data. The node
@@ -220,6 +243,10 @@ class RaftNode:
             log.critical("Raft write-ahead log: write or fsync failed; this node stops "
                          "acknowledging until it is restarted", exc_info=error)
             return
+        if self._full:
+            self._full = False
+            log.warning("Raft write-ahead log: written again")
+            self.on_disk(None)
         for batch in batches:
             self.host.synced(batch)
         if self._to_write:

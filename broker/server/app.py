@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from broker import COMPILED_MODULES
-from broker.alarms import Alarm
+from broker.alarms import DISK_FULL, Alarm
 from broker.cluster import placement
 from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
@@ -63,6 +63,7 @@ class BrokerApp:
             self.metadata = MetadataGroup(config, self.cluster, self.rpc, self.node.retainer,
                                           partial(self.node.stats.drop, "retained_limit"))
             self.node.retained_writer = self.metadata.write_retained
+            self.metadata.on_disk = self._raft_log_space
         # Replicated Durable Storage: its Raft groups live next to the metadata group.
         self.ds_groups: DsGroups | None = None
         if config["durable_storage.messages.backend"] == "builtin_raft" and self.node.ds:
@@ -83,6 +84,20 @@ class BrokerApp:
         self._placement_seen: tuple[int, ...] | None = None
         self._tls: ssl.SSLContext | None = None
         self.ports: dict[str, int] = {}
+
+    def _raft_log_space(self, error: BaseException | None) -> None:
+        """The Raft log has no space (`error`), or has again (None): durable writes are
+        refused meanwhile, under the disk_full alarm (Durable Storage clears it once its
+        volume has room and the log writes again)."""
+        node = self.node
+        if node.ds is not None:
+            node.ds.space.hold("raft_log", error)
+        elif error is None:
+            node.alarms.deactivate(DISK_FULL)
+        else:
+            node.alarms.activate(DISK_FULL, f"no space for the Raft log ({error})",
+                                 {"path": self.config["durable_storage.raft.wal_dir"]
+                                  or str(Path(self.config["node.data_dir"]) / "raft")})
 
     def _mqtt_address(self) -> str:
         """Where a client reaches this node (Server Reference): its node name's host and its
