@@ -199,14 +199,20 @@ class KVStore:
             return True
         if self.buffer.busy:
             return False
-        self._db.close()
         try:
-            self._db = bulk.open_db(self.path)
+            self.reopen()
         except plyvel.Error as error:
             log.error("reopening %s failed, again later: %s", self.path, error)
             return False
         self.failed = False
         return True
+
+    def reopen(self) -> None:
+        """Blocking: the LevelDB closed and opened again (raises if it cannot be opened:
+        call again; reads fail meanwhile)."""
+        if not self._db.closed:
+            self._db.close()
+        self._db = bulk.open_db(self.path)
 
     async def _flush(self, writes: list[Write], sync: bool) -> None:
         # The last write of a key in the batch wins.

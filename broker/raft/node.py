@@ -64,9 +64,14 @@ class RaftNode:
         # meanwhile nothing of them is acknowledged (their messages wait for the write).
         self._full = False
         self._retry: asyncio.TimerHandle | None = None
-        # Told when the log cannot be written for lack of space (the error) and when it can
-        # again (None): the node's disk_full alarm.
+        # A group whose state machine could not apply (RaftHost.retry): retried on a timer,
+        # once `room()` says the volume has room again.
+        self._apply_retry: asyncio.TimerHandle | None = None
+        self.room: Callable[[], bool] = lambda: True
+        # Told when the log cannot be written or an entry applied (the error) and when both
+        # go on again (None): the node's disk_full alarm.
         self.on_disk: Callable[[BaseException | None], object] = lambda error: None
+        self._disk_failing = False
         self._closed = False
         self._tasks = [self._loop.create_task(self._ticker())]
 
@@ -149,8 +154,9 @@ class RaftNode:
         """Stops at once, as a crash would: what was not fsync'd is not acknowledged. (A
         write already in its thread finishes first: a thread cannot be stopped.)"""
         self._closed = True
-        if self._retry is not None:
-            self._retry.cancel()
+        for timer in (self._retry, self._apply_retry):
+            if timer is not None:
+                timer.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -173,6 +179,8 @@ class RaftNode:
         if self._closed:
             return
         self.host.flush(self._queue)
+        if self.host.apply_errors:
+            self._stalled()
         if self.host.has_ready():
             self._schedule_flush()
         if self._waiters:
@@ -191,6 +199,40 @@ class RaftNode:
             await asyncio.sleep(self.tick_seconds)
             self.host.tick()
             self._schedule_flush()
+
+    def _stalled(self) -> None:
+        """Applying (or rewinding for a retry) raised: reported, retried later."""
+        errors, self.host.apply_errors = self.host.apply_errors, []
+        for group, error in errors:
+            log.error("Raft group %d: a committed entry could not be applied (%s); applied"
+                      " again once its storage reopens", group, error)
+        self._report_disk(errors[-1][1])
+        if self._apply_retry is None:
+            self._apply_retry = self._loop.call_later(RETRY_SECONDS, self._retry_apply)
+
+    def _retry_apply(self) -> None:
+        self._apply_retry = None
+        if self._closed:
+            return
+        if self.room():
+            self.host.retry()
+        if self.host.apply_errors:
+            self._stalled()
+        elif self.host.stalled:
+            self._apply_retry = self._loop.call_later(RETRY_SECONDS, self._retry_apply)
+        else:
+            log.warning("Raft: every committed entry applied again")
+            self._report_disk(None)
+        self._schedule_flush()
+
+    def _report_disk(self, error: BaseException | None) -> None:
+        """Tells `on_disk` when writing starts failing, and when the log and every machine
+        go on again."""
+        if error is None and (self._full or self.host.stalled):
+            return
+        if (error is not None) != self._disk_failing:
+            self._disk_failing = error is not None
+            self.on_disk(error)
 
     def _queue(self, batch: HostBatch) -> None:
         """The flush's log batch: written now, or after the running write (group commit)."""
@@ -232,7 +274,7 @@ class RaftNode:
                 self._full = True
                 log.error("Raft write-ahead log: no space (%s); this node acknowledges and"
                           " votes for nothing until it can write again", error)
-                self.on_disk(error)
+                self._report_disk(error)
             self._retry = self._loop.call_later(RETRY_SECONDS, self._write)
             return
         if error is not None:
@@ -246,7 +288,7 @@ class RaftNode:
         if self._full:
             self._full = False
             log.warning("Raft write-ahead log: written again")
-            self.on_disk(None)
+            self._report_disk(None)
         for batch in batches:
             self.host.synced(batch)
         if self._to_write:

@@ -28,6 +28,7 @@ from broker.cluster.service import Cluster
 from broker.cluster.takeover import Takeover
 from broker.config.loader import Config
 from broker.config.values import split_node_name
+from broker.ds.space import out_of_space
 from broker.http.api import make_app
 from broker.http.cluster_api import VERSION, add_cluster_routes, add_raft_routes
 from broker.http.ds_sites_api import add_ds_site_routes
@@ -64,6 +65,8 @@ class BrokerApp:
                                           partial(self.node.stats.drop, "retained_limit"))
             self.node.retained_writer = self.metadata.write_retained
             self.metadata.on_disk = self._raft_log_space
+            if self.node.ds is not None:
+                self.metadata.room = self.node.ds.space.has_room
         # Replicated Durable Storage: its Raft groups live next to the metadata group.
         self.ds_groups: DsGroups | None = None
         if config["durable_storage.messages.backend"] == "builtin_raft" and self.node.ds:
@@ -86,10 +89,12 @@ class BrokerApp:
         self.ports: dict[str, int] = {}
 
     def _raft_log_space(self, error: BaseException | None) -> None:
-        """The Raft log has no space (`error`), or has again (None): durable writes are
-        refused meanwhile, under the disk_full alarm (Durable Storage clears it once its
-        volume has room and the log writes again)."""
+        """The Raft log or a state machine has no space (`error`), or has again (None):
+        durable writes are refused meanwhile, under the disk_full alarm (Durable Storage
+        clears it once its volume has room and Raft writes and applies again)."""
         node = self.node
+        if error is not None and not out_of_space(error):
+            return  # logged by the Raft node; not the disk_full alarm's business
         if node.ds is not None:
             node.ds.space.hold("raft_log", error)
         elif error is None:

@@ -101,9 +101,14 @@ def publish_until_refused(port: int, client_id: str, topic: str, first: int, *,
 
 def publish_one(port: int, client_id: str, topic: str, number: int, size: int = 4096
                 ) -> Outcome:
-    """One QoS 1 PUBLISH; the connection is left once it is acknowledged or closed."""
-    sock, _ = raw_connect(port, client_id, 60, version=5)
+    """One QoS 1 PUBLISH; the connection is left once it is acknowledged or closed, or
+    when the CONNECT is not answered (`closed`, with no DISCONNECT reason)."""
     outcome = Outcome()
+    try:
+        sock, _ = raw_connect(port, client_id, 60, version=5)
+    except OSError:  # (TimeoutError included)
+        outcome.closed = True
+        return outcome
     try:
         sock.sendall(_publish_packet(topic, 1, payload(number, size)))
         _read_acks(sock, {1: number}, outcome)
