@@ -1,9 +1,11 @@
 """One follower of a 3-node `builtin_raft` cluster runs out of space (its data directory, Raft
 log included, on a 40 MiB tmpfs of its own, mounted here as root, filled up): the cluster
 goes on acknowledging QoS 1 PUBLISHes through the two others, the full node raises its
-disk_full alarm and acknowledges none of its own clients' durable PUBLISHes, and once space is freed it
-catches up by itself: its replica of the publisher's shard applies everything committed, and
-a durable session moved to it reads every acknowledged message from that replica."""
+disk_full alarm and acknowledges none of its own clients' durable PUBLISHes, and once space
+is freed it catches up by itself: its replica of the publisher's shard applies everything
+committed, and a durable session moved to it reads every acknowledged message from that
+replica. (The full node joins after the others elected their leaders, so it leads no group:
+a full leader would have to hand its leadership over, which it does not do yet.)"""
 
 from pathlib import Path
 
