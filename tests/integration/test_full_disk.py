@@ -11,6 +11,7 @@ open; broker/ds/space.py).
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -129,8 +130,20 @@ def _recover_and_check(broker: BrokerProcess, clients: Clients, watcher: PahoCli
     wait_until(all_there, timeout=60, what="every acknowledged message")
 
 
-def test_a_full_volume_refuses_durable_publishes_until_space_is_back(
-        volume: Path, clients: Clients) -> None:
+@dataclass
+class Filled:
+    """A broker whose volume a publisher filled: durable PUBLISHes are refused now."""
+
+    broker: BrokerProcess
+    watcher: PahoClient  # subscribed to the $SYS alarm topics before the volume filled
+    topic: str
+    subscriber: str  # a durable session subscribed to the topic, away
+    filler: Path
+    acked: set[int]
+
+
+@pytest.fixture
+def filled(volume: Path, clients: Clients) -> Iterator[Filled]:
     broker = BrokerProcess(volume / "data", {"node.name": NODE}).start()
     try:
         topic, subscriber = unique("disk"), unique("durable")
@@ -138,31 +151,32 @@ def test_a_full_volume_refuses_durable_publishes_until_space_is_back(
         watcher = _alarm_watcher(clients, broker.tcp)
         assert scrape_metrics(broker.ports["http"])[DISK_FULL] == 0
         filler, acked = _fill_until_refused(broker, volume, topic + "/x")
-        _assert_alarm(broker, watcher, "activate")
-        _assert_plain_traffic_goes_on(clients, broker.tcp)
-        # While full, a durable PUBLISH is refused at once, and nothing acknowledges it.
-        _assert_refused(publish_one(broker.tcp, unique("pub"), topic + "/x", 999_999))
-        _recover_and_check(broker, clients, watcher, filler, topic, subscriber, acked)
+        yield Filled(broker, watcher, topic, subscriber, filler, acked)
     finally:
         broker.kill()
+
+
+def test_a_full_volume_refuses_durable_publishes_until_space_is_back(
+        filled: Filled, clients: Clients) -> None:
+    broker = filled.broker
+    _assert_alarm(broker, filled.watcher, "activate")
+    _assert_plain_traffic_goes_on(clients, broker.tcp)
+    # While full, a durable PUBLISH is refused at once, and nothing acknowledges it.
+    _assert_refused(publish_one(broker.tcp, unique("pub"), filled.topic + "/x", 999_999))
+    _recover_and_check(broker, clients, filled.watcher, filled.filler, filled.topic,
+                       filled.subscriber, filled.acked)
 
 
 def test_killed_while_full_the_node_starts_again_and_loses_nothing(
-        volume: Path, clients: Clients) -> None:
-    broker = BrokerProcess(volume / "data", {"node.name": NODE}).start()
-    try:
-        topic, subscriber = unique("disk"), unique("durable")
-        _subscribe_durably(clients, broker.tcp, subscriber, topic + "/#")
-        filler, acked = _fill_until_refused(broker, volume, topic + "/x")
-        broker.kill()
-        broker.start()  # on the volume still full: the reserve it kept lets it open
-        watcher = _alarm_watcher(clients, broker.tcp)
-        _assert_plain_traffic_goes_on(clients, broker.tcp)
-        # What the reserve freed is used, then durable PUBLISHes are refused again.
-        more = publish_until_refused(broker.tcp, unique("pub"), topic + "/x", 500_000)
-        _assert_refused(more)
-        acked |= more.acked
-        _assert_alarm(broker, watcher, "activate")
-        _recover_and_check(broker, clients, watcher, filler, topic, subscriber, acked)
-    finally:
-        broker.kill()
+        filled: Filled, clients: Clients) -> None:
+    broker = filled.broker
+    broker.kill()
+    broker.start()  # on the volume still full: the reserve it kept lets it open
+    watcher = _alarm_watcher(clients, broker.tcp)
+    _assert_plain_traffic_goes_on(clients, broker.tcp)
+    # What the reserve freed is used, then durable PUBLISHes are refused again.
+    more = publish_until_refused(broker.tcp, unique("pub"), filled.topic + "/x", 500_000)
+    _assert_refused(more)
+    _assert_alarm(broker, watcher, "activate")
+    _recover_and_check(broker, clients, watcher, filled.filler, filled.topic,
+                       filled.subscriber, filled.acked | more.acked)
