@@ -15,7 +15,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from broker.raft.core import ROLE_NAMES, RaftGroup
 from broker.raft.messages import Config, Entry, MalformedMessage, Message, decode, encode
@@ -43,8 +43,8 @@ class Transport(Protocol):
 
 class ApplyFailed(Exception):
     """A state machine could not apply an entry for a reason outside it (its storage had
-    no space) and can be rewound (`StateMachine.rewind`); raised `from` that cause. Any
-    other exception from `apply` is a bug and propagates."""
+    no space); raised `from` that cause, only by a machine that is `Rewindable`. Any other
+    exception from `apply` is a bug and propagates."""
 
 
 class StateMachine(Protocol):
@@ -61,10 +61,14 @@ class StateMachine(Protocol):
         """A received chunk; the one with `done` replaces the state, durably, at
         `chunk.index`."""
 
+
+class Rewindable(Protocol):
+    """A state machine that may raise ApplyFailed."""
+
     def rewind(self) -> int:
-        """After `apply` raised ApplyFailed (its storage had no space): the machine as its storage
-        holds it, reopened as a restart would, and the index it holds; the entries after it
-        are applied again. Raises while it cannot be reopened (called again later)."""
+        """After `apply` raised ApplyFailed: the machine as its storage holds it, reopened as
+        a restart would, and the index it holds; the entries after it are applied again.
+        Raises while it cannot be reopened (called again later)."""
 
 
 @dataclass(slots=True)
@@ -108,7 +112,7 @@ class RaftHost:
         self.messages_sent = 0
         self.messages_received = 0
         # (group, error) of applies and rewinds that raised, for the shell to report.
-        self.apply_errors: list[tuple[int, Exception]] = []
+        self.apply_errors: list[tuple[int, BaseException]] = []
 
     def add_group(self, group: int, machine: StateMachine,
                   recovered: RecoveredGroup | None = None, voters: frozenset[str] = frozenset(),
@@ -288,7 +292,7 @@ class RaftHost:
                 continue
             log = hosted.core.log
             try:
-                index = hosted.machine.rewind()
+                index = cast(Rewindable, hosted.machine).rewind()  # (it raised ApplyFailed)
                 if index < log.snapshot_index:
                     raise RuntimeError(f"the state machine holds index {index}, the log"
                                        f" starts after {log.snapshot_index}")
