@@ -100,9 +100,13 @@ def _assert_alarm(broker: BrokerProcess, watcher: PahoClient, change: str) -> No
     message = watcher.wait_message_on(f"$SYS/brokers/{NODE}/alarms/{change}")
     alarm = json.loads(message.payload)
     assert alarm["name"] == "disk_full" and alarm["activated"] == (change == "activate")
-    active = http_json(broker.ports["http"], "/api/v5/alarms?activated=true")["data"]
+    port = broker.ports["http"]
+    active = http_json(port, "/api/v5/alarms?activated=true")["data"]
     assert ("disk_full" in [a["name"] for a in active]) == (change == "activate")
-    assert scrape_metrics(broker.ports["http"])[DISK_FULL] == (change == "activate")
+    cleared = http_json(port, "/api/v5/alarms?activated=false")["data"]
+    assert ("disk_full" in [a["name"] for a in cleared]) == (change == "deactivate")
+    http_json(port, "/api/v5/alarms?activated=maybe", status=400)
+    assert scrape_metrics(port)[DISK_FULL] == (change == "activate")
 
 
 def _fill_until_refused(broker: BrokerProcess, volume: Path, topic: str) -> tuple[Path, set[int]]:
