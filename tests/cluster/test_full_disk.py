@@ -4,10 +4,13 @@ goes on acknowledging QoS 1 PUBLISHes through the two others, the full node rais
 disk_full alarm and acknowledges none of its own clients' durable PUBLISHes, and once space
 is freed it catches up by itself: its replica of the publisher's shard applies everything
 committed, and a durable session moved to it reads every acknowledged message from that
-replica. (The full node joins after the others elected their leaders, so it leads no group:
-a full leader would have to hand its leadership over, which it does not do yet.)"""
+replica. The same with the full node killed (SIGKILL) while full and started again on its
+full volume. (The full node joins after the others elected their leaders, so it leads no
+group: a full leader would have to hand its leadership over, which it does not do yet.)"""
 
 from pathlib import Path
+
+import pytest
 
 from broker.ds.db import shard_of
 from tests.cluster.conftest import Cluster, Node, http_json
@@ -48,8 +51,9 @@ def _alarm(node: Node) -> float:
     return node.metric(DISK_FULL, alarm="disk_full")
 
 
+@pytest.mark.parametrize("killed", [False, True], ids=["running", "killed_while_full"])
 def test_a_follower_without_space_lets_the_others_acknowledge_and_catches_up(
-        cluster: Cluster, clients: list[PahoClient], tmp_path: Path) -> None:
+        cluster: Cluster, clients: list[PahoClient], tmp_path: Path, killed: bool) -> None:
     with tmpfs(tmp_path / "volume", 40) as volume:
         try:
             nodes = cluster.make(3, **{**REPLICATED, "durable_storage.n_sites": "2"})
@@ -91,6 +95,9 @@ def test_a_follower_without_space_lets_the_others_acknowledge_and_catches_up(
             assert refused.disconnect_reason in (None, QUOTA_EXCEEDED), refused
             committed = _shard_group(nodes[0], shard)["commit"]
             assert _shard_group(full, shard)["applied"] < committed  # type: ignore[operator]
+            if killed:  # kill -9, and a start on the volume still full (its reserve)
+                full.process.kill()
+                full.start()
 
             filler.unlink()
             wait_until(lambda: not _alarm(full), 60, "the full node's alarm cleared")
