@@ -49,7 +49,6 @@ class DurableStorage:
         # Lack of space and the storage quota: durable writes refused meanwhile (space.py).
         self.space = SpaceGuard(self.root)
         self.sessions.on_error = self.space.failed
-        self.space.keep_reserve()
         self.subscriptions = SubscriptionPool(MESSAGES, self.messages.read)
         # Told of every write (the streams written), seal and drop (None): durable sessions
         # learn of new streams this way instead of polling get_streams.
@@ -153,8 +152,10 @@ class DurableStorage:
                           {"used_bytes": used, "quota_bytes": quota})
 
     def start(self) -> None:
-        """Starts the generation, retention and space timers (call on the running loop)."""
+        """Starts the generation, retention and space timers, and makes the reserve (call on
+        the running loop)."""
         settings = self.settings
+        self.space.keep_reserve()  # (a node's, not an offline reader's: see space.py)
         self._tasks.append(asyncio.create_task(every(SPACE_POLL, self.watch_space)))
         self._tasks.append(asyncio.create_task(
             every(settings.generation_interval, lambda: self.messages.rotate(timer=True))
