@@ -89,6 +89,7 @@ class KVStore:
         # Told of every failed write (DurableStorage: a lack of space closes its gate).
         self.on_error: Callable[[BaseException], object] | None = None
         self.failed = False
+        self._reopen_first = False  # `recover` found a write on its way: the next reopens
 
     def get(self, key: bytes) -> bytes | None:
         pending = self._pending.entries.get(key)
@@ -158,6 +159,8 @@ class KVStore:
             # (the path of every acknowledgement a durable session records).
             for key in writes:  # an entry of a write just completed would shadow this one
                 pending.discard(key)
+            if self._reopen_first:
+                self._reopen_failed()
             try:
                 prepare_batch(self._db, _cooked(writes), False).write()
             except Exception as exc:
@@ -193,12 +196,18 @@ class KVStore:
 
     def recover(self) -> bool:
         """After a failed write (builtin_local): the LevelDB closed and opened again, since
-        after a failed background write it refuses every write until then. Not while a
-        write is on its way (False: call again)."""
+        after a failed background write it refuses every write until then; while a write
+        is on its way, by the next write before it writes (a busy node's buffer may never
+        be idle). False when it cannot be opened now (call again)."""
         if not self.failed:
             return True
         if self.buffer.busy:
-            return False
+            self._reopen_first = True
+            return True
+        return self._reopen_failed()
+
+    def _reopen_failed(self) -> bool:
+        self._reopen_first = False
         try:
             self.reopen()
         except plyvel.Error as error:
@@ -219,6 +228,8 @@ class KVStore:
         if self.replicate is not None:
             await self.replicate(_command(writes))
             return
+        if self._reopen_first:
+            self._reopen_failed()  # (if it cannot, the write fails as before it)
         await write_batch(self._db, _cooked(dict(writes)), sync, self.executor)
 
     # ---- builtin_raft: the sessions group's replica ---------------------------------------
