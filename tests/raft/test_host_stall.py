@@ -56,24 +56,23 @@ def _leader(tmp_path: Path, machine: Storage) -> tuple[RaftHost, Callable[[], No
     host = RaftHost("a", wal, Nowhere(), random.Random(7))
     core = host.add_group(1, machine, voters=frozenset({"a"}))
 
-    def write(batch: HostBatch) -> None:
+    def commit(batch: HostBatch) -> None:
         assert batch.wal is not None
-        wal.write(batch.wal)
-        wal.sync([batch.wal])
+        wal.commit(batch.wal)
 
     def flush() -> None:
-        batch = host.flush(write)
-        if batch is not None and batch.wal is not None:
-            host.synced(batch)
+        """Until nothing is left: each batch written, synced and released at once."""
         while host.has_ready():
-            flush()
+            batch = host.flush(commit)
+            if batch is not None and batch.wal is not None:
+                host.synced(batch)
 
-    for _ in range(100):
+    ticks = 0
+    while core.role != LEADER:
+        ticks += 1
+        assert ticks < 100, "no leader"
         host.tick()
         flush()
-        if core.role == LEADER:
-            break
-    assert core.role == LEADER
     flush()
     return host, flush
 
