@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from broker.alarms import Alarms
 from broker.auth.security import Security
 from broker.config.loader import Config
-from broker.ds import DurableStorage, Settings
+from broker.ds import DurableStorage, Settings, space
 from broker.format_check import open_formats
 from broker.metrics import Stats
 from broker.mqtt.constants import ReasonCode
@@ -68,6 +69,8 @@ class Node:
         self.limits = PublishLimits.from_config(config)
         self.stats = Stats()
         self.security = Security(config)
+        # Raised and cleared by storage (a full disk, the quota); the app publishes changes.
+        self.alarms = Alarms(config["node.name"])
         self.router = Router(config["mqtt.shared_subscription_strategy"])
         # Set by the app when the node runs in a cluster (routes and forwarding).
         self.cluster_routing: ClusterRouting | None = None
@@ -75,6 +78,8 @@ class Node:
         self.takeover: Takeover | None = None
         self.connections: set[Any] = set()
         self.retainer: RetainedStore | None = None
+        if config["durable_sessions.enable"]:  # before any database opens (a full volume)
+            space.release_reserve_if_short(Path(config["node.data_dir"]) / "ds")
         # Set by the app: retained messages are written through the metadata Raft group.
         self.retained_writer: Callable[[Message], Awaitable[None]] | None = None
         if config["retainer.enable"]:
@@ -91,6 +96,7 @@ class Node:
         self.durable: DurableContext | None = None
         self.persister: MessagePersister | None = None
         if self.ds is not None:
+            self.ds.space.listeners.append(self.storage_alarm)
             self.persister = MessagePersister(self.ds)
             self.durable = DurableContext(self.ds, SessionStore(self.ds), self.stats,
                                           config["durable_sessions.batch_size"],
@@ -281,6 +287,13 @@ class Node:
                 self.groups.load()
             else:
                 self.groups.applied(writes)
+
+    def storage_alarm(self, name: str, message: str | None, details: dict[str, Any]) -> None:
+        """Durable Storage refuses writes (`message`: why) or takes them again (None)."""
+        if message is None:
+            self.alarms.deactivate(name)
+        else:
+            self.alarms.activate(name, message, details)
 
     def durable_writes_refused(self, client_ids: set[str]) -> None:
         """Replicated storage: the replicas refused this node's writes of these sessions

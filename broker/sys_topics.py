@@ -14,13 +14,20 @@ node publishes, as EMQX does (retained where EMQX retains):
                                                   retained
     $SYS/brokers/<node>/metrics/<kind>/<event>    messages/received, messages/sent,
                                                   messages/dropped, bytes/received, bytes/sent
+
+and, when an alarm is raised or cleared (broker/alarms.py), at once:
+
+    $SYS/brokers/<node>/alarms/activate           the alarm as GET /api/v5/alarms shows it
+    $SYS/brokers/<node>/alarms/deactivate         (JSON)
 """
 
 import datetime
+import json
 import time
 from collections.abc import Callable
 from typing import Final
 
+from broker.alarms import Alarm
 from broker.metrics import Stats
 from broker.retainer.store import RetainedStore
 from broker.session.message import Message
@@ -57,6 +64,13 @@ def sys_messages(node: str, version: str, uptime: float, now: datetime.datetime,
                *((base + name, str(int(value))) for name, value in counts.items())]
     return [Message(topic, text.encode(), 0, True, _BROKER) for topic, text in retained] + [
         Message(topic, text.encode(), 0, False, _BROKER) for topic, text in current]
+
+
+def alarm_message(node: str, alarm: Alarm) -> Message:
+    """An alarm raised or cleared, as EMQX publishes it (QoS 0, not retained)."""
+    change = "activate" if alarm.activated else "deactivate"
+    return Message(f"$SYS/brokers/{node}/alarms/{change}", json.dumps(alarm.to_json()).encode(),
+                   0, False, _BROKER)
 
 
 def remove_client_written(retainer: RetainedStore) -> int:

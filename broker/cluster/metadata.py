@@ -98,6 +98,10 @@ class MetadataGroup:
         self.foreign_frames = 0  # Raft traffic of another incarnation of the group, dropped
         self._foreign_seen: set[tuple[str, int]] = set()
         self._raft: RaftNode | None = None
+        # Told when the node's Raft log or a state machine cannot write (the error) and can
+        # again (None); `room` says when the machines' storage may be reopened (RaftNode).
+        self.on_disk: Callable[[BaseException | None], object] = lambda error: None
+        self.room: Callable[[], bool] = lambda: True
         self._task: asyncio.Task[None] | None = None
         self._attempt: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[None]] = set()
@@ -148,11 +152,14 @@ class MetadataGroup:
             # is the operator's.)
             for segment in self._wal_dir.glob("*" + WAL_SUFFIX):
                 segment.unlink()
-        return RaftNode(self.me, str(self._wal_dir), self.transport,
+        raft = RaftNode(self.me, str(self._wal_dir), self.transport,
                         tick_seconds=self._tick, election_ticks=self._election_ticks,
                         heartbeat_ticks=2, segment_bytes=self._segment_bytes,
                         can_transfer_to=lambda site: self.is_up(site)
                         and self.can_transfer_to(site))
+        raft.on_disk = lambda error: self.on_disk(error)
+        raft.room = lambda: self.room()
+        return raft
 
     def _reset_machine(self) -> None:
         """This node's retained messages are not the group's: they go, with the machine

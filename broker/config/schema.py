@@ -375,6 +375,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durable_storage.messages.generation_max_size", "1GB", parse_size,
             "A shard's current generation is sealed early once its stored messages reach"
             " this size."),
+    Setting("durable_storage.messages.storage_quota", 0, parse_size,
+            "EMQX 6.1's soft quota on the `messages` database's files on this node (0: none)."
+            " Checked every second: over it, sealed generations past"
+            " `durable_sessions.message_retention_period` are dropped at once, and if it is"
+            " still over, durable PUBLISHes are refused as on a full disk (alarm"
+            " `db_storage_quota_exceeded`) until it is back under."),
     Setting("durable_storage.messages.max_open_slabs", 64, parse_int(1, 100_000),
             "Generations (LevelDB directories, one per shard x generation) kept open at once,"
             " all shards: past it the least recently read sealed one is closed, and reopened"

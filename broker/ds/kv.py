@@ -8,6 +8,7 @@ Commits are group-committed through the same write buffer as messages.
 """
 
 import asyncio
+import logging
 import weakref
 from bisect import bisect_left, insort
 from collections import deque
@@ -16,11 +17,15 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
 
+import plyvel  # type: ignore[import-untyped]
+
 from broker.ds import bulk
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import CookedBatch
 from broker.ds.slab import prepare_batch, write_batch
 from broker.ds.tx import Conflict, Transaction, check_preconditions, conflicts, overlay
+
+log = logging.getLogger(__name__)
 
 _LOG_LIMIT: Final = 100_000
 Write = tuple[bytes, bytes | None]
@@ -81,6 +86,10 @@ class KVStore:
         # builtin_raft: a flush becomes a command of the sessions Raft group, which every
         # replica applies (`apply`); set by the cluster (broker/cluster/ds_groups.py).
         self.replicate: Callable[[list[Write]], Awaitable[None]] | None = None
+        # Told of every failed write (DurableStorage: a lack of space closes its gate).
+        self.on_error: Callable[[BaseException], object] | None = None
+        self.failed = False
+        self._reopen_first = False  # `recover` found a write on its way: the next reopens
 
     def get(self, key: bytes) -> bytes | None:
         pending = self._pending.entries.get(key)
@@ -150,9 +159,12 @@ class KVStore:
             # (the path of every acknowledgement a durable session records).
             for key in writes:  # an entry of a write just completed would shadow this one
                 pending.discard(key)
+            if self._reopen_first:
+                self._reopen_failed()
             try:
                 prepare_batch(self._db, _cooked(writes), False).write()
             except Exception as exc:
+                self._failed(exc)
                 return _settled(exc)
             self.commits += 1
             return _settled(None)
@@ -169,14 +181,55 @@ class KVStore:
         for key in writes:
             if pending.entries.get(key, (None,))[0] == serial:
                 pending.discard(key)
-        if not result.cancelled() and result.exception() is None:
+        if result.cancelled():
+            return
+        error = result.exception()
+        if error is None:
             self.commits += 1
+        elif self.replicate is None:
+            self._failed(error)
+
+    def _failed(self, error: BaseException) -> None:
+        self.failed = True
+        if self.on_error is not None:
+            self.on_error(error)
+
+    def recover(self) -> bool:
+        """After a failed write (builtin_local): the LevelDB closed and opened again, since
+        after a failed background write it refuses every write until then; while a write
+        is on its way, by the next write before it writes (a busy node's buffer may never
+        be idle). False when it cannot be opened now (call again)."""
+        if not self.failed:
+            return True
+        if self.buffer.busy:
+            self._reopen_first = True
+            return True
+        return self._reopen_failed()
+
+    def _reopen_failed(self) -> bool:
+        self._reopen_first = False
+        try:
+            self.reopen()
+        except plyvel.Error as error:
+            log.error("reopening %s failed, again later: %s", self.path, error)
+            return False
+        self.failed = False
+        return True
+
+    def reopen(self) -> None:
+        """Blocking: the LevelDB closed and opened again (raises if it cannot be opened:
+        call again; reads fail meanwhile)."""
+        if not self._db.closed:
+            self._db.close()
+        self._db = bulk.open_db(self.path)
 
     async def _flush(self, writes: list[Write], sync: bool) -> None:
         # The last write of a key in the batch wins.
         if self.replicate is not None:
             await self.replicate(_command(writes))
             return
+        if self._reopen_first:
+            self._reopen_failed()  # (if it cannot, the write fails as before it)
         await write_batch(self._db, _cooked(dict(writes)), sync, self.executor)
 
     # ---- builtin_raft: the sessions group's replica ---------------------------------------

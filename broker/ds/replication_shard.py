@@ -48,6 +48,7 @@ from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
 from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab
 from broker.ds.ttv import TTV
+from broker.raft.host import ApplyFailed
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool
@@ -119,17 +120,20 @@ class _Machine:
         self._proposed = (data, messages)
 
     def apply(self, entry: Entry) -> None:
-        if entry.kind == NORMAL and not cmd.is_barrier(entry.data):
-            self.unflushed_bytes += len(entry.data)
-            try:
-                self._apply(entry)
-            except cmd.BadCommand as error:
-                # Every replica skips it alike: the replicas stay the same.
-                self.bad_commands += 1
-                log.error("skipping command %d: %s", entry.index, error)
+        try:
+            if entry.kind == NORMAL and not cmd.is_barrier(entry.data):
+                self.unflushed_bytes += len(entry.data)
+                try:
+                    self._apply(entry)
+                except cmd.BadCommand as error:
+                    # Every replica skips it alike: the replicas stay the same.
+                    self.bad_commands += 1
+                    log.error("skipping command %d: %s", entry.index, error)
+                    self._mark(entry.index, entry.term)
+            else:
                 self._mark(entry.index, entry.term)
-        else:
-            self._mark(entry.index, entry.term)
+        except (plyvel.Error, OSError) as error:  # its storage: `rewind`, then again
+            raise ApplyFailed(f"{self.spool.name}: entry {entry.index}: {error}") from error
         self.applied_index, self.applied_term = entry.index, entry.term
 
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
@@ -153,6 +157,13 @@ class _Machine:
 
     def _apply(self, entry: Entry) -> None:
         raise NotImplementedError
+
+    def _rewound(self, applied: tuple[int, int]) -> int:
+        """The machine at what its reopened storage holds (see `rewind`)."""
+        self.applied_index, self.applied_term = applied
+        self.flushed_index = min(self.flushed_index, self.applied_index)
+        self._proposed = None
+        return self.applied_index
 
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         raise NotImplementedError
@@ -236,6 +247,13 @@ class ShardMachine(_Machine):
             shard.apply_drop(cmd.decode_clock(data), entry.index, entry.term)
         else:
             raise cmd.BadCommand(f"command kind {kind} in a messages shard")
+
+    def rewind(self) -> int:
+        """Blocking: the shard reopened from its directory, as at a restart (its current
+        generation at its checkpoint; interrupted rotations and seals finished)."""
+        self._db.close_shard_now(self.index)
+        self._reopen(self.index)
+        return self._rewound(self.shard.applied())
 
     def _mark(self, index: int, term: int, sync: bool = False) -> None:
         self.shard.apply_mark(index, term, sync)
@@ -395,6 +413,15 @@ class KVMachine(_Machine):
             self.on_writes(writes, False)
         if writer == self.me:
             self._refused(refused)
+
+    def rewind(self) -> int:
+        """Blocking: the database reopened (LevelDB refuses writes after a failed one until
+        then), and the chains and applied index it holds (each command's writes carry
+        them)."""
+        self.kv.reopen()
+        self.chains = _stored_chains(self.kv)
+        raw = self.kv.raw_get(APPLIED_KEY)
+        return self._rewound(_APPLIED.unpack(raw) if raw else (0, 0))
 
     def lost(self, writes: list[cmd.KVWrite]) -> None:
         """This node's `writes` will never be applied (refused whole here, or not committed

@@ -22,6 +22,7 @@ class Settings:
     max_open_slabs: int = 64
     compression: str = "none"
     retention_period: float = 86400.0
+    storage_quota: int = 0  # bytes of the messages database on this node; 0: none
     site_id: str = ""
 
     @classmethod
@@ -39,6 +40,7 @@ class Settings:
             max_open_slabs=config[prefix + "max_open_slabs"],
             compression=config[prefix + "compression"],
             retention_period=config["durable_sessions.message_retention_period"],
+            storage_quota=config[prefix + "storage_quota"],
             site_id=config["node.site_id"],
         )
 

@@ -36,6 +36,8 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import plyvel  # type: ignore[import-untyped]
+
 from broker.ds import keys
 from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import STATS_KEY, CookedBatch, Cooker, StreamWrite
@@ -43,6 +45,7 @@ from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import Store
 from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab, prepare_batch
+from broker.ds.space import DISK_FULL, WRITE_FAILED, StorageRefused, out_of_space
 from broker.ds.ttv import TTV
 
 log = logging.getLogger(__name__)
@@ -119,6 +122,8 @@ class Shard:
         self.flush_seconds = 0.0
         self.replication: Replication | None = None
         self.duplicates = 0  # STOREs applied already (a writer's retry), skipped
+        # builtin_local: a write failed (with this error); none goes on until `recover`.
+        self.failed: Exception | None = None
 
     @classmethod
     def open(
@@ -161,12 +166,36 @@ class Shard:
             await self.replication.store(self.index, messages)
             return
         async with self._lock:
+            if self.failed is not None:
+                raise StorageRefused(DISK_FULL if out_of_space(self.failed) else WRITE_FAILED,
+                                     f"{self.current.path}: {self.failed}")
             slab = self.current
             batch = self.cooker.cook(messages, now_us())
             started = time.perf_counter()
-            await slab.write(batch, sync, self.executor)
+            try:
+                await slab.write(batch, sync, self.executor)
+            except Exception as error:
+                self.failed = error  # what the cooking learned is in memory only: `recover`
+                raise
             if self._written(slab, batch, started):
                 await self._rotate_locked()
+
+    async def recover(self) -> bool:
+        """builtin_local, after a failed write: the current generation as the disk holds it
+        (Slab.reload), then writes go on; False while it cannot be opened."""
+        async with self._lock:
+            if self.failed is None:
+                return True
+            slab = self.current
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.executor, slab.reload)
+            except Exception as error:
+                log.error("reopening %s failed, again later: %s", slab.path, error)
+                return False
+            self.cooker = Cooker(slab.lts, slab.stats, self.cooker.last_timestamp)
+            self.failed = None
+            log.info("reopened %s after a failed write", slab.path)
+            return True
 
     def _written(self, slab: Slab, batch: CookedBatch, started: float) -> bool:
         """Counts a batch written and tells its readers; True when the generation is full."""
@@ -353,9 +382,15 @@ class Shard:
         return dropped
 
     async def close(self) -> None:
+        """Writes what is buffered and a last checkpoint. On a full volume the checkpoint
+        may fail: the shard closes all the same, and the next start counts what followed
+        the previous one, as after a crash (and finishes a seal that failed)."""
         await self.buffer.drain()
-        await self.wait_sealed()
-        self._write_checkpoint(sync=True)
+        try:
+            await self.wait_sealed()
+            self._write_checkpoint(sync=True)
+        except (plyvel.Error, OSError) as error:
+            log.warning("shard %d closed without its last checkpoint: %s", self.index, error)
 
     def info(self) -> dict[str, Any]:
         return {

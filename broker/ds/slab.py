@@ -168,6 +168,15 @@ class Slab:
             self._db = _open_leveldb(self.path, False, self.compression)
             return True
 
+    def reload(self) -> None:
+        """Blocking: the LevelDB closed and opened again, and the topic structure and
+        counters read back from it. After a failed write: LevelDB refuses writes after a
+        failed background write until it is reopened, and the cooking of the failed batch
+        changed them in memory only. If opening fails the slab stays closed; call again."""
+        self.close()
+        fresh = Slab.open(self.path, self.generation, self.compression)
+        self._db, self.lts, self.stats = fresh._db, fresh.lts, fresh.stats
+
     def close(self) -> None:
         with self._opening:
             db = self._db

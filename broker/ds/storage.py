@@ -20,6 +20,7 @@ from broker.ds.kv import KVStore
 from broker.ds.settings import Settings
 from broker.ds.shard import ChangeListener, now_us
 from broker.ds.site import ensure_site_id
+from broker.ds.space import DISK_FULL, QUOTA, SpaceGuard, tree_bytes
 from broker.ds.subscribe import Subscription, SubscriptionPool
 from broker.ds.ttv import TTV
 from broker.ds.tx import Transaction
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 MESSAGES: Final = "messages"
 SESSIONS: Final = "sessions"
 _MAX_THREADS: Final = 4
+SPACE_POLL: Final = 1.0  # seconds: the lack of space and quota checks
 
 
 class DurableStorage:
@@ -44,6 +46,9 @@ class DurableStorage:
         self.messages = MessagesDB(MESSAGES, self.root / MESSAGES, settings, self._executor,
                                    self._on_change)
         self.sessions = KVStore(SESSIONS, self.root / SESSIONS, self._executor, settings.buffer)
+        # Lack of space and the storage quota: durable writes refused meanwhile (space.py).
+        self.space = SpaceGuard(self.root)
+        self.sessions.on_error = self.space.failed
         self.subscriptions = SubscriptionPool(MESSAGES, self.messages.read)
         # Told of every write (the streams written), seal and drop (None): durable sessions
         # learn of new streams this way instead of polling get_streams.
@@ -84,7 +89,15 @@ class DurableStorage:
     def store_batch(
         self, db: str, messages: Sequence[TTV], sync: bool = True
     ) -> Awaitable[None]:
-        return self._messages(db).store_batch(messages, sync)
+        """Raises StorageRefused, with nothing stored, while writes are refused."""
+        self.space.check()
+        stored = asyncio.ensure_future(self._messages(db).store_batch(messages, sync))
+        stored.add_done_callback(self._stored)
+        return stored
+
+    def _stored(self, stored: "asyncio.Future[None]") -> None:
+        if not stored.cancelled() and stored.exception() is not None:
+            self.space.failed(stored.exception())  # type: ignore[arg-type]
 
     def begin(self) -> Transaction:
         """A transaction on the `sessions` database."""
@@ -110,9 +123,41 @@ class DurableStorage:
             log.info("retention dropped %d generations", dropped)
         return dropped
 
+    async def watch_space(self) -> None:
+        """Every SPACE_POLL: writes resume once the volume has room again after a lack of
+        space, or at once after another failure, the databases a write failed on reopened
+        first (the next round tries again if one cannot be); then the quota is checked."""
+        space = self.space
+        room = space.has_room()  # (makes the reserve again first, if a start freed it)
+        if space.reason(DISK_FULL) and (not room or space.held):
+            return  # opening a LevelDB writes: not on a full volume
+        recovered = self.sessions.recover()
+        for shard in self.messages.shards:
+            recovered = await shard.recover() and recovered
+        if recovered:
+            space.allow(DISK_FULL)
+        if self.settings.storage_quota:
+            await self._check_quota(self.settings.storage_quota)
+
+    async def _check_quota(self, quota: int) -> None:
+        """Over the quota, generations past retention go first; refused if still over."""
+        loop = asyncio.get_running_loop()
+        used = await loop.run_in_executor(self._executor, tree_bytes, self.messages.path)
+        if used > quota and await self.apply_retention(timer=True):
+            used = await loop.run_in_executor(self._executor, tree_bytes, self.messages.path)
+        if used <= quota:
+            self.space.allow(QUOTA)
+            return
+        self.space.refuse(QUOTA, f"the messages database holds {used} bytes, over"
+                          f" durable_storage.messages.storage_quota ({quota})",
+                          {"used_bytes": used, "quota_bytes": quota})
+
     def start(self) -> None:
-        """Starts the generation and retention timers (call on the running loop)."""
+        """Starts the generation, retention and space timers, and makes the reserve (call on
+        the running loop)."""
         settings = self.settings
+        self.space.keep_reserve()  # (a node's, not an offline reader's: see space.py)
+        self._tasks.append(asyncio.create_task(every(SPACE_POLL, self.watch_space)))
         self._tasks.append(asyncio.create_task(
             every(settings.generation_interval, lambda: self.messages.rotate(timer=True))
         ))
@@ -160,6 +205,9 @@ class DurableStorage:
              self.messages.open_slabs.reopened),
             ("ds_streams", "gauge", "Streams in live generations, all shards",
              sum(len(slab.lts.streams()) for slab in slabs)),
+            ("ds_writes_refused", "counter",
+             "Durable writes refused at once, for lack of space or over the storage quota",
+             self.space.refused),
             ("ds_subscriptions", "gauge", "Push subscriptions", len(self.subscriptions)),
             ("ds_subscription_reads", "counter", "Reads made for push subscriptions",
              self.subscriptions.reads),

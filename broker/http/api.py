@@ -9,6 +9,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker.ds import DurableStorage
+from broker.http.alarms_api import add_alarm_routes
 from broker.http.auth import install as install_auth
 from broker.http.authn_users_api import add_authn_user_routes
 from broker.http.clients_admin import add_client_admin_routes
@@ -126,6 +127,7 @@ def make_app(node: Node, registry: Registry) -> web.Application:
     app.router.add_get("/api/v5/ds/storages", ds_storages)
     app.router.add_post("/api/v5/ds/storages/{db}/generations", ds_seal)
     app.router.add_get("/metrics", metrics)
+    add_alarm_routes(app)
     app.router.add_get("/api/v5/prometheus/stats", metrics)
     add_dashboard_routes(app, logins)
     add_client_admin_routes(app)

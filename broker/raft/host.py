@@ -15,7 +15,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from broker.raft.core import LEADER, ROLE_NAMES, RaftGroup
 from broker.raft.messages import Config, Entry, MalformedMessage, Message, decode, encode
@@ -41,6 +41,12 @@ class Transport(Protocol):
         (on a busy leader, its client traffic)."""
 
 
+class ApplyFailed(Exception):
+    """A state machine could not apply an entry for a reason outside it (its storage had
+    no space); raised `from` that cause, only by a machine that is `Rewindable`. Any other
+    exception from `apply` is a bug and propagates."""
+
+
 class StateMachine(Protocol):
     def apply(self, entry: Entry) -> None:
         """A committed entry, in index order (configuration and no-op entries too)."""
@@ -56,6 +62,15 @@ class StateMachine(Protocol):
         `chunk.index`."""
 
 
+class Rewindable(Protocol):
+    """A state machine that may raise ApplyFailed."""
+
+    def rewind(self) -> int:
+        """After `apply` raised ApplyFailed: the machine as its storage holds it, reopened as
+        a restart would, and the index it holds; the entries after it are applied again.
+        Raises while it cannot be reopened (called again later)."""
+
+
 @dataclass(slots=True)
 class HostBatch:
     """One flush: its write-ahead log batch (None when nothing was written) and what waits
@@ -68,11 +83,13 @@ class HostBatch:
 
 
 class _Group:
-    __slots__ = ("core", "last_batch", "machine", "proposals", "reads")
+    __slots__ = ("core", "last_batch", "machine", "proposals", "reads", "stalled")
 
     def __init__(self, core: RaftGroup, machine: StateMachine) -> None:
         self.core = core
         self.machine = machine
+        # Committed entries not applied: applying the first raised (`RaftHost.retry`).
+        self.stalled: list[Entry] | None = None
         self.last_batch = 0  # entries of this group in the last fsync that had any
         self.proposals: dict[int, tuple[int, Callable[[bool], None]]] = {}
         self.reads: deque[tuple[int, Callable[[bool], None]]] = deque()
@@ -102,6 +119,8 @@ class RaftHost:
         self.dropped_unknown_group = 0
         self.messages_sent = 0
         self.messages_received = 0
+        # (group, error) of applies and rewinds that raised, for the shell to report.
+        self.apply_errors: list[tuple[int, BaseException]] = []
 
     def add_group(self, group: int, machine: StateMachine,
                   recovered: RecoveredGroup | None = None, voters: frozenset[str] = frozenset(),
@@ -252,18 +271,58 @@ class RaftHost:
                 core.send_snapshot_chunk(request.peer, index, request.offset, data, done)
 
     def _apply(self, hosted: "_Group", entries: list[Entry]) -> None:
+        """Applies in order; an entry whose apply raises ApplyFailed (a full disk under the
+        machine's storage) stalls the group: it and every later entry wait for `retry`, and what
+        waits on them (proposals, reads) with them."""
+        if hosted.stalled is not None:
+            hosted.stalled.extend(entries)
+            return
         machine = hosted.machine
         proposals = hosted.proposals
-        for entry in entries:
-            machine.apply(entry)
+        last = 0
+        for position, entry in enumerate(entries):
+            try:
+                machine.apply(entry)
+            except ApplyFailed as error:
+                hosted.stalled = entries[position:]
+                self.apply_errors.append((hosted.core.group, error.__cause__ or error))
+                break
+            last = entry.index
             if proposals:
                 waiting = proposals.pop(entry.index, None)
                 if waiting is not None:
                     waiting[1](waiting[0] == entry.term)
-        hosted.core.applied(entries[-1].index)
+        if not last:
+            return
+        hosted.core.applied(last)
         reads = hosted.reads
-        while reads and reads[0][0] <= entries[-1].index:
+        while reads and reads[0][0] <= last:
             reads.popleft()[1](True)
+
+    @property
+    def stalled(self) -> bool:
+        """Some group's entries wait for `retry`."""
+        return any(hosted.stalled is not None for hosted in self.groups.values())
+
+    def retry(self) -> None:
+        """Each stalled group's machine rewound to what its storage holds (a machine that
+        still cannot be stays stalled), then the entries after that applied again."""
+        for hosted in self.groups.values():
+            stalled = hosted.stalled
+            if stalled is None:
+                continue
+            log = hosted.core.log
+            try:
+                index = cast(Rewindable, hosted.machine).rewind()  # (it raised ApplyFailed)
+                if index < log.snapshot_index:
+                    raise RuntimeError(f"the state machine holds index {index}, the log"
+                                       f" starts after {log.snapshot_index}")
+            except Exception as error:
+                self.apply_errors.append((hosted.core.group, error))
+                continue
+            hosted.stalled = None
+            self._apply(hosted, [*log.entries_between(index + 1, stalled[0].index - 1),
+                                 *stalled])
 
     def synced(self, batch: HostBatch) -> None:
         """`batch` is on disk: releases it and every earlier one in order."""

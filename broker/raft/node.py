@@ -27,9 +27,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from broker.raft.core import LEADER, RaftGroup
 from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport, anyone
 from broker.raft.ready import SnapshotMeta
-from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog
+from broker.raft.wal import FileStore, RecoveredGroup, WalBatch, WriteAheadLog, WriteRefused
 
 log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 1.0  # how often a log that had no space is written again
 
 
 class CommandLost(Exception):
@@ -60,6 +62,18 @@ class RaftNode:
         self._disk = ThreadPoolExecutor(1, thread_name_prefix=f"raft-wal-{node_id}")
         self._committing: Future[None] | None = None
         self._failed = False
+        # No space for the log: the batches wait and are written again every RETRY_SECONDS;
+        # meanwhile nothing of them is acknowledged (their messages wait for the write).
+        self._full = False
+        self._retry: asyncio.TimerHandle | None = None
+        # A group whose state machine could not apply (RaftHost.retry): retried on a timer,
+        # once `room()` says the volume has room again.
+        self._apply_retry: asyncio.TimerHandle | None = None
+        self.room: Callable[[], bool] = lambda: True
+        # Told when the log cannot be written or an entry applied (the error) and when both
+        # go on again (None): the node's disk_full alarm.
+        self.on_disk: Callable[[BaseException | None], object] = lambda error: None
+        self._disk_failing = False
         self._closed = False
         self._tasks = [self._loop.create_task(self._ticker())]
 
@@ -183,6 +197,9 @@ class RaftNode:
         """Stops at once, as a crash would: what was not fsync'd is not acknowledged. (A
         write already in its thread finishes first: a thread cannot be stopped.)"""
         self._closed = True
+        for timer in (self._retry, self._apply_retry):
+            if timer is not None:
+                timer.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -205,6 +222,8 @@ class RaftNode:
         if self._closed:
             return
         self.host.flush(self._queue)
+        if self.host.apply_errors:
+            self._stalled()
         if self.host.has_ready():
             self._schedule_flush()
         if self._waiters:
@@ -224,15 +243,50 @@ class RaftNode:
             self.host.tick()
             self._schedule_flush()
 
+    def _stalled(self) -> None:
+        """Applying (or rewinding for a retry) raised: reported, retried later."""
+        errors, self.host.apply_errors = self.host.apply_errors, []
+        for group, error in errors:
+            log.error("Raft group %d: a committed entry could not be applied (%s); applied"
+                      " again once its storage reopens", group, error)
+        self._report_disk(errors[-1][1])
+        if self._apply_retry is None:
+            self._apply_retry = self._loop.call_later(RETRY_SECONDS, self._retry_apply)
+
+    def _retry_apply(self) -> None:
+        self._apply_retry = None
+        if self._closed:
+            return
+        if self.room():
+            self.host.retry()
+        if self.host.apply_errors:
+            self._stalled()
+        elif self.host.stalled:
+            self._apply_retry = self._loop.call_later(RETRY_SECONDS, self._retry_apply)
+        else:
+            log.warning("Raft: every committed entry applied again")
+            self._report_disk(None)
+        self._schedule_flush()
+
+    def _report_disk(self, error: BaseException | None) -> None:
+        """Tells `on_disk` when writing starts failing, and when the log and every machine
+        go on again."""
+        if error is None and (self._full or self.host.stalled):
+            return
+        if (error is not None) != self._disk_failing:
+            self._disk_failing = error is not None
+            self.on_disk(error)
+
     def _queue(self, batch: HostBatch) -> None:
         """The flush's log batch: written now, or after the running write (group commit)."""
         self._to_write.append(batch)
-        if self._committing is None:
+        if self._committing is None and not self._full:
             self._write()
 
     def _write(self) -> None:
         """Hands what waits to the log's thread: its batches share one fdatasync."""
-        if self._failed:
+        self._retry = None
+        if self._failed or self._closed or self._committing is not None:
             return  # after a failed fsync nothing written since may be trusted: see _written
         batches, self._to_write = self._to_write, []
         wal_batches = [batch.wal for batch in batches if batch.wal is not None]
@@ -255,6 +309,17 @@ class RaftNode:
         self._committing = None
         if self._closed:
             return
+        if isinstance(error, WriteRefused):
+            # Nothing of the batch that failed stayed in the file: the same batches are
+            # written again, first, once a retry finds room.
+            self._to_write[:0] = batches
+            if not self._full:
+                self._full = True
+                log.error("Raft write-ahead log: no space (%s); this node acknowledges and"
+                          " votes for nothing until it can write again", error)
+                self._report_disk(error)
+            self._retry = self._loop.call_later(RETRY_SECONDS, self._write)
+            return
         if error is not None:
             # A failed fsync may have dropped the written pages (the kernel forgets the
             # error once reported): retrying could report success for lost data. The node
@@ -263,6 +328,10 @@ class RaftNode:
             log.critical("Raft write-ahead log: write or fsync failed; this node stops "
                          "acknowledging until it is restarted", exc_info=error)
             return
+        if self._full:
+            self._full = False
+            log.warning("Raft write-ahead log: written again")
+            self._report_disk(None)
         for batch in batches:
             self.host.synced(batch)
         if self._to_write:

@@ -34,6 +34,7 @@ or lose acknowledged entries. Each start opens a new segment, so a torn tail is 
 written after.
 """
 
+import errno
 import os
 import struct
 import time
@@ -60,6 +61,13 @@ _SNAPSHOT_HEAD: Final = struct.Struct(">QQ")
 _HEADER_SIZE: Final = _RECORD.size + _BODY_HEAD.size
 
 
+class WriteRefused(OSError):
+    """A segment write failed for lack of space (ENOSPC, EDQUOT). What it wrote was taken
+    back (the file truncated to where the write began), so the batch may be written again
+    once there is room (`WriteAheadLog.write` skips the steps it did). Not a failed fsync:
+    that one is not retried."""
+
+
 class WalCorrupt(Exception):
     def __init__(self, name: str, offset: int, reason: str) -> None:
         super().__init__(f"write-ahead log {name}: corrupt record at offset {offset} "
@@ -79,7 +87,8 @@ class SegmentStore(Protocol):
     def create(self, name: str) -> None:
         """Makes `name` the segment `write` appends to."""
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes) -> None:
+        """Raises WriteRefused, having written nothing of `data`, when there is no space."""
 
     def sync(self) -> None:
         """Makes what was written to the current segment durable (and its creation)."""
@@ -110,6 +119,7 @@ class WalBatch:
     new_segment: str | None = None
     checkpoint: bytes = b""
     obsolete: list[str] = field(default_factory=list)
+    step: int = 0  # of `write`, done: 1 segment created, 2 its checkpoint written, 3 all
 
 
 class WriteAheadLog:
@@ -230,14 +240,20 @@ class WriteAheadLog:
         self.sync([batch])
 
     def write(self, batch: WalBatch) -> None:
-        """The write half of `commit`, for a caller that syncs several batches at once."""
+        """The write half of `commit`, for a caller that syncs several batches at once. After
+        WriteRefused the same batch may be written again: the steps done are not repeated."""
         store = self.store
-        if batch.new_segment is not None:
+        if batch.new_segment is not None and batch.step < 1:
             store.sync()  # the previous segment, complete before the next begins
             store.create(batch.new_segment)
+            batch.step = 1
+        if batch.new_segment is not None and batch.step < 2:
             store.write(batch.checkpoint)
-        store.write(batch.data)
-        self.bytes_written += len(batch.checkpoint) + len(batch.data)
+            batch.step = 2
+        if batch.step < 3:
+            store.write(batch.data)
+            batch.step = 3
+            self.bytes_written += len(batch.checkpoint) + len(batch.data)
 
     def sync(self, batches: list[WalBatch]) -> None:
         """Makes written `batches` (and everything written before them) durable with one
@@ -370,14 +386,26 @@ class FileStore:
 
     def create(self, name: str) -> None:
         self.close()
-        self._fd = os.open(os.path.join(self.directory, name),
-                           os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            self._fd = os.open(os.path.join(self.directory, name),
+                               os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise WriteRefused(error.errno, error.strerror, self.directory) from error
         self._dir_changed = True
 
     def write(self, data: bytes) -> None:
+        start = os.lseek(self._fd, 0, os.SEEK_END)
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os.ftruncate(self._fd, start)  # no torn record before the retry's
+            raise WriteRefused(error.errno, error.strerror, self.directory) from error
 
     def sync(self) -> None:
         if self._fd >= 0:

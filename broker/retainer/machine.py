@@ -31,6 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
+import plyvel  # type: ignore[import-untyped]
+
+from broker.raft.host import ApplyFailed
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool
@@ -188,10 +191,22 @@ class RetainedMachine:
                 version = self.cluster_version = max(version, self.cluster_version)
             else:
                 messages = self._decode(entry.data)
-            refused = self.store.write(messages, entry.index, entry.term, version)
+            try:
+                refused = self.store.write(messages, entry.index, entry.term, version)
+            except (plyvel.Error, OSError) as error:  # the store: `rewind`, then again
+                raise ApplyFailed(f"retained messages: entry {entry.index}: {error}") from error
             if refused:
                 self._refused(refused)
         self.applied_index, self.applied_term = entry.index, entry.term
+
+    def rewind(self) -> int:
+        """Blocking: the store reopened and read back (RetainedStore.reload), at the index
+        its data reflects (each applied entry's write carries it)."""
+        self.store.reload()
+        self.applied_index, self.applied_term = self.store.applied()
+        self.flushed_index = min(self.flushed_index, self.applied_index)
+        self._proposed = None
+        return self.applied_index
 
     def _decode(self, data: bytes) -> list[tuple[Message, bytes]]:
         try:

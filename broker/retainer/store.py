@@ -102,6 +102,16 @@ class RetainedStore:
             if not key.startswith(_MARKER):
                 self._index.add(key.decode(), None, decode_record(record))
 
+    def reload(self) -> None:
+        """Blocking: the LevelDB closed and opened again (it refuses writes after a failed
+        one until then), and the index read back from it: a failed write changed the index
+        in memory only. Raises if it cannot be opened (call again)."""
+        if not self._db.closed:
+            self._db.close()
+        self._db = bulk.open_db(self.path)
+        self._index = TopicTrie()
+        self._load()
+
     def __len__(self) -> int:
         return len(self._index)
 

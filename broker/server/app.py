@@ -17,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from broker import COMPILED_MODULES
+from broker.alarms import DISK_FULL, Alarm
 from broker.cluster import placement, versions
 from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
@@ -27,6 +28,7 @@ from broker.cluster.takeover import Takeover
 from broker.cluster.version_keeper import VersionKeeper
 from broker.config.loader import Config
 from broker.config.values import split_node_name
+from broker.ds.space import out_of_space
 from broker.http.api import make_app
 from broker.http.cluster_api import add_cluster_routes, add_raft_routes
 from broker.http.ds_sites_api import add_ds_site_routes
@@ -43,7 +45,7 @@ from broker.server.tls import CertificateWatch, tls_context
 from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
 from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
-from broker.sys_topics import SysTopics, remove_client_written
+from broker.sys_topics import SysTopics, alarm_message, remove_client_written
 from broker.version import RELEASE
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,9 @@ class BrokerApp:
                 can_transfer_to=partial(self.cluster.supports,
                                         cluster_version=versions.TIMEOUT_NOW))
             self.node.retained_writer = self.metadata.write_retained
+            self.metadata.on_disk = self._raft_log_space
+            if self.node.ds is not None:
+                self.metadata.room = self.node.ds.space.has_room
         # The cluster's effective version, kept in the metadata group.
         self.versions: VersionKeeper | None = None
         if self.metadata is not None:
@@ -94,6 +99,22 @@ class BrokerApp:
         self._placement_seen: tuple[int, ...] | None = None
         self._tls: CertificateWatch | None = None
         self.ports: dict[str, int] = {}
+
+    def _raft_log_space(self, error: BaseException | None) -> None:
+        """The Raft log or a state machine has no space (`error`), or has again (None):
+        durable writes are refused meanwhile, under the disk_full alarm (Durable Storage
+        clears it once its volume has room and Raft writes and applies again)."""
+        node = self.node
+        if error is not None and not out_of_space(error):
+            return  # logged by the Raft node; not the disk_full alarm's business
+        if node.ds is not None:
+            node.ds.space.hold("raft_log", error)
+        elif error is None:
+            node.alarms.deactivate(DISK_FULL)
+        else:
+            node.alarms.activate(DISK_FULL, f"no space for the Raft log ({error})",
+                                 {"path": self.config["durable_storage.raft.wal_dir"]
+                                  or str(Path(self.config["node.data_dir"]) / "raft")})
 
     def _mqtt_address(self) -> str:
         """Where a client reaches this node (Server Reference): its node name's host and its
@@ -140,7 +161,8 @@ class BrokerApp:
             log.info("listener %s on %s:%d", name, bind[0], self.ports[name])
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
-            registry = make_registry(node.stats, node.gauges, node.ds, self.cluster.metrics,
+            registry = make_registry(node.stats, node.gauges, node.ds, node.alarms.samples,
+                                     self.cluster.metrics,
                                      self.node.cluster_routing.metrics, node.takeover.metrics,
                                      node.security.metrics)
             if node.group_views is not None:
@@ -198,6 +220,7 @@ class BrokerApp:
                 removed = remove_client_written(node.retainer)
                 if removed:
                     log.info("removed %d retained $SYS messages published by clients", removed)
+        node.alarms.on_change = partial(_alarm_changed, node)
         sys_topics = SysTopics(config["node.name"], RELEASE, node.publish, node.gauges,
                                node.stats)
         # As in EMQX, the first round comes one interval after start, and rounds count in
@@ -319,6 +342,15 @@ class BrokerApp:
         if self.metadata is not None:
             await self.metadata.stop()
         self.node.close()
+
+
+def _alarm_changed(node: Node, alarm: Alarm) -> None:
+    """An alarm raised or cleared: logged, and published to `$SYS` as EMQX does."""
+    if alarm.activated:
+        log.error("alarm %s raised: %s", alarm.name, alarm.message)
+    else:
+        log.warning("alarm %s cleared", alarm.name)
+    node.publish(alarm_message(node.alarms.node, alarm))
 
 
 def _gate(config: Config, listener: str) -> ListenerGate:

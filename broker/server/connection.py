@@ -41,6 +41,7 @@ from broker.server.handlers import HANDLERS
 from broker.server.handlers.auth import ConnectionAuth
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
+from broker.server.storage_refusal import storage_failure
 from broker.server.wheel import wheel
 from broker.server.wire import shared_publish
 from broker.session.session import Delivery, Session
@@ -398,12 +399,10 @@ class Connection:
             self._waiting_bytes -= group.size
             if future is not None and (future.cancelled() or future.exception() is not None):
                 # Not durable, so not acknowledged: the client resends after reconnecting.
-                log.error("storing a message from %s failed: %r", self.client_id,
-                          None if future.cancelled() else future.exception())
                 deferred.clear()
                 self._waiting = self._waiting_bytes = 0
                 if not self.closed:
-                    self.fail(MQTTError("storage failed", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
+                    self.fail(storage_failure(self.client_id, future))
                 return
             if not self.closed:
                 if self._out is None:

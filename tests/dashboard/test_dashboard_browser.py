@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 from tests.dashboard.conftest import VIEWER_KEY, Dashboard, call, paho
 from tests.integration.clients import PahoClient, publish_props, unique
 from tests.support.broker_process import BrokerProcess
+from tests.support.full_disk import publish_until_refused
 
 pytestmark = pytest.mark.integration
 
@@ -176,3 +177,26 @@ def test_client_id_topic_payload_and_user_property_render_as_text(
     for tag in ("img", "script:not([src])", "b", "i"):
         assert tab.page.locator(f"main {tag}").count() == 0, tag
     assert tab.dialogs == []
+
+
+def test_an_active_alarm_shows_as_a_banner_over_every_view(
+        dashboard_broker: Callable[..., BrokerProcess], dashboard: OpenDashboard,
+        clients: list[PahoClient]) -> None:
+    """The storage quota (256 KiB) crossed by durable messages: the quota alarm's banner
+    appears over whatever view is open; none before."""
+    broker = dashboard_broker(**{"durable_storage.messages.storage_quota": "256KB"})
+    tab = dashboard(broker)
+    tab.log_in()
+    expect(tab.page.locator("#app")).to_be_visible()
+    banner = tab.page.locator("#alarms")
+    expect(tab.page.locator("[data-card=Connections]")).to_have_text("0")  # refreshed once
+    expect(banner).to_be_hidden()
+    topic = unique("quota").replace("-", "/")
+    paho(clients, broker, session_expiry=3600).subscribe(topic + "/#", 1)
+    # 400 KiB, or fewer if the quota check refuses them on the way (DISCONNECT 0x97).
+    publish_until_refused(broker.tcp, unique("pub"), f"{topic}/x", 0, limit=100)
+    tab.view("clients")
+    expect(banner.locator("[data-alarm=db_storage_quota_exceeded]")).to_contain_text(
+        "storage_quota")
+    expect(banner).to_be_visible()
+    assert tab.errors == []

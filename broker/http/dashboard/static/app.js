@@ -583,6 +583,16 @@ $("ws-publish").addEventListener("submit", (event) => {
   notice(`Published to ${form.topic.value}.`);
 });
 
+// ---- alarms: a banner over every view while one is active ----------------------------------
+async function alarms() {
+  const active = (await api("GET", "/api/v5/alarms?activated=true")).data;
+  const banner = $("alarms");
+  banner.hidden = active.length === 0;
+  banner.replaceChildren(...active.map((alarm) => el("p", { "data-alarm": alarm.name },
+    el("strong", {}, alarm.name), ` on ${alarm.node} since ${alarm.activate_at}: `,
+    alarm.message)));
+}
+
 // ---- routing and refresh ----------------------------------------------------------------
 const VIEWS = {
   overview, clients, subscriptions, groups, topics, storage, websocket: websocketDefaults,
@@ -606,6 +616,7 @@ async function refresh() {
   refreshing = true;
   try {
     await sample();
+    await alarms();
     await VIEWS[current]();
   } catch (error) {
     if (!(error instanceof Unauthorized)) notice(error.message, true);
