@@ -67,8 +67,10 @@ def _publish_packet(topic: str, packet_id: int, payload: bytes) -> bytes:
 
 
 def payload(number: int, size: int) -> bytes:
+    """Numbered, the rest random: LevelDB's compression must not shrink what fills the
+    volume (a run of one byte compacts to almost nothing, and the volume may never fill)."""
     head = f"{number:08d}:".encode()
-    return head + b"x" * (size - len(head))
+    return head + os.urandom(size - len(head))
 
 
 def number_of(data: bytes) -> int:
