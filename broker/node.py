@@ -417,6 +417,21 @@ class Node:
         session = self.sessions.sessions.get(client_id)
         return session is not None and session.connection is not None
 
+    def store_routed_shares(self) -> None:
+        """The cluster now allows durable groups (versions.DURABLE_GROUPS): the shared
+        subscriptions durable sessions made before, routed live meanwhile (a fresh cluster's
+        first moments, or a rolling upgrade from 0.1.0), join their groups; stored first,
+        then unrouted, so a message in between may come twice but is never missed."""
+        for session in list(self.sessions.sessions.values()):
+            if not isinstance(session, DurableSession):
+                continue
+            for key in session.take_routed():
+                options = session.subscriptions[key]
+                if session.subscribe(key, options):
+                    self.add_durable_filter(session.client_id, key, options)
+                self.router.unsubscribe(session.client_id, parse_shared(key)[1],
+                                        options.share_group)
+
     def _forget_subscriptions(self, session: Session) -> None:
         dropped = session.queued
         if dropped:

@@ -11,6 +11,7 @@ later round.
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Final
 
 from broker.cluster import versions
@@ -31,6 +32,8 @@ class VersionKeeper:
         self._cluster = cluster
         self._raising: asyncio.Task[None] | None = None
         self._seen = self.effective()
+        # What a rise applied here changes on this node (durable groups: Node).
+        self.on_rise: Callable[[int], None] = lambda version: None
         cluster.cluster_version = self.effective
 
     def effective(self) -> int:
@@ -48,6 +51,7 @@ class VersionKeeper:
             log.info("the cluster's effective version rose to %d", effective)
             self._seen = effective
             self._cluster.refuse_older(effective)
+            self.on_rise(effective)
         core = self._metadata.core()
         if core is None or core.role != LEADER or self._raising is not None:
             return

@@ -92,6 +92,7 @@ class BrokerApp:
                                          self.ds_groups.is_up, self.ds_groups.sessions_barrier,
                                          partial(self.versions.allows, versions.DURABLE_GROUPS))
             self.node.takeover.replicated = self.ds_groups
+            self.versions.on_rise = self._versions_rose
         self._servers: list[asyncio.Server] = []
         self._http: web.AppRunner | None = None
         self._http_server: asyncio.Server | None = None
@@ -99,6 +100,10 @@ class BrokerApp:
         self._placement_seen: tuple[int, ...] | None = None
         self._tls: CertificateWatch | None = None
         self.ports: dict[str, int] = {}
+
+    def _versions_rose(self, version: int) -> None:
+        if version >= versions.DURABLE_GROUPS:
+            self.node.store_routed_shares()
 
     def _raft_log_space(self, error: BaseException | None) -> None:
         """The Raft log or a state machine has no space (`error`), or has again (None):

@@ -320,6 +320,12 @@ class DurableSession(Session):
     def is_routed(self, key: str) -> bool:
         return self._routed is not None and key in self._routed
 
+    def take_routed(self) -> list[str]:
+        """The shared subscriptions routed live (made before the cluster allowed durable
+        groups), no longer marked so: subscribed again, they join their durable groups."""
+        routed, self._routed = sorted(self._routed or ()), None
+        return routed
+
     def start_at(self, key: str, since: int) -> bool:
         """A subscription the session has already goes on from its position."""
         self.since.setdefault(key, since)
