@@ -37,6 +37,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from tests.support.broker_process import LISTENER, STARTED
 from tests.support.raw_mqtt import HOST, TIMEOUT
 
 BOTH = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
@@ -659,7 +660,6 @@ def scrape_metrics(http_port: int) -> dict[str, float]:
 
 
 # ---- the broker CLI as a plain subprocess (for tests of the command itself) -------------------
-_LISTENER = re.compile(r"(?:listener (\w+)|(HTTP) API) on [\d.]+:(\d+)")
 
 
 class CliBroker:
@@ -690,10 +690,10 @@ class CliBroker:
         for line in self.proc.stderr:
             with self._cond:
                 self.lines.append(line.rstrip())
-                match = _LISTENER.search(line)
+                match = LISTENER.search(line)
                 if match:
                     self.ports[(match.group(1) or "http").lower()] = int(match.group(3))
-                if "started" in line and "broker" in line:
+                if STARTED.search(line):
                     self._started = True
                 self._cond.notify_all()
         with self._cond:

@@ -17,8 +17,9 @@ from typing import Any
 
 from bench.procstat import rss_kib
 
-_LISTENER = re.compile(r"(?:listener (\w+)|(HTTP) API) on [\d.]+:(\d+)")
-_STARTED = "started"
+LISTENER = re.compile(r"(?:listener (\w+)|(HTTP) API) on [\d.]+:(\d+)")
+# "broker NAME started (...)": not any line that says both (a data dir path may)
+STARTED = re.compile(r"\bbroker \S+ started \(")
 
 
 @dataclass
@@ -71,10 +72,10 @@ class BrokerProcess:
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log_lines.append(line.rstrip())
-            match = _LISTENER.search(line)
+            match = LISTENER.search(line)
             if match:
                 self.ports[(match.group(1) or "http").lower()] = int(match.group(3))
-            if _STARTED in line and "broker" in line:
+            if STARTED.search(line):
                 ready.set()
         ready.set()
 
