@@ -1,4 +1,4 @@
-"""The broker.toml the operator renders for every pod (contract v8, docs/operator-contract.md).
+"""The broker.toml the operator renders for every pod (contract v9, docs/operator-contract.md).
 
 Only keys `broker run` accepts appear here; a test loads the rendered file with the broker's
 own loader, so a renamed or removed broker key fails the build instead of a rollout. Per-pod
@@ -8,6 +8,7 @@ can read) names only where the pod finds them, the mounted Secrets.
 """
 
 import json
+import math
 import re
 from collections.abc import Mapping
 
@@ -56,6 +57,13 @@ MANAGED_KEYS = frozenset({
 })
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+GRACEFUL_STOP_KEY = "node.graceful_stop_timeout"
+GRACEFUL_STOP_DEFAULT = 5  # the broker's default, in seconds
+# What a broker's stop takes after the hand-over, at most: its clients' connections closing
+# (5 s), replicated writes settling (5 s), then the storage's flush, with room to spare.
+STOP_FLUSH_SECONDS = 25
 
 
 def discovery(cluster: Cluster) -> dict[str, Scalar]:
@@ -147,6 +155,18 @@ def metrics_need_key(cluster: Cluster) -> bool:
     the broker's loader reads a true value), so that scrapers must send a key."""
     value = str(cluster.extra_config.get("prometheus.enable_basic_auth", ""))
     return value.strip().lower() in ("true", "on", "yes", "1")
+
+
+def termination_grace_seconds(cluster: Cluster) -> int:
+    """The pod's terminationGracePeriodSeconds: long enough for the graceful stop
+    (`node.graceful_stop_timeout`, spec.config may raise it) and the flush after it, so a
+    rolling update's SIGTERM is never cut short by SIGKILL while leaderships move. A value
+    the broker would refuse leaves the default (the broker names the key when it starts)."""
+    raw = str(cluster.extra_config.get(GRACEFUL_STOP_KEY, GRACEFUL_STOP_DEFAULT))
+    match = _DURATION.match(raw)
+    stop = (float(match.group(1)) * _SECONDS[(match.group(2) or "s").lower()] if match
+            else GRACEFUL_STOP_DEFAULT)
+    return math.ceil(stop) + STOP_FLUSH_SECONDS
 
 
 def ignored_keys(cluster: Cluster) -> list[str]:

@@ -285,6 +285,9 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
         container["resources"] = dict(cluster.resources)
     pod_spec: Manifest = {
         "serviceAccountName": c.broker_account_name(cluster.name),
+        # SIGTERM starts the graceful stop (leaderships handed over, clients told 0x8B):
+        # kubelet's SIGKILL must not come before it ends.
+        "terminationGracePeriodSeconds": broker_config.termination_grace_seconds(cluster),
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
         "containers": [container],
         "volumes": [

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from broker.version import RELEASE
-from tests.container.engine import build_images, detect
+from tests.container.engine import Engine, build_images, detect
 from tests.k8s.conftest import (
     BUILT,
     CRD,
@@ -29,10 +29,12 @@ from tests.k8s.conftest import (
     _free_port,
     _run,
 )
+from tests.support.releases import releases
 
 NODE_SCRIPTS = TESTBED_SCRIPTS / "kubelet"
 CHART = ROOT / "helm" / "durable-mqtt"
 IMAGE = f"durable-mqtt-broker:{RELEASE}"  # the chart's default: image.repository:appVersion
+PREVIOUS = list(releases())[-1]  # the release a rolling upgrade starts from
 LOCK = Path("/run/lock/k8s-testbed-node.lock")
 
 
@@ -69,8 +71,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     (root / "images").mkdir()
     (root / "images" / "pause.tar").symlink_to(BUILT / "images" / "pause.tar")
     archive = root / "broker.tar"
-    engine("save", *(["--format", "docker-archive"] if engine.command == "podman" else []),
-           "-o", str(archive), IMAGE, timeout=300)
+    _save(engine, IMAGE, archive)
     crds = root / "crds.yaml"
     crds.write_text("\n---\n".join(path.read_text() for path in [CRD, *FOREIGN_CRDS]))
     proxy_port = _free_port(pair_offset=1)
@@ -93,6 +94,35 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
             subprocess.run(["bash", str(NODE_SCRIPTS / "down.sh")], env=env, timeout=300,
                            check=False, capture_output=True)
             _run("down.sh", env, 120)
+
+
+def _save(engine: Engine, image: str, archive: Path) -> None:
+    engine("save", *(["--format", "docker-archive"] if engine.command == "podman" else []),
+           "-o", str(archive), image, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def previous_image(node: Testbed) -> str:
+    """The previous release's image (tools/image/build_release.sh: from its own commit, once),
+    imported into the node's containerd as up.sh imports this tree's: the tag a rolling
+    upgrade (`helm upgrade --set image.tag=...`) starts from."""
+    done = subprocess.run(["bash", "tools/image/build_release.sh", PREVIOUS], cwd=ROOT,
+                          text=True, capture_output=True, timeout=3000, check=False)
+    assert done.returncode == 0, f"building {PREVIOUS} failed:\n{done.stdout}\n{done.stderr}"
+    engine = detect(dict(os.environ))
+    image = f"durable-mqtt-broker:{PREVIOUS}"
+    archive = node.root / f"broker-{PREVIOUS}.tar"
+    _save(engine, image, archive)
+    ctr = ["ctr", "--address", str(node.root / "run" / "node" / "containerd.sock"), "-n",
+           "k8s.io", "images"]
+    commands = [["import", str(archive)]]
+    if engine.command == "podman":  # podman names it localhost/..., Kubernetes docker.io/...
+        commands.append(["tag", "--force", f"localhost/{image}", f"docker.io/library/{image}"])
+    for command in commands:
+        imported = subprocess.run([*ctr, *command], text=True, capture_output=True,
+                                  timeout=300, check=False)
+        assert imported.returncode == 0, f"ctr images {command[0]}: {imported.stderr}"
+    return PREVIOUS
 
 
 def keep_logs(node: Testbed, namespace: str) -> Path:

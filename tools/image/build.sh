@@ -10,19 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tools/image/engine.sh
-REGISTRY_BASE=docker.io/library/python:3.11-slim
-LOCAL_BASE=localhost/durable-mqtt-base:bookworm
+source tools/image/common.sh
 NATIVE=${NATIVE:-1}
 VERSION=$(sed -n 's/^RELEASE: Final = "\(.*\)"$/\1/p' broker/version.py)  # = the chart's appVersion
 LABEL=org.durablemqtt.inputs
-
-base() {
-  if [ -n "${IMAGE_BASE:-}" ]; then echo "$IMAGE_BASE"; return; fi
-  if $ENGINE image inspect "$REGISTRY_BASE" >/dev/null 2>&1 \
-     || $ENGINE pull -q "$REGISTRY_BASE" >/dev/null 2>&1; then echo "$REGISTRY_BASE"; return; fi
-  bash tools/image/base.sh "$LOCAL_BASE" >&2
-  echo "$LOCAL_BASE"
-}
 
 # The hash of what an image is built from: tracked and new files (not ignored ones: no
 # caches, no host native build) under the given paths, plus the words given after --.
@@ -44,11 +35,9 @@ build() {
   if [ "$(built_from "$name:dev")" = "$hash" ]; then
     echo "$name:dev is up to date ($hash)"; return
   fi
-  local flags=(--network host --secret "id=ca,src=/etc/ssl/certs/ca-certificates.crt")
-  [ "$ENGINE" = podman ] && flags+=(--format docker)
   local start=$SECONDS log
   log=$(mktemp)
-  if ! DOCKER_BUILDKIT=1 $ENGINE build "${flags[@]}" "$@" --label "$LABEL=$hash" \
+  if ! DOCKER_BUILDKIT=1 $ENGINE build "${BUILD_FLAGS[@]}" "$@" --label "$LABEL=$hash" \
       -f "$file" -t "$name:dev" -t "$name:$VERSION" . >"$log" 2>&1; then
     tail -40 "$log"; rm -f "$log"; echo "building $name failed" >&2; exit 1
   fi

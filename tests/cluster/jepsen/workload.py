@@ -359,6 +359,7 @@ class WorkloadConfig:
     homes: list[str] | None = None  # nodes of the subscribers' first connection (in turn)
     # and of a subscription made again after its session ended; when down, any node
     publisher_nodes: list[str] | None = None  # nodes publishers may use (default: all)
+    host: str = HOST  # where the directory's ports listen (a Kubernetes Service's IP)
 
 
 @dataclass
@@ -512,7 +513,8 @@ class Workload:
             if here is not None:
                 here["node"] = name
             connack = client.connect(port, clean_start=clean_start, expiry=expiry,
-                                     keepalive=config.keepalive, timeout=config.connect_timeout)
+                                     keepalive=config.keepalive, timeout=config.connect_timeout,
+                                     host=config.host)
             if connack is None:
                 break
             if connack.reason_code == 0:
@@ -621,7 +623,8 @@ class Workload:
                     port = self.directory.port(node)
                     if port is not None and not client.connected:
                         client.connect(port, clean_start=True, expiry=0, keepalive=5,
-                                       timeout=self.config.connect_timeout)
+                                       timeout=self.config.connect_timeout,
+                                       host=self.config.host)
                     if client.connected:
                         client.paho.publish(f"{self.prefix}/probe", marker, 1)
 

@@ -221,3 +221,24 @@ def test_a_cluster_forms_from_as_many_pods_as_it_was_created_with() -> None:
     cluster = Cluster.from_body(body())
     assert broker_config.settings(cluster, 3)["durable_storage.n_sites"] == 3
     assert "durable_storage.n_sites" in broker_config.MANAGED_KEYS
+
+
+@pytest.mark.parametrize("timeout", [None, "5s", "500ms", "1m", "90", "2.5s", "1h"])
+def test_the_grace_period_outlasts_the_graceful_stop_the_broker_reads(
+        tmp_path: Path, timeout: str | None) -> None:
+    """kubelet's SIGKILL comes terminationGracePeriodSeconds after SIGTERM: never before the
+    hand-over the broker was configured for, plus the flush after it."""
+    config = {} if timeout is None else {broker_config.GRACEFUL_STOP_KEY: timeout}
+    cluster = Cluster.from_body(body(config=config))
+    stop = load_config(write(tmp_path, cluster))[broker_config.GRACEFUL_STOP_KEY]
+    grace = manifests.statefulset(cluster, 3, "config")["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"]
+    assert grace == broker_config.termination_grace_seconds(cluster)
+    assert stop + broker_config.STOP_FLUSH_SECONDS <= grace < stop + \
+        broker_config.STOP_FLUSH_SECONDS + 1
+
+
+def test_a_graceful_stop_the_broker_would_refuse_leaves_the_default_grace() -> None:
+    cluster = Cluster.from_body(body(config={broker_config.GRACEFUL_STOP_KEY: "soon"}))
+    assert broker_config.termination_grace_seconds(cluster) == (
+        broker_config.GRACEFUL_STOP_DEFAULT + broker_config.STOP_FLUSH_SECONDS)
