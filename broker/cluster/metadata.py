@@ -37,6 +37,7 @@ from broker.cluster.rpc import Rpc, RpcError
 from broker.cluster.service import Cluster
 from broker.config.loader import Config
 from broker.ds.files import write_atomically
+from broker.format_check import trees
 from broker.raft.core import LEADER, ROLE_NAMES, ConfigChangeRefused, NotLeader, RaftGroup
 from broker.raft.host import Sample
 from broker.raft.node import CommandLost, RaftNode
@@ -80,7 +81,7 @@ class MetadataGroup:
         self._rpc = rpc
         self.me = cluster.me.site
         self._dir = Path(config["node.data_dir"]) / "raft"
-        self._wal_dir = Path(config["durable_storage.raft.wal_dir"] or self._dir / "wal")
+        self._wal_dir = trees(config)[1]  # where the start-up format check looked
         self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
         self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
         heartbeat: float = config["durable_storage.raft.heartbeat_interval"]
