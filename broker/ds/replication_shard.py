@@ -134,7 +134,8 @@ class _Machine:
                 self._mark(entry.index, entry.term)
         except (plyvel.Error, OSError) as failure:  # its storage: `rewind`, then again
             # (Not `error`, the BadCommand above: compiled, a name keeps one type.)
-            raise ApplyFailed(f"{self.spool.name}: entry {entry.index}: {failure}") from failure
+            raise ApplyFailed(f"{self.spool.name}: entry {entry.index}: {failure}",
+                              failure) from failure
         self.applied_index, self.applied_term = entry.index, entry.term
 
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:

@@ -43,8 +43,14 @@ class Transport(Protocol):
 
 class ApplyFailed(Exception):
     """A state machine could not apply an entry for a reason outside it (its storage had
-    no space); raised `from` that cause, only by a machine that is `Rewindable`. Any other
-    exception from `apply` is a bug and propagates."""
+    no space), only raised by a machine that is `Rewindable`. Any other exception from
+    `apply` is a bug and propagates. The cause is an attribute, not only `__cause__`: the
+    shell tells a full disk from other failures by it, and compiled code raising this
+    must not be able to lose it."""
+
+    def __init__(self, message: str, cause: BaseException) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class StateMachine(Protocol):
@@ -285,7 +291,7 @@ class RaftHost:
                 machine.apply(entry)
             except ApplyFailed as error:
                 hosted.stalled = entries[position:]
-                self.apply_errors.append((hosted.core.group, error.__cause__ or error))
+                self.apply_errors.append((hosted.core.group, error.cause))
                 break
             last = entry.index
             if proposals:

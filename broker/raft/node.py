@@ -269,13 +269,13 @@ class RaftNode:
         self._schedule_flush()
 
     def _report_disk(self, error: BaseException | None) -> None:
-        """Tells `on_disk` when writing starts failing, and when the log and every machine
-        go on again."""
-        if error is None and (self._full or self.host.stalled):
+        """Tells `on_disk` of every failure (a state machine's first failure may not be the
+        full disk that the log's next one names: the listener must see both), and once
+        when the log and every machine go on again."""
+        if error is None and (self._full or self.host.stalled or not self._disk_failing):
             return
-        if (error is not None) != self._disk_failing:
-            self._disk_failing = error is not None
-            self.on_disk(error)
+        self._disk_failing = error is not None
+        self.on_disk(error)
 
     def _queue(self, batch: HostBatch) -> None:
         """The flush's log batch: written now, or after the running write (group commit)."""

@@ -194,7 +194,8 @@ class RetainedMachine:
             try:
                 refused = self.store.write(messages, entry.index, entry.term, version)
             except (plyvel.Error, OSError) as error:  # the store: `rewind`, then again
-                raise ApplyFailed(f"retained messages: entry {entry.index}: {error}") from error
+                raise ApplyFailed(f"retained messages: entry {entry.index}: {error}",
+                                  error) from error
             if refused:
                 self._refused(refused)
         self.applied_index, self.applied_term = entry.index, entry.term

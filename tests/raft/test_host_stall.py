@@ -31,7 +31,8 @@ class Storage:
         if self.bug is not None:
             raise self.bug
         if self.full:
-            raise ApplyFailed(f"entry {entry.index}") from OSError(28, "No space left")
+            full = OSError(28, "No space left")
+            raise ApplyFailed(f"entry {entry.index}", full) from full
         if entry.kind == NORMAL:
             self.rows.append((entry.index, entry.data))
 
