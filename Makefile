@@ -77,8 +77,11 @@ k8s-node: container-tools
 	$(SUDO) env K8S_TESTBED=$(K8S_TESTBED) bash tests/k8s/testbed/kubelet/build.sh
 
 # tests/container and tests/k8s_e2e run the images (built only when their inputs changed).
+# Then, for the whole suite only, the unit and protocol tests once more on the broker as pure
+# Python (tools/pure_tests.py: what the NATIVE=0 image runs).
 test: install lint k8s-testbed k8s-node image
 	$(VENV)/bin/pytest -q $(ARGS)
+	$(if $(ARGS),,$(PY) tools/pure_tests.py)
 
 # The slow end-to-end tests on the test bed's node (`make test` runs their short version):
 # helm install, scaling with drain, a deleted pod coming back, Prometheus.
