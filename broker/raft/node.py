@@ -173,6 +173,21 @@ class RaftNode:
                     await self.wait(functools.partial(self._transfers_settled, waiting))
         return [group for group in led if self._led_elsewhere(group)], self.led()
 
+    def _shed_leadership(self) -> None:
+        """This node cannot write (its log or a state machine's storage has no space): the
+        groups it leads go to voters that can, as at a graceful stop, instead of waiting on
+        this disk (a full leader commits through its followers but cannot apply, so nothing
+        it leads is acknowledged). It is not elected again meanwhile: a vote, its own too,
+        waits for the disk. Called on every retry while the disk stays full, since a
+        transfer gives up after an election timeout."""
+        for group in self.led():
+            if self.core(group).transferee is None:
+                target = self.host.transfer_leadership(group)
+                if target is not None:
+                    log.warning("group %d: no space here, handing leadership to %s", group,
+                                target)
+        self._schedule_flush()
+
     def _led_elsewhere(self, group: int) -> bool:
         return self.core(group).leader not in (None, self.id)
 
@@ -250,6 +265,7 @@ class RaftNode:
             log.error("Raft group %d: a committed entry could not be applied (%s); applied"
                       " again once its storage reopens", group, error)
         self._report_disk(errors[-1][1])
+        self._shed_leadership()
         if self._apply_retry is None:
             self._apply_retry = self._loop.call_later(RETRY_SECONDS, self._retry_apply)
 
@@ -262,6 +278,7 @@ class RaftNode:
         if self.host.apply_errors:
             self._stalled()
         elif self.host.stalled:
+            self._shed_leadership()
             self._apply_retry = self._loop.call_later(RETRY_SECONDS, self._retry_apply)
         else:
             log.warning("Raft: every committed entry applied again")
@@ -318,6 +335,7 @@ class RaftNode:
                 log.error("Raft write-ahead log: no space (%s); this node acknowledges and"
                           " votes for nothing until it can write again", error)
                 self._report_disk(error)
+            self._shed_leadership()
             self._retry = self._loop.call_later(RETRY_SECONDS, self._write)
             return
         if error is not None:

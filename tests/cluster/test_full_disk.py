@@ -6,7 +6,7 @@ is freed it catches up by itself: its replica of the publisher's shard applies e
 committed, and a durable session moved to it reads every acknowledged message from that
 replica. The same with the full node killed (SIGKILL) while full and started again on its
 full volume. (The full node joins after the others elected their leaders, so it leads no
-group: a full leader would have to hand its leadership over, which it does not do yet.)"""
+group: a full leader hands its groups over, tests/raft/test_full_log.py.)"""
 
 from pathlib import Path
 
@@ -36,8 +36,8 @@ def _shard_group(node: Node, shard: int) -> dict[str, object]:
 
 def _follows_everything(node: Node) -> None:
     """`node` votes in the sessions group and in every shard's, and leads none of them:
-    started after the others had elected their leaders (a full leader would have to hand
-    over its leadership, which it does not do yet)."""
+    started after the others had elected their leaders (a full leader would hand its
+    groups over first: tests/raft/test_full_log.py)."""
     def ready() -> bool:
         groups = http_json(node.http, "/api/v5/raft")["groups"]
         ds = [g for g in groups if g["name"] != "metadata"]

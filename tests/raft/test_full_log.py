@@ -6,13 +6,14 @@ space is back its log is written again by itself, a leader is elected and it app
 command. Three RaftNodes in one process over the in-memory transport of test_node.py."""
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from broker.raft.core import LEADER, PRE_CANDIDATE
-from broker.raft.node import RaftNode
+from broker.raft.core import LEADER, PRE_CANDIDATE, NotLeader
+from broker.raft.node import CommandLost, RaftNode
 from tests.raft.test_node import Commands, Network
 from tests.support.full_disk import fill, tmpfs
 
@@ -92,6 +93,46 @@ async def test_a_follower_without_space_neither_acknowledges_nor_votes(
         assert disk[-1] is None
         everything = [b"before", *(_command(i) for i in range(COMMANDS))]
         await asyncio.wait_for(full.wait(lambda: machines["c"].applied == everything), 10)
+    finally:
+        for node in list(network.nodes.values()):
+            await node.close()
+
+
+async def test_a_leader_without_space_hands_its_leadership_over(
+        tmp_path: Path, volume: Path) -> None:
+    """A leader whose log fills still hears its followers (heartbeats need no disk), so no
+    election would ever replace it; it cannot apply, so nothing it leads would be
+    acknowledged. It hands the group to a voter that can write, and catches up once space
+    is back."""
+    network = Network()
+    machines = {node: _start(network, node, tmp_path / node) for node in ("a", "b")}
+    machines["c"] = _start(network, "c", volume / "wal")
+    full = network.nodes["c"]
+    try:
+        await asyncio.wait_for(full.wait(lambda: _leader(network) is not None), 10)
+        leader = _leader(network)
+        assert leader is not None
+        if leader is not full:  # the full node leads first
+            await asyncio.wait_for(leader.propose(GROUP, b"before"), 10)
+            leader.core(GROUP).transfer_leadership("c")
+            await asyncio.wait_for(full.wait(lambda: full.core(GROUP).role == LEADER), 10)
+        await asyncio.wait_for(full.propose(GROUP, b"led by c"), 10)
+        filler = fill(volume, 0)
+        sent = 0
+        async with asyncio.timeout(30):
+            while _leader(network) in (None, full):
+                with contextlib.suppress(NotLeader, CommandLost, TimeoutError):
+                    await asyncio.wait_for(full.propose(GROUP, _command(sent)), 1)
+                sent += 1
+        assert full.core(GROUP).transfers >= 1  # handed over, not voted out
+        successor = _leader(network)
+        assert successor is not None and successor is not full
+        await asyncio.wait_for(successor.propose(GROUP, b"after"), 10)
+        assert full.core(GROUP).role != LEADER
+
+        filler.unlink()
+        await asyncio.wait_for(full.wait(lambda: b"after" in machines["c"].applied), 10)
+        assert machines["c"].applied == machines[successor.id].applied
     finally:
         for node in list(network.nodes.values()):
             await node.close()
