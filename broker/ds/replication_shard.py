@@ -143,8 +143,13 @@ class _Machine:
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-        if self.spool.receive(chunk, lambda path: self._install(path, chunk.index, chunk.term,
-                                                                meta)):
+        try:
+            installed = self.spool.receive(
+                chunk, lambda path: self._install(path, chunk.index, chunk.term, meta))
+        except (plyvel.Error, OSError) as failure:  # kept as it was: the transfer starts over
+            raise ApplyFailed(f"{self.spool.name}: snapshot {chunk.index} at offset"
+                              f" {chunk.offset}: {failure}", failure) from failure
+        if installed:
             self.applied_index, self.applied_term = chunk.index, chunk.term
             self.flushed_index = chunk.index
 

@@ -124,6 +124,7 @@ class RaftGroup:
         self._reads: deque[tuple[object, int, int]] = deque()  # (context, index, seq)
         self._committed_in_term = False
         self._receiving: tuple[int, int, int] = (0, 0, 0)  # snapshot index, term, offset
+        self._chunk_from = ""  # the leader the chunks in _chunks came from
         # The voter this leader hands its leadership to (None: no transfer under way).
         self.transferee: str | None = None
         self._transfer_ticks = 0
@@ -755,17 +756,32 @@ class RaftGroup:
         self._chunks.append(SnapshotChunk(m.index, m.snapshot_term, m.config, m.offset, m.data,
                                           m.done))
         self._receiving = (m.index, m.snapshot_term, expected + len(m.data))
-        if not m.done:
-            self._reply(sender, SnapshotResponse(self.group, self.term, m.index,
-                                                 expected + len(m.data), False))
+        self._chunk_from = sender  # answered in chunk_stored, once the machine has it
+
+    def chunk_stored(self, chunk: SnapshotChunk, ok: bool) -> None:
+        """The shell's answer for each chunk `ready()` handed over: the state machine stored
+        it (with `done`: installed the snapshot), or its storage failed (no space). Only a
+        stored chunk is acknowledged, and only an installed snapshot replaces the log: a
+        failed one is forgotten unanswered, and the leader starts the transfer over once it
+        times out (a backoff while the disk stays full)."""
+        sender = self._chunk_from
+        if not ok:
+            self._receiving = (0, 0, 0)
+            return
+        if not chunk.done:
+            self._reply(sender, SnapshotResponse(self.group, self.term, chunk.index,
+                                                 chunk.offset + len(chunk.data), False))
             return
         self._receiving = (0, 0, 0)
-        self.log.restore(m.index, m.snapshot_term, m.config)
+        self._install(sender, chunk)
+
+    def _install(self, sender: str, m: SnapshotChunk) -> None:
+        self.log.restore(m.index, m.term, m.config)
         self._truncated(min(self.persisted_index, m.index))
         if self._unstable and self._unstable <= m.index:
             self._unstable = 0 if self.log.last_index == m.index else m.index + 1
         self.commit = self.applied_index = self._handed = m.index
-        self._snapshot = SnapshotMeta(m.index, m.snapshot_term, m.config)
+        self._snapshot = SnapshotMeta(m.index, m.term, m.config)
         self._config_appended()
         self._reply(sender, SnapshotResponse(self.group, self.term, m.index, 0, True), m.index)
 

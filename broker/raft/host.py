@@ -65,7 +65,8 @@ class StateMachine(Protocol):
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
         """A received chunk; the one with `done` replaces the state, durably, at
-        `chunk.index`."""
+        `chunk.index`. Raises ApplyFailed when its storage fails (the state it had is
+        kept; the transfer starts over)."""
 
 
 class Rewindable(Protocol):
@@ -238,8 +239,15 @@ class RaftHost:
         core = hosted.core
         ready = core.ready()
         group = core.group
+        stored = True  # after a chunk that failed, the rest of the transfer is not stored
         for chunk in ready.snapshot_chunks:
-            hosted.machine.install_chunk(chunk)
+            if stored:
+                try:
+                    hosted.machine.install_chunk(chunk)
+                except ApplyFailed as error:
+                    stored = False
+                    self.apply_errors.append((group, error.cause))
+            core.chunk_stored(chunk, stored)
         wal = self.wal
         if ready.hard_state is not None:
             wal.hard_state(group, ready.hard_state)

@@ -262,8 +262,9 @@ class RaftNode:
         """Applying (or rewinding for a retry) raised: reported, retried later."""
         errors, self.host.apply_errors = self.host.apply_errors, []
         for group, error in errors:
-            log.error("Raft group %d: a committed entry could not be applied (%s); applied"
-                      " again once its storage reopens", group, error)
+            log.error("Raft group %d: its state machine's storage failed (%s); a committed"
+                      " entry is applied again, a snapshot received again, once it reopens",
+                      group, error)
         self._report_disk(errors[-1][1])
         self._shed_leadership()
         if self._apply_retry is None:

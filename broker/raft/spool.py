@@ -118,8 +118,12 @@ class SnapshotSpool:
         A dump under way and a spooled snapshot end first: they are of the state being
         replaced, and the install closes what a dump reads."""
         path = self._incoming_path
-        with path.open("wb" if chunk.offset == 0 else "ab") as file:
-            file.write(chunk.data)
+        try:
+            with path.open("wb" if chunk.offset == 0 else "ab") as file:
+                file.write(chunk.data)
+        except OSError:
+            path.unlink(missing_ok=True)  # the transfer starts over: what came is no use
+            raise
         if not chunk.done:
             return False
         self.end_dump()

@@ -221,7 +221,12 @@ class RetainedMachine:
         return self.spool.chunk(self.applied_index, index, offset)
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
-        if self.spool.receive(chunk, lambda path: self._install(path, chunk)):
+        try:
+            installed = self.spool.receive(chunk, lambda path: self._install(path, chunk))
+        except (plyvel.Error, OSError) as failure:  # kept as it was: the transfer starts over
+            raise ApplyFailed(f"retained messages: snapshot {chunk.index} at offset"
+                              f" {chunk.offset}: {failure}", failure) from failure
+        if installed:
             self.applied_index, self.applied_term = chunk.index, chunk.term
             self.flushed_index = chunk.index
             # The snapshot's, if higher: one taken before this node applied a version entry

@@ -19,11 +19,16 @@ group elects a leader and commits).
 Leaders hand their leadership over now and then (to a random voter: one that lags, is cut
 off or down; or to the one RaftHost chooses), while proposals go on, and sometimes the
 leader or the target crashes mid-transfer; the same checks hold.
+
+A received snapshot chunk's storage fails now and then (a full disk): the follower keeps the
+state it had, acknowledges nothing of that transfer, and the leader starts it over.
 """
 
 import argparse
+import errno
 import hashlib
 import heapq
+import os
 import random
 import struct
 import sys
@@ -32,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup, TransferRefused
-from broker.raft.host import HostBatch, RaftHost
+from broker.raft.host import ApplyFailed, HostBatch, RaftHost
 from broker.raft.messages import Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.wal import WalBatch, WriteAheadLog
@@ -175,10 +180,13 @@ class SimMachine:
 
     CHUNK = 48
 
-    def __init__(self, group: int, node: str, checker: Checker) -> None:
+    def __init__(self, group: int, node: str, checker: Checker,
+                 storage_fails: Callable[[], bool]) -> None:
         self.group = group
         self.node = node
         self.checker = checker
+        self.storage_fails = storage_fails
+        self.storage_failures = 0
         self.index = 0
         self.digest = b"\0" * 8
         self.flushed = (0, self.digest)
@@ -222,6 +230,11 @@ class SimMachine:
         return index, chunk, done
 
     def install_chunk(self, chunk: SnapshotChunk) -> None:
+        if self.storage_fails():  # what came of the transfer is dropped, the state kept
+            self._receiving.clear()
+            self.storage_failures += 1
+            full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise ApplyFailed(f"{self.node}: snapshot chunk at {chunk.offset}: no space", full)
         if chunk.offset == 0:
             self._receiving.clear()
         if chunk.offset != len(self._receiving):
@@ -264,6 +277,7 @@ class Options:
     check_every: int = 200  # steps between pairwise log-matching checks
     torn_writes: bool = True
     disk_stalls: float = 0.1  # share of fsyncs that take 2-8 ticks (wider crash windows)
+    chunk_failures: float = 0.1  # share of received snapshot chunks whose storage fails
 
 
 @dataclass(order=True)
@@ -441,6 +455,10 @@ class Simulation:
         return sum(1 for group, term, target in self.transfers
                    if self.checker.leaders.get((group, term + 1)) == target)
 
+    def chunk_failures(self) -> int:
+        return sum(machine.storage_failures for node in self.nodes.values()
+                   for machine in node.machines.values())
+
     def transfers_aborted(self) -> int:
         return sum(node.transfers_aborted + sum(
             node.host.core(group).transfers_aborted for group in node.machines)
@@ -572,7 +590,9 @@ class SimNode:
         self.store = MemoryStore()
         self.alive = False
         self.incarnation = 0
-        self.machines = {group: SimMachine(group, node, sim.checker)
+        def storage_fails() -> bool:
+            return sim.faults and sim.rng.random() < sim.options.chunk_failures
+        self.machines = {group: SimMachine(group, node, sim.checker, storage_fails)
                          for group in range(1, sim.options.groups + 1)}
         self._written: list[tuple[HostBatch, WalBatch]] = []
         self.syncing = False
@@ -655,6 +675,7 @@ class SimNode:
         checker = self.sim.checker
         commits = {group: host.core(group).commit for group in self.machines}
         batch = host.flush()
+        host.apply_errors.clear()  # only snapshot chunks fail here: their transfer starts over
         for group in self.machines:
             core = host.core(group)
             role = (core.role, core.term)
@@ -722,7 +743,8 @@ def main() -> None:
         total += sim.steps
         print(f"seed {seed}: {sim.steps} steps, {sim.checker.acks} acknowledged, "
               f"{sim.checker.reads} reads, {sim.crashes} crashes, {sim.partitions} partitions, "
-              f"{sim.changes} membership changes, {sim.checker.installs} snapshots installed, "
+              f"{sim.changes} membership changes, {sim.checker.installs} snapshots installed "
+              f"({sim.chunk_failures()} chunks failed), "
               f"{len(sim.transfers)} transfers ({sim.transfers_done()} done, "
               f"{sim.transfers_aborted()} given up), {len(sim.checker.leaders)} leaders: ok")
     print(f"{len(seeds)} seeds, {total} steps in {time.perf_counter() - started:.0f} s: "
