@@ -142,6 +142,11 @@ class MetadataGroup:
             self.machine.flush()
             await self._raft.close()
 
+    def balance_leaders(self) -> None:
+        """A round of durable_storage.raft.leader_balance_interval (see RaftNode)."""
+        if self._raft is not None:
+            self._raft.balance_leaders()
+
     async def hand_over(self, timeout: float) -> tuple[list[int], list[int]]:
         """A graceful stop: see RaftNode.hand_over (every group of this node is on it)."""
         return ([], []) if self._raft is None else await self._raft.hand_over(timeout)

@@ -397,6 +397,11 @@ SETTINGS: tuple[Setting, ...] = (
             " an election; a leader that hears from no majority for this long steps down."),
     Setting("durable_storage.raft.heartbeat_interval", "100ms", parse_duration,
             "How often a Raft leader sends heartbeats; the Raft clock ticks at half of it."),
+    Setting("durable_storage.raft.leader_balance_interval", "1m", parse_duration,
+            "How often a node hands the Raft groups it leads beyond its share to voters"
+            " leading at least two fewer (a leadership transfer: no election, nothing lost),"
+            " so that after a rolling restart or a failover the groups' work spreads over the"
+            " nodes again instead of staying on the one that leads them all. 0 = never."),
     Setting("durable_storage.raft.wal_dir", "", parse_str,
             "Directory of the node's Raft write-ahead log (one for all its groups, fsync'd"
             " once per batch). Empty = `<node.data_dir>/raft/wal`."),

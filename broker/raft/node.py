@@ -24,6 +24,7 @@ import random
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from broker.raft.balance import moves
 from broker.raft.core import LEADER, RaftGroup
 from broker.raft.host import HostBatch, RaftHost, Sample, StateMachine, Transport, anyone
 from broker.raft.ready import SnapshotMeta
@@ -172,6 +173,23 @@ class RaftNode:
                     # under way (given up, or elected again): then try again.
                     await self.wait(functools.partial(self._transfers_settled, waiting))
         return [group for group in led if self._led_elsewhere(group)], self.led()
+
+    def balance_leaders(self) -> list[tuple[int, str]]:
+        """One round of spreading the groups' leaderships over the voters (see
+        broker/raft/balance.py): hands over the groups this node leads beyond its share;
+        returns those moves. Nothing while a transfer is under way or the disk is full."""
+        if self._full or self.host.stalled or any(
+                hosted.core.transferee is not None for hosted in self.host.groups.values()):
+            return []
+        groups = {group: (hosted.core.leader, hosted.core.log.config.voters)
+                  for group, hosted in self.host.groups.items()}
+        planned = moves(self.id, groups, self.host.can_transfer_to)
+        for group, target in planned:
+            log.info("group %d: handing leadership to %s (leaders spread)", group, target)
+            self.core(group).transfer_leadership(target)
+        if planned:
+            self._schedule_flush()
+        return planned
 
     def _shed_leadership(self) -> None:
         """This node cannot write (its log or a state machine's storage has no space): the

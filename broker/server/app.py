@@ -196,6 +196,9 @@ class BrokerApp:
         await self.cluster.start()
         if self.versions is not None:
             self._every(VERSION_ROUND, self.versions.round)
+        balance: float = config["durable_storage.raft.leader_balance_interval"]
+        if self.metadata is not None and balance > 0:
+            self._every(balance, self.metadata.balance_leaders)
         if self.ds_groups is not None:
             self._tasks.append(asyncio.create_task(self._restore_replicated()))
             watch = partial(self._watch_placement, self.ds_groups,
