@@ -29,8 +29,8 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
+from mqtt_operator import backup, metrics, resync
 from mqtt_operator import constants as c
-from mqtt_operator import metrics, resync
 from mqtt_operator.brokers import ask_sealed, ask_site
 from mqtt_operator.kube import Kube, client_from_environment, in_cluster_server
 from mqtt_operator.reconcile import reconcile
@@ -125,7 +125,13 @@ def on_change(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -
     _run("change", meta["namespace"], meta["name"], memo, logger)
 
 
-@kopf.on.event("", "v1", "pods", labels={c.LABEL_NAME: c.APP_NAME})
+def _ours(value: str | None, **_: Any) -> bool:
+    """Broker pods, and the backup and restore Jobs' pods (a finished one carries its
+    result)."""
+    return value in (c.APP_NAME, backup.APP_NAME)
+
+
+@kopf.on.event("", "v1", "pods", labels={c.LABEL_NAME: _ours})
 def on_pod(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
     cluster = (meta.get("labels") or {}).get(c.LABEL_INSTANCE)

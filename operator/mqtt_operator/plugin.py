@@ -1,5 +1,6 @@
 """`kubectl mqtt`: a cluster's sites, shards and pending transitions, from its status, and
-what its brokers see: members, clients, durable sessions, durable shared groups, generations.
+what its brokers see: members, clients, durable sessions, durable shared groups, generations;
+and its backups (plugin_backups.py).
 
 kubectl runs any `kubectl-mqtt` on PATH as `kubectl mqtt`; `sites` and `shards` read the
 MQTTCluster the operator maintains (no broker access needed), in the layout of `emqx ctl ds
@@ -24,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from mqtt_operator import constants as c
+from mqtt_operator import plugin_backups
 from mqtt_operator.kube import Kube, client_from_environment, path
 from mqtt_operator.plugin_ask import Brokers, PluginError, why
 
@@ -336,6 +338,7 @@ _VERBS = {
     "sessions": "durable sessions of every broker: expiry, lag, missed messages (pod proxy)",
     "groups": "durable shared groups: members connected/total, backlog, nodes (pod proxy)",
     "generations": "generations of every shard replica: state, time range, size (pod proxy)",
+    "backups": "archives on record, the backup schedule and its last run, the restore",
 }
 
 
@@ -353,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kube = Kube(client_from_environment())
         body = fetch(kube, args.namespace or _default_namespace(), args.name)
-        if args.command in ("sites", "shards"):
+        if args.command == "backups":
+            job = plugin_backups.cronjob(kube, body["metadata"]["namespace"], args.name)
+            output = (plugin_backups.backups_json if json_output
+                      else plugin_backups.render_backups)(body, job)
+        elif args.command in ("sites", "shards"):
             output = (as_json(body, args.command) if json_output else
                       (render_sites if args.command == "sites" else render_shards)(body))
         else:
