@@ -10,6 +10,7 @@ import re
 import subprocess
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +22,11 @@ from tests.k8s.conftest import (
     cluster_manifest,
     event_reasons,
     eventually,
+    run_operator,
+    service_account_kubeconfig,
     set_pod_ready,
 )
+from tests.k8s.test_helm import CHART, helm
 
 BACKUP = {"schedule": "0 3 * * *", "claimName": "archive", "keep": 3}
 
@@ -297,3 +301,30 @@ def test_kubectl_mqtt_backups_lists_the_record_and_the_schedule(
     assert document["cronJob"]["schedule"] == "0 3 * * *" and not document["cronJob"]["suspend"]
     assert document["backups"]["archives"][0]["size"] == 4096
     assert document["restore"] is None
+
+
+def test_the_charts_rbac_suffices_for_backups_and_a_restore(
+        testbed: Testbed, namespace: str, operator_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator as the chart's ServiceAccount: the CronJob (its version found by
+    discovery), the Jobs' pods listed and watched, the restore Job created and read."""
+    helm(testbed, "install", "rel", str(CHART), "--namespace", namespace,
+         "--set", "cluster.replicas=1", "--set", "cluster.backup.schedule=@daily",
+         "--set", "cluster.backup.claimName=archive",
+         "--set", "cluster.restoreFrom.claimName=archive",
+         "--set", "cluster.restoreFrom.file=rel-20261206T030000Z.tar")
+    kubeconfig = service_account_kubeconfig(testbed, namespace, "rel-operator",
+                                            tmp_path / "operator.kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    job = b.restore_job_name("rel", b.RestoreSpec("archive", "rel-20261206T030000Z.tar"))
+    with run_operator(namespace) as runner:
+        cronjob = eventually(lambda: testbed.find("cronjob", "rel-backup", namespace))
+        assert cronjob["spec"]["schedule"] == "@daily"
+        eventually(lambda: testbed.find("pod", "rel-0", namespace))
+        set_pod_ready(testbed, namespace, "rel-0")
+        eventually(lambda: testbed.find("job", job, namespace), what="the restore Job")
+        eventually(lambda: _status(testbed, namespace, "rel").get("restore", {}).get(
+            "state") == "Running")
+    assert "Forbidden" not in runner.output, runner.output  # the chart's RBAC sufficed
+    assert "failed with an exception" not in runner.output, runner.output
+    helm(testbed, "uninstall", "rel", "--namespace", namespace, "--wait")
