@@ -27,7 +27,8 @@ from kubernetes.config.config_exception import ConfigException
 from mqtt_operator import constants as c
 from mqtt_operator import plugin_backups
 from mqtt_operator.kube import Kube, client_from_environment, path
-from mqtt_operator.plugin_ask import Brokers, PluginError, why
+from mqtt_operator.plugin_ask import Brokers, PluginError, refused
+from mqtt_operator.plugin_ask import table as _table
 
 _NODE_KEYS = frozenset({"node", "site", "node_status"})  # what every /api/v5/nodes entry has
 CLIENTS_PATH = "/api/v5/clients"
@@ -56,11 +57,8 @@ def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
                                   " in this cluster")
             raise PluginError(f'MQTTCluster "{name}" not found in namespace "{namespace}"')
     except ApiException as error:
-        if error.status in (401, 403):
-            raise PluginError(
-                f"no access to MQTTCluster {namespace}/{name} ({error.status} {error.reason});"
-                f" check: kubectl auth can-i get {c.PLURAL} -n {namespace}") from None
-        raise PluginError(f"API server error {error.status}: {why(error)}") from None
+        raise refused(error, f"MQTTCluster {namespace}/{name}",
+                      f"get {c.PLURAL} -n {namespace}") from None
     except urllib3.exceptions.HTTPError as error:
         raise PluginError(f"cannot reach the API server: {error}") from None
     return dict(body)
@@ -68,12 +66,6 @@ def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 
 def _shard_key(shard: str) -> str:
     return f"{c.DB}/{shard}"
-
-
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
-            .rstrip() for row in rows]
 
 
 def _shards_lines(placement: Mapping[str, Any]) -> list[str]:

@@ -2,14 +2,14 @@
 and its CronJob's schedule and last runs, as the API server has them (no broker asked)."""
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from mqtt_operator import backup as b
 from mqtt_operator.kube import Kube, path
-from mqtt_operator.plugin_ask import PluginError, why
+from mqtt_operator.plugin_ask import refused, table
 
 _VERSIONS = ("batch/v1", "batch/v1beta1")  # CronJob's, newest first (v1 from 1.21)
 
@@ -21,11 +21,8 @@ def cronjob(kube: Kube, namespace: str, cluster: str) -> dict[str, Any] | None:
         try:
             found = kube.get(path(version, "CronJob", namespace, name))
         except ApiException as error:
-            if error.status in (401, 403):
-                raise PluginError(
-                    f"no access to CronJob {namespace}/{name} ({error.status} {error.reason});"
-                    f" check: kubectl auth can-i get cronjobs -n {namespace}") from None
-            raise PluginError(f"API server error {error.status}: {why(error)}") from None
+            raise refused(error, f"CronJob {namespace}/{name}",
+                          f"get cronjobs -n {namespace}") from None
         if found is not None:
             return dict(found)
     return None
@@ -33,12 +30,6 @@ def cronjob(kube: Kube, namespace: str, cluster: str) -> dict[str, Any] | None:
 
 def _cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
-
-
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-            .rstrip() for row in rows]
 
 
 def _schedule_lines(record: Mapping[str, Any], job: Mapping[str, Any] | None) -> list[str]:
@@ -66,7 +57,7 @@ def render_backups(body: Mapping[str, Any], job: Mapping[str, Any] | None) -> st
     rows = [("FILE", "BYTES", "SECONDS", "FINISHED")] + [
         (_cell(a.get("file")), _cell(a.get("size")), _cell(a.get("duration")),
          _cell(a.get("finished"))) for a in archives]
-    lines += ["", "ARCHIVES:", *(_table(rows) if archives else ["(none on record)"])]
+    lines += ["", "ARCHIVES:", *(table(rows) if archives else ["(none on record)"])]
     if restore:
         lines += ["", f"RESTORE: {restore.get('state')} from {restore.get('claimName')}/"
                       f"{restore.get('file')} (Job {restore.get('job')}, finished"
