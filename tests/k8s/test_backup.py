@@ -85,10 +85,10 @@ def _finish(testbed: Testbed, namespace: str, pod: str, exit_code: int, message:
                     "--type=merge", "-p", json.dumps(status))
 
 
-def _run_now(testbed: Testbed, namespace: str, job: str) -> None:
+def _run_now(testbed: Testbed, namespace: str, job: str, cluster: str = "web") -> None:
     """A Job from the CronJob's template, as the CronJob controller makes one on schedule
     (the test bed's kubectl is newer than its batch/v1beta1 CronJobs: no `--from`)."""
-    template = testbed.get("cronjob", "web-backup", namespace)["spec"]["jobTemplate"]
+    template = testbed.get("cronjob", f"{cluster}-backup", namespace)["spec"]["jobTemplate"]
     testbed.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
         "name": job, "labels": template["metadata"]["labels"]}, "spec": template["spec"]},
         namespace)
@@ -275,27 +275,28 @@ def test_a_failed_restore_is_reported_and_an_existing_cluster_is_never_restored(
 def test_kubectl_mqtt_backups_lists_the_record_and_the_schedule(
         testbed: Testbed, namespace: str, operator: Callable[[], Any]) -> None:
     with operator():
-        testbed.apply(cluster_manifest("web", replicas=1, backup=BACKUP), namespace)
-        eventually(lambda: _cronjob(testbed, namespace))
-        _run_now(testbed, namespace, "web-backup-1")
-        line = {"file": "/backups/web-20261206T030000Z.tar", "bytes": 4096, "seconds": 2.5}
-        _finish(testbed, namespace, _job_pod(testbed, namespace, "web-backup-1"), 0,
+        # Not "web": the operator's gauges of a cluster left behind outlive the test.
+        testbed.apply(cluster_manifest("shop", replicas=1, backup=BACKUP), namespace)
+        eventually(lambda: testbed.find("cronjob", "shop-backup", namespace))
+        _run_now(testbed, namespace, "shop-backup-1", "shop")
+        line = {"file": "/backups/shop-20261206T030000Z.tar", "bytes": 4096, "seconds": 2.5}
+        _finish(testbed, namespace, _job_pod(testbed, namespace, "shop-backup-1"), 0,
                 json.dumps(line), "2026-12-06T03:00:05Z")
-        eventually(lambda: _status(testbed, namespace, "web").get("backups", {}).get(
+        eventually(lambda: _status(testbed, namespace, "shop").get("backups", {}).get(
             "archives"), what="an archive on record")
 
     def mqtt(*args: str) -> subprocess.CompletedProcess[str]:
-        return testbed.kubectl("mqtt", "backups", "web", "-n", namespace, *args, check=False)
+        return testbed.kubectl("mqtt", "backups", "shop", "-n", namespace, *args, check=False)
 
     text = mqtt()
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0] == "SCHEDULE: 0 3 * * * (CronJob web-backup)"
+    assert lines[0] == "SCHEDULE: 0 3 * * * (CronJob shop-backup)"
     assert lines[1].startswith("LAST RUN: ") and lines[2] == "CLAIM: archive"
-    assert lines[3] == "LAST SUCCESS: 2026-12-06T03:00:05Z web-20261206T030000Z.tar"
+    assert lines[3] == "LAST SUCCESS: 2026-12-06T03:00:05Z shop-20261206T030000Z.tar"
     table = lines[lines.index("ARCHIVES:") + 1:]
     assert table[0].split() == ["FILE", "BYTES", "SECONDS", "FINISHED"]
-    assert table[1].split() == ["web-20261206T030000Z.tar", "4096", "2.5",
+    assert table[1].split() == ["shop-20261206T030000Z.tar", "4096", "2.5",
                                 "2026-12-06T03:00:05Z"]
     document = json.loads(mqtt("-o", "json").stdout)
     assert document["cronJob"]["schedule"] == "0 3 * * *" and not document["cronJob"]["suspend"]
