@@ -182,6 +182,9 @@ def test_the_cronjob_follows_spec_backup_and_runs_are_recorded_not_pruned(
         eventually(lambda: _cronjob(testbed, namespace), what="CronJob again")
         testbed.kubectl("delete", "mqc", "web", "-n", namespace)
         eventually(lambda: _cronjob(testbed, namespace) is None, what="CronJob collected")
+        # ... and its gauges go (the reconcile after its broker pod is collected).
+        eventually(lambda: _gauge(operator_env, "mqtt_operator_cluster_spec_replicas", "web")
+                   is None, what="the gauges of a deleted cluster gone")
 
 
 def _ports(testbed: Testbed, namespace: str, name: str) -> list[str]:
