@@ -76,22 +76,32 @@ def test_a_scheduled_export_restores_a_fresh_cluster_with_its_sessions(
                             what="the next export")
     except AssertionError as error:
         raise AssertionError(f"{error}\n{describe(node, namespace)}") from error
-    directory = _claim_dir(node, namespace, "archive")
-    # keep 1: the Job pruned the first archive after writing the second, and only that one.
-    assert _archives(directory, name) == [second["file"]]
-    assert (directory / second["file"]).stat().st_size == second["size"] > 0
-    assert [a["file"] for a in second["archives"]] == [second["file"]]
-    verified = subprocess.run(["broker", "ctl", "data", "verify", str(directory / second["file"])],
-                              capture_output=True, text=True, timeout=120, check=False)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    # Stop the schedule, and let a run already started finish, before looking at the claim.
     node.kubectl("patch", "mqc", name, "-n", namespace, "--type=merge",
                  "-p", json.dumps({"spec": {"backup": {"suspend": True}}}))
+    eventually(lambda: (j := node.get("cronjob", f"{name}-backup", namespace))["spec"][
+        "suspend"] and not j.get("status", {}).get("active"), timeout=120,
+        what="the CronJob suspended, no run active")
+    directory = _claim_dir(node, namespace, "archive")
+
+    def settled() -> dict[str, Any] | None:
+        record = _status(node, namespace, name)["backups"]
+        return record if _archives(directory, name) == [record["file"]] else None
+
+    # keep 1: each run pruned the archive before it, and only that one.
+    last = eventually(settled, timeout=60, what="one archive on the claim, the last recorded")
+    assert last["lastSuccess"] >= second["lastSuccess"] > first["lastSuccess"]
+    assert (directory / last["file"]).stat().st_size == last["size"] > 0
+    assert [a["file"] for a in last["archives"]] == [last["file"]]
+    verified = subprocess.run(["broker", "ctl", "data", "verify", str(directory / last["file"])],
+                              capture_output=True, text=True, timeout=120, check=False)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
     # A fresh cluster from the archive, in the same namespace (the claim is namespaced).
     spec = node.get("mqc", name, namespace)["spec"]
     node.apply(cluster_manifest("fresh", replicas=1, image=spec["image"],
                                 imagePullPolicy=spec["imagePullPolicy"], restoreFrom={
-                                    "claimName": "archive", "file": second["file"]}), namespace)
+                                    "claimName": "archive", "file": last["file"]}), namespace)
     try:
         restored = eventually(lambda: (r := _status(node, namespace, "fresh").get(
             "restore") or {}).get("state") in ("Succeeded", "Failed") and r, timeout=400,

@@ -248,3 +248,12 @@ def test_the_backup_gauges_exist_only_while_a_schedule_runs() -> None:
     assert "mqtt_operator_cluster_ready_replicas" in sampled()
     metrics.report("ns", "gauged", None)
     assert sampled() == set()
+
+
+@pytest.mark.parametrize("script", [b.EXPORT_SCRIPT + b.PRUNE_SCRIPT, b.IMPORT_SCRIPT])
+def test_the_jobs_scripts_are_valid_posix_shell(script: str) -> None:
+    """What runs in the pods parses as `sh` (the export itself needs the brokers:
+    tests/k8s_e2e/test_backup.py)."""
+    done = subprocess.run(["/bin/sh", "-n", "-c", script], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
