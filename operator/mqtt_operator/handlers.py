@@ -1,14 +1,15 @@
 """kopf handlers: thin entry points that run one reconcile and report it.
 
-Change handlers react at once to spec edits (and resume after a restart); broker pod
-events re-reconcile their cluster, because readiness changes without any event on the
-MQTTCluster. Both paths share one lock per cluster, so they never interleave, and both
-always finish: what must be asked again without any event (a drain not confirmed yet,
-replica transitions the answering brokers have not finished, generations the brokers seal
-for Spark, a reconcile that failed) is scheduled on the operator's own resync thread
-(resync.py says why not kopf's retries). No kopf timer or daemon on purpose: those put a
-finalizer on the MQTTCluster, and `helm uninstall` removes the operator together with the
-cluster, which would leave the cluster stuck in deletion.
+Change handlers react at once to spec edits (and resume after a restart); broker pod events
+re-reconcile their cluster, because readiness changes without any event on the MQTTCluster,
+and so do the backup and restore Jobs' pods, whose end carries their result. Both paths
+share one lock per cluster, so they never interleave, and both always finish: what must be
+asked again without any event (a drain not confirmed yet, replica transitions the answering
+brokers have not finished, generations the brokers seal for Spark, a restore Job running, a
+reconcile that failed) is scheduled on the operator's own resync thread (resync.py says why
+not kopf's retries). No kopf timer or daemon on purpose: those put a finalizer on the
+MQTTCluster, and `helm uninstall` removes the operator together with the cluster, which
+would leave the cluster stuck in deletion.
 
 Settings (environment): MQTT_OPERATOR_METRICS_PORT (9090; 0 disables),
 MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10: longest wait before
