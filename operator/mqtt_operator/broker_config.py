@@ -1,4 +1,4 @@
-"""The broker.toml the operator renders for every pod (contract v9, docs/operator-contract.md).
+"""The broker.toml the operator renders for every pod (contract v10, docs/operator-contract.md).
 
 Only keys `broker run` accepts appear here; a test loads the rendered file with the broker's
 own loader, so a renamed or removed broker key fails the build instead of a rollout. Per-pod

@@ -11,7 +11,7 @@ KIND = "MQTTCluster"
 PLURAL = "mqttclusters"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-CONTRACT_VERSION = "v9"
+CONTRACT_VERSION = "v10"
 DB = "messages"
 FIELD_MANAGER = "mqtt-operator"
 

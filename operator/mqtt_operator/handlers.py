@@ -1,14 +1,15 @@
 """kopf handlers: thin entry points that run one reconcile and report it.
 
-Change handlers react at once to spec edits (and resume after a restart); broker pod
-events re-reconcile their cluster, because readiness changes without any event on the
-MQTTCluster. Both paths share one lock per cluster, so they never interleave, and both
-always finish: what must be asked again without any event (a drain not confirmed yet,
-replica transitions the answering brokers have not finished, generations the brokers seal
-for Spark, a reconcile that failed) is scheduled on the operator's own resync thread
-(resync.py says why not kopf's retries). No kopf timer or daemon on purpose: those put a
-finalizer on the MQTTCluster, and `helm uninstall` removes the operator together with the
-cluster, which would leave the cluster stuck in deletion.
+Change handlers react at once to spec edits (and resume after a restart); broker pod events
+re-reconcile their cluster, because readiness changes without any event on the MQTTCluster,
+and so do the backup and restore Jobs' pods, whose end carries their result. Both paths
+share one lock per cluster, so they never interleave, and both always finish: what must be
+asked again without any event (a drain not confirmed yet, replica transitions the answering
+brokers have not finished, generations the brokers seal for Spark, a restore Job running, a
+reconcile that failed) is scheduled on the operator's own resync thread (resync.py says why
+not kopf's retries). No kopf timer or daemon on purpose: those put a finalizer on the
+MQTTCluster, and `helm uninstall` removes the operator together with the cluster, which
+would leave the cluster stuck in deletion.
 
 Settings (environment): MQTT_OPERATOR_METRICS_PORT (9090; 0 disables),
 MQTT_OPERATOR_METRICS_ADDR (0.0.0.0), MQTT_OPERATOR_RESYNC_SECONDS (10: longest wait before
@@ -29,8 +30,8 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
+from mqtt_operator import backup, metrics, resync
 from mqtt_operator import constants as c
-from mqtt_operator import metrics, resync
 from mqtt_operator.brokers import ask_sealed, ask_site
 from mqtt_operator.kube import Kube, client_from_environment, in_cluster_server
 from mqtt_operator.reconcile import reconcile
@@ -125,7 +126,13 @@ def on_change(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -
     _run("change", meta["namespace"], meta["name"], memo, logger)
 
 
-@kopf.on.event("", "v1", "pods", labels={c.LABEL_NAME: c.APP_NAME})
+def _ours(value: str | None, **_: Any) -> bool:
+    """Broker pods, and the backup and restore Jobs' pods (a finished one carries its
+    result)."""
+    return value in (c.APP_NAME, backup.APP_NAME)
+
+
+@kopf.on.event("", "v1", "pods", labels={c.LABEL_NAME: _ours})
 def on_pod(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
     cluster = (meta.get("labels") or {}).get(c.LABEL_INSTANCE)

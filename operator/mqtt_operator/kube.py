@@ -32,6 +32,8 @@ _PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors",
     "SparkApplication": "sparkapplications",
+    "Job": "jobs",
+    "CronJob": "cronjobs",
     constants.KIND: constants.PLURAL,
 }
 
@@ -104,6 +106,12 @@ class Kube:
     def served(self, group_version: str) -> bool:
         """Discovery: is this API group/version served (e.g. a CRD installed)?"""
         return self.get(f"/apis/{group_version}") is not None
+
+    def serves(self, group_version: str, resource: str) -> bool:
+        """Discovery: is this resource (plural) served in that group/version?"""
+        found = self.get(f"/apis/{group_version}")
+        return found is not None and any(
+            served.get("name") == resource for served in found.get("resources") or [])
 
     def apply(self, manifest: Mapping[str, Any]) -> Any:
         meta = manifest["metadata"]

@@ -37,7 +37,7 @@ POD_SCRIPT = (
 HEADLESS_LABEL = f"{c.GROUP}/service"
 _COOKIE_VOLUME = "cookie"
 _API_KEY_VOLUME = "api-key"
-_SECRET_MODE = 0o440  # readable by the broker through the pod's fsGroup, by nobody else
+SECRET_MODE = 0o440  # readable by the broker through the pod's fsGroup, by nobody else
 # mosquitto_passwd's $7$ (PBKDF2-HMAC-SHA512) with its iteration count and salt size: a file
 # the brokers, Mosquitto and `broker ctl users` all read and extend.
 _PBKDF2_ITERATIONS = 101
@@ -49,7 +49,7 @@ def owner_reference(cluster: Cluster) -> Manifest:
             "uid": cluster.uid, "controller": True, "blockOwnerDeletion": True}
 
 
-def _metadata(cluster: Cluster, name: str, **extra_labels: str) -> Manifest:
+def metadata(cluster: Cluster, name: str, **extra_labels: str) -> Manifest:
     labels = {**c.selector_labels(cluster.name), c.LABEL_MANAGED_BY: c.FIELD_MANAGER,
               **extra_labels}
     return {"name": name, "namespace": cluster.namespace, "labels": labels,
@@ -57,7 +57,7 @@ def _metadata(cluster: Cluster, name: str, **extra_labels: str) -> Manifest:
 
 
 def config_map(cluster: Cluster, name: str, data: Mapping[str, str]) -> Manifest:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(cluster, name),
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(cluster, name),
             "data": dict(data)}
 
 
@@ -85,7 +85,7 @@ def headless_service(cluster: Cluster) -> Manifest:
     only publishNotReadyAddresses lists it (as `addresses`, and in DNS where there is DNS)."""
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _metadata(cluster, c.headless_service_name(cluster.name),
+        "metadata": metadata(cluster, c.headless_service_name(cluster.name),
                               **{HEADLESS_LABEL: "headless"}),
         "spec": {
             "clusterIP": "None",
@@ -96,17 +96,19 @@ def headless_service(cluster: Cluster) -> Manifest:
     }
 
 
-def client_service(cluster: Cluster) -> Manifest:
+def client_service(cluster: Cluster, withheld: bool = False) -> Manifest:
     """spec.service's fields where the API server takes them: source ranges on a
     LoadBalancer, the traffic policy on a Service with node ports (elsewhere it refuses the
-    Service; the reconcile reports such a spec instead)."""
-    metadata = _metadata(cluster, cluster.name)
+    Service; the reconcile reports such a spec instead). `withheld`: only the HTTP API's
+    port, while a new cluster waits for its restore (clients would make it non-empty)."""
+    meta = metadata(cluster, cluster.name)
     if cluster.service.get("annotations"):
-        metadata["annotations"] = dict(cluster.service["annotations"])
+        meta["annotations"] = dict(cluster.service["annotations"])
+    ports = [(c.HTTP_PORT_NAME, cluster.http_port)] if withheld else _client_ports(cluster)
     spec: Manifest = {
         "type": cluster.service_type,
         "selector": c.selector_labels(cluster.name),
-        "ports": _service_ports(_client_ports(cluster)),
+        "ports": _service_ports(ports),
     }
     ranges = cluster.service.get("loadBalancerSourceRanges")
     if ranges and cluster.service_type == "LoadBalancer":
@@ -114,7 +116,7 @@ def client_service(cluster: Cluster) -> Manifest:
     policy = cluster.service.get("externalTrafficPolicy")
     if policy and cluster.service_type != "ClusterIP":
         spec["externalTrafficPolicy"] = policy
-    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
 def service_problems(cluster: Cluster) -> list[str]:
@@ -131,14 +133,14 @@ def service_problems(cluster: Cluster) -> list[str]:
 
 def broker_service_account(cluster: Cluster) -> Manifest:
     return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": _metadata(cluster, c.broker_account_name(cluster.name))}
+            "metadata": metadata(cluster, c.broker_account_name(cluster.name))}
 
 
 def broker_role(cluster: Cluster) -> Manifest:
     """What a broker may do with the API: read its cluster's headless Service's Endpoints
     (peer discovery), nothing else; named, so not even the namespace's other Endpoints."""
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": _metadata(cluster, c.broker_account_name(cluster.name)),
+            "metadata": metadata(cluster, c.broker_account_name(cluster.name)),
             "rules": [{"apiGroups": [""], "resources": ["endpoints"], "verbs": ["get"],
                        "resourceNames": [c.headless_service_name(cluster.name)]}]}
 
@@ -146,7 +148,7 @@ def broker_role(cluster: Cluster) -> Manifest:
 def broker_role_binding(cluster: Cluster) -> Manifest:
     name = c.broker_account_name(cluster.name)
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": _metadata(cluster, name),
+            "metadata": metadata(cluster, name),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name,
                           "namespace": cluster.namespace}]}
@@ -157,7 +159,7 @@ def cookie_secret(cluster: Cluster, cookie: str) -> Manifest:
     split the cluster between pods started before and after it). Immutable, so an edit
     cannot change it under running brokers either; deleting it is the only way to lose it."""
     return {"apiVersion": "v1", "kind": "Secret",
-            "metadata": _metadata(cluster, c.cookie_secret_name(cluster.name)),
+            "metadata": metadata(cluster, c.cookie_secret_name(cluster.name)),
             "type": "Opaque", "immutable": True, "stringData": {c.COOKIE_KEY: cookie}}
 
 
@@ -173,7 +175,7 @@ def api_key_secret(cluster: Cluster, admin: str, viewer: str) -> Manifest:
     keys = (f"{c.ADMIN_KEY_NAME}:{admin}:administrator\n"
             f"{c.VIEWER_KEY_NAME}:{viewer}:viewer\n")
     return {"apiVersion": "v1", "kind": "Secret",
-            "metadata": _metadata(cluster, c.api_key_secret_name(cluster.name)),
+            "metadata": metadata(cluster, c.api_key_secret_name(cluster.name)),
             "type": "Opaque",
             "stringData": {c.API_KEYS_FILE: keys, c.API_KEY_USERNAME: c.VIEWER_KEY_NAME,
                            c.API_KEY_PASSWORD: viewer}}
@@ -194,7 +196,7 @@ def user_secret(cluster: Cluster, password: str) -> Manifest:
     use); not immutable: writing a new password file into it reaches the running brokers."""
     user = cluster.generated_user
     return {"apiVersion": "v1", "kind": "Secret",
-            "metadata": _metadata(cluster, c.user_secret_name(cluster.name)),
+            "metadata": metadata(cluster, c.user_secret_name(cluster.name)),
             "type": "Opaque",
             "stringData": {c.PASSWORD_FILE: password_line(user, password),
                            c.USER_USERNAME: user, c.USER_PASSWORD: password}}
@@ -230,7 +232,7 @@ def _projected(source: FileSource, *files: tuple[str, str]) -> Manifest:
     """The volume of a ConfigMap's or Secret's keys as fixed file names ((key, path)
     pairs). Not a subPath mount: kubelet updates a whole volume in place, a subPath never."""
     name_field = "secretName" if source.kind == "secret" else "name"
-    return {source.kind: {name_field: source.name, "defaultMode": _SECRET_MODE,
+    return {source.kind: {name_field: source.name, "defaultMode": SECRET_MODE,
                           "items": [{"key": key, "path": path} for key, path in files]}}
 
 
@@ -295,9 +297,9 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
             _config_volume("sites", c.sites_map_name(cluster.name)),
             _config_volume("placement", c.placement_map_name(cluster.name)),
             {"name": _COOKIE_VOLUME, "secret": {"secretName": c.cookie_secret_name(cluster.name),
-                                               "defaultMode": _SECRET_MODE}},
+                                               "defaultMode": SECRET_MODE}},
             {"name": _API_KEY_VOLUME, "secret": {
-                "secretName": c.api_key_secret_name(cluster.name), "defaultMode": _SECRET_MODE}},
+                "secretName": c.api_key_secret_name(cluster.name), "defaultMode": SECRET_MODE}},
             *({"name": name, **source} for name, _, source in security_volumes(cluster)),
         ],
     }
@@ -314,7 +316,7 @@ def statefulset(cluster: Cluster, replicas: int, config_text: str) -> Manifest:
     labels = c.selector_labels(cluster.name)
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": _metadata(cluster, cluster.name),
+        "metadata": metadata(cluster, cluster.name),
         "spec": {
             "replicas": replicas,
             "serviceName": c.headless_service_name(cluster.name),
@@ -339,7 +341,7 @@ def pod_disruption_budget(cluster: Cluster, api_version: str) -> Manifest:
     """One broker down at a time: a shard keeps a quorum while a node is drained."""
     return {
         "apiVersion": api_version, "kind": "PodDisruptionBudget",
-        "metadata": _metadata(cluster, cluster.name),
+        "metadata": metadata(cluster, cluster.name),
         "spec": {"maxUnavailable": 1,
                  "selector": {"matchLabels": c.selector_labels(cluster.name)}},
     }
@@ -358,7 +360,7 @@ def service_monitor(cluster: Cluster) -> Manifest:
                                  "password": {"name": secret, "key": c.API_KEY_PASSWORD}}
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-        "metadata": _metadata(cluster, cluster.name),
+        "metadata": metadata(cluster, cluster.name),
         "spec": {
             "selector": {"matchLabels": {**c.selector_labels(cluster.name),
                                          HEADLESS_LABEL: "headless"}},

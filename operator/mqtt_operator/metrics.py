@@ -37,7 +37,16 @@ DRAINING = Gauge("mqtt_operator_drain_pending",
                  "1 while a scale down waits for the leaving sites to hand their shards over",
                  _CLUSTER, registry=REGISTRY)
 
+BACKUP_FRESH = Gauge("mqtt_operator_backup_last_success_timestamp_seconds",
+                     "When the last scheduled export succeeded (status.backups.lastSuccess),"
+                     " or, before the first, when the schedule was set; absent without a"
+                     " schedule or while it is suspended", _CLUSTER, registry=REGISTRY)
+BACKUP_GAP = Gauge("mqtt_operator_backup_schedule_interval_seconds",
+                   "The longest time between two runs of spec.backup.schedule",
+                   _CLUSTER, registry=REGISTRY)
+
 _GAUGES = (SPEC_REPLICAS, READY_REPLICAS, TRANSITIONS, DRAINING)
+_BACKUP_GAUGES = (BACKUP_FRESH, BACKUP_GAP)
 
 
 @dataclass(frozen=True)
@@ -48,14 +57,19 @@ class ClusterState:
     ready_replicas: int
     transitions: int
     draining: bool
+    backup: tuple[float, float] | None = None  # (fresh as of, schedule interval), seconds
 
 
 def report(namespace: str, name: str, state: ClusterState | None) -> None:
-    """Sets the cluster's gauges; None (the cluster is gone) removes them."""
-    if state is None:
-        for gauge in _GAUGES:
+    """Sets the cluster's gauges; None (the cluster is gone) removes them, and a cluster
+    without a running backup schedule has no backup gauges."""
+    values: dict[Gauge, float] = {} if state is None else dict(zip(_GAUGES, (
+        state.spec_replicas, state.ready_replicas, state.transitions, int(state.draining)),
+        strict=True))
+    if state is not None and state.backup is not None:
+        values.update(zip(_BACKUP_GAUGES, state.backup, strict=True))
+    for gauge in (*_GAUGES, *_BACKUP_GAUGES):
+        if gauge in values:
+            gauge.labels(namespace, name).set(values[gauge])
+        else:
             gauge.remove(namespace, name)  # a label set never set is no error
-        return
-    values = (state.spec_replicas, state.ready_replicas, state.transitions, int(state.draining))
-    for gauge, value in zip(_GAUGES, values, strict=True):
-        gauge.labels(namespace, name).set(value)

@@ -1,5 +1,6 @@
 """`kubectl mqtt`: a cluster's sites, shards and pending transitions, from its status, and
-what its brokers see: members, clients, durable sessions, durable shared groups, generations.
+what its brokers see: members, clients, durable sessions, durable shared groups, generations;
+and its backups (plugin_backups.py).
 
 kubectl runs any `kubectl-mqtt` on PATH as `kubectl mqtt`; `sites` and `shards` read the
 MQTTCluster the operator maintains (no broker access needed), in the layout of `emqx ctl ds
@@ -24,8 +25,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from mqtt_operator import constants as c
+from mqtt_operator import plugin_backups
 from mqtt_operator.kube import Kube, client_from_environment, path
-from mqtt_operator.plugin_ask import Brokers, PluginError, why
+from mqtt_operator.plugin_ask import Brokers, PluginError, refused
+from mqtt_operator.plugin_ask import table as _table
 
 _NODE_KEYS = frozenset({"node", "site", "node_status"})  # what every /api/v5/nodes entry has
 CLIENTS_PATH = "/api/v5/clients"
@@ -54,11 +57,8 @@ def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
                                   " in this cluster")
             raise PluginError(f'MQTTCluster "{name}" not found in namespace "{namespace}"')
     except ApiException as error:
-        if error.status in (401, 403):
-            raise PluginError(
-                f"no access to MQTTCluster {namespace}/{name} ({error.status} {error.reason});"
-                f" check: kubectl auth can-i get {c.PLURAL} -n {namespace}") from None
-        raise PluginError(f"API server error {error.status}: {why(error)}") from None
+        raise refused(error, f"MQTTCluster {namespace}/{name}",
+                      f"get {c.PLURAL} -n {namespace}") from None
     except urllib3.exceptions.HTTPError as error:
         raise PluginError(f"cannot reach the API server: {error}") from None
     return dict(body)
@@ -66,12 +66,6 @@ def fetch(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 
 def _shard_key(shard: str) -> str:
     return f"{c.DB}/{shard}"
-
-
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
-            .rstrip() for row in rows]
 
 
 def _shards_lines(placement: Mapping[str, Any]) -> list[str]:
@@ -336,6 +330,7 @@ _VERBS = {
     "sessions": "durable sessions of every broker: expiry, lag, missed messages (pod proxy)",
     "groups": "durable shared groups: members connected/total, backlog, nodes (pod proxy)",
     "generations": "generations of every shard replica: state, time range, size (pod proxy)",
+    "backups": "archives on record, the backup schedule and its last run, the restore",
 }
 
 
@@ -353,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kube = Kube(client_from_environment())
         body = fetch(kube, args.namespace or _default_namespace(), args.name)
-        if args.command in ("sites", "shards"):
+        if args.command == "backups":
+            job = plugin_backups.cronjob(kube, body["metadata"]["namespace"], args.name)
+            output = (plugin_backups.backups_json if json_output
+                      else plugin_backups.render_backups)(body, job)
+        elif args.command in ("sites", "shards"):
             output = (as_json(body, args.command) if json_output else
                       (render_sites if args.command == "sites" else render_shards)(body))
         else:

@@ -11,7 +11,7 @@ server's (a Kubernetes `Status`): only the latter is about the user's permission
 import base64
 import binascii
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import urllib3
@@ -39,6 +39,21 @@ def why(error: ApiException) -> str:
         return str(error.reason)
 
 
+def refused(error: ApiException, what: str, check: str) -> PluginError:
+    """The API server's refusal as the user should read it: which permission to check."""
+    if error.status in (401, 403):
+        return PluginError(f"no access to {what} ({error.status} {error.reason});"
+                           f" check: kubectl auth can-i {check}")
+    return PluginError(f"API server error {error.status}: {why(error)}")
+
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart, the last one unpadded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
+            .rstrip() for row in rows]
+
+
 def api_key(kube: Kube, namespace: str, cluster: str) -> str | None:
     """KEY:SECRET of the cluster's viewer key; None when there is no Secret (a cluster of
     contract v2, whose brokers ask for no key)."""
@@ -46,12 +61,8 @@ def api_key(kube: Kube, namespace: str, cluster: str) -> str | None:
     try:
         secret = kube.get(path("v1", "Secret", namespace, name))
     except ApiException as error:
-        if error.status in (401, 403):
-            raise PluginError(
-                f"no access to Secret {namespace}/{name}, the brokers' API key ({error.status}"
-                f" {error.reason}); check: kubectl auth can-i get secret/{name} -n {namespace}"
-            ) from None
-        raise PluginError(f"API server error {error.status}: {why(error)}") from None
+        raise refused(error, f"Secret {namespace}/{name}, the brokers' API key",
+                      f"get secret/{name} -n {namespace}") from None
     if secret is None:
         return None
     data = secret.get("data") or {}

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from mqtt_operator import backup as b
 from mqtt_operator import (
     broker_config,
     manifests,
     placement,
+    reconcile_backup,
     references,
     sites,
     spark,
@@ -218,6 +220,10 @@ class _Pass:
         self.lost_secrets: list[tuple[str, str]] = []  # (condition reason, what is wrong)
         self.missing: list[tuple[str, str]] = []  # of them, objects the spec names
         self.spark_status: dict[str, Any] | None = None  # null: no Spark section, none in status
+        self.backup: reconcile_backup.BackupOutcome | None = None
+        self.restore: dict[str, Any] | None = None  # status.restore
+        self.restoring = False  # the restore Job runs: ask again soon
+        self.data_problems: list[str] = []  # spec.backup and spec.restoreFrom ignored
 
     def run(self) -> Outcome:
         self.ids = self.assign_sites()
@@ -229,9 +235,12 @@ class _Pass:
         plan = self.place()
         replicas, drain = self.scale(plan.leaving)
         self.kube.apply(manifests.statefulset(self.cluster, replicas, config_text))
+        self.data_safety(replicas)
         spark_conditions = self.spark(replicas, plan.shards)
         outcome = self.write_status(plan, replicas, drain, [
             self.degraded(), self.replication(len(plan.staying)), *spark_conditions])
+        if self.restoring and not outcome.waiting:
+            outcome = dataclasses.replace(outcome, waiting="the restore Job runs")
         if self.missing and not outcome.waiting:
             # No watch on Secrets and ConfigMaps: looked at again soon, so the condition
             # clears once someone creates or mends what is missing.
@@ -306,7 +315,6 @@ class _Pass:
         self.missing = references.missing(cluster, self.keys_of)
         self.lost_secrets += self.missing
         kube.apply(manifests.headless_service(cluster))
-        kube.apply(manifests.client_service(cluster))
         for account in (manifests.broker_service_account, manifests.broker_role,
                         manifests.broker_role_binding):
             kube.apply(account(cluster))
@@ -315,6 +323,35 @@ class _Pass:
         if cluster.service_monitor and kube.served("monitoring.coreos.com/v1"):
             kube.apply(manifests.service_monitor(cluster))
         return config_text
+
+    def ready(self, replicas: int) -> int:
+        return sum(1 for ordinal, pod in self.pods.items() if ordinal < replicas and pod.ready)
+
+    def data_safety(self, replicas: int) -> None:
+        """The client Service, the restore Job and the backup CronJob: the Service first,
+        since the Jobs reach the brokers at its address, with the clients' ports withheld
+        while a new cluster waits for its restore (a client's session would make the
+        cluster non-empty, and the import refuses a cluster holding data)."""
+        cluster, kube, previous = self.cluster, self.kube, self.previous
+        restore = b.RestoreSpec.from_spec(cluster.restore_from)
+        record, new_cluster = previous.get("restore"), not previous
+        pods = (reconcile_backup.job_pods(kube, cluster) if cluster.backup or restore
+                or previous.get("backups") or record else [])
+        withheld = restore is not None and (record is not None or new_cluster) and (
+            record or {}).get("state") != "Succeeded"
+        ip = kube.apply(manifests.client_service(cluster, withheld))["spec"].get("clusterIP")
+        url = b.api_url(ip, cluster) if ip and ip != "None" else None
+        all_ready = replicas == cluster.replicas and self.ready(replicas) >= replicas
+        step = reconcile_backup.reconcile_restore(kube, cluster, restore, record, new_cluster,
+                                                  pods, all_ready, url, self.emit, self.now)
+        if step.withheld != withheld:
+            kube.apply(manifests.client_service(cluster, step.withheld))
+        self.restore = step.status
+        self.restoring = bool(step.status and step.status.get("state") == "Running")
+        self.backup = reconcile_backup.reconcile_backups(
+            kube, cluster, b.BackupSpec.from_spec(cluster.backup), previous.get("backups"),
+            pods, url, self.emit, self.now)
+        self.data_problems = [p for p in (step.problem, self.backup.problem) if p]
 
     def keys_of(self, kind: str, name: str) -> set[str] | None:
         """The names of an object's keys (never their values); None: it does not exist."""
@@ -385,7 +422,7 @@ class _Pass:
     def degraded(self) -> dict[str, Any]:
         """The Degraded condition: spec problems and unusable Secrets, each news one
         Warning."""
-        found = problems(self.cluster)
+        found = [*problems(self.cluster), *self.data_problems]
         if self.requested.n_shards != self.created_shards:
             found.append(f"spec.durableStorage.nShards cannot change after creation: it stays"
                          f" {self.created_shards}")
@@ -439,7 +476,7 @@ class _Pass:
         """Status from what this pass saw; the Ready and Progressing conditions lead
         `conditions`. Returns why the next pass must come soon."""
         cluster, pending = self.cluster, plan.pending
-        ready = sum(1 for ordinal, pod in self.pods.items() if ordinal < replicas and pod.ready)
+        ready = self.ready(replicas)
         settled_all = drain is None and replicas == cluster.replicas and ready >= replicas
         # Pending transitions are worth asking about again only while some broker answers;
         # otherwise the next pod event (a broker becoming ready) brings the operator back.
@@ -469,6 +506,8 @@ class _Pass:
                 "transitions": pending,
                 "drain": drain,
                 "spark": self.spark_status,
+                "backups": self.backup.status if self.backup else None,
+                "restore": self.restore,
                 "conditions": [
                     status.condition(self.conditions, "Ready", settled_all,
                                      "AllSitesReady" if settled_all else "NotReady",
@@ -482,4 +521,5 @@ class _Pass:
                 ],
             }))
         return Outcome(waiting, polls=cluster.spark is not None, state=ClusterState(
-            cluster.replicas, ready, len(pending), drain is not None))
+            cluster.replicas, ready, len(pending), drain is not None,
+            self.backup.freshness if self.backup else None))

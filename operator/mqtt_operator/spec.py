@@ -57,6 +57,8 @@ class Cluster:
     tls_secret: str | None = None  # spec.tls; None: no TLS listener
     verify_peer: bool = False
     service: Mapping[str, Any] = field(default_factory=dict)  # spec.service but its type
+    backup: Mapping[str, Any] | None = None  # spec.backup; absent: no scheduled exports
+    restore_from: Mapping[str, Any] | None = None  # spec.restoreFrom
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "Cluster":
@@ -104,4 +106,6 @@ class Cluster:
             tls_secret=tls["secretName"] if tls else None,
             verify_peer=bool(tls and tls["verifyPeer"]),
             service=service,
+            backup=spec.get("backup"),
+            restore_from=spec.get("restoreFrom"),
         )

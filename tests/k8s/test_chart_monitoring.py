@@ -309,6 +309,13 @@ SERIES = [
     _series("mqtt_operator_reconcile_failures_total", {**_OP, "trigger": "pod"}, "0+1x40"),
     _series("mqtt_operator_replica_transitions_pending", _MQC, "0x4 2x36"),
     _series("mqtt_operator_drain_pending", _MQC, "1x40"),
+    # Exports every 10 minutes, none since the start (epoch 0): over 2 gaps from minute 20.
+    _series("mqtt_operator_backup_last_success_timestamp_seconds", _MQC, "0x40"),
+    _series("mqtt_operator_backup_schedule_interval_seconds", _MQC, "600x40"),
+    _series("mqtt_operator_backup_last_success_timestamp_seconds",  # another cluster's
+            {**_OP, "mqttcluster_namespace": "ns", "mqttcluster": "other"}, "0x40"),
+    _series("mqtt_operator_backup_schedule_interval_seconds",
+            {**_OP, "mqttcluster_namespace": "ns", "mqttcluster": "other"}, "600x40"),
     # Durable shared groups, as every broker exports them (each pod its series).
     *_shared_group("workers", "jobs/#", {"rel-0": "0+5x40", "rel-1": "0+5x40"},
                    connected={"rel-0": "0x40", "rel-1": "0x40"}),  # no one reads: fires
@@ -346,6 +353,7 @@ ALERT_CASES: dict[str, tuple[int, list[dict[str, str]]]] = {
     "MQTTOperatorReconcileErrors": (25, [{**_OP, "trigger": "pod", "severity": "warning"}]),
     "MQTTReplicaTransitionsStuck": (38, [{**_MQC, "severity": "warning"}]),
     "MQTTDrainStuck": (38, [{**_MQC, "severity": "warning"}]),
+    "MQTTBackupTooOld": (26, [{**_MQC, "severity": "warning"}]),
     "MQTTSharedGroupBacklogWithoutConsumers": (15, [
         {**_B, "group": "workers", "filter": "jobs/#", "severity": "warning"},
         {**_B, "group": "gone", "filter": "gone/#", "severity": "warning"}]),
