@@ -290,19 +290,19 @@ class RaftGroup:
         stopped), which is news a silence is not: `ra` elects on Erlang's nodedown rather
         than after an election timeout. What was in flight to it is lost (`unreachable`);
         and when `peer` led this group, this voter stops believing in it and campaigns
-        without waiting for the timeout: at once if it comes first among the remaining
-        voters (by ID), else two ticks per place later (the first tick may come at once),
-        so that the survivors do not stand in the same instant and split the vote: the
-        second one grants the first's pre-vote and votes for it, or stands itself if the
-        first cannot win (its log is behind, or it is down too).
+        without waiting for the timeout: at once if it comes first in `succession(peer)`,
+        else two ticks per place later (the first tick may come at once), so that the
+        survivors do not stand in the same instant and split the vote: the next one grants
+        the first's pre-vote and votes for it, or stands itself if the first cannot win
+        (its log is behind, or it is down too).
 
         Pre-vote keeps this from disrupting a healthy leader when only this link dropped
         (a flapping link, a proxy closing it): the other voters still hear the leader and
-        ignore the pre-vote, which fails, and the leader's next heartbeat over the new link
-        makes this server its follower again, the term unchanged. A voter that ignored a
-        pre-vote for that reason answers it once it loses the same leader (`_deferred`), so
-        the first survivor to stand does not have to wait for an election timeout because
-        its request beat the other survivor's own news of the crash."""
+        ignore the pre-vote, which fails, and the leader's probe over the new link makes
+        this server its follower again, the term unchanged. A voter that ignored a pre-vote
+        for that reason answers it once it loses the same leader (`_deferred`), so the
+        first survivor to stand does not wait for an election timeout because its request
+        beat the other survivor's own news of the crash."""
         self.unreachable(peer)
         if self.role != FOLLOWER or peer != self.leader or self.id not in self.log.config.voters:
             return
@@ -311,12 +311,19 @@ class RaftGroup:
         for sender, request in deferred.items():
             if request.term > self.term:
                 self._on_vote_request(sender, request)
-        survivors = sorted(self.log.config.voters - {peer})
-        rank = survivors.index(self.id)
+        rank = self.succession(peer).index(self.id)
         if rank == 0:
             self._campaign(pre_vote=True)
         else:
             self._elapsed = max(self._elapsed, self._timeout - 2 * rank)
+
+    def succession(self, lost: str) -> list[str]:
+        """The order in which the other voters stand when the leader `lost` is: by ID,
+        rotated by group and term, so that the groups a node led do not all go to one
+        survivor (nor, over several crashes, everything to the one first by ID)."""
+        survivors = sorted(self.log.config.voters - {lost})
+        turn = (self.group + self.term) % len(survivors)
+        return survivors[turn:] + survivors[:turn]
 
     def applied(self, index: int) -> None:
         self.applied_index = max(self.applied_index, index)

@@ -2,7 +2,12 @@
 election timeout, and a link that only dropped (the leader alive) disturbs nothing.
 Counted in ticks of the cores' logical clock, never in seconds."""
 
-from broker.raft.core import FOLLOWER, LEADER, PRE_CANDIDATE
+import random
+
+import pytest
+
+from broker.raft.core import FOLLOWER, LEADER, PRE_CANDIDATE, RaftGroup
+from broker.raft.messages import Config
 from tests.raft.test_core import Cluster
 
 
@@ -16,47 +21,65 @@ def _three() -> tuple[Cluster, str]:
 def test_the_first_survivor_campaigns_at_once_when_the_leaders_link_closes() -> None:
     cluster, leader = _three()
     term = cluster.cores["b"].term
+    first, second = cluster.cores["b"].succession(leader)
+    assert cluster.cores["c"].succession(leader) == [first, second]
     cluster.down.add(leader)  # killed: both survivors see its connection close
     for name in ("b", "c"):
         cluster.cores[name].peer_lost(leader)
     cluster.settle()
-    # No tick has passed: b (first of the survivors by ID) stood and won at once.
-    b, c = cluster.cores["b"], cluster.cores["c"]
-    assert b.role == LEADER and b.term == term + 1
-    assert c.role == FOLLOWER and c.leader == "b"
+    # No tick has passed: the first in succession stood and won at once.
+    assert cluster.cores[first].role == LEADER and cluster.cores[first].term == term + 1
+    assert cluster.cores[second].role == FOLLOWER and cluster.cores[second].leader == first
+
+
+def test_successions_differ_by_group_and_term() -> None:
+    orders = set()
+    for group in range(3):
+        core = RaftGroup(group, "a", random.Random(1))
+        core.bootstrap(Config(frozenset("abcd")))
+        for term in range(3):
+            core.term = term
+            orders.add(tuple(core.succession("a")))
+    assert orders == {("b", "c", "d"), ("c", "d", "b"), ("d", "b", "c")}
 
 
 def test_the_next_survivor_stands_two_ticks_later_when_the_first_is_gone_too() -> None:
     cluster = Cluster("a", "b", "c", "d", "e")
     cluster.elect("a")
     cluster.settle()
-    cluster.down.update({"a", "b"})
-    for name in ("c", "d", "e"):
-        cluster.cores[name].peer_lost("a")
+    first, second, *rest = cluster.cores["b"].succession("a")
+    cluster.down.update({"a", first})
+    alive = [cluster.cores[name] for name in (second, *rest)]
+    for core in alive:
+        core.peer_lost("a")
     cluster.settle()
-    c, d, e = (cluster.cores[name] for name in ("c", "d", "e"))
-    assert LEADER not in (c.role, d.role, e.role)  # c waits: b, first, might stand
+    assert all(core.role != LEADER for core in alive)  # the first might stand: wait
     for _ in range(2):
-        assert c.role != LEADER
-        for core in (c, d, e):
+        assert cluster.cores[second].role != LEADER
+        for core in alive:
             core.tick()
         cluster.settle()
-    assert c.role == LEADER
+    assert cluster.cores[second].role == LEADER
 
 
-def test_a_dropped_link_to_a_live_leader_fails_the_pre_vote_and_changes_no_term() -> None:
+@pytest.mark.parametrize("place", [0, 1])
+def test_a_dropped_link_to_a_live_leader_fails_the_pre_vote_and_changes_no_term(
+        place: int) -> None:
     cluster, leader = _three()
-    a, b, c = (cluster.cores[name] for name in ("a", "b", "c"))
+    a = cluster.cores[leader]
+    follower = cluster.cores[a.succession(leader)[place]]
+    other = cluster.cores[a.succession(leader)[1 - place]]
     term = a.term
-    b.peer_lost(leader)  # only b's link to a dropped; c still hears a
+    follower.peer_lost(leader)  # only its link to the leader dropped; the other hears it
+    for _ in range(2 * place):
+        follower.tick()
     cluster.settle()
-    assert b.role == PRE_CANDIDATE and a.role == LEADER and c.leader == leader
-    assert (a.term, b.term, c.term) == (term, term, term)
-    # The link comes back: a's next heartbeat makes b its follower again.
-    for _ in range(a.heartbeat_ticks):
-        a.tick()
+    assert follower.role == PRE_CANDIDATE and a.role == LEADER and other.leader == leader
+    assert (a.term, follower.term, other.term) == (term, term, term)
+    # The link comes back: the leader probes it, which makes it a follower again.
+    a.unreachable(follower.id)
     cluster.settle()
-    assert b.role == FOLLOWER and b.leader == leader and b.term == term
+    assert follower.role == FOLLOWER and follower.leader == leader and follower.term == term
     assert a.role == LEADER and a.term == term
 
 
@@ -79,21 +102,22 @@ def test_a_flapping_link_never_unseats_a_leader() -> None:
 
 
 def test_a_pre_vote_ignored_for_a_live_leader_is_granted_once_that_leader_is_lost() -> None:
-    """b learns of the crash first and asks c, which still hears a and ignores it; c's own
-    news comes next. c must not leave b waiting an election timeout: here c's log is behind
-    b's, so c standing itself could not win."""
+    """The first survivor learns of the crash first and asks the other, which still hears
+    the leader and ignores it; the other's own news comes next. It must not leave the first
+    waiting an election timeout: here its log is behind, so standing itself could not
+    win."""
     cluster, leader = _three()
-    a, b, c = (cluster.cores[name] for name in ("a", "b", "c"))
-    cluster.down.add("c")
-    a.propose(b"only b has it")
+    a = cluster.cores[leader]
+    first, second = (cluster.cores[name] for name in a.succession(leader))
+    cluster.down.add(second.id)
+    a.propose(b"only the first survivor has it")
     cluster.settle()
-    assert b.log.last_index > c.log.last_index
+    assert first.log.last_index > second.log.last_index
     cluster.down.add(leader)
-    cluster.down.discard("c")
-    b.peer_lost(leader)
+    cluster.down.discard(second.id)
+    first.peer_lost(leader)
     cluster.settle()
-    assert b.role == PRE_CANDIDATE and c.leader == leader  # ignored: c heard a lately
-    c.peer_lost(leader)
+    assert first.role == PRE_CANDIDATE and second.leader == leader  # ignored: heard lately
+    second.peer_lost(leader)
     cluster.settle()
-    assert b.role == LEADER and c.leader == "b"
-
+    assert first.role == LEADER and second.leader == first.id

@@ -47,7 +47,7 @@ def test_dropped_links_and_crashes_that_close_them_keep_safety() -> None:
     options = Options(steps=30_000, link_drop_every=3.0)
     for seed in (21, 22):
         sim = run(seed, options)
-        assert sim.checker.acks > 100 and sim.link_drops > 500
+        assert sim.checker.acks > 100 and sim.link_drops > 300
 
 
 ELECTION_TICKS = 10  # as SimNode configures its hosts
@@ -55,9 +55,9 @@ HEARTBEAT_TICKS = 2
 
 
 def _quiet_cluster(seed: int) -> Simulation:
-    """Three nodes, one group, a fault-free network (proposals still flow), settled on a
-    leader that has committed."""
-    sim = Simulation(seed, Options(nodes=3, groups=1))
+    """Three nodes, one group, a fault-free network and disk (proposals still flow),
+    settled on a leader that has committed."""
+    sim = Simulation(seed, Options(nodes=3, groups=1, disk_stalls=0))
     sim.faults = False
     assert sim.run_until(lambda: (leader := sim.leader_of(1)) is not None
                          and leader.host.core(1).commit > 5, 200)
