@@ -304,9 +304,11 @@ class RaftGroup:
         first survivor to stand does not wait for an election timeout because its request
         beat the other survivor's own news of the crash."""
         self.unreachable(peer)
-        if self.role != FOLLOWER or peer != self.leader or self.id not in self.log.config.voters:
+        if self.role != FOLLOWER or peer != self.leader:
             return
-        self.leader = None
+        self.leader = None  # (a learner too: what it forwards waits for the next one)
+        if self.id not in self.log.config.voters:
+            return
         deferred, self._deferred = self._deferred, {}
         for sender, request in deferred.items():
             if request.term > self.term:

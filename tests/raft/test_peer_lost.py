@@ -121,3 +121,17 @@ def test_a_pre_vote_ignored_for_a_live_leader_is_granted_once_that_leader_is_los
     second.peer_lost(leader)
     cluster.settle()
     assert first.role == LEADER and second.leader == first.id
+
+
+def test_a_learner_forgets_a_lost_leader_and_does_not_stand() -> None:
+    cluster, leader = _three()
+    cluster.cores["d"] = RaftGroup(1, "d", random.Random(4))
+    cluster.cores[leader].add_learner("d")
+    cluster.settle()
+    d = cluster.cores["d"]
+    assert d.leader == leader and "d" in d.log.config.learners
+    d.peer_lost(leader)
+    assert d.leader is None and d.role == FOLLOWER
+    for _ in range(d.election_ticks * 3):
+        d.tick()
+        assert not d.ready().messages
