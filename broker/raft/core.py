@@ -34,6 +34,7 @@ Raft as in the paper and Ongaro's thesis, plus:
   that did not happen within an election timeout is given up and the leader goes on.
 """
 
+import hashlib
 import random
 from collections import deque
 from typing import Final
@@ -321,10 +322,14 @@ class RaftGroup:
 
     def succession(self, lost: str) -> list[str]:
         """The order in which the other voters stand when the leader `lost` is: by ID,
-        rotated by group and term, so that the groups a node led do not all go to one
-        survivor (nor, over several crashes, everything to the one first by ID)."""
+        rotated by a hash of group and term (the same on every survivor), so that the
+        groups a node led spread over the survivors as randomised timeouts would spread
+        them, and crash after crash leadership does not pile up on one node (as it does
+        with a rotation by group + term, or by a CRC of them: the choice that made a winner
+        is carried into its next term)."""
         survivors = sorted(self.log.config.voters - {lost})
-        turn = (self.group + self.term) % len(survivors)
+        digest = hashlib.blake2b(b"%d/%d" % (self.group, self.term), digest_size=4).digest()
+        turn = int.from_bytes(digest, "big") % len(survivors)
         return survivors[turn:] + survivors[:turn]
 
     def applied(self, index: int) -> None:
