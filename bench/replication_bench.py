@@ -410,12 +410,19 @@ class Target:
 
 
 def ours_target(members: list[Running], n: int) -> Target:
-    """The probe on node n % 3, its client ID one whose shard another node leads."""
-    node = members[n % len(members)]
-    me, leaders = raft_status(node)["site"], shard_leaders(node)
+    """The probe on node n % 3 (or the next node, when that one leads every shard: the
+    restarted victims lead nothing until a later election), its client ID one whose shard
+    another node leads."""
     sites = {raft_status(m)["site"]: m for m in members}
-    probe_id = next(c for c in (f"bench-failover-{n}-{i}" for i in range(1000))
-                    if leaders.get(shard_of(c, N_SHARDS)) not in (None, me))
+    for k in range(len(members)):
+        node = members[(n + k) % len(members)]
+        me, leaders = raft_status(node)["site"], shard_leaders(node)
+        probe_id = next((c for c in (f"bench-failover-{n}-{i}" for i in range(1000))
+                         if leaders.get(shard_of(c, N_SHARDS)) not in (None, me)), "")
+        if probe_id:
+            break
+    if not probe_id:
+        raise RuntimeError(f"no node sees a shard led by another node: {leaders}")
     shard = shard_of(probe_id, N_SHARDS)
     topic = f"bench/failover/{n}"
     durable_subscription(node.port, f"bench-failover-{n}-sub", topic)

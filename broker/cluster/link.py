@@ -42,6 +42,7 @@ class PeerLink(asyncio.Protocol):
         self.peer: Identity | None = None
         self.established = False
         self.closed = False
+        self.closed_by_peer = False  # (EOF or reset) rather than by this node
         self.last_rx = clock()
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -78,6 +79,7 @@ class PeerLink(asyncio.Protocol):
                 self.owner.frame(self, channel, payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed_by_peer = not self.closed
         self.closed = True
         self.owner.link_lost(self)
 

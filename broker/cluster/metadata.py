@@ -113,6 +113,7 @@ class MetadataGroup:
         self.hosted: list[HostedGroups] = []
         cluster.on_peer_up(self._link_changed)
         cluster.on_peer_down(self._link_changed)
+        cluster.on_peer_closed(self._peer_closed)
         cluster.group_sites = self._group_sites
         for name, method in (("raft_prepare", self._rpc_prepare),
                              ("raft_decided", self._rpc_decided),
@@ -223,8 +224,7 @@ class MetadataGroup:
         wait): proposes when this node leads (after `proposing()`), else forwards to the
         leader, else waits for one."""
         while True:
-            raft, core = self._raft, self.core(group)
-            leader = core.leader if core is not None else None
+            raft, core, leader = self._raft, self.core(group), self._leader(group)
             if raft is None or core is None or leader is None:
                 await self._until(lambda: self._has_leader(group), self._attempt_timeout)
                 continue
@@ -246,11 +246,20 @@ class MetadataGroup:
                 return
             except (NotLeader, CommandLost, RpcError, TimeoutError) as error:
                 log.debug("group %d: command not committed yet (%s): retrying", group, error)
-                await asyncio.sleep(self._tick)
+                # Once the leader changes (a crashed one's link closed: an election at
+                # once), at most a tick: a retry need not wait out a fixed pause.
+                await self._until(functools.partial(self._led_by_other, group, leader),
+                                  self._tick)
+
+    def _leader(self, group: int) -> str | None:
+        core = self.core(group)
+        return core.leader if core is not None else None
+
+    def _led_by_other(self, group: int, leader: str) -> bool:
+        return self._leader(group) != leader
 
     def _has_leader(self, group: int = GROUP) -> bool:
-        core = self.core(group)
-        return core is not None and core.leader is not None
+        return self._leader(group) is not None
 
     def _applied(self, group: int, index: int) -> Callable[[], bool]:
         def applied() -> bool:
@@ -279,6 +288,11 @@ class MetadataGroup:
         self._links_changed.set()
         if self._raft is not None:
             self._raft.unreachable(site)
+
+    def _peer_closed(self, site: str) -> None:
+        """The peer's end closed the link: the groups it led elect without waiting."""
+        if self._raft is not None:
+            self._raft.peer_lost(site)
 
     def _epoch_of(self, group: int) -> int:
         """Every group of the node belongs to the metadata group's incarnation."""

@@ -119,6 +119,7 @@ class Cluster:
         self._handlers: dict[int, Handler] = {}
         self._peer_up: list[Callable[[str], None]] = []
         self._peer_down: list[Callable[[str], None]] = []
+        self._peer_closed: list[Callable[[str], None]] = []
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._dialing: dict[Address, asyncio.Task[None]] = {}
@@ -139,6 +140,13 @@ class Cluster:
 
     def on_peer_down(self, callback: Callable[[str], None]) -> None:
         self._peer_down.append(callback)
+
+    def on_peer_closed(self, callback: Callable[[str], None]) -> None:
+        """Called after the peer-down callbacks when the link went down because the peer's
+        end closed it (EOF or reset: its process died or stopped), not because it fell
+        silent for `node.dist_net_ticktime` or this node dropped it: Raft elects at once on
+        the former (a frozen or cut-off peer is only ever silent)."""
+        self._peer_closed.append(callback)
 
     def send(self, site: str, channel: Channel, payload: bytes) -> bool:
         """False when there is no link to `site` right now (the caller decides what that
@@ -363,9 +371,13 @@ class Cluster:
             return
         del self.links[peer.site]
         if self.membership.down(peer.site, self._clock()):
-            log.warning("peer %s (site %s) down", peer.node, peer.site)
+            log.warning("peer %s (site %s) down%s", peer.node, peer.site,
+                        " (it closed the link)" if link.closed_by_peer else "")
             for callback in self._peer_down:
                 callback(peer.site)
+            if link.closed_by_peer:
+                for callback in self._peer_closed:
+                    callback(peer.site)
 
     def frame(self, link: PeerLink, channel: int, payload: bytes) -> None:
         assert link.peer is not None

@@ -2,7 +2,9 @@
 
 Inputs: `tick()` (logical time), `step(sender, message)`, `propose(data)`,
 `persisted(seq)` (a Ready's writes are on disk), `applied(index)`, `compact(index)`,
-`read_index(context)`, membership changes, `send_snapshot_chunk` and `snapshot_ready`.
+`read_index(context)`, membership changes, `send_snapshot_chunk` and `snapshot_ready`, and
+what the links say of a peer: `unreachable(peer)` (messages may have been lost),
+`peer_lost(peer)` (its end closed the connection: it died).
 Outputs accumulate until `ready()` hands them over as one `Ready` (see ready.py for what the
 shell does with it). No sockets, clocks, threads or files: randomness comes from the
 `random.Random` given at construction, so a simulation replays exactly from its seed.
@@ -15,6 +17,9 @@ Raft as in the paper and Ongaro's thesis, plus:
   (a leader that has not heard from a majority within an election timeout steps down, and a
   server that heard from a live leader within one ignores vote requests), so neither a
   partitioned nor a removed server disrupts a working group;
+- a leader whose connection its followers see closed (a crash: the kernel closes a dead
+  process's sockets) is replaced without waiting for an election timeout (`peer_lost`); a
+  leader that merely falls silent (frozen, cut off) still is after one;
 - learners replicate without voting; a learner is promoted only when caught up;
 - membership changes one server at a time, taking effect when appended (thesis 4.1), only
   after the leader committed an entry of its own term, one at a time;
@@ -29,6 +34,7 @@ Raft as in the paper and Ongaro's thesis, plus:
   that did not happen within an election timeout is given up and the leader goes on.
 """
 
+import hashlib
 import random
 from collections import deque
 from typing import Final
@@ -118,6 +124,8 @@ class RaftGroup:
         self.applied_index = self.commit
         self._handed = self.commit
         self._votes: dict[str, bool] = {}
+        # Pre-votes ignored while a leader was heard, by sender: see `peer_lost`.
+        self._deferred: dict[str, RequestVote] = {}
         self.progress: dict[str, Progress] = {}
         self._heartbeat_seq = 0
         self._reads_unconfirmed: list[object] = []  # read-index requests without a round
@@ -196,7 +204,11 @@ class RaftGroup:
             if isinstance(m, RequestVote):
                 if (self.leader is not None and self._elapsed < self.election_ticks
                         and not m.transfer):
-                    return  # a live leader: the requester is partitioned or removed
+                    # A live leader: the requester is partitioned or removed, or it lost
+                    # the leader before this server did (answered then: `peer_lost`).
+                    if m.pre_vote and sender in self.log.config.voters:
+                        self._deferred[sender] = m
+                    return
                 if not m.pre_vote:
                     self._become_follower(m.term, None)
             elif not (isinstance(m, VoteResponse) and m.pre_vote and m.granted):
@@ -267,12 +279,59 @@ class RaftGroup:
     def unreachable(self, peer: str) -> None:
         """Messages to `peer` may have been lost (its link dropped or came back): a leader
         replicating to it optimistically starts again from what it acknowledged, as etcd's
-        ReportUnreachable does. Without it, appends lost with a link stay unsent until a new
-        entry shows the gap."""
+        ReportUnreachable does, and probes it at once. Without it, appends lost with a link
+        stay unsent until a new entry shows the gap, and a follower whose link came back
+        (and who stood, having seen it close) hears from its leader a heartbeat later."""
         pr = self.progress.get(peer)
-        if self.role == LEADER and pr is not None and pr.state == REPLICATE:
+        if self.role == LEADER and pr is not None and pr.state != SNAPSHOT:
             pr.become_probe()
             self._to_replicate[peer] = None
+
+    def peer_lost(self, peer: str) -> None:
+        """The connection to `peer` was closed by its end (EOF or reset: its process died or
+        stopped), which is news a silence is not: `ra` elects on Erlang's nodedown rather
+        than after an election timeout. What was in flight to it is lost (`unreachable`);
+        and when `peer` led this group, this voter stops believing in it and campaigns
+        without waiting for the timeout: at once if it comes first in `succession(peer)`,
+        else two ticks per place later (the first tick may come at once), so that the
+        survivors do not stand in the same instant and split the vote: the next one grants
+        the first's pre-vote and votes for it, or stands itself if the first cannot win
+        (its log is behind, or it is down too).
+
+        Pre-vote keeps this from disrupting a healthy leader when only this link dropped
+        (a flapping link, a proxy closing it): the other voters still hear the leader and
+        ignore the pre-vote, which fails, and the leader's probe over the new link makes
+        this server its follower again, the term unchanged. A voter that ignored a pre-vote
+        for that reason answers it once it loses the same leader (`_deferred`), so the
+        first survivor to stand does not wait for an election timeout because its request
+        beat the other survivor's own news of the crash."""
+        self.unreachable(peer)
+        if self.role != FOLLOWER or peer != self.leader:
+            return
+        self.leader = None  # (a learner too: what it forwards waits for the next one)
+        if self.id not in self.log.config.voters:
+            return
+        deferred, self._deferred = self._deferred, {}
+        for sender, request in deferred.items():
+            if request.term > self.term:
+                self._on_vote_request(sender, request)
+        rank = self.succession(peer).index(self.id)
+        if rank == 0:
+            self._campaign(pre_vote=True)
+        else:
+            self._elapsed = max(self._elapsed, self._timeout - 2 * rank)
+
+    def succession(self, lost: str) -> list[str]:
+        """The order in which the other voters stand when the leader `lost` is: by ID,
+        rotated by a hash of group and term (the same on every survivor), so that the
+        groups a node led spread over the survivors as randomised timeouts would spread
+        them, and crash after crash leadership does not pile up on one node (as it does
+        with a rotation by group + term, or by a CRC of them: the choice that made a winner
+        is carried into its next term)."""
+        survivors = sorted(self.log.config.voters - {lost})
+        digest = hashlib.blake2b(b"%d/%d" % (self.group, self.term), digest_size=4).digest()
+        turn = int.from_bytes(digest, "big") % len(survivors)
+        return survivors[turn:] + survivors[:turn]
 
     def applied(self, index: int) -> None:
         self.applied_index = max(self.applied_index, index)

@@ -197,9 +197,15 @@ class RaftHost:
         return target
 
     def unreachable(self, peer: str) -> None:
-        """The link to `peer` dropped or came back: see RaftGroup.unreachable."""
+        """The link to `peer` came back, or was given up as silent: see
+        RaftGroup.unreachable."""
         for hosted in self.groups.values():
             hosted.core.unreachable(peer)
+
+    def peer_lost(self, peer: str) -> None:
+        """`peer`'s end closed the link (EOF, reset): see RaftGroup.peer_lost."""
+        for hosted in self.groups.values():
+            hosted.core.peer_lost(peer)
 
     # ---------------------------------------------------------------- outputs
 

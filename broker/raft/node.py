@@ -128,6 +128,10 @@ class RaftNode:
         self.host.unreachable(peer)
         self._schedule_flush()
 
+    def peer_lost(self, peer: str) -> None:
+        self.host.peer_lost(peer)
+        self._schedule_flush()
+
     def add_learner(self, group: int, node: str) -> None:
         """Membership changes (see RaftGroup): raise NotLeader or ConfigChangeRefused."""
         self.core(group).add_learner(node)

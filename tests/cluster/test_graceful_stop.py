@@ -103,7 +103,7 @@ def test_sigterm_hands_the_led_groups_over_before_the_node_exits(
         transfers, elections = before[(id(leader), group)]
         if graceful:  # elected on the old leader's TimeoutNow
             assert _transfer_elections(leader, group) == transfers + 1
-        else:  # elected after an election timeout
+        else:  # elected (on news of its closed links, without an election timeout)
             assert _transfer_elections(leader, group) == transfers
             assert _elections(leader, group) > elections
     log = stopping.process.log_text()

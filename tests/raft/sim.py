@@ -5,7 +5,9 @@ Every node is the real `RaftHost` (the groups' cores, their shared write-ahead l
 after-persist hold-back) over a `MemoryStore` disk that keeps only what was fsync'd when a
 node crashes, plus a random prefix of the rest (a torn write); a restart recovers through
 the real `WriteAheadLog.recover`. The network loses, duplicates, delays (so reorders) and
-partitions messages. One seed fixes everything: a failure prints its seed, and
+partitions messages, and drops links: both ends of a connection see it close (`peer_lost`), as
+the peers of a killed node see its connections close (most crashes; the rest fall silent, as
+a frozen node does). One seed fixes everything: a failure prints its seed, and
 `python -m tests.raft.sim --seed N` replays it.
 
 Checked while it runs: election safety (one leader per term), "same index and term, same
@@ -273,6 +275,8 @@ class Options:
     compact_every: float = 40.0
     read_every: float = 5.0
     transfer_every: float = 20.0
+    link_drop_every: float = 25.0  # a connection closes (both ends see it) and is redialled
+    crash_closes_links: float = 0.7  # share of crashes whose peers see the links close
     crash_in_transfer: float = 0.2  # share of transfers during which the leader or target crashes
     check_every: int = 200  # steps between pairwise log-matching checks
     torn_writes: bool = True
@@ -300,6 +304,11 @@ class Simulation:
         self.ids = [f"n{i}" for i in range(1, self.options.nodes + 1)]
         self.nodes = {node: SimNode(self, node) for node in self.ids}
         self.blocked: set[tuple[str, str]] = set()
+        # Dropped links, until redialled: (a, b) and (b, a) -> the drop's number.
+        self.cut: dict[tuple[str, str], int] = {}
+        # How many times each pair's connection closed: what was in flight on a closed one
+        # is lost (TCP delivers nothing after the close its receiver saw).
+        self.closes: dict[frozenset[str], int] = {}
         self.initial: dict[int, frozenset[str]] = {}
         for group in range(1, self.options.groups + 1):
             self.initial[group] = frozenset(self.rng.sample(self.ids, 3))
@@ -309,6 +318,7 @@ class Simulation:
         self.crashes = 0
         self.partitions = 0
         self.changes = 0
+        self.link_drops = 0
         self.transfers: list[tuple[int, int, str]] = []  # (group, term, target) started
         self.faults = True
         self._schedule_faults()
@@ -339,13 +349,17 @@ class Simulation:
         if self.faults and rng.random() < options.loss:
             return
         copies = 2 if self.faults and rng.random() < options.duplicate else 1
+        link = frozenset((source, target))
+        closes = self.closes.get(link, 0)
         for _ in range(copies):
             delay = 0.05 + rng.random() * (options.max_delay if self.faults else 0.3)
-            self.at(delay, lambda: self.deliver(source, target, data))
+            self.at(delay, lambda: self.deliver(source, target, data, closes))
 
-    def deliver(self, source: str, target: str, data: bytes) -> None:
+    def deliver(self, source: str, target: str, data: bytes, closes: int = 0) -> None:
         node = self.nodes[target]
-        if node.alive and (source, target) not in self.blocked:
+        if node.alive and (source, target) not in self.blocked and (
+                source, target) not in self.cut and closes == self.closes.get(
+                frozenset((source, target)), 0):
             if self.faults and self.rng.random() < 0.001:
                 data = data[:self.rng.randrange(len(data))]  # garbled: must be dropped
             node.host.receive(source, data)
@@ -362,6 +376,7 @@ class Simulation:
         self._every(options.compact_every, self.compact)
         self._every(options.read_every, self.read)
         self._every(options.transfer_every, self.transfer)
+        self._every(options.link_drop_every, self.drop_link)
 
     def _every(self, mean: float, action: Callable[[], None]) -> None:
         def fire() -> None:
@@ -380,12 +395,45 @@ class Simulation:
             node = self.nodes[self.rng.choice(self.ids)]
         self._crash(node)
 
-    def _crash(self, node: "SimNode") -> None:
+    def _crash(self, node: "SimNode", closes_links: bool | None = None) -> None:
+        """`closes_links`: whether its peers see its connections close (a killed process)
+        or it just falls silent (a frozen one, a power cut); None: at random."""
         if not node.alive:
             return
         self.crashes += 1
         node.crash()
+        if closes_links is None:
+            closes_links = self.rng.random() < self.options.crash_closes_links
+        if closes_links:
+            for peer in self.ids:
+                if peer != node.id:
+                    self._see_closed(peer, node.id)
         self.at(5 + self.rng.random() * 40, node.start)
+
+    def _see_closed(self, node: str, peer: str) -> None:
+        """`node` sees its connection to `peer` close, a moment later."""
+        link = frozenset((node, peer))
+        self.closes[link] = self.closes.get(link, 0) + 1
+        self.at(0.01 + self.rng.random() * 0.1, lambda: self.nodes[node].peer_lost(peer))
+
+    def drop_link(self, pair: tuple[str, str] | None = None, down_for: float | None = None,
+                  ) -> None:
+        """A connection closes (a reset, a proxy, a flap) and is dialled again: both ends
+        see it close, nothing passes meanwhile, and both are told it is back."""
+        a, b = pair or self.rng.sample(self.ids, 2)
+        self.link_drops += 1
+        drop = self.link_drops
+        self.cut[a, b] = self.cut[b, a] = drop
+        self._see_closed(a, b)
+        self._see_closed(b, a)
+
+        def redialled() -> None:
+            if self.cut.get((a, b)) != drop:
+                return  # dropped again since: that drop redials it
+            del self.cut[a, b], self.cut[b, a]
+            for node, peer in ((a, b), (b, a)):
+                self.nodes[node].unreachable(peer)
+        self.at(down_for if down_for is not None else 0.5 + self.rng.random() * 3, redialled)
 
     def partition(self) -> None:
         self.partitions += 1
@@ -398,6 +446,15 @@ class Simulation:
 
     def heal(self) -> None:
         self.blocked = set()
+
+    def run_until(self, condition: Callable[[], bool], ticks: float) -> bool:
+        """Steps until `condition()` holds (True) or `ticks` of simulated time passed."""
+        deadline = self.now + ticks
+        while self.now < deadline:
+            if condition():
+                return True
+            self.step()
+        return condition()
 
     def leader_of(self, group: int) -> "SimNode | None":
         leaders = [node for node in self.nodes.values()
@@ -527,6 +584,7 @@ class Simulation:
         """Heals everything, restarts the dead, and requires every group to make progress."""
         self.faults = False
         self.blocked = set()
+        self.cut = {}
         for node in self.nodes.values():
             if not node.alive:
                 node.start()
@@ -645,6 +703,16 @@ class SimNode:
                     f"disk before the crash, not after (log {log.snapshot_index}.."
                     f"{log.last_index}, term there {log.term_at(index)})")
 
+    def peer_lost(self, peer: str) -> None:
+        if self.alive:
+            self.host.peer_lost(peer)
+            self.flush()
+
+    def unreachable(self, peer: str) -> None:
+        if self.alive:
+            self.host.unreachable(peer)
+            self.flush()
+
     def crash(self) -> None:
         for group in self.machines:
             core = self.host.core(group)
@@ -743,6 +811,7 @@ def main() -> None:
         total += sim.steps
         print(f"seed {seed}: {sim.steps} steps, {sim.checker.acks} acknowledged, "
               f"{sim.checker.reads} reads, {sim.crashes} crashes, {sim.partitions} partitions, "
+              f"{sim.link_drops} link drops, "
               f"{sim.changes} membership changes, {sim.checker.installs} snapshots installed "
               f"({sim.chunk_failures()} chunks failed), "
               f"{len(sim.transfers)} transfers ({sim.transfers_done()} done, "

@@ -4,7 +4,7 @@ safety property checked as it runs. `make simulate` runs the long version."""
 
 import pytest
 
-from tests.raft.sim import Options, run
+from tests.raft.sim import Options, Simulation, run
 
 SEEDS = range(1, 9)
 
@@ -42,3 +42,89 @@ def test_leadership_transfers_under_faults_keep_safety() -> None:
         done += sim.transfers_done()
         aborted += sim.transfers_aborted()
     assert done > 10 and aborted > 0
+
+
+def test_dropped_links_and_crashes_that_close_them_keep_safety() -> None:
+    """Links dropping often (each end elects at once when its leader's closes) on top of
+    every other fault: every safety check holds and the groups stay live."""
+    options = Options(steps=30_000, link_drop_every=3.0)
+    for seed in (21, 22):
+        sim = run(seed, options)
+        assert sim.checker.acks > 100 and sim.link_drops > 300
+
+
+ELECTION_TICKS = 10  # as SimNode configures its hosts
+HEARTBEAT_TICKS = 2
+
+
+def _quiet_cluster(seed: int) -> Simulation:
+    """Three nodes, one group, a fault-free network and disk (proposals still flow),
+    settled on a leader that has committed."""
+    sim = Simulation(seed, Options(nodes=3, groups=1, disk_stalls=0))
+    sim.faults = False
+    assert sim.run_until(lambda: (leader := sim.leader_of(1)) is not None
+                         and leader.host.core(1).commit > 5, 200)
+    return sim
+
+
+def _new_leader_after(sim: Simulation, old: str, ticks: float) -> float | None:
+    """Simulated time until a node other than `old` leads, None if none within `ticks`."""
+    start = sim.now
+
+    def elsewhere() -> bool:
+        leader = sim.leader_of(1)
+        return leader is not None and leader.id != old
+
+    return sim.now - start if sim.run_until(elsewhere, ticks) else None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_killed_leader_is_replaced_well_within_an_election_timeout(seed: int) -> None:
+    sim = _quiet_cluster(seed)
+    leader = sim.leader_of(1)
+    assert leader is not None
+    acked = sim.checker.acks
+    sim._crash(leader, closes_links=True)
+    took = _new_leader_after(sim, leader.id, 4 * ELECTION_TICKS)
+    assert took is not None and took < ELECTION_TICKS / 2
+    assert sim.run_until(lambda: sim.checker.acks > acked, ELECTION_TICKS)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_frozen_leader_is_replaced_only_after_an_election_timeout(seed: int) -> None:
+    """Frozen (SIGSTOP), its connections stay open: the others hear nothing, which is no
+    news before an election timeout (the last heartbeat was at most HEARTBEAT_TICKS and a
+    delivery before the freeze)."""
+    sim = _quiet_cluster(seed)
+    leader = sim.leader_of(1)
+    assert leader is not None
+    sim._crash(leader, closes_links=False)
+    took = _new_leader_after(sim, leader.id, 4 * ELECTION_TICKS)
+    assert took is not None and took >= ELECTION_TICKS - HEARTBEAT_TICKS - 1
+
+
+@pytest.mark.parametrize(("seed", "flapping"), [(seed, flapping) for seed in range(6)
+                                                 for flapping in ("first", "second", "each")])
+def test_a_flapping_link_to_a_healthy_leader_disrupts_nothing(seed: int, flapping: str) -> None:
+    """The link between the leader and one follower (the first survivor by ID, the second,
+    or each in turn once the other hears the leader again) drops and comes back over and
+    over, the other follower hearing the leader all along: each drop starts a pre-vote on
+    the follower, which fails, and none may unseat the leader or raise a term."""
+    sim = _quiet_cluster(seed)
+    leader = sim.leader_of(1)
+    assert leader is not None
+    core = leader.host.core(1)
+    term = core.term
+    followers = sorted(node for node in sim.ids if node != leader.id)
+    acked = sim.checker.acks
+    for flap in range(60):
+        follower = {"first": followers[0], "second": followers[1]}.get(
+            flapping, followers[flap % 2])
+        sim.drop_link((leader.id, follower), down_for=0.2 + (flap % 7) * 0.4)
+        heard = sim.nodes[follower].host.core(1)
+        assert sim.run_until(lambda: heard.leader == leader.id and (  # noqa: B023
+            leader.id, follower) not in sim.cut, 10)  # noqa: B023
+        sim.run_until(lambda: False, 0.3 + (flap % 3) * 0.5)
+    assert sim.leader_of(1) is leader and core.term == term
+    assert all(node.host.core(1).term == term for node in sim.nodes.values())
+    assert sim.checker.acks > acked + 50
