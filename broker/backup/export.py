@@ -1,0 +1,85 @@
+"""An export: the cut (collect.py), then two passes over it on a worker thread: checksums
+(the manifest goes first in the archive, so it must list them before any data), then the
+archive itself, the same bytes read again (LevelDB snapshots and immutable tables).
+
+The event loop only takes the cut; the thread reads LevelDB, hashes (hashlib releases the
+GIL on large chunks) and hands the archive's chunks to `sink`, which may block (a file) or
+wait for the loop (an HTTP response: backpressure).
+"""
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from broker.backup.archive import Sink, TarWriter, digest
+from broker.backup.collect import Cut, ExportFailed, Replicated, collect
+from broker.backup.manifest import NAME, Manifest, Member
+from broker.ds import DurableStorage
+from broker.formats import DATA_DIR, in_tree
+from broker.retainer.store import RetainedStore
+from broker.version import RELEASE
+
+
+def build_manifest(cut: Cut, members: list[Member], created_us: int,
+                   since_us: int | None) -> Manifest:
+    created = datetime.fromtimestamp(created_us / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return Manifest(RELEASE, created, created_us, since_us, cut.cluster,
+                    {fmt.name: fmt.version for fmt in in_tree(DATA_DIR)}, cut.cut,
+                    tuple(cut.generations), tuple(members))
+
+
+def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
+                  gzip: bool = False, stopped: Callable[[], bool] = lambda: False,
+                  on_manifest: Callable[[bytes], None] = lambda raw: None,
+                  ) -> tuple[Manifest, int]:
+    """Blocking (a worker thread): both passes; returns the manifest and the bytes written.
+    `on_manifest` gets the manifest before any byte goes to `sink` (an HTTP response sends
+    its checksum as a header)."""
+    cut.expand_sealed()
+    members = []
+    for source in cut.sources:
+        if stopped():
+            raise ExportFailed("the export was cancelled")
+        size, sha = digest(source.read())
+        members.append(Member(source.path, size, sha))
+    manifest = build_manifest(cut, members, created_us, since_us)
+    writer = TarWriter(sink, gzip)
+    raw = manifest.encode()
+    on_manifest(raw)
+    writer.add(NAME, len(raw), (raw,))
+    for source, member in zip(cut.sources, members, strict=True):
+        if stopped():
+            raise ExportFailed("the export was cancelled")
+        writer.add(member.path, member.size, source.read())
+    writer.close()
+    return manifest, writer.bytes
+
+
+async def export(ds: DurableStorage, retainer: RetainedStore | None,
+                 groups: Replicated | None, since_us: int | None, sink: Sink,
+                 gzip: bool = False, on_manifest: Callable[[bytes], None] = lambda raw: None,
+                 ) -> tuple[Manifest, int]:
+    """The archive of everything durable, at one cut, to `sink` (called on a worker thread).
+    Its own thread: the storage's pool serves the brokers' writes meanwhile. Cancelled, the
+    thread stops at its next member; the cut's snapshots are released once it has."""
+    cut = await collect(ds, retainer, groups, since_us)
+    created_us = time.time_ns() // 1000
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="backup")
+    try:
+        done = asyncio.get_running_loop().run_in_executor(
+            pool, write_archive, cut, sink, created_us, since_us, gzip, stop.is_set,
+            on_manifest)
+    except BaseException:
+        cut.release()
+        raise
+    done.add_done_callback(lambda _: cut.release())
+    pool.shutdown(wait=False)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
