@@ -115,6 +115,25 @@ def _chunks(file: IO[bytes]) -> Iterator[bytes]:
         yield chunk
 
 
+_DAMAGED: Final = (tarfile.TarError, EOFError, zlib.error, OSError)
+
+
+class _Member:
+    """A member's file object whose read errors (the archive cut short or damaged in it)
+    are BadArchive naming it."""
+
+    def __init__(self, handle: IO[bytes], name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._handle.read(size)
+        except _DAMAGED as error:
+            raise BadArchive(f"{self._name}: the archive is damaged or cut short here:"
+                             f" {error}") from None
+
+
 def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
     its file object, to read before the next). Members are not checked here."""
@@ -135,8 +154,10 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
             while (info := tar.next()) is not None:
                 if not info.isfile():
                     raise BadArchive(f"{info.name}: not a regular file")
-                yield manifest, info.name, tar.extractfile(info)
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+                handle = tar.extractfile(info)
+                assert handle is not None
+                yield manifest, info.name, _Member(handle, info.name)  # type: ignore[misc]
+    except _DAMAGED as error:
         raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
 
 
