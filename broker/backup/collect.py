@@ -30,7 +30,7 @@ from broker.ds.manifest import NAME as SLAB_MANIFEST
 from broker.ds.slab import Slab
 from broker.retainer.store import RetainedStore
 
-_RAFT_META: Final = ds_keys.meta_key("raft_")  # replica bookkeeping in slabs and sessions
+RAFT_META: Final = ds_keys.meta_key("raft_")  # replica bookkeeping in slabs and sessions
 _HEARTBEAT: Final = b"h\x00"
 _RETAINED_MARKER: Final = b"\x00"
 _SYS: Final = b"$SYS/"
@@ -128,11 +128,11 @@ def _pairs_reader(view: Any, keep: Callable[[bytes], bool]) -> Callable[[], Iter
 
 
 def _keep_slab_key(key: bytes) -> bool:
-    return not key.startswith(_RAFT_META)
+    return not key.startswith(RAFT_META)
 
 
-def _keep_session_key(key: bytes) -> bool:
-    return not key.startswith((_RAFT_META, _HEARTBEAT))
+def keep_session_key(key: bytes) -> bool:
+    return not key.startswith((RAFT_META, _HEARTBEAT))
 
 
 def _keep_retained_key(key: bytes) -> bool:
@@ -174,7 +174,7 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
                                       _pairs_reader(view, _keep_slab_key)))
         sessions_view = ds.sessions.view()
         release.append(_closer(sessions_view))
-        sources.insert(0, Source(SESSIONS, _pairs_reader(sessions_view, _keep_session_key)))
+        sources.insert(0, Source(SESSIONS, _pairs_reader(sessions_view, keep_session_key)))
         if groups is not None:
             cut["sessions"] = groups.machines[1].applied_index
         if retainer is not None:

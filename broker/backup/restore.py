@@ -4,10 +4,14 @@ installed the way the target takes it.
 - A running node (`import_online`, HTTP): refused unless it holds no data (no stored
   message, no session, no retained message but its own `$SYS` ones). Each shard's
   directory is built beside it and swapped in (files.swap_in: as a Raft snapshot is
-  installed), the shard reopened; retained messages go through the retainer's writer (the
-  metadata Raft group's log), sessions through the `sessions` database's writes (group
-  commit, or its Raft group's log when replicated), and a single node then restores them as
-  at start-up. Messages first, sessions last: a session appears with its messages there.
+  installed), the shard reopened; in a builtin_raft cluster (every node holds a full
+  replica: its own is checked after a barrier) each generation goes instead through its
+  shard's Raft log as LOAD commands of its keys (replication_layer.py), so every replica,
+  one that joins later included (from the log or a snapshot), holds the same slabs;
+  retained messages go through the retainer's writer (the metadata Raft group's log),
+  sessions through the `sessions` database's writes (group commit, or its Raft group's log
+  when replicated), and a single node then restores them as at start-up. Messages first,
+  sessions last: a session appears with its messages there.
 - A stopped node (`import_offline`, `--force --data-dir`): its durable state replaced
   whatever it held: `ds/messages`, `ds/sessions`, `retained`, and the Raft write-ahead log
   and group records, so the node starts its groups afresh from the restored state, as at
@@ -18,19 +22,20 @@ installed the way the target takes it.
 import asyncio
 import json
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import plyvel  # type: ignore[import-untyped]
 
 from broker.backup.archive import BadArchive, verify
-from broker.backup.collect import _keep_session_key  # one rule for what is a session's
+from broker.backup.collect import RAFT_META, keep_session_key
 from broker.backup.manifest import Manifest, unreadable_formats
 from broker.backup.unpack import remove, unpack
 from broker.ds import DurableStorage
+from broker.ds import replication_layer as cmd
 from broker.ds.db import DB_FILE
 from broker.ds.files import recover_swap, staging, swap_in, write_atomically
 from broker.ds.settings import Settings
@@ -40,6 +45,7 @@ from broker.session.message import Message
 
 _SESSION_BATCH: Final = 1000  # keys per sessions write (a Raft command when replicated)
 _RETAINED_BATCH: Final = 256  # retained messages in flight at once
+_LOAD_BYTES: Final = 512 << 10  # keys and values per LOAD command
 
 
 class ImportRefused(Exception):
@@ -75,11 +81,19 @@ def emptiness(ds: DurableStorage, retainer: RetainedStore | None) -> str | None:
         if stored:
             return f"messages shard {shard.index} holds {stored} messages"
     for key, _ in ds.sessions.scan(b""):
-        if _keep_session_key(key):
+        if keep_session_key(key):
             return f"the sessions database holds data (key {key[:64]!r})"
     if retainer is not None and retainer.match("#"):
         return f"{len(retainer.match('#'))} retained messages are stored"
     return None
+
+
+class Loads(Protocol):
+    """Replicated Durable Storage's groups as an import writes through them."""
+
+    async def sync(self, sessions: bool = True) -> bool: ...
+
+    async def load(self, shard: int, command: bytes) -> None: ...
 
 
 @dataclass(slots=True)
@@ -90,7 +104,7 @@ class Target:
     retainer: RetainedStore | None
     write_retained: Callable[[Message], Awaitable[None]] | None
     sessions_restored: Callable[[], object]  # a single node loads its sessions again
-    replicated: bool
+    groups: Loads | None  # replicated
 
 
 async def _blocking(call: Callable[..., Any], *args: Any) -> Any:
@@ -103,10 +117,10 @@ async def import_online(archive: Path, target: Target) -> dict[str, int]:
     ImportRefused with nothing changed."""
     manifest: Manifest = await _blocking(check, archive)
     ds = target.ds
-    if target.replicated:
-        raise ImportRefused("UNSUPPORTED", "import into a running builtin_raft cluster is"
-                            " not supported yet: restore every stopped node with `broker ctl"
-                            " data import FILE --force --data-dir DIR` before its first start")
+    groups = target.groups
+    if groups is not None and not await groups.sync():
+        raise ImportRefused("UNSUPPORTED", "a Raft group did not commit a barrier in time:"
+                            " this node may be cut off from a majority")
     if manifest.n_shards != ds.messages.n_shards:
         raise ImportRefused("BAD_ARCHIVE", f"the archive has {manifest.n_shards} shards, this"
                             f" node {ds.messages.n_shards} (durable_storage.messages.n_shards"
@@ -118,23 +132,69 @@ async def import_online(archive: Path, target: Target) -> dict[str, int]:
                             f" an empty node, or --force --data-dir into a stopped one")
     work = ds.root / "import.staging"
     messages = ds.messages
-    shard_dirs = [staging(shard.path) for shard in messages.shards]
+    shard_dirs = [staging(shard.path) if groups is None else work / f"shard-{shard.index:03d}"
+                  for shard in messages.shards]
     remove(work, *shard_dirs)
     try:
         unpacked = await _blocking(
             unpack, archive, shard_dirs.__getitem__, work / "sessions", work / "retained",
             ds.settings.leveldb_compression)
-        for shard in list(messages.shards):
-            messages.close_shard_now(shard.index)
-            swap_in(shard.path)
-            messages.reopen_shard(shard.index)
+        if groups is None:
+            for shard in list(messages.shards):
+                messages.close_shard_now(shard.index)
+                swap_in(shard.path)
+                messages.reopen_shard(shard.index)
+        else:
+            await asyncio.gather(*(_load_shard(groups, i, shard_dirs[i], manifest)
+                                   for i in range(messages.n_shards)))
         counts = unpacked.counts
         counts["retained"] = await _restore_retained(work / "retained", target)
         counts["sessions"] = await _restore_sessions(work / "sessions", ds)
     finally:
         await _blocking(remove, work, *shard_dirs)
-    target.sessions_restored()
+    if groups is None:
+        target.sessions_restored()
     return counts
+
+
+def _chunks(path: Path, skip: bytes) -> Iterator[list[tuple[bytes, bytes]]]:
+    """Blocking: a generation's keys (but replica bookkeeping), LOAD_BYTES at a time."""
+    db = plyvel.DB(str(path))
+    try:
+        chunk: list[tuple[bytes, bytes]] = []
+        size = 0
+        for key, value in db.iterator():
+            if key.startswith(skip):
+                continue
+            chunk.append((key, value))
+            size += len(key) + len(value)
+            if size >= _LOAD_BYTES:
+                yield chunk
+                chunk, size = [], 0
+        yield chunk
+    finally:
+        db.close()
+
+
+async def _load_shard(groups: Loads, shard: int, directory: Path, manifest: Manifest) -> None:
+    """Each generation of the shard, oldest first, as LOAD commands through its log (read
+    on a thread, a chunk ahead of the commit)."""
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(1, thread_name_prefix="restore") as pool:
+        for gen in sorted((g for g in manifest.generations if g.shard == shard),
+                          key=lambda g: g.generation):
+            chunks = _chunks(directory / f"gen-{gen.generation:06d}", RAFT_META)
+            chunk = await loop.run_in_executor(pool, next, chunks)
+            flags = cmd.LOAD_FIRST
+            while True:
+                following = await loop.run_in_executor(pool, next, chunks, None)
+                if following is None:
+                    flags |= cmd.LOAD_LAST
+                await groups.load(shard, cmd.encode_load(gen.generation, gen.sealed_at or 0,
+                                                         flags, chunk))
+                if following is None:
+                    break
+                chunk, flags = following, 0
 
 
 async def _restore_retained(path: Path, target: Target) -> int:

@@ -176,6 +176,7 @@ class Slab:
         self.close()
         fresh = Slab.open(self.path, self.generation, self.compression)
         self._db, self.lts, self.stats = fresh._db, fresh.lts, fresh.stats
+        self.created = fresh.created  # (a restored generation's: shard.apply_load)
 
     def close(self) -> None:
         with self._opening:

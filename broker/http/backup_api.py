@@ -93,7 +93,7 @@ async def import_data(request: web.Request) -> web.Response:
         try:
             await _receive(request, upload)
             target = Target(node.ds, node.retainer, node.retained_writer,
-                            node.restore_durable_sessions, node.replicated_ds)
+                            node.restore_durable_sessions, _groups(request))  # type: ignore[arg-type]
             counts = await import_online(upload, target)
         except ImportRefused as refused:
             return _error(_STATUS[refused.code], refused.code, str(refused))
