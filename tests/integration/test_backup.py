@@ -10,7 +10,7 @@ import sys
 import tarfile
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,10 @@ def seal(broker: BrokerProcess) -> None:
 class Publisher(threading.Thread):
     """QoS 1 publishes, one at a time, until stopped; `acked` holds those acknowledged."""
 
-    def __init__(self, client: PahoClient) -> None:
+    def __init__(self, client: PahoClient, tag: str = "m") -> None:
         super().__init__(daemon=True)
         self.client = client
+        self.tag = tag
         self.acked: list[bytes] = []
         self.stop = threading.Event()
         self._lock = threading.Lock()
@@ -58,7 +59,7 @@ class Publisher(threading.Thread):
     def run(self) -> None:
         n = 0
         while not self.stop.is_set():
-            payload = f"m {n}".encode()
+            payload = f"{self.tag} {n}".encode()
             info = self.client.client.publish(f"data/{n % 7}", payload, 1)
             info.wait_for_publish(30)
             assert info.is_published()
@@ -93,14 +94,6 @@ def receives_all(client: PahoClient, expected: list[bytes]) -> None:
     wanted = set(expected)
     wait_until(lambda: wanted <= {m.payload for m in client.messages}, 30,
                f"{client.client_id}: the {len(wanted)} messages acknowledged before the cut")
-
-
-@pytest.fixture
-def clients() -> Iterator[list[PahoClient]]:
-    made: list[PahoClient] = []
-    yield made
-    for client in made:
-        client.close()
 
 
 def corrupt(archive: Path, member: str, into: Path) -> None:
