@@ -53,6 +53,18 @@ def _summary(manifest: Manifest) -> dict[str, Any]:
             "shards": manifest.n_shards, "backend": manifest.cluster.get("backend")}
 
 
+class _Tee:
+    """A response read by `verify`, every byte read also written to the file."""
+
+    def __init__(self, source: Any, out: Any) -> None:
+        self._source, self._out = source, out
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._source.read(size)
+        self._out.write(data)
+        return data
+
+
 def export_command(args: argparse.Namespace) -> int:
     target = Path(args.file)
     part = target.with_name(target.name + ".part")
@@ -64,14 +76,15 @@ def export_command(args: argparse.Namespace) -> int:
             sha = response.headers.get("X-Backup-Manifest-Sha256", "")
             # The node sends a plain tar; a FILE named .gz gets it compressed as it arrives.
             out = gzip.GzipFile(fileobj=file, mode="wb") if target.name.endswith(".gz") else file
+            # Checked as it arrives (the node may fail half way: only a whole archive is
+            # kept), written as it is read; then the tar's end blocks.
+            verify(_Tee(response, out))  # type: ignore[arg-type]
             while chunk := response.read(CHUNK):
                 out.write(chunk)
             if out is not file:
                 out.close()
             file.flush()
             os.fsync(file.fileno())
-        with part.open("rb") as file:
-            verify(file)  # the node may have failed half way: only a whole archive is kept
     except urllib.error.HTTPError as error:
         part.unlink(missing_ok=True)
         print(f"broker ctl data export: {_refusal(error)}", file=sys.stderr)
