@@ -173,6 +173,7 @@ def run(megabytes: int, tmp: Path) -> dict[str, Any]:
                        f"http://127.0.0.1:{target.ports['http']}")
     finally:
         target.stop(120)
+    print("\n".join(line for line in target.log_text().splitlines() if "import" in line))
     mib = data_bytes / 2**20
     return {
         "environment": {**report.machine(), "shared_machine": True,

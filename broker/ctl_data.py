@@ -9,6 +9,8 @@ whole and only then renamed FILE: a FILE that exists is a complete archive.
 
 import argparse
 import gzip
+import http.client
+import io
 import json
 import os
 import sys
@@ -119,11 +121,7 @@ def import_command(args: argparse.Namespace) -> int:
             return 1
     else:
         try:
-            with path.open("rb") as file, _request(
-                    args, "/api/v5/data/import", file,
-                    {"Content-Type": "application/x-tar",
-                     "Content-Length": str(path.stat().st_size)}) as response:
-                counts = json.loads(response.read())["restored"]
+            counts = _upload(args, path)
         except urllib.error.HTTPError as error:
             print(f"broker ctl data import: {_refusal(error)}", file=sys.stderr)
             return 1
@@ -133,6 +131,27 @@ def import_command(args: argparse.Namespace) -> int:
     print(json.dumps({"file": str(path), "restored": counts}) if args.output == "json"
           else f"{path}: restored " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
+
+
+def _upload(args: argparse.Namespace, path: Path) -> dict[str, int]:
+    """POSTs the archive in 1 MiB blocks (urllib's are 8 KiB: a Python call each)."""
+    where = urllib.parse.urlsplit(args.url)
+    make = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
+    connection = make(where.hostname or "127.0.0.1", where.port, timeout=_TIMEOUT,
+                      blocksize=CHUNK)
+    try:
+        with path.open("rb") as file:
+            connection.request("POST", where.path.rstrip("/") + "/api/v5/data/import", file,
+                               {**args.auth_headers(args), "Content-Type": "application/x-tar",
+                                "Content-Length": str(path.stat().st_size)})
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise urllib.error.HTTPError(args.url, response.status, response.reason,
+                                         response.headers, io.BytesIO(body))
+        return json.loads(body)["restored"]  # type: ignore[no-any-return]
+    finally:
+        connection.close()
 
 
 def verify_command(args: argparse.Namespace) -> int:

@@ -161,30 +161,67 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
         raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
 
 
-def verify(file: IO[bytes]) -> Manifest:
-    """Reads the whole archive: every member listed, of its size and SHA-256, none missing,
-    none extra. Raises BadArchive naming the first member that is not."""
+class _Hashing:
+    """A member's file object that hashes what is read through it."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self.sha.update(data)
+        self.size += len(data)
+        return data
+
+
+def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+    """`members`, each checked once the caller moves past it (what it did not read is read
+    to the end first): raises BadArchive naming the first member that is not of its listed
+    size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
+    members out keeps what it wrote only once the iteration ends without an error."""
     manifest: Manifest | None = None
     expected: dict[str, tuple[int, str]] = {}
     for found, path, handle in members(file):
         if handle is None:
             manifest = found
             expected = {m.path: (m.size, m.sha256) for m in found.files}
+            yield found, path, None
             continue
         want = expected.pop(path, None)
         if want is None:
             raise BadArchive(f"{path}: not listed in {NAME} (or listed once and found twice)")
-        size, sha = digest(_chunks(handle))
-        if size != want[0]:
-            raise BadArchive(f"{path}: {size} bytes, {NAME} says {want[0]}")
-        if sha != want[1]:
-            raise BadArchive(f"{path}: checksum mismatch: sha256 {sha}, {NAME} says {want[1]}")
+        hashing = _Hashing(handle)
+        yield found, path, hashing  # type: ignore[misc]
+        while hashing.read(CHUNK):
+            pass
+        if hashing.size != want[0]:
+            raise BadArchive(f"{path}: {hashing.size} bytes, {NAME} says {want[0]}")
+        if hashing.sha.hexdigest() != want[1]:
+            raise BadArchive(f"{path}: checksum mismatch: sha256 {hashing.sha.hexdigest()},"
+                             f" {NAME} says {want[1]}")
     if manifest is None:
         raise BadArchive(f"empty archive: no {NAME}")
     if expected:
         raise BadArchive(f"{min(expected)}: listed in {NAME} but not in the archive (cut"
                          f" short?)")
+
+
+def verify(file: IO[bytes]) -> Manifest:
+    """Reads the whole archive, checking every member (`checked_members`)."""
+    manifest = None
+    for found, _, _ in checked_members(file):
+        manifest = found
+    assert manifest is not None
     return manifest
+
+
+def read_manifest(file: IO[bytes]) -> Manifest:
+    """The manifest alone (the first member): what an archive holds, unchecked."""
+    for manifest, _, _ in members(file):
+        return manifest
+    raise BadArchive(f"empty archive: no {NAME}")
 
 
 def copy_chunks(file: IO[bytes]) -> Iterator[bytes]:

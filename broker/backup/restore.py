@@ -21,7 +21,9 @@ installed the way the target takes it.
 
 import asyncio
 import json
+import logging
 import shutil
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,18 +32,21 @@ from typing import Any, Final, Protocol
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.backup.archive import BadArchive, verify
+from broker.backup.archive import BadArchive, read_manifest
 from broker.backup.collect import RAFT_META, keep_session_key
 from broker.backup.manifest import Manifest, unreadable_formats
-from broker.backup.unpack import remove, unpack
+from broker.backup.unpack import Unpacked, remove, unpack
 from broker.ds import DurableStorage
 from broker.ds import replication_layer as cmd
 from broker.ds.db import DB_FILE
 from broker.ds.files import recover_swap, staging, swap_in, write_atomically
 from broker.ds.settings import Settings
+from broker.ds.slab import Compression
 from broker.formats import DATA_DIR, in_tree
 from broker.retainer.store import RetainedStore, decode_record
 from broker.session.message import Message
+
+log = logging.getLogger(__name__)
 
 _SESSION_BATCH: Final = 1000  # keys per sessions write (a Raft command when replicated)
 _RETAINED_BATCH: Final = 256  # retained messages in flight at once
@@ -57,10 +62,11 @@ class ImportRefused(Exception):
 
 
 def check(archive: Path) -> Manifest:
-    """Blocking: the archive verified whole, and one this release can restore."""
+    """Blocking: the archive's manifest, of an archive this release can restore. Its
+    members are checked as they are unpacked (`_unpack`), before anything is installed."""
     try:
         with archive.open("rb") as file:
-            manifest = verify(file)
+            manifest = read_manifest(file)
     except BadArchive as error:
         raise ImportRefused("BAD_ARCHIVE", str(error)) from None
     unreadable = unreadable_formats(manifest, {f.name: f.version for f in in_tree(DATA_DIR)})
@@ -115,6 +121,7 @@ async def _blocking(call: Callable[..., Any], *args: Any) -> Any:
 async def import_online(archive: Path, target: Target) -> dict[str, int]:
     """Checks, then restores into a running empty node (see the module docstring); raises
     ImportRefused with nothing changed."""
+    started = time.monotonic()
     manifest: Manifest = await _blocking(check, archive)
     ds = target.ds
     groups = target.groups
@@ -137,8 +144,9 @@ async def import_online(archive: Path, target: Target) -> dict[str, int]:
     remove(work, *shard_dirs)
     try:
         unpacked = await _blocking(
-            unpack, archive, shard_dirs.__getitem__, work / "sessions", work / "retained",
+            _unpack, archive, shard_dirs.__getitem__, work / "sessions", work / "retained",
             ds.settings.leveldb_compression)
+        log.info("import: checked and unpacked in %.1f s", time.monotonic() - started)
         if groups is None:
             for shard in list(messages.shards):
                 messages.close_shard_now(shard.index)
@@ -154,6 +162,7 @@ async def import_online(archive: Path, target: Target) -> dict[str, int]:
         await _blocking(remove, work, *shard_dirs)
     if groups is None:
         target.sessions_restored()
+    log.info("import: %s restored in %.1f s: %s", archive, time.monotonic() - started, counts)
     return counts
 
 
@@ -195,6 +204,14 @@ async def _load_shard(groups: Loads, shard: int, directory: Path, manifest: Mani
                 if following is None:
                     break
                 chunk, flags = following, 0
+
+
+def _unpack(archive: Path, shard_dir: Callable[[int], Path], sessions: Path, retained: Path,
+            compression: Compression) -> Unpacked:
+    try:
+        return unpack(archive, shard_dir, sessions, retained, compression)
+    except BadArchive as error:
+        raise ImportRefused("BAD_ARCHIVE", str(error)) from None
 
 
 async def _restore_retained(path: Path, target: Target) -> int:
@@ -267,7 +284,7 @@ def import_offline(archive: Path, data_dir: Path, wal_dir: Path) -> dict[str, in
         root.mkdir(parents=True, exist_ok=True)
     fresh = {name: staging(root) for name, root in roots.items()}
     try:
-        unpacked = unpack(archive, lambda i: fresh["messages"] / f"shard-{i:03d}",
+        unpacked = _unpack(archive, lambda i: fresh["messages"] / f"shard-{i:03d}",
                           fresh["sessions"], fresh["retained"], Settings().leveldb_compression)
         write_atomically(fresh["messages"] / DB_FILE,
                          json.dumps({"n_shards": manifest.n_shards, "format": 1}).encode())

@@ -17,7 +17,7 @@ from typing import IO, Final
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.backup.archive import BadArchive, copy_chunks, decode_pairs, members
+from broker.backup.archive import BadArchive, checked_members, copy_chunks, decode_pairs
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest
 from broker.ds.bulk import Batches
 from broker.ds.slab import Compression, Slab
@@ -62,13 +62,15 @@ def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression
 
 def unpack(archive: Path, shard_dir: Callable[[int], Path], sessions: Path, retained: Path,
            compression: Compression) -> Unpacked:
-    """Blocking: every member of a verified archive written out (see the module docstring);
-    sealed-at-the-cut pairs generations sealed once built."""
+    """Blocking: every member written out (see the module docstring), checked as it is
+    (archive.checked_members: raises BadArchive, and the caller removes what was written,
+    at the first member that is not what the manifest says); sealed-at-the-cut pairs
+    generations sealed once all are checked."""
     result = Unpacked({"sessions_keys": 0, "retained": 0, "generations": 0})
     to_seal: list[tuple[Path, Generation]] = []
     by_path: dict[str, Generation] = {}
     with archive.open("rb") as file:
-        for manifest, path, handle in members(file):
+        for manifest, path, handle in checked_members(file):
             if handle is None:
                 by_path = _generations(manifest)
                 continue
