@@ -383,16 +383,16 @@ class Shard:
 
     def apply_load(self, load: Load, index: int, term: int) -> None:
         """A generation restored from a backup (broker/backup), in chunks. The first takes
-        the place of the current generation, which must hold no message (or be this one: a
-        replay after a crash mid-load), with a synced checkpoint at this command, so a
-        restart replays the chunks after it; the last reads the generation's counters and
+        the place of the current generation, which must hold no message, with a synced
+        checkpoint at this command, so a restart (a crash mid-load) replays the chunks after
+        it; the last reads the generation's counters and
         topic structure back from what it holds and, when it was sealed, rotates as
         `apply_rotate` does. A load into a shard holding data is refused, by every replica
         alike."""
         old = self.current
         if load.flags & LOAD_FIRST:
             if (load.generation < old.generation or max(self.slabs) > old.generation
-                    or (old.stats.messages and old.generation != load.generation)):
+                    or old.stats.messages):
                 raise BadCommand(f"shard {self.index}: no load of generation"
                                  f" {load.generation} into a shard holding data")
             self.slabs.pop(old.generation)
@@ -416,6 +416,7 @@ class Shard:
         self._applied = (index, term)
         if load.flags & LOAD_LAST:
             old.reload()
+            old.count_after_checkpoint()  # its counters: the archive's, behind its data
             self.cooker = Cooker(old.lts, old.stats,
                                  max(self.cooker.last_timestamp, old.stats.max_timestamp))
             self._write_checkpoint(sync=True)
