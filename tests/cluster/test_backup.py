@@ -18,6 +18,7 @@ from tests.integration.test_backup import (
     Publisher,
     corrupt,
     ctl,
+    publish_after,
     receives_all,
     resume,
     retained_on,
@@ -86,10 +87,11 @@ def test_export_a_cluster_under_load_and_import_it_into_a_fresh_one(
         ctl("import", str(archive), "--url", url(target[1]))
         assert "409 NOT_EMPTY" in ctl("import", str(archive), "--url", url(target[0]),
                                       ok=False).stderr
+        after = publish_after(target[1].process.tcp, clients)
         for node, client_id in ((target[0], "durable-1"), (target[2], "durable-2")):
             durable = resume(node.process.tcp, client_id)
             clients.append(durable)
-            receives_all(durable, before_cut)
+            receives_all(durable, before_cut + after)
         for node in target:
             assert retained_on(node.process.tcp) == RETAINED
         worker = resume(target[2].process.tcp, "worker-1")

@@ -96,6 +96,22 @@ def receives_all(client: PahoClient, expected: list[bytes]) -> None:
                f"{client.client_id}: the {len(wanted)} messages acknowledged before the cut")
 
 
+def publish_after(port: int, clients: list[PahoClient]) -> list[bytes]:
+    """Messages published after the import by the exporting side's publishers' client IDs
+    (so into the shards the archive filled): none may take a restored one's place."""
+    sent = []
+    for n in range(2):
+        client = PahoClient(port, f"publisher-{n}" if n else "publisher")
+        clients.append(client)
+        client.connect()
+        for i in range(20):
+            payload = f"after {n} {i}".encode()
+            assert client.publish(f"data/{i % 7}", payload, qos=1) == 0
+            sent.append(payload)
+        client.disconnect()
+    return sent
+
+
 def corrupt(archive: Path, member: str, into: Path) -> None:
     """A copy of the archive with one byte of `member`'s data flipped."""
     with tarfile.open(archive) as tar:
@@ -157,9 +173,10 @@ def test_export_under_load_verify_corrupt_import_and_offline(
     assert "sessions.pairs" in refused.stderr
     ctl("import", str(archive), "--url", url(target))
 
+    after = publish_after(target.tcp, clients)
     durable = resume(target.tcp, "durable-1")
     clients.append(durable)
-    receives_all(durable, before_cut)
+    receives_all(durable, before_cut + after)
     assert retained_on(target.tcp) == RETAINED == retained_on(source.tcp)
     worker = resume(target.tcp, "worker-1")
     clients.append(worker)
