@@ -54,7 +54,7 @@ _LOAD_BYTES: Final = 512 << 10  # keys and values per LOAD command
 
 
 class ImportRefused(Exception):
-    """Nothing was changed. `code`: NOT_EMPTY, BAD_ARCHIVE or UNSUPPORTED."""
+    """Nothing was changed. `code`: NOT_EMPTY, BAD_ARCHIVE, UNSUPPORTED or UNAVAILABLE."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -126,7 +126,7 @@ async def import_online(archive: Path, target: Target) -> dict[str, int]:
     ds = target.ds
     groups = target.groups
     if groups is not None and not await groups.sync():
-        raise ImportRefused("UNSUPPORTED", "a Raft group did not commit a barrier in time:"
+        raise ImportRefused("UNAVAILABLE", "a Raft group did not commit a barrier in time:"
                             " this node may be cut off from a majority")
     if manifest.n_shards != ds.messages.n_shards:
         raise ImportRefused("BAD_ARCHIVE", f"the archive has {manifest.n_shards} shards, this"

@@ -3,7 +3,8 @@
 - `POST /api/v5/data/export[?since=µs|RFC3339]`: the archive, streamed as it is written
   (`application/x-tar`), its manifest's SHA-256 in `X-Backup-Manifest-Sha256`;
 - `POST /api/v5/data/import` (body: an archive): 200 `{"restored": {...}}`, 409 NOT_EMPTY,
-  400 BAD_ARCHIVE, 501 UNSUPPORTED.
+  400 BAD_ARCHIVE, 501 UNSUPPORTED (an incremental archive), 503 UNAVAILABLE (replicated:
+  this node's groups cannot commit).
 
 POSTs, so a viewer key is refused (auth.py). One export or import at a time per node (409
 BUSY): each holds LevelDB snapshots or swaps databases. An import's body goes to a file in
@@ -29,7 +30,8 @@ from broker.http.common import NODE_KEY
 
 GROUPS_KEY: Final = web.AppKey("backup_groups", object)
 _BUSY_KEY: Final = web.AppKey("backup_busy", asyncio.Lock)
-_STATUS: Final = {"NOT_EMPTY": 409, "BAD_ARCHIVE": 400, "UNSUPPORTED": 501}
+_STATUS: Final = {"NOT_EMPTY": 409, "BAD_ARCHIVE": 400, "UNSUPPORTED": 501,
+                   "UNAVAILABLE": 503}
 MANIFEST_HEADER: Final = "X-Backup-Manifest-Sha256"
 
 

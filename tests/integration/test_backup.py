@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -167,7 +168,17 @@ def test_export_under_load_verify_corrupt_import_and_offline(
     refused = ctl("verify", str(bad), ok=False)
     assert refused.returncode == 1 and "sessions.pairs: checksum mismatch" in refused.stderr
 
+    incremental = tmp_path / "since.tar"  # after the seal: the sealed generations left out
+    ctl("export", str(incremental), "--since", str(time.time_ns() // 1000), "--url",
+        url(source))
+    with tarfile.open(incremental) as tar:
+        assert not any(n.endswith(".ldb") for n in tar.getnames())
+    assert '"incremental_since_us": null' not in ctl("verify", str(incremental), "-o",
+                                                     "json").stdout
+
     target: BrokerProcess = start_broker(tmp_path / "target")
+    refused = ctl("import", str(incremental), "--url", url(target), ok=False)
+    assert refused.returncode == 1 and "501 UNSUPPORTED" in refused.stderr
     refused = ctl("import", str(bad), "--url", url(target), ok=False)
     assert refused.returncode == 1 and "400 BAD_ARCHIVE" in refused.stderr
     assert "sessions.pairs" in refused.stderr
