@@ -150,6 +150,7 @@ def run(megabytes: int, rounds: int, tmp: Path) -> dict[str, Any]:
     """Tar rounds on the stopped node's data, export rounds on the same data once it runs
     again, then the publishers' pairs (which add data: last), then import rounds."""
     settings = {"durable_sessions.enable": "true"}
+    machine = report.machine()
     source = BrokerProcess(tmp / "source", dict(settings)).start()
     try:
         subscribe_durable(source.tcp)
@@ -203,7 +204,7 @@ def run(megabytes: int, rounds: int, tmp: Path) -> dict[str, Any]:
     mib = data_bytes / 2**20
     export_s, tar_s, import_s, untar_s = map(median, (exports, tars, imports, untars))
     return {
-        "environment": {**report.machine(), "shared_machine": True,
+        "environment": {**machine, "shared_machine": True,
                         "loadavg_at_end": os.getloadavg()[0],
                         "note": "2 cores shared with other sessions' work: see loadavg"},
         "rounds": rounds, "data_dir_mib": round(mib, 1),

@@ -36,6 +36,7 @@ _RETAINED_MARKER: Final = b"\x00"
 _SYS: Final = b"$SYS/"
 _LEVELDB_OWN: Final = frozenset({"LOCK", "LOG", "LOG.old"})  # per process: never copied
 _TABLE_SUFFIXES: Final = (".ldb", ".sst")  # immutable once written
+SESSIONS_GROUP: Final = 1  # broker/cluster/ds_groups.py's (this package imports no cluster)
 
 
 class Replicated(Protocol):
@@ -176,7 +177,7 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
         release.append(_closer(sessions_view))
         sources.insert(0, Source(SESSIONS, _pairs_reader(sessions_view, keep_session_key)))
         if groups is not None:
-            cut["sessions"] = groups.machines[1].applied_index
+            cut["sessions"] = groups.machines[SESSIONS_GROUP].applied_index
         if retainer is not None:
             retained_view = retainer.view()
             release.append(_closer(retained_view))

@@ -23,7 +23,7 @@ from broker.formats import DATA_DIR, in_tree
 from broker.retainer.store import RetainedStore
 from broker.version import RELEASE
 
-CPU_SHARE: Final = 0.3
+CPU_SHARE: Final = 0.4
 """The share of a core the export's thread may use: after each chunk it sleeps in
 proportion to the CPU time the chunk took. The node's event loop, which serves the
 publishers, needs the GIL and a core meanwhile: an export must not take them from it (issue
