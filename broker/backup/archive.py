@@ -138,7 +138,7 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
     """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
     its file object, to read before the next). Members are not checked here."""
     try:
-        with tarfile.open(fileobj=file, mode="r|*") as tar:
+        with tarfile.open(fileobj=file, mode="r|*", bufsize=CHUNK) as tar:
             first = tar.next()
             if first is None or first.name != NAME or not first.isfile():
                 raise BadArchive(f"the first member is not {NAME}")

@@ -60,6 +60,8 @@ class Source:
 
     path: str
     read: Callable[[], Iterator[bytes]]
+    # An immutable file's identity (path, size, mtime): its digest is kept between exports.
+    identity: tuple[str, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -100,7 +102,9 @@ def _slab_files(directory: str, path: Path) -> list[Source]:
             continue
         member = f"{directory}/{file.name}"
         if file.name.endswith(_TABLE_SUFFIXES):
-            sources.append(Source(member, _file_reader(file)))
+            stat = file.stat()
+            sources.append(Source(member, _file_reader(file),
+                                  (str(file), stat.st_size, stat.st_mtime_ns)))
         else:  # CURRENT, MANIFEST-*, *.log, manifest.json: small, and a reopen replaces them
             data = file.read_bytes()
             sources.append(Source(member, lambda data=data: iter((data,))))

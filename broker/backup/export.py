@@ -10,6 +10,7 @@ wait for the loop (an HTTP response: backpressure).
 import asyncio
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -29,6 +30,19 @@ proportion to the CPU time the chunk took. The node's event loop, which serves t
 publishers, needs the GIL and a core meanwhile: an export must not take them from it (issue
 39: the publishers keep 80% of their rate; bench/backup_bench.py). The archive still goes
 at about `tar`'s pace: its bytes are mostly tables read and hashed in C."""
+
+
+_DIGESTS: "OrderedDict[tuple[str, int, int], tuple[int, str]]" = OrderedDict()
+"""(size, SHA-256) of sealed generations' tables by (path, size, mtime): they never change,
+so a scheduled export hashes each once (this process's exports; an LRU of _DIGESTS_KEPT)."""
+_DIGESTS_KEPT: Final = 100_000
+
+
+def _remember(identity: tuple[str, int, int], found: tuple[int, str]) -> None:
+    _DIGESTS[identity] = found
+    _DIGESTS.move_to_end(identity)
+    while len(_DIGESTS) > _DIGESTS_KEPT:
+        _DIGESTS.popitem(last=False)
 
 
 def _paced(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -60,7 +74,10 @@ def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
     for source in cut.sources:
         if stopped():
             raise ExportFailed("the export was cancelled")
-        size, sha = digest(_paced(source.read()))
+        known = _DIGESTS.get(source.identity) if source.identity else None
+        size, sha = known or digest(_paced(source.read()))
+        if source.identity is not None:
+            _remember(source.identity, (size, sha))
         members.append(Member(source.path, size, sha))
     manifest = build_manifest(cut, members, created_us, since_us)
     writer = TarWriter(sink, gzip)
