@@ -24,6 +24,7 @@ from typing import Any
 import plyvel
 
 from broker.auth.users_ctl import add_users_parser
+from broker.ctl_data import add_data_parser
 from broker.ds import DurableStorage, Settings
 from broker.format_check import FormatRefused, inspect, wal_dir_of
 from broker.http.auth import ApiKeyFileError, parse_api_keys
@@ -50,13 +51,16 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return os.environ.get(API_KEY_ENV) or None
 
 
+def auth_headers(args: argparse.Namespace) -> dict[str, str]:
+    key = _api_key(args)
+    return {"Authorization": "Basic " + base64.b64encode(key.encode()).decode()} if key else {}
+
+
 def _http(args: argparse.Namespace, path: str, method: str = "GET",
           body: dict[str, Any] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **auth_headers(args)}
     key = _api_key(args)
-    if key:
-        headers["Authorization"] = "Basic " + base64.b64encode(key.encode()).decode()
     request = urllib.request.Request(args.url.rstrip("/") + path, data=data, method=method,
                                      headers=headers)
     try:
@@ -73,6 +77,14 @@ def _http(args: argparse.Namespace, path: str, method: str = "GET",
             raise Refused(f"{args.url}: 403: this key may only read; {method} {path} needs an"
                           f" administrator key") from None
         raise
+
+
+def _calls_api_headers(args: argparse.Namespace) -> dict[str, str]:
+    """`auth_headers` for `ctl data`: a bad --api-key-file is a message, not a traceback."""
+    try:
+        return auth_headers(args)
+    except Refused as refused:
+        raise OSError(str(refused)) from None
 
 
 def _calls_api(command: Callable[[argparse.Namespace], int]
@@ -363,6 +375,7 @@ def add_parser(commands: Any) -> None:
     raft.add_argument("-o", "--output", choices=["text", "json"], default="text")
     raft.set_defaults(func=_calls_api(raft_command))
     add_users_parser(topics)
+    add_data_parser(topics, _add_api_options, _calls_api_headers)
     sessions = topics.add_parser("sessions", help="sessions, durable ones included: list, show")
     sessions.add_argument("action", choices=["list", "show"])
     sessions.add_argument("client_id", nargs="?", help="for show")

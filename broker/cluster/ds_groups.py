@@ -194,6 +194,10 @@ class DsGroups:
     async def rotate(self, shard: int) -> None:
         await self._commit(shard_group(shard), cmd.encode_rotate(now_us()))
 
+    async def load(self, shard: int, command: bytes) -> None:
+        """A LOAD command (a chunk of a generation restored from a backup: broker/backup)."""
+        await self._commit(shard_group(shard), command)
+
     async def drop(self, shard: int, cutoff: int) -> None:
         await self._commit(shard_group(shard), cmd.encode_drop(cutoff))
 

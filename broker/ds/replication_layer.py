@@ -17,6 +17,11 @@ replicas hold the same keys without the leader shipping cooked batches:
     KV_V1    := wlen:u16 writer  count:u32  (klen:u32 key  vlen:i32 value)*
                                            KV of logs written before chains (kind 4):
                                            applied without the chain's check
+    LOAD     := generation:u64  sealed_at:u64  flags:u8  count:u32  (klen:u32 key  vlen:u32 value)*
+                                           a generation restored from a backup, its keys as
+                                           they are, in chunks: flag 1 its first (the shard
+                                           must hold no message), flag 2 its last (then it
+                                           is sealed at sealed_at, unless 0: current)
 
 `clock` is the proposing node's clock (microseconds): the cooker's "now". `writer` (a site)
 numbers its STOREs per shard (`serial`); a replica skips a STORE whose serial it applied
@@ -47,6 +52,9 @@ DROP: Final = 3
 KV_V1: Final = 4
 BARRIER: Final = 5
 KV: Final = 6
+LOAD: Final = 7
+LOAD_FIRST: Final = 1
+LOAD_LAST: Final = 2
 BARRIER_COMMAND: Final = bytes((BARRIER,))
 
 _U32: Final = struct.Struct(">I")
@@ -55,6 +63,8 @@ _KIND_U64: Final = struct.Struct(">BQ")
 _STORE_HEAD: Final = struct.Struct(">BQQH")
 _KV_HEAD: Final = struct.Struct(">BQQH")
 _KV_V1_HEAD: Final = struct.Struct(">BH")
+_LOAD_HEAD: Final = struct.Struct(">BQQBI")
+_PAIR_HEAD: Final = struct.Struct(">II")
 
 KVWrite = tuple[bytes, bytes | None]  # None deletes
 
@@ -68,6 +78,13 @@ class KVCommand(NamedTuple):
     serial: int
     prev: int | None  # None: a KV_V1 command, outside any chain
     writes: list[KVWrite]
+
+
+class Load(NamedTuple):
+    generation: int
+    sealed_at: int  # 0: the shard's current generation
+    flags: int
+    pairs: list[tuple[bytes, bytes]]
 
 
 class Store(NamedTuple):
@@ -107,6 +124,31 @@ def encode_kv(writer: str, serial: int, prev: int, writes: Sequence[KVWrite]) ->
         else:
             parts += (_I32.pack(len(value)), value)
     return b"".join(parts)
+
+
+def encode_load(generation: int, sealed_at: int, flags: int,
+                pairs: Sequence[tuple[bytes, bytes]]) -> bytes:
+    parts = [_LOAD_HEAD.pack(LOAD, generation, sealed_at, flags, len(pairs))]
+    for key, value in pairs:
+        parts += (_PAIR_HEAD.pack(len(key), len(value)), key, value)
+    return b"".join(parts)
+
+
+def decode_load(data: bytes) -> Load:
+    try:
+        _, generation, sealed_at, flags, count = _LOAD_HEAD.unpack_from(data)
+        offset = _LOAD_HEAD.size
+        pairs = []
+        for _ in range(count):
+            klen, vlen = _PAIR_HEAD.unpack_from(data, offset)
+            offset += _PAIR_HEAD.size
+            pairs.append((data[offset:offset + klen], data[offset + klen:offset + klen + vlen]))
+            offset += klen + vlen
+    except struct.error as error:
+        raise BadCommand(f"LOAD command: {error}") from None
+    if offset != len(data):
+        raise BadCommand("a LOAD command's pairs do not add up to its length")
+    return Load(generation, sealed_at, flags, pairs)
 
 
 def is_barrier(data: bytes) -> bool:

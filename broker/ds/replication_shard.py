@@ -252,6 +252,8 @@ class ShardMachine(_Machine):
             shard.apply_rotate(cmd.decode_clock(data), entry.index, entry.term)
         elif kind == cmd.DROP:
             shard.apply_drop(cmd.decode_clock(data), entry.index, entry.term)
+        elif kind == cmd.LOAD:
+            shard.apply_load(cmd.decode_load(data), entry.index, entry.term)
         else:
             raise cmd.BadCommand(f"command kind {kind} in a messages shard")
 

@@ -43,7 +43,7 @@ from broker.ds.buffer import WriteBuffer
 from broker.ds.cook import STATS_KEY, CookedBatch, Cooker, StreamWrite
 from broker.ds.files import fsync_dir
 from broker.ds.open_slabs import OpenSlabs
-from broker.ds.replication_layer import Store
+from broker.ds.replication_layer import LOAD_FIRST, LOAD_LAST, BadCommand, Load, Store
 from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab, prepare_batch
 from broker.ds.space import DISK_FULL, WRITE_FAILED, StorageRefused, out_of_space
 from broker.ds.ttv import TTV
@@ -380,6 +380,48 @@ class Shard:
             self._on_change(self.index, generation, None)
         self.apply_mark(index, term)
         return dropped
+
+    def apply_load(self, load: Load, index: int, term: int) -> None:
+        """A generation restored from a backup (broker/backup), in chunks. The first takes
+        the place of the current generation, which must hold no message, with a synced
+        checkpoint at this command, so a restart (a crash mid-load) replays the chunks after
+        it; the last reads the generation's counters and
+        topic structure back from what it holds and, when it was sealed, rotates as
+        `apply_rotate` does. A load into a shard holding data is refused, by every replica
+        alike."""
+        old = self.current
+        if load.flags & LOAD_FIRST:
+            if (load.generation < old.generation or max(self.slabs) > old.generation
+                    or old.stats.messages):
+                raise BadCommand(f"shard {self.index}: no load of generation"
+                                 f" {load.generation} into a shard holding data")
+            self.slabs.pop(old.generation)
+            self.open_slabs.drop(old)
+            old.close()
+            shutil.rmtree(old.path)
+            self._on_change(self.index, old.generation, None)
+            self._applied = (index, term)
+            new = _create_slab(self.path, load.generation, self.thresholds, now_us(),
+                               self.compression, _checkpoint_value(self._applied, self._writers))
+            self.open_slabs.acquire(new)
+            self.slabs[new.generation] = self.current = old = new
+            self._checkpointed = True
+        elif old.generation != load.generation:
+            raise BadCommand(f"shard {self.index}: a chunk of generation {load.generation}"
+                             f" while {old.generation} is current")
+        prepared = old.db.write_batch()
+        for key, value in load.pairs:
+            prepared.put(key, value)
+        prepared.write()
+        self._applied = (index, term)
+        if load.flags & LOAD_LAST:
+            old.reload()
+            old.count_after_checkpoint()  # its counters: the archive's, behind its data
+            self.cooker = Cooker(old.lts, old.stats,
+                                 max(self.cooker.last_timestamp, old.stats.max_timestamp))
+            self._write_checkpoint(sync=True)
+            if load.sealed_at:
+                self.apply_rotate(load.sealed_at, index, term)
 
     async def close(self) -> None:
         """Writes what is buffered and a last checkpoint. On a full volume the checkpoint

@@ -127,7 +127,7 @@ class Slab:
             slab = cls._from_leveldb(path, generation, _open_leveldb(path, False, compression),
                                      compression)
             if slab.db.get(CHECKPOINT_KEY) is None:
-                slab._count_after_checkpoint()
+                slab.count_after_checkpoint()
             return slab
         stats = SlabStats(manifest["messages"], manifest["bytes"], manifest["min_timestamp"],
                           manifest["max_timestamp"])
@@ -176,6 +176,7 @@ class Slab:
         self.close()
         fresh = Slab.open(self.path, self.generation, self.compression)
         self._db, self.lts, self.stats = fresh._db, fresh.lts, fresh.stats
+        self.created = fresh.created  # (a restored generation's: shard.apply_load)
 
     def close(self) -> None:
         with self._opening:
@@ -191,7 +192,7 @@ class Slab:
     async def write(self, batch: CookedBatch, sync: bool, executor: Executor) -> None:
         await write_batch(self.db, batch, sync, executor)
 
-    def _count_after_checkpoint(self) -> None:
+    def count_after_checkpoint(self) -> None:
         """Adds the messages stored after the last counters checkpoint (cook.py) to it.
         Timestamps grow across the shard's streams, so they are exactly those past the
         checkpoint's last timestamp; sizes are counted as the cooker counts them."""

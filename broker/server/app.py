@@ -30,6 +30,7 @@ from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.ds.space import out_of_space
 from broker.http.api import make_app
+from broker.http.backup_api import add_backup_routes
 from broker.http.cluster_api import add_cluster_routes, add_raft_routes
 from broker.http.ds_sites_api import add_ds_site_routes
 from broker.http.header_timeout import HeaderTimeout
@@ -174,6 +175,7 @@ class BrokerApp:
                 registry.add_rendered(node.group_views.exposition)
             web_app = make_app(node, registry)
             add_cluster_routes(web_app, node, self.cluster, self.rpc)
+            add_backup_routes(web_app, self.ds_groups)
             if self.metadata is not None:
                 add_samples(registry, self.metadata.metrics)
                 add_raft_routes(web_app, self.metadata)

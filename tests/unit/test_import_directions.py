@@ -66,6 +66,10 @@ def _violations(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...
     # broker/http/common.py: the route modules share it and never import api.py, which
     # assembles them.
     ("broker/http", ("broker.http.api",), ()),
+    # broker/backup/__init__.py: backups read and write the stores; the HTTP routes and the
+    # CLI above them call it, and what it needs of the Raft groups is a Protocol of its own.
+    ("broker/backup", ("broker.server", "broker.http", "broker.cluster", "broker.node",
+                       "broker.ctl"), ()),
     # broker/cluster/routing.py and takeover.py: what they need of the node is a Protocol
     # of theirs; the node, above them, assembles the cluster.
     ("broker/cluster", ("broker.node",), ()),

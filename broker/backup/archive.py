@@ -1,0 +1,229 @@
+"""The archive as bytes: a POSIX tar written as a stream, read as a stream, each member's
+SHA-256 checked against the manifest (first member) as it is read.
+
+Nothing here holds a member, or the archive, in memory: members go out in chunks, and a
+reader gets each member as a file object it reads in chunks. `verify` reads a whole archive
+and names the first member that is not what the manifest says.
+"""
+
+import hashlib
+import struct
+import tarfile
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Final
+
+from broker.backup.manifest import NAME, BadManifest, Manifest, parse
+
+CHUNK: Final = 1 << 20
+_BLOCK: Final = tarfile.BLOCKSIZE
+_PAIR: Final = struct.Struct(">II")
+_MANIFEST_LIMIT: Final = 64 << 20  # a manifest lists files: far below this
+Sink = Callable[[bytes], None]
+
+
+class BadArchive(ValueError):
+    """The archive is not whole or not what its manifest says: names the member."""
+
+
+# ---- pairs: a database's keys and values as one member ----------------------------------
+def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
+    """`klen:u32 vlen:u32 key value`, repeated, in chunks of about CHUNK bytes."""
+    parts: list[bytes] = []
+    size = 0
+    pack = _PAIR.pack
+    for key, value in pairs:
+        parts += (pack(len(key), len(value)), key, value)
+        size += 8 + len(key) + len(value)
+        if size >= CHUNK:
+            yield b"".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield b"".join(parts)
+
+
+def decode_pairs(file: IO[bytes], where: str) -> Iterator[tuple[bytes, bytes]]:
+    while head := file.read(_PAIR.size):
+        if len(head) < _PAIR.size:
+            raise BadArchive(f"{where}: cut short in a pair's head")
+        klen, vlen = _PAIR.unpack(head)
+        body = file.read(klen + vlen)
+        if len(body) < klen + vlen:
+            raise BadArchive(f"{where}: cut short in a pair")
+        yield body[:klen], body[klen:]
+
+
+# ---- writing ------------------------------------------------------------------------------
+class TarWriter:
+    """Members out to `sink` as they come; with `gzip`, the stream gzip-compressed (a
+    `.tar.gz` file)."""
+
+    def __init__(self, sink: Sink, gzip: bool = False) -> None:
+        self._compress = zlib.compressobj(6, zlib.DEFLATED, 31) if gzip else None
+        self._sink = sink
+        self._mtime = int(time.time())
+        self.bytes = 0
+
+    def _out(self, data: bytes) -> None:
+        if self._compress is not None:
+            data = self._compress.compress(data)
+            if not data:
+                return
+        self.bytes += len(data)
+        self._sink(data)
+
+    def add(self, path: str, size: int, chunks: Iterable[bytes]) -> None:
+        """A member of `size` bytes; raises BadArchive if the chunks add up otherwise (the
+        source changed since its checksum was taken)."""
+        info = tarfile.TarInfo(path)
+        info.size, info.mtime, info.mode = size, self._mtime, 0o644
+        self._out(info.tobuf(tarfile.PAX_FORMAT))
+        written = 0
+        for chunk in chunks:
+            written += len(chunk)
+            if written > size:
+                break
+            self._out(chunk)
+        if written != size:
+            raise BadArchive(f"{path}: {written} bytes read, {size} expected (it changed"
+                             f" during the export)")
+        if size % _BLOCK:
+            self._out(bytes(_BLOCK - size % _BLOCK))
+
+    def close(self) -> None:
+        self._out(bytes(2 * _BLOCK))
+        if self._compress is not None:
+            tail = self._compress.flush()
+            self.bytes += len(tail)
+            self._sink(tail)
+
+
+def digest(chunks: Iterable[bytes]) -> tuple[int, str]:
+    """(size, SHA-256 hex) of a member's chunks."""
+    sha = hashlib.sha256()
+    size = 0
+    for chunk in chunks:
+        sha.update(chunk)
+        size += len(chunk)
+    return size, sha.hexdigest()
+
+
+# ---- reading ------------------------------------------------------------------------------
+def _chunks(file: IO[bytes]) -> Iterator[bytes]:
+    while chunk := file.read(CHUNK):
+        yield chunk
+
+
+_DAMAGED: Final = (tarfile.TarError, EOFError, zlib.error, OSError)
+
+
+class _Member:
+    """A member's file object whose read errors (the archive cut short or damaged in it)
+    are BadArchive naming it."""
+
+    def __init__(self, handle: IO[bytes], name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._handle.read(size)
+        except _DAMAGED as error:
+            raise BadArchive(f"{self._name}: the archive is damaged or cut short here:"
+                             f" {error}") from None
+
+
+def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+    """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
+    its file object, to read before the next). Members are not checked here."""
+    try:
+        with tarfile.open(fileobj=file, mode="r|*", bufsize=CHUNK) as tar:
+            first = tar.next()
+            if first is None or first.name != NAME or not first.isfile():
+                raise BadArchive(f"the first member is not {NAME}")
+            if first.size > _MANIFEST_LIMIT:
+                raise BadArchive(f"{NAME}: {first.size} bytes: not a manifest")
+            handle = tar.extractfile(first)
+            assert handle is not None
+            try:
+                manifest = parse(handle.read())
+            except BadManifest as error:
+                raise BadArchive(str(error)) from None
+            yield manifest, NAME, None
+            while (info := tar.next()) is not None:
+                if not info.isfile():
+                    raise BadArchive(f"{info.name}: not a regular file")
+                handle = tar.extractfile(info)
+                assert handle is not None
+                yield manifest, info.name, _Member(handle, info.name)  # type: ignore[misc]
+    except _DAMAGED as error:
+        raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
+
+
+class _Hashing:
+    """A member's file object that hashes what is read through it."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self.sha.update(data)
+        self.size += len(data)
+        return data
+
+
+def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+    """`members`, each checked once the caller moves past it (what it did not read is read
+    to the end first): raises BadArchive naming the first member that is not of its listed
+    size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
+    members out keeps what it wrote only once the iteration ends without an error."""
+    manifest: Manifest | None = None
+    expected: dict[str, tuple[int, str]] = {}
+    for found, path, handle in members(file):
+        if handle is None:
+            manifest = found
+            expected = {m.path: (m.size, m.sha256) for m in found.files}
+            yield found, path, None
+            continue
+        want = expected.pop(path, None)
+        if want is None:
+            raise BadArchive(f"{path}: not listed in {NAME} (or listed once and found twice)")
+        hashing = _Hashing(handle)
+        yield found, path, hashing  # type: ignore[misc]
+        while hashing.read(CHUNK):
+            pass
+        if hashing.size != want[0]:
+            raise BadArchive(f"{path}: {hashing.size} bytes, {NAME} says {want[0]}")
+        if hashing.sha.hexdigest() != want[1]:
+            raise BadArchive(f"{path}: checksum mismatch: sha256 {hashing.sha.hexdigest()},"
+                             f" {NAME} says {want[1]}")
+    if manifest is None:
+        raise BadArchive(f"empty archive: no {NAME}")
+    if expected:
+        raise BadArchive(f"{min(expected)}: listed in {NAME} but not in the archive (cut"
+                         f" short?)")
+
+
+def verify(file: IO[bytes]) -> Manifest:
+    """Reads the whole archive, checking every member (`checked_members`)."""
+    manifest = None
+    for found, _, _ in checked_members(file):
+        manifest = found
+    assert manifest is not None
+    return manifest
+
+
+def read_manifest(file: IO[bytes]) -> Manifest:
+    """The manifest alone (the first member): what an archive holds, unchecked."""
+    for manifest, _, _ in members(file):
+        return manifest
+    raise BadArchive(f"empty archive: no {NAME}")
+
+
+def copy_chunks(file: IO[bytes]) -> Iterator[bytes]:
+    """A member's content in chunks (for a caller writing it to a file)."""
+    return _chunks(file)

@@ -1,0 +1,119 @@
+"""An export: the cut (collect.py), then two passes over it on a worker thread: checksums
+(the manifest goes first in the archive, so it must list them before any data), then the
+archive itself, the same bytes read again (LevelDB snapshots and immutable tables).
+
+The event loop only takes the cut; the thread reads LevelDB, hashes (hashlib releases the
+GIL on large chunks) and hands the archive's chunks to `sink`, which may block (a file) or
+wait for the loop (an HTTP response: backpressure).
+"""
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Final
+
+from broker.backup.archive import Sink, TarWriter, digest
+from broker.backup.collect import Cut, ExportFailed, Replicated, collect
+from broker.backup.manifest import NAME, Manifest, Member
+from broker.ds import DurableStorage
+from broker.formats import DATA_DIR, in_tree
+from broker.retainer.store import RetainedStore
+from broker.version import RELEASE
+
+CPU_SHARE: Final = 0.4
+"""The share of a core the export's thread may use: after each chunk it sleeps in
+proportion to the CPU time the chunk took. The node's event loop, which serves the
+publishers, needs the GIL and a core meanwhile: an export must not take them from it (issue
+39: the publishers keep 80% of their rate; bench/backup_bench.py). The archive still goes
+at about `tar`'s pace: its bytes are mostly tables read and hashed in C."""
+
+
+_DIGESTS: "OrderedDict[tuple[str, int, int], tuple[int, str]]" = OrderedDict()
+"""(size, SHA-256) of sealed generations' tables by (path, size, mtime): they never change,
+so a scheduled export hashes each once (this process's exports; an LRU of _DIGESTS_KEPT)."""
+_DIGESTS_KEPT: Final = 100_000
+
+
+def _remember(identity: tuple[str, int, int], found: tuple[int, str]) -> None:
+    _DIGESTS[identity] = found
+    _DIGESTS.move_to_end(identity)
+    while len(_DIGESTS) > _DIGESTS_KEPT:
+        _DIGESTS.popitem(last=False)
+
+
+def _paced(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    worked = time.thread_time()
+    for chunk in chunks:
+        yield chunk
+        now = time.thread_time()
+        time.sleep((now - worked) * (1 / CPU_SHARE - 1))
+        worked = time.thread_time()
+
+
+def build_manifest(cut: Cut, members: list[Member], created_us: int,
+                   since_us: int | None) -> Manifest:
+    created = datetime.fromtimestamp(created_us / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return Manifest(RELEASE, created, created_us, since_us, cut.cluster,
+                    {fmt.name: fmt.version for fmt in in_tree(DATA_DIR)}, cut.cut,
+                    tuple(cut.generations), tuple(members))
+
+
+def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
+                  gzip: bool = False, stopped: Callable[[], bool] = lambda: False,
+                  on_manifest: Callable[[bytes], None] = lambda raw: None,
+                  ) -> tuple[Manifest, int]:
+    """Blocking (a worker thread): both passes; returns the manifest and the bytes written.
+    `on_manifest` gets the manifest before any byte goes to `sink` (an HTTP response sends
+    its checksum as a header)."""
+    cut.expand_sealed()
+    members = []
+    for source in cut.sources:
+        if stopped():
+            raise ExportFailed("the export was cancelled")
+        known = _DIGESTS.get(source.identity) if source.identity else None
+        size, sha = known or digest(_paced(source.read()))
+        if source.identity is not None:
+            _remember(source.identity, (size, sha))
+        members.append(Member(source.path, size, sha))
+    manifest = build_manifest(cut, members, created_us, since_us)
+    writer = TarWriter(sink, gzip)
+    raw = manifest.encode()
+    on_manifest(raw)
+    writer.add(NAME, len(raw), (raw,))
+    for source, member in zip(cut.sources, members, strict=True):
+        if stopped():
+            raise ExportFailed("the export was cancelled")
+        writer.add(member.path, member.size, _paced(source.read()))
+    writer.close()
+    return manifest, writer.bytes
+
+
+async def export(ds: DurableStorage, retainer: RetainedStore | None,
+                 groups: Replicated | None, since_us: int | None, sink: Sink,
+                 gzip: bool = False, on_manifest: Callable[[bytes], None] = lambda raw: None,
+                 ) -> tuple[Manifest, int]:
+    """The archive of everything durable, at one cut, to `sink` (called on a worker thread).
+    Its own thread: the storage's pool serves the brokers' writes meanwhile. Cancelled, the
+    thread stops at its next member; the cut's snapshots are released once it has."""
+    cut = await collect(ds, retainer, groups, since_us)
+    created_us = time.time_ns() // 1000
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="backup")
+    try:
+        done = asyncio.get_running_loop().run_in_executor(
+            pool, write_archive, cut, sink, created_us, since_us, gzip, stop.is_set,
+            on_manifest)
+    except BaseException:
+        cut.release()
+        raise
+    done.add_done_callback(lambda _: cut.release())
+    pool.shutdown(wait=False)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        stop.set()
+        raise

@@ -1,0 +1,123 @@
+"""An archive's data written out as databases, into directories nothing uses yet.
+
+Sealed generations become their files again; a generation read through a snapshot becomes a
+LevelDB built from its pairs (and sealed, when its seal was under way at the cut); the
+sessions and retained messages become LevelDBs the importer reads back in batches. Session
+metas are rewritten on the way: owned by no node (`site` empty: whoever serves the client
+next takes it, ownership.py), disconnected now, so the expiry interval counts from the
+restore rather than from a disconnection the archive may be weeks old by.
+"""
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Final
+
+import plyvel  # type: ignore[import-untyped]
+
+from broker.backup.archive import BadArchive, checked_members, copy_chunks, decode_pairs
+from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest
+from broker.ds.bulk import Batches
+from broker.ds.slab import Compression, Slab
+from broker.session.durable import records
+
+_META: Final = b"m"
+# LevelDB's memtable while a database is built (its default is 4 MiB): fewer, larger level-0
+# tables to compact. Only while building: the node opens it with its own options.
+_BUILD_BUFFER: Final = 64 << 20
+
+
+@dataclass(slots=True)
+class Unpacked:
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def own_meta(key: bytes, value: bytes, now: float) -> bytes:
+    """A session's meta as restored (see the module docstring); other keys as they are."""
+    kind, client_id = records.split_key(key)
+    if kind != _META or key != records.meta_key(client_id):
+        return value
+    meta = records.Meta.from_bytes(value)
+    return replace(meta, site="", connected=False, created=False, stalled=False,
+                   disconnected_at=now).to_bytes()
+
+
+def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression = None,
+              sessions: bool = False) -> int:
+    """Blocking: a new LevelDB at `path` holding the member's pairs; their count."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
+                   compression=compression, write_buffer_size=_BUILD_BUFFER)
+    count = 0
+    now = time.time()
+    try:
+        batches = Batches(db)
+        for key, value in decode_pairs(pairs, where):
+            batches.put(key, own_meta(key, value, now) if sessions else value)
+            count += 1
+        batches.finish([])
+    finally:
+        db.close()
+    return count
+
+
+def unpack(archive: Path, shard_dir: Callable[[int], Path], sessions: Path, retained: Path,
+           compression: Compression) -> Unpacked:
+    """Blocking: every member written out (see the module docstring), checked as it is
+    (archive.checked_members: raises BadArchive, and the caller removes what was written,
+    at the first member that is not what the manifest says); sealed-at-the-cut pairs
+    generations sealed once all are checked."""
+    result = Unpacked({"sessions_keys": 0, "retained": 0, "generations": 0})
+    to_seal: list[tuple[Path, Generation]] = []
+    by_path: dict[str, Generation] = {}
+    with archive.open("rb") as file:
+        for manifest, path, handle in checked_members(file):
+            if handle is None:
+                by_path = _generations(manifest)
+                continue
+            if path == SESSIONS:
+                result.counts["sessions_keys"] = _build_db(sessions, handle, path,
+                                                           sessions=True)
+            elif path == RETAINED:
+                result.counts["retained"] = _build_db(retained, handle, path)
+            elif path.endswith(".pairs"):
+                gen = by_path[path.removesuffix(".pairs")]
+                target = _gen_dir(shard_dir(gen.shard), gen)
+                _build_db(target, handle, path, compression)
+                result.counts["generations"] += 1
+                if gen.sealed_at is not None:
+                    to_seal.append((target, gen))
+            else:
+                directory, _, name = path.rpartition("/")
+                gen = by_path.get(directory)
+                if gen is None:
+                    raise BadArchive(f"{path}: no generation {directory} in the manifest")
+                target = _gen_dir(shard_dir(gen.shard), gen)
+                if not target.exists():
+                    target.mkdir(parents=True)
+                    result.counts["generations"] += 1
+                with (target / name).open("wb") as out:
+                    for chunk in copy_chunks(handle):
+                        out.write(chunk)
+    for target, gen in to_seal:
+        slab = Slab.open(target, gen.generation, compression)
+        assert gen.sealed_at is not None
+        slab.seal(gen.sealed_at, gen.shard)
+        slab.close()
+    return result
+
+
+def _generations(manifest: Manifest) -> dict[str, Generation]:
+    return {g.path: g for g in manifest.generations if g.in_archive}
+
+
+def _gen_dir(shard: Path, gen: Generation) -> Path:
+    shard.mkdir(parents=True, exist_ok=True)
+    return shard / f"gen-{gen.generation:06d}"
+
+
+def remove(*paths: Path) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,193 @@
+"""`broker ctl data export|import|verify`: backups of a node's or cluster's durable state
+(broker/backup/, /work/helpers/BACKUP_CONTRACT.md).
+
+`export` and `import` ask a running node over its HTTP API, streaming the archive both ways
+(never holding it in memory); `import --force --data-dir DIR` writes a stopped node's data
+dir instead; `verify` reads an archive alone. An export is written to FILE.part, verified
+whole and only then renamed FILE: a FILE that exists is a complete archive.
+"""
+
+import argparse
+import gzip
+import http.client
+import io
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+from broker.backup.archive import CHUNK, BadArchive, verify
+from broker.backup.manifest import NAME, Manifest, parse_time
+from broker.backup.restore import ImportRefused, import_offline
+from broker.format_check import FormatRefused, inspect, wal_dir_of
+
+_TIMEOUT: Final = 600.0  # seconds without a byte: an export's first pass sends nothing
+
+
+def _request(args: argparse.Namespace, path: str, body: Any = None,
+             headers: dict[str, str] | None = None) -> Any:
+    request = urllib.request.Request(
+        args.url.rstrip("/") + path, data=body, method="POST",
+        headers={**args.auth_headers(args), **(headers or {})})
+    return urllib.request.urlopen(request, timeout=_TIMEOUT)
+
+
+def _refusal(error: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(error.read())
+        return f"{error.code} {body.get('code')}: {body.get('message')}"
+    except (ValueError, AttributeError):
+        return f"{error.code} {error.reason}"
+
+
+def _summary(manifest: Manifest) -> dict[str, Any]:
+    return {"created": manifest.created, "release": manifest.release,
+            "incremental_since_us": manifest.since_us, "cut": manifest.cut,
+            "members": len(manifest.files) + 1,
+            "bytes": sum(m.size for m in manifest.files),
+            "generations": sum(g.in_archive for g in manifest.generations),
+            "shards": manifest.n_shards, "backend": manifest.cluster.get("backend")}
+
+
+class _Tee:
+    """A response read by `verify`, every byte read also written to the file."""
+
+    def __init__(self, source: Any, out: Any) -> None:
+        self._source, self._out = source, out
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._source.read(size)
+        self._out.write(data)
+        return data
+
+
+def export_command(args: argparse.Namespace) -> int:
+    target = Path(args.file)
+    part = target.with_name(target.name + ".part")
+    query = f"?since={urllib.parse.quote(str(parse_time(args.since)))}" if args.since else ""
+    started = time.monotonic()
+    try:
+        with _request(args, "/api/v5/data/export" + query) as response, \
+                part.open("wb") as file:
+            sha = response.headers.get("X-Backup-Manifest-Sha256", "")
+            # The node sends a plain tar; a FILE named .gz gets it compressed as it arrives.
+            out = gzip.GzipFile(fileobj=file, mode="wb") if target.name.endswith(".gz") else file
+            # Checked as it arrives (the node may fail half way: only a whole archive is
+            # kept), written as it is read; then the tar's end blocks.
+            verify(_Tee(response, out))  # type: ignore[arg-type]
+            while chunk := response.read(CHUNK):
+                out.write(chunk)
+            if out is not file:
+                out.close()
+            file.flush()
+            os.fsync(file.fileno())
+    except urllib.error.HTTPError as error:
+        part.unlink(missing_ok=True)
+        print(f"broker ctl data export: {_refusal(error)}", file=sys.stderr)
+        return 1
+    except (OSError, BadArchive) as error:
+        part.unlink(missing_ok=True)
+        print(f"broker ctl data export: {error}", file=sys.stderr)
+        return 1
+    part.replace(target)
+    result = {"file": str(target), "bytes": target.stat().st_size,
+              "seconds": round(time.monotonic() - started, 3), "manifest_sha256": sha}
+    print(json.dumps(result) if args.output == "json" else
+          f"{target}: {result['bytes']} bytes in {result['seconds']} s")
+    return 0
+
+
+def import_command(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if args.data_dir or args.force:
+        if not (args.data_dir and args.force):
+            print("broker ctl data import: --data-dir replaces a stopped node's durable"
+                  " state: give --force with it (and --force only with --data-dir)",
+                  file=sys.stderr)
+            return 2
+        data_dir = Path(args.data_dir)
+        wal_dir = Path(args.wal_dir) if args.wal_dir else wal_dir_of(data_dir)
+        try:
+            inspect(data_dir, wal_dir)  # a dir a newer release wrote is left alone
+            counts = import_offline(path, data_dir, wal_dir)
+        except (ImportRefused, FormatRefused, OSError) as error:
+            print(f"broker ctl data import: {error}", file=sys.stderr)
+            return 1
+    else:
+        try:
+            counts = _upload(args, path)
+        except urllib.error.HTTPError as error:
+            print(f"broker ctl data import: {_refusal(error)}", file=sys.stderr)
+            return 1
+        except OSError as error:
+            print(f"broker ctl data import: {error}", file=sys.stderr)
+            return 1
+    print(json.dumps({"file": str(path), "restored": counts}) if args.output == "json"
+          else f"{path}: restored " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+def _upload(args: argparse.Namespace, path: Path) -> dict[str, int]:
+    """POSTs the archive in 1 MiB blocks (urllib's are 8 KiB: a Python call each)."""
+    where = urllib.parse.urlsplit(args.url)
+    make = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
+    connection = make(where.hostname or "127.0.0.1", where.port, timeout=_TIMEOUT,
+                      blocksize=CHUNK)
+    try:
+        with path.open("rb") as file:
+            connection.request("POST", where.path.rstrip("/") + "/api/v5/data/import", file,
+                               {**args.auth_headers(args), "Content-Type": "application/x-tar",
+                                "Content-Length": str(path.stat().st_size)})
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise urllib.error.HTTPError(args.url, response.status, response.reason,
+                                         response.headers, io.BytesIO(body))
+        return json.loads(body)["restored"]  # type: ignore[no-any-return]
+    finally:
+        connection.close()
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        with path.open("rb") as file:
+            manifest = verify(file)
+    except (OSError, BadArchive) as error:
+        print(f"broker ctl data verify: {path}: {error}", file=sys.stderr)
+        return 1
+    summary = _summary(manifest)
+    print(json.dumps(summary) if args.output == "json" else
+          f"{path}: OK, {summary['members']} members ({NAME} and {summary['bytes']} bytes of"
+          f" data), made {manifest.created} by {manifest.release}")
+    return 0
+
+
+def add_data_parser(topics: Any, add_api_options: Callable[[argparse.ArgumentParser], None],
+                    auth_headers: Callable[[argparse.Namespace], dict[str, str]]) -> None:
+    """`auth_headers`: ctl's, for the API key options (ctl imports this module)."""
+    data = topics.add_parser("data", help="backups: export, import, verify an archive")
+    verbs = data.add_subparsers(dest="action", required=True)
+    export = verbs.add_parser("export", help="an archive of the durable state, at one cut")
+    export.add_argument("file", help="where to write it (.tar, or .tar.gz to compress)")
+    export.add_argument("--since", metavar="TIME", help="incremental: only the sealed"
+                        " generations made after TIME (µs or RFC 3339), plus current state")
+    imp = verbs.add_parser("import", help="restore an archive into an empty node or cluster")
+    imp.add_argument("file")
+    imp.add_argument("--force", action="store_true",
+                     help="with --data-dir: replace a stopped node's durable state")
+    imp.add_argument("--data-dir", help="a stopped node's data dir (offline)")
+    imp.add_argument("--wal-dir", help="its durable_storage.raft.wal_dir, if set")
+    check = verbs.add_parser("verify", help="check an archive's checksums without importing")
+    check.add_argument("file")
+    for parser, command in ((export, export_command), (imp, import_command),
+                            (check, verify_command)):
+        add_api_options(parser)
+        parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+        parser.set_defaults(func=command, auth_headers=auth_headers)

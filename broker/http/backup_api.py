@@ -1,0 +1,128 @@
+"""Backup and restore over HTTP (issue 39; /work/helpers/BACKUP_CONTRACT.md):
+
+- `POST /api/v5/data/export[?since=µs|RFC3339]`: the archive, streamed as it is written
+  (`application/x-tar`), its manifest's SHA-256 in `X-Backup-Manifest-Sha256`;
+- `POST /api/v5/data/import` (body: an archive): 200 `{"restored": {...}}`, 409 NOT_EMPTY,
+  400 BAD_ARCHIVE, 501 UNSUPPORTED (an incremental archive), 503 UNAVAILABLE (replicated:
+  this node's groups cannot commit).
+
+POSTs, so a viewer key is refused (auth.py). One export or import at a time per node (409
+BUSY): each holds LevelDB snapshots or swaps databases. An import's body goes to a file in
+the data dir first: every checksum is checked before anything changes.
+"""
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+
+from broker.backup.archive import CHUNK, BadArchive
+from broker.backup.collect import ExportFailed, Replicated
+from broker.backup.export import export
+from broker.backup.manifest import parse_time
+from broker.backup.restore import ImportRefused, Target, import_online
+from broker.http.common import NODE_KEY
+
+GROUPS_KEY: Final = web.AppKey("backup_groups", object)
+_BUSY_KEY: Final = web.AppKey("backup_busy", asyncio.Lock)
+_STATUS: Final = {"NOT_EMPTY": 409, "BAD_ARCHIVE": 400, "UNSUPPORTED": 501,
+                   "UNAVAILABLE": 503}
+MANIFEST_HEADER: Final = "X-Backup-Manifest-Sha256"
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"code": code, "message": message}, status=status)
+
+
+def _busy(request: web.Request) -> web.Response | None:
+    if request.app[_BUSY_KEY].locked():
+        return _error(409, "BUSY", "an export or import is running on this node")
+    return None
+
+
+def _groups(request: web.Request) -> Replicated | None:
+    return request.app.get(GROUPS_KEY)  # type: ignore[return-value]
+
+
+async def export_data(request: web.Request) -> web.StreamResponse:
+    node = request.app[NODE_KEY]
+    if node.ds is None:
+        return _error(404, "NOT_FOUND", "durable sessions are disabled: nothing to export")
+    since = request.query.get("since")
+    try:
+        since_us = None if since is None else parse_time(since)
+    except ValueError as error:
+        return _error(400, "BAD_REQUEST", f"since: {error}")
+    busy = _busy(request)
+    if busy is not None:
+        return busy
+    loop = asyncio.get_running_loop()
+    response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
+
+    def on_manifest(raw: bytes) -> None:  # on the export's thread
+        response.headers[MANIFEST_HEADER] = hashlib.sha256(raw).hexdigest()
+        asyncio.run_coroutine_threadsafe(response.prepare(request), loop).result()
+
+    def sink(chunk: bytes) -> None:  # on the export's thread: waits for the client
+        asyncio.run_coroutine_threadsafe(response.write(chunk), loop).result()
+
+    async with request.app[_BUSY_KEY]:
+        try:
+            await export(node.ds, node.retainer, _groups(request), since_us, sink,
+                         on_manifest=on_manifest)
+        except (ExportFailed, BadArchive) as error:
+            if response.prepared:
+                raise  # the client sees an archive cut short, which `verify` refuses
+            return _error(503, "EXPORT_FAILED", str(error))
+    await response.write_eof()
+    return response
+
+
+async def import_data(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    if node.ds is None:
+        return _error(404, "NOT_FOUND", "durable sessions are disabled: nothing to import")
+    busy = _busy(request)
+    if busy is not None:
+        return busy
+    async with request.app[_BUSY_KEY]:
+        upload = node.ds.root / f"import-{os.getpid()}.tar"
+        try:
+            await _receive(request, upload)
+            target = Target(node.ds, node.retainer, node.retained_writer,
+                            node.restore_durable_sessions, _groups(request))  # type: ignore[arg-type]
+            counts = await import_online(upload, target)
+        except ImportRefused as refused:
+            return _error(_STATUS[refused.code], refused.code, str(refused))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                upload.unlink()
+    return web.json_response({"restored": counts})
+
+
+async def _receive(request: web.Request, path: Path) -> None:
+    """The body to `path`, written on a thread a CHUNK at a time as it arrives (the socket
+    hands it over in pieces of tens of KiB: one thread round trip each would cost more)."""
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(1, thread_name_prefix="import") as pool, path.open("wb") as file:
+        pending = bytearray()
+        async for piece in request.content.iter_chunked(CHUNK):
+            pending += piece
+            if len(pending) >= CHUNK:
+                await loop.run_in_executor(pool, file.write, bytes(pending))
+                pending.clear()
+        await loop.run_in_executor(pool, file.write, bytes(pending))
+
+
+def add_backup_routes(app: web.Application, groups: Any = None) -> None:
+    """`groups`: replicated Durable Storage's Raft groups (DsGroups), or None."""
+    if groups is not None:
+        app[GROUPS_KEY] = groups
+    app[_BUSY_KEY] = asyncio.Lock()
+    app.router.add_post("/api/v5/data/export", export_data)
+    app.router.add_post("/api/v5/data/import", import_data)

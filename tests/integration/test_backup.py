@@ -1,0 +1,215 @@
+"""Backup and restore on one node (issue 39), with real processes, sockets and LevelDB: an
+export taken while a QoS 1 publisher runs, checked, corrupted, refused, imported into a
+fresh node where the durable sessions resume with every message acknowledged before the
+export began, the retained messages and the shared group; a node holding data is refused;
+a stopped node's data dir is restored offline with --force.
+"""
+
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.clients import PahoClient, wait_offline, wait_until
+from tests.support.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+EXPIRY = 3600
+SHARE = "$share/workers/jobs/#"
+RETAINED = {f"state/{n}": f"retained {n}".encode() for n in range(20)}
+
+
+def ctl(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "broker", "ctl", "data", *args],
+                          capture_output=True, text=True, timeout=120)
+    if ok:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def url(broker: BrokerProcess) -> str:
+    return f"http://127.0.0.1:{broker.ports['http']}"
+
+
+def seal(broker: BrokerProcess) -> None:
+    request = urllib.request.Request(
+        f"{url(broker)}/api/v5/ds/storages/messages/generations", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+
+
+class Publisher(threading.Thread):
+    """QoS 1 publishes, one at a time, until stopped; `acked` holds those acknowledged."""
+
+    def __init__(self, client: PahoClient, tag: str = "m") -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.tag = tag
+        self.acked: list[bytes] = []
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            payload = f"{self.tag} {n}".encode()
+            info = self.client.client.publish(f"data/{n % 7}", payload, 1)
+            info.wait_for_publish(30)
+            assert info.is_published()
+            with self._lock:
+                self.acked.append(payload)
+            n += 1
+
+    def snapshot(self) -> list[bytes]:
+        with self._lock:
+            return list(self.acked)
+
+
+def resume(port: int, client_id: str) -> PahoClient:
+    client = PahoClient(port, client_id)
+    client.connect(clean_start=False, session_expiry=EXPIRY)
+    assert client.connack is not None and client.connack.session_present is True
+    return client
+
+
+def retained_on(port: int) -> dict[str, bytes]:
+    reader = PahoClient(port, "retained-reader")
+    reader.connect()
+    try:
+        reader.subscribe([("state/#", 1)])
+        received = reader.wait_messages(len(RETAINED))
+        return {m.topic: m.payload for m in received}
+    finally:
+        reader.close()
+
+
+def receives_all(client: PahoClient, expected: list[bytes]) -> None:
+    wanted = set(expected)
+    wait_until(lambda: wanted <= {m.payload for m in client.messages}, 30,
+               f"{client.client_id}: the {len(wanted)} messages acknowledged before the cut")
+
+
+def publish_after(port: int, clients: list[PahoClient]) -> list[bytes]:
+    """Messages published after the import by the exporting side's publishers' client IDs
+    (so into the shards the archive filled): none may take a restored one's place."""
+    sent = []
+    for n in range(2):
+        client = PahoClient(port, f"publisher-{n}" if n else "publisher")
+        clients.append(client)
+        client.connect()
+        for i in range(20):
+            payload = f"after {n} {i}".encode()
+            assert client.publish(f"data/{i % 7}", payload, qos=1) == 0
+            sent.append(payload)
+        client.disconnect()
+    return sent
+
+
+def corrupt(archive: Path, member: str, into: Path) -> None:
+    """A copy of the archive with one byte of `member`'s data flipped."""
+    with tarfile.open(archive) as tar:
+        offset = tar.getmember(member).offset_data
+    data = bytearray(archive.read_bytes())
+    data[offset] ^= 0xFF
+    into.write_bytes(bytes(data))
+
+
+def test_export_under_load_verify_corrupt_import_and_offline(
+        start_broker: Callable[..., Any], tmp_path: Path,
+        clients: list[PahoClient]) -> None:
+    source: BrokerProcess = start_broker(tmp_path / "source")
+    for client_id, topic in (("durable-1", "data/#"), ("durable-2", "data/#"),
+                             ("worker-1", SHARE)):
+        sub = PahoClient(source.tcp, client_id)
+        clients.append(sub)
+        sub.connect(clean_start=False, session_expiry=EXPIRY)
+        assert sub.subscribe([(topic, 1)]) == [1]
+        sub.disconnect()
+        wait_offline(source.ports["http"], client_id)
+    setter = PahoClient(source.tcp, "setter")
+    clients.append(setter)
+    setter.connect()
+    for topic, payload in RETAINED.items():
+        setter.client.publish(topic, payload, 1, retain=True).wait_for_publish(10)
+    setter.client.publish("jobs/1", b"job before", 1).wait_for_publish(10)
+
+    pub = PahoClient(source.tcp, "publisher")
+    clients.append(pub)
+    pub.connect()
+    publisher = Publisher(pub)
+    publisher.start()
+    wait_until(lambda: len(publisher.snapshot()) >= 100, 30, "100 messages acknowledged")
+    seal(source)  # some generations go into the archive as their files, others as pairs
+    wait_until(lambda: len(publisher.snapshot()) >= 200, 30, "200 messages acknowledged")
+    before_cut = publisher.snapshot()
+    archive = tmp_path / "backup.tar"
+    ctl("export", str(archive), "--url", url(source), "-o", "json")
+    wait_until(lambda: len(publisher.snapshot()) >= len(before_cut) + 50, 30, "more after")
+    publisher.stop.set()
+    publisher.join(30)
+    assert not archive.with_name("backup.tar.part").exists()
+
+    checked = ctl("verify", str(archive), "-o", "json")
+    assert '"backend": "builtin_local"' in checked.stdout
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert names[0] == "manifest.json" and any(n.endswith(".ldb") for n in names)
+    assert not any("reserve.bin" in n for n in names)
+    bad = tmp_path / "bad.tar"
+    corrupt(archive, "sessions.pairs", bad)
+    refused = ctl("verify", str(bad), ok=False)
+    assert refused.returncode == 1 and "sessions.pairs: checksum mismatch" in refused.stderr
+
+    incremental = tmp_path / "since.tar"  # after the seal: the sealed generations left out
+    ctl("export", str(incremental), "--since", str(time.time_ns() // 1000), "--url",
+        url(source))
+    with tarfile.open(incremental) as tar:
+        assert not any(n.endswith(".ldb") for n in tar.getnames())
+    assert '"incremental_since_us": null' not in ctl("verify", str(incremental), "-o",
+                                                     "json").stdout
+
+    target: BrokerProcess = start_broker(tmp_path / "target")
+    refused = ctl("import", str(incremental), "--url", url(target), ok=False)
+    assert refused.returncode == 1 and "501 UNSUPPORTED" in refused.stderr
+    refused = ctl("import", str(bad), "--url", url(target), ok=False)
+    assert refused.returncode == 1 and "400 BAD_ARCHIVE" in refused.stderr
+    assert "sessions.pairs" in refused.stderr
+    ctl("import", str(archive), "--url", url(target))
+
+    after = publish_after(target.tcp, clients)
+    durable = resume(target.tcp, "durable-1")
+    clients.append(durable)
+    receives_all(durable, before_cut + after)
+    assert retained_on(target.tcp) == RETAINED == retained_on(source.tcp)
+    worker = resume(target.tcp, "worker-1")
+    clients.append(worker)
+    assert worker.wait_message_on("jobs/1").payload == b"job before"
+    setter = PahoClient(target.tcp, "setter-2")
+    clients.append(setter)
+    setter.connect()
+    setter.client.publish("jobs/2", b"job after", 1).wait_for_publish(10)
+    assert worker.wait_message_on("jobs/2").payload == b"job after"  # the group's route
+
+    again = ctl("import", str(archive), "--url", url(target), ok=False)
+    assert again.returncode == 1 and "409 NOT_EMPTY" in again.stderr
+
+    running = ctl("import", str(archive), "--force", "--data-dir", str(target.data_dir),
+                  ok=False)
+    assert running.returncode == 1 and "running" in running.stderr
+    for client in clients:
+        client.close()
+    assert target.stop() == 0
+    ctl("import", str(archive), "--force", "--data-dir", str(target.data_dir))
+    restarted: BrokerProcess = start_broker(target.data_dir)
+    durable = resume(restarted.tcp, "durable-2")
+    clients.append(durable)
+    receives_all(durable, before_cut)
+    assert retained_on(restarted.tcp) == RETAINED

@@ -1,0 +1,151 @@
+"""The pure parts of backups: the manifest (build, parse, check) and the archive's stream
+format (tar members with a SHA-256 each, pairs), read back and checked member by member."""
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from broker.backup.archive import (
+    BadArchive,
+    TarWriter,
+    decode_pairs,
+    digest,
+    encode_pairs,
+    verify,
+)
+from broker.backup.manifest import (
+    NAME,
+    RETAINED,
+    SESSIONS,
+    BadManifest,
+    Generation,
+    Manifest,
+    Member,
+    parse,
+    parse_time,
+    unreadable_formats,
+)
+
+DATA = {SESSIONS: b"s" * 1000, RETAINED: b"",
+        "messages/shard-000/gen-000001/000005.ldb": bytes(range(256)) * 9,
+        "messages/shard-000/gen-000002.pairs": b"pairs"}
+GENERATIONS = (Generation(0, 1, 10, 20, True), Generation(0, 2, 20, None, False))
+
+
+def manifest(files: tuple[Member, ...] | None = None, since: int | None = None,
+             generations: tuple[Generation, ...] = GENERATIONS) -> Manifest:
+    if files is None:
+        files = tuple(Member(path, *digest([data])) for path, data in DATA.items())
+    return Manifest("0.2.0", "2026-12-06T12:00:00Z", 1, since,
+                    {"n_shards": 1, "site": "a"}, {"messages": 1}, {"metadata": 4},
+                    generations, files)
+
+
+def archive(gzip: bool = False, data: dict[str, bytes] = DATA,
+            listed: Manifest | None = None) -> bytes:
+    out = io.BytesIO()
+    writer = TarWriter(out.write, gzip)
+    raw = (listed or manifest()).encode()
+    writer.add(NAME, len(raw), [raw])
+    for path, content in data.items():
+        writer.add(path, len(content), [content[:100], content[100:]])
+    writer.close()
+    assert writer.bytes == len(out.getvalue())
+    return out.getvalue()
+
+
+def test_manifest_round_trip() -> None:
+    made = manifest()
+    assert parse(made.encode()) == made
+    assert json.loads(made.encode())["kind"] == "durable-mqtt-backup"
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+def test_archive_is_a_tar_that_verifies(gzip: bool) -> None:
+    raw = archive(gzip)
+    assert verify(io.BytesIO(raw)) == manifest()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        assert tar.getnames() == [NAME, *DATA]
+        assert tar.extractfile(SESSIONS).read() == DATA[SESSIONS]  # type: ignore[union-attr]
+
+
+def test_a_flipped_byte_names_its_member() -> None:
+    raw = bytearray(archive())
+    with tarfile.open(fileobj=io.BytesIO(bytes(raw))) as tar:
+        offset = tar.getmember("messages/shard-000/gen-000001/000005.ldb").offset_data
+    raw[offset + 7] ^= 1
+    with pytest.raises(BadArchive, match=r"gen-000001/000005\.ldb: checksum mismatch"):
+        verify(io.BytesIO(bytes(raw)))
+
+
+def test_cut_short_missing_and_extra_members_are_refused() -> None:
+    raw = archive()
+    with pytest.raises(BadArchive, match="cut short"):
+        verify(io.BytesIO(raw[:len(raw) // 2]))
+    fewer = {k: v for k, v in DATA.items() if k != RETAINED}
+    with pytest.raises(BadArchive, match=r"retained\.pairs: listed .* not in the archive"):
+        verify(io.BytesIO(archive(data=fewer)))
+    more = {**DATA, "messages/shard-000/gen-000003.pairs": b"x"}
+    with pytest.raises(BadArchive, match=r"gen-000003\.pairs: not listed"):
+        verify(io.BytesIO(archive(data=more)))
+    with pytest.raises(BadArchive, match="first member"):
+        out = io.BytesIO()
+        writer = TarWriter(out.write)
+        writer.add(SESSIONS, 1, [b"x"])
+        writer.close()
+        verify(io.BytesIO(out.getvalue()))
+
+
+def test_a_member_that_changes_size_while_written_is_refused() -> None:
+    writer = TarWriter(io.BytesIO().write)
+    with pytest.raises(BadArchive, match="changed during the export"):
+        writer.add(SESSIONS, 10, [b"12345"])
+
+
+def test_pairs_round_trip_and_cut_short() -> None:
+    pairs = [(b"k%d" % n, b"v" * n) for n in range(3000)]
+    encoded = b"".join(encode_pairs(pairs))
+    assert list(decode_pairs(io.BytesIO(encoded), "x")) == pairs
+    with pytest.raises(BadArchive, match="x: cut short"):
+        list(decode_pairs(io.BytesIO(encoded[:-1]), "x"))
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (lambda m: m.update(kind="other"), "not a backup manifest"),
+    (lambda m: m.update(version=2), "version 2"),
+    (lambda m: m.pop("cut"), "missing or malformed"),
+    (lambda m: m["files"].append({"path": "../etc/passwd", "size": 1, "sha256": "0" * 64}),
+     "not one an archive holds"),
+    (lambda m: m["files"].append(dict(m["files"][0])), "listed twice"),
+    (lambda m: m["files"].pop(0), "no sessions.pairs"),
+    (lambda m: m["generations"].pop(), "one current generation"),
+    (lambda m: m["files"].pop(), "gen-000002.pairs not listed"),
+])
+def test_bad_manifests_are_named(change, error: str) -> None:  # type: ignore[no-untyped-def]
+    value = manifest().to_json()
+    change(value)
+    with pytest.raises(BadManifest, match=error):
+        parse(json.dumps(value).encode())
+    with pytest.raises(BadManifest, match="not JSON"):
+        parse(b"{")
+
+
+def test_incremental_leaves_sealed_generations_out() -> None:
+    gens = (Generation(0, 1, 10, 20, True, in_archive=False), GENERATIONS[1])
+    files = tuple(Member(p, *digest([d])) for p, d in DATA.items() if ".ldb" not in p)
+    made = manifest(files, since=15, generations=gens)
+    assert parse(made.encode()).since_us == 15
+
+
+def test_times_and_formats() -> None:
+    assert parse_time("1700000000000000") == 1_700_000_000_000_000
+    assert parse_time("2023-11-14T22:13:20Z") == 1_700_000_000_000_000
+    with pytest.raises(ValueError, match="offset"):
+        parse_time("2023-11-14T22:13:20")
+    with pytest.raises(ValueError, match="not microseconds"):
+        parse_time("yesterday")
+    assert unreadable_formats(manifest(), {"messages": 1}) == []
+    assert unreadable_formats(manifest(), {"messages": 0}) == [
+        "messages version 1 (this release reads up to 0)"]
