@@ -127,6 +127,7 @@ def run(namespace: str, name: str, timeout: float) -> str:
     submitter = wait_pod(objects[1]["metadata"]["name"], namespace, deadline)
     if submitter["status"]["phase"] != "Succeeded":
         log = kubectl("logs", "-n", namespace, submitter["metadata"]["name"])
+        print(log, file=sys.stderr)
         set_status(app, "SUBMISSION_FAILED", submissionID=submission_id,
                    errorMessage=log[-2000:])
         return "SUBMISSION_FAILED"
