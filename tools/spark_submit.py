@@ -10,12 +10,15 @@ its applications finish.
 
 The API server is the `kubernetes` Service's ClusterIP (what KUBERNETES_SERVICE_HOST is in
 a pod), also for the driver: on a cluster without DNS `kubernetes.default.svc`, Spark's
-default, does not resolve. One attempt: restartPolicy's retries are not made. Exit status 0
+default, does not resolve. Before Kubernetes 1.21 spark-submit goes through
+tools/ssa_port_proxy.py in its pod (Spark 4's server-side apply of the driver's Service
+fails there otherwise). One attempt: restartPolicy's retries are not made. Exit status 0
 when the application completed, 1 when not.
 """
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from mqtt_operator import sparkapp, sparksubmit
 
 TEMPLATE_DIR = "/tmp/spark/templates"  # in the submission pod, from a ConfigMap
+PROXY = Path(__file__).with_name("ssa_port_proxy.py")
+PROXY_PORT = 8001
+# In the submission pod: the proxy started, spark-submit once it listens ($0: the proxy).
+PROXIED = (f'python "$0" {PROXY_PORT} /tmp/proxy.ready & '
+           'while [ ! -e /tmp/proxy.ready ]; do sleep 0.1; done; exec spark-submit "$@"')
 POLL = 2.0
 
 
@@ -61,10 +69,17 @@ def api_server() -> str:
     return f"https://{service['spec']['clusterIP']}:{port}"
 
 
+def needs_proxy() -> bool:
+    """An API server before 1.21 (see tools/ssa_port_proxy.py)."""
+    version = json.loads(kubectl("version", "-o", "json"))["serverVersion"]
+    major, minor = (int(re.match(r"\d+", version[part]).group()) for part in ("major", "minor"))
+    return (major, minor) < (1, 21)
+
+
 def submission_pod(app: dict[str, Any], submission: sparksubmit.Submission,
-                   submission_id: str) -> list[dict[str, Any]]:
-    """The ConfigMap of pod templates and the pod that runs spark-submit, both owned by the
-    application (deleted with it)."""
+                   submission_id: str, proxied: bool) -> list[dict[str, Any]]:
+    """The ConfigMap of pod templates (and the proxy, if `proxied`) and the pod that runs
+    spark-submit, both owned by the application (deleted with it)."""
     meta, spec = app["metadata"], app["spec"]
     name = f"{meta['name'][:40]}-submit-{submission_id[:8]}"
     owner = {"apiVersion": sparkapp.API_VERSION, "kind": sparkapp.KIND, "name": meta["name"],
@@ -73,16 +88,19 @@ def submission_pod(app: dict[str, Any], submission: sparksubmit.Submission,
               sparksubmit.LABEL_SUBMISSION_ID: submission_id}
     common = {"name": name, "namespace": meta["namespace"], "labels": labels,
               "ownerReferences": [owner]}
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": common,
-              "data": {file: json.dumps(template)
-                       for file, template in submission.templates.items()}}
+    files = {file: json.dumps(template) for file, template in submission.templates.items()}
+    command = ["spark-submit", *submission.argv]
+    if proxied:
+        files[PROXY.name] = PROXY.read_text()
+        command = ["sh", "-c", PROXIED, f"{TEMPLATE_DIR}/{PROXY.name}", *submission.argv]
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": common, "data": files}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": common, "spec": {
         "serviceAccountName": spec["driver"].get("serviceAccount", "default"),
         "restartPolicy": "Never",
         "containers": [{
             "name": "spark-submit", "image": spec["image"],
             "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
-            "args": ["spark-submit", *submission.argv],
+            "args": command,
             # spark-submit's JVM only talks to the API server: a small share of a core
             "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
             "volumeMounts": [{"name": "templates", "mountPath": TEMPLATE_DIR}]}],
@@ -113,15 +131,16 @@ def run(namespace: str, name: str, timeout: float) -> str:
     if app is None:
         raise SystemExit(f"no SparkApplication {namespace}/{name}")
     submission_id = str(uuid.uuid4())
-    server = api_server()
+    server, proxied = api_server(), needs_proxy()
+    master = f"k8s://http://127.0.0.1:{PROXY_PORT}" if proxied else f"k8s://{server}"
     try:
-        submission = sparksubmit.submission(app, f"k8s://{server}", submission_id,
-                                            TEMPLATE_DIR, driver_master=server)
+        submission = sparksubmit.submission(app, master, submission_id, TEMPLATE_DIR,
+                                            driver_master=server)
     except ValueError as refused:
         set_status(app, "SUBMISSION_FAILED", submissionID=submission_id,
                    errorMessage=str(refused))
         return "SUBMISSION_FAILED"
-    objects = submission_pod(app, submission, submission_id)
+    objects = submission_pod(app, submission, submission_id, proxied)
     kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
                                                    "items": objects}))
     submitter = wait_pod(objects[1]["metadata"]["name"], namespace, deadline)

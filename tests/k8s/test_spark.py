@@ -172,6 +172,8 @@ def test_the_charts_spark_account_may_do_what_a_driver_does_and_no_more(
         # patch: Spark 4 applies its driver's Service and ConfigMaps server-side
         for verb in ("get", "list", "watch", "create", "patch", "delete", "deletecollection"):
             assert allowed(verb, resource), f"{verb} {resource}"
+    for verb in ("create", "patch", "delete"):  # Spark 4.2+: its executors' NetworkPolicy
+        assert allowed(verb, "networkpolicies.networking.k8s.io"), verb
     for denied in (("get", "secrets"), ("create", "pods", "--subresource=exec"),
                    ("create", "statefulsets"), ("list", "sparkapplications.sparkoperator.k8s.io")):
         assert not allowed(*denied), denied
