@@ -6,12 +6,22 @@ set -eu
 case "${1:-}" in
   driver)
     shift
+    # The driver advertises its pod IP (Spark gives it as SPARK_DRIVER_BIND_ADDRESS, from
+    # status.podIP), not its Service's DNS name: executors then reach it on clusters
+    # without cluster DNS too. A --conf here overrides the submitted properties file.
     exec spark-submit --conf "spark.driver.bindAddress=$SPARK_DRIVER_BIND_ADDRESS" \
-      --deploy-mode client "$@" ;;
+      --conf "spark.driver.host=$SPARK_DRIVER_BIND_ADDRESS" --deploy-mode client "$@" ;;
   executor)
     shift
-    # shellcheck disable=SC2086  # the options are a list of words
-    exec java -Xms"$SPARK_EXECUTOR_MEMORY" -Xmx"$SPARK_EXECUTOR_MEMORY" ${SPARK_JAVA_OPT:-} \
+    # Spark passes the executor's JVM options as SPARK_JAVA_OPT_0, _1, ... (one word each,
+    # spaces kept): collected in order as the arguments before the class name.
+    set --
+    i=0
+    while eval "[ -n \"\${SPARK_JAVA_OPT_$i+set}\" ]"; do
+      eval "set -- \"\$@\" \"\$SPARK_JAVA_OPT_$i\""
+      i=$((i + 1))
+    done
+    exec java -Xms"$SPARK_EXECUTOR_MEMORY" -Xmx"$SPARK_EXECUTOR_MEMORY" "$@" \
       -cp "$SPARK_HOME/conf:$SPARK_HOME/jars/*" \
       org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
       --driver-url "$SPARK_DRIVER_URL" --executor-id "$SPARK_EXECUTOR_ID" \

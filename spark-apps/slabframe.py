@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyspark
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -169,13 +169,18 @@ def session(app_name: str, master: str | None = None, lean_jvm: bool = False) ->
     executor-side modules shipped with the job so spark-submit needs no --py-files.
     `lean_jvm`: for a job whose rows never reach the JVM (see _local_jvm_options)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    local = (master or "local").startswith("local")
-    if local:
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local run listens on loopback
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # Under spark-submit its JVM holds the submitted conf (the master among it); a
+        # SparkConf made before the gateway is connected loads none of it, and the job
+        # would run on local[*] wherever it was submitted to.
+        SparkContext._ensure_initialized()
     conf = SparkConf()
     if master:
         conf.setMaster(master)
     conf.setIfMissing("spark.master", "local[*]")
+    local = str(conf.get("spark.master")).startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local run listens on loopback
     conf.setIfMissing("spark.ui.showConsoleProgress", "false")
     if local:
         conf.setIfMissing("spark.driver.host", "127.0.0.1")

@@ -55,8 +55,9 @@ class Settings:
             app=SparkSpec(
                 image=spark["image"], output_claim=spark["output"]["claimName"],
                 spark_version=spark["sparkVersion"], service_account=spark["serviceAccount"],
-                driver=Resources(driver["cores"], driver["memory"]),
-                executor=Resources(executor["cores"], executor["memory"]),
+                driver=Resources(driver["cores"], driver["memory"], driver.get("coreRequest")),
+                executor=Resources(executor["cores"], executor["memory"],
+                                   executor.get("coreRequest")),
                 executors=executor["instances"]),
         )
 

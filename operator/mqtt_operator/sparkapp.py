@@ -29,14 +29,18 @@ LABEL_SHARD = f"{c.GROUP}/shard"
 LABEL_GENERATION = f"{c.GROUP}/generation"
 LABEL_TICK = f"{c.GROUP}/tick"
 _TICK_FORMAT = "%Y%m%d%H%M"
+# Spark's container names in the driver and executor pods (what a pod template's container
+# must be called to be the one Spark runs in).
+ROLES = {"driver": "spark-kubernetes-driver", "executor": "spark-kubernetes-executor"}
 _MAX_NAME = 63  # a DNS label: the driver pod and its labels carry the name
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 
 @dataclass(frozen=True, slots=True)
 class Resources:
-    cores: int = 1
+    cores: int = 1  # Spark's task slots (spark.{driver,executor}.cores): whole cores
     memory: str = "1g"
+    core_request: str | None = None  # the pod's CPU request, e.g. 200m; default: `cores`
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +112,33 @@ def run_labels(cluster: str, job: str, run: Run) -> dict[str, str]:
     return labels
 
 
-def _role(resources: Resources, spec: SparkSpec, mounts: list[dict[str, Any]],
-          labels: Mapping[str, str], broker_pod: str) -> dict[str, Any]:
+def _volume_conf(role: str, name: str, claim: str, path: str,
+                 read_only: bool) -> dict[str, str]:
+    """A claim mounted by Spark itself (spark.kubernetes.<role>.volumes.*): the Spark
+    operator's submission passes only `spark-local-dir-*` volumes on and leaves the others
+    to its webhook, which is optional; a `sparkConf` mount needs none."""
+    prefix = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim.{name}"
+    conf = {f"{prefix}.options.claimName": claim, f"{prefix}.mount.path": path}
+    if read_only:  # Spark makes the claim's volume source read-only too
+        conf[f"{prefix}.mount.readOnly"] = "true"
+    return conf
+
+
+def _role(resources: Resources, spec: SparkSpec, labels: Mapping[str, str],
+          broker_pod: str, container: str) -> dict[str, Any]:
     # The broker's claim is ReadWriteOnce (the StatefulSet's): Spark pods can mount it only
-    # on the node where the broker pod runs.
+    # on the node where the broker pod runs. A pod template carries the affinity (the
+    # Spark operator hands it to spark-submit as a file), not `affinity`, which only its
+    # webhook applies.
     affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {"statefulset.kubernetes.io/pod-name": broker_pod}},
         "topologyKey": "kubernetes.io/hostname"}]}}
-    return {"cores": resources.cores, "memory": resources.memory, "volumeMounts": mounts,
+    role = {"cores": resources.cores, "memory": resources.memory,
             "serviceAccount": spec.service_account, "labels": dict(labels),
-            "affinity": affinity}
+            "template": {"spec": {"affinity": affinity, "containers": [{"name": container}]}}}
+    if resources.core_request is not None:
+        role["coreRequest"] = resources.core_request
+    return role
 
 
 def spark_application(
@@ -126,13 +147,12 @@ def spark_application(
 ) -> dict[str, Any]:
     """The application that runs `job` over `run`, reading the data volume of `broker_pod`
     read-only (the job copies a slab before opening it, see spark-apps/slabs.py) and writing
-    under the output volume. `owner` is the MQTTCluster's owner reference, so deleting the
-    cluster deletes its applications."""
+    under the output volume; volumes and affinity are in `sparkConf` and pod templates, so
+    it runs without the Spark operator's webhook. `owner` is the MQTTCluster's owner
+    reference, so deleting the cluster deletes its applications."""
     if job.kind not in JOBS:
         raise ValueError(f"unknown Spark job {job.kind!r} (one of {', '.join(sorted(JOBS))})")
     name = application_name(cluster, job.kind, run)
-    mounts = [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
-              {"name": "output", "mountPath": OUTPUT_MOUNT}]
     labels = run_labels(cluster, job.kind, run)
     selection = ["--shard", str(run.shard)]
     if run.generation is not None:
@@ -163,13 +183,13 @@ def spark_application(
             "arguments": [DATA_MOUNT, *selection, "--output", output],
             "restartPolicy": {"type": "OnFailure", "onFailureRetries": 2,
                               "onFailureRetryInterval": 30},
-            "volumes": [
-                {"name": "data",
-                 "persistentVolumeClaim": {"claimName": data_claim, "readOnly": True}},
-                {"name": "output", "persistentVolumeClaim": {"claimName": spec.output_claim}},
-            ],
-            "driver": _role(spec.driver, spec, mounts, labels, broker_pod),
-            "executor": {**_role(spec.executor, spec, mounts, labels, broker_pod),
+            "sparkConf": {
+                key: value for role in ROLES for key, value in {
+                    **_volume_conf(role, "data", data_claim, DATA_MOUNT, read_only=True),
+                    **_volume_conf(role, "output", spec.output_claim, OUTPUT_MOUNT,
+                                   read_only=False)}.items()},
+            "driver": _role(spec.driver, spec, labels, broker_pod, ROLES["driver"]),
+            "executor": {**_role(spec.executor, spec, labels, broker_pod, ROLES["executor"]),
                          "instances": spec.executors},
         },
     }

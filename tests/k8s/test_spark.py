@@ -80,13 +80,12 @@ def test_sealed_generations_become_owned_applications_once_with_states_and_reten
             source = ordinal_of[status["placement"]["shards"][str(shard)][0]]
             assert (spec["type"], spec["mainApplicationFile"], spec["image"]) == (
                 "Python", f"local:///opt/spark-apps/{job}.py", "durable-mqtt-spark:test")
-            assert spec["volumes"] == [
-                {"name": "data", "persistentVolumeClaim": {
-                    "claimName": f"data-lake-{source}", "readOnly": True}},
-                {"name": "output", "persistentVolumeClaim": {"claimName": "lake-out"}}]
-            for role in ("driver", "executor"):
-                assert {"name": "data", "mountPath": "/data", "readOnly": True} in spec[role][
-                    "volumeMounts"]
+            for role in ("driver", "executor"):  # mounted by Spark: no webhook needed
+                claims = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim"
+                assert (spec["sparkConf"][f"{claims}.data.options.claimName"],
+                        spec["sparkConf"][f"{claims}.data.mount.readOnly"],
+                        spec["sparkConf"][f"{claims}.output.options.claimName"]) == (
+                    f"data-lake-{source}", "true", "lake-out")
             assert (spec["driver"]["cores"], spec["driver"]["memory"]) == (1, "512m")
             assert (spec["executor"]["instances"], spec["executor"]["cores"],
                     spec["executor"]["memory"]) == (2, 2, "2g")
@@ -140,6 +139,8 @@ def test_spark_section_is_validated_and_defaulted(testbed: Testbed, namespace: s
                          ({**SPARK, "retention": {"keepFinished": 0}},
                           "spec.spark.retention.keepFinished"),
                          ({**SPARK, "jobs": [{"job": "count"}]}, "spec.spark.jobs"),
+                         ({**SPARK, "driver": {"coreRequest": "0.2 cores"}},
+                          "spec.spark.driver.coreRequest"),
                          ({"image": "x"}, 'required field "output"')]:
         result = testbed.kubectl("apply", "-n", namespace, "-f", "-", check=False,
                                  stdin=json.dumps(cluster_manifest("bad", spark=spark)))
@@ -152,3 +153,30 @@ def test_spark_section_is_validated_and_defaulted(testbed: Testbed, namespace: s
                      "jobs": [{"job": "stats"}], "driver": {"cores": 1, "memory": "1g"},
                      "executor": {"cores": 1, "memory": "1g", "instances": 1},
                      "retention": {"keepFinished": 10}}
+
+
+def test_the_charts_spark_account_may_do_what_a_driver_does_and_no_more(
+        testbed: Testbed, namespace: str) -> None:
+    """What Spark on Kubernetes does as the driver's account (and spark-submit, which
+    tools/spark_submit.py runs as it too), asked of the API server's RBAC."""
+    helm(testbed, "install", "rel", str(CHART), "--namespace", namespace,
+         "--set", "cluster.spark.image=durable-mqtt-spark:test",
+         "--set", "cluster.spark.output.claimName=lake")
+    account = f"system:serviceaccount:{namespace}:spark"
+
+    def allowed(verb: str, resource: str, *more: str) -> bool:
+        answer = testbed.kubectl("auth", "can-i", verb, resource, *more, "-n", namespace,
+                                 "--as", account, check=False).stdout.strip()
+        return answer == "yes"
+    for resource in ("pods", "services", "configmaps", "persistentvolumeclaims"):
+        # patch: Spark 4 applies its driver's Service and ConfigMaps server-side
+        for verb in ("get", "list", "watch", "create", "patch", "delete", "deletecollection"):
+            assert allowed(verb, resource), f"{verb} {resource}"
+    for verb in ("create", "patch", "delete"):  # Spark 4.2+: its executors' NetworkPolicy
+        assert allowed(verb, "networkpolicies.networking.k8s.io"), verb
+    for denied in (("get", "secrets"), ("create", "pods", "--subresource=exec"),
+                   ("create", "statefulsets"), ("list", "sparkapplications.sparkoperator.k8s.io")):
+        assert not allowed(*denied), denied
+    # no Spark section, no Spark account
+    rendered = helm(testbed, "template", "rel", str(CHART)).stdout
+    assert "name: spark" not in rendered

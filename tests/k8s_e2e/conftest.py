@@ -109,9 +109,25 @@ def previous_image(node: Testbed) -> str:
     done = subprocess.run(["bash", "tools/image/build_release.sh", PREVIOUS], cwd=ROOT,
                           text=True, capture_output=True, timeout=3000, check=False)
     assert done.returncode == 0, f"building {PREVIOUS} failed:\n{done.stdout}\n{done.stderr}"
+    import_image(node, f"durable-mqtt-broker:{PREVIOUS}")
+    return PREVIOUS
+
+
+@pytest.fixture(scope="session")
+def spark_image(node: Testbed) -> str:
+    """This tree's Spark image (tools/image/build.sh built it with the broker's) in the
+    node's containerd, for the SparkApplications' pods: imported only by the tests that run
+    them (1.4 GB)."""
+    image = f"durable-mqtt-spark:{RELEASE}"
+    import_image(node, image)
+    return image
+
+
+def import_image(node: Testbed, image: str) -> None:
+    """An image of the engine's into the node's containerd, under the name Kubernetes gives
+    an image without a registry (podman's are localhost/...)."""
     engine = detect(dict(os.environ))
-    image = f"durable-mqtt-broker:{PREVIOUS}"
-    archive = node.root / f"broker-{PREVIOUS}.tar"
+    archive = node.root / f"{image.replace(':', '-')}.tar"
     _save(engine, image, archive)
     ctr = ["ctr", "--address", str(node.root / "run" / "node" / "containerd.sock"), "-n",
            "k8s.io", "images"]
@@ -120,9 +136,9 @@ def previous_image(node: Testbed) -> str:
         commands.append(["tag", "--force", f"localhost/{image}", f"docker.io/library/{image}"])
     for command in commands:
         imported = subprocess.run([*ctr, *command], text=True, capture_output=True,
-                                  timeout=300, check=False)
+                                  timeout=600, check=False)
         assert imported.returncode == 0, f"ctr images {command[0]}: {imported.stderr}"
-    return PREVIOUS
+    archive.unlink()
 
 
 def keep_logs(node: Testbed, namespace: str) -> Path:

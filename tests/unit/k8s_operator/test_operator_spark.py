@@ -31,10 +31,12 @@ def test_settings_from_the_crd_defaults() -> None:
     assert defaults.app == sparkapp.SparkSpec(image="spark:1", output_claim="lake")
     custom = settings(schedule="30m", jobs=[{"job": "export", "output": "lake/raw",
                                               "topicFilter": "fleet/#"}],
-                      executor={"instances": 3, "memory": "4g"}, retention={"keepFinished": 2})
+                      executor={"instances": 3, "memory": "4g", "coreRequest": "250m"},
+                      retention={"keepFinished": 2})
     assert custom.interval == 1800
     assert custom.jobs == (Job("export", "lake/raw", "fleet/#"),)
-    assert (custom.app.executors, custom.app.executor) == (3, sparkapp.Resources(1, "4g"))
+    assert (custom.app.executors, custom.app.executor, custom.app.driver) == (
+        3, sparkapp.Resources(1, "4g", "250m"), sparkapp.Resources(1, "1g"))
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

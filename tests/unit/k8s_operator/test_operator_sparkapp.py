@@ -11,7 +11,7 @@ from mqtt_operator.sparkapp import Job, Run
 OWNER = {"apiVersion": "mqtt.durablemqtt.io/v1alpha1", "kind": "MQTTCluster", "name": "prod",
          "uid": "0a1b", "controller": True, "blockOwnerDeletion": True}
 SPEC = sparkapp.SparkSpec(image="registry.local/mqtt-spark:1", output_claim="lake",
-                          executor=sparkapp.Resources(2, "3g"), executors=3)
+                          executor=sparkapp.Resources(2, "3g", "500m"), executors=3)
 TICK = 1763769600  # 2025-11-22T00:00:00Z
 EXPORT = Job("export", "lake/raw")
 GENERATION = Run(3, generation=12)
@@ -36,21 +36,29 @@ def test_export_application() -> None:
     assert spec["mainApplicationFile"] == "local:///opt/spark-apps/export.py"
     assert spec["arguments"] == ["/data", "--shard", "3", "--generation", "12",
                                  "--output", "/output/lake/raw"]
-    assert spec["volumes"] == [
-        {"name": "data", "persistentVolumeClaim": {"claimName": "data-prod-1",
-                                                   "readOnly": True}},
-        {"name": "output", "persistentVolumeClaim": {"claimName": "lake"}}]
+    # Spark mounts the claims itself (no webhook): the data claim read-only
     for role in ("driver", "executor"):
-        assert {"name": "data", "mountPath": "/data", "readOnly": True} in (
-            spec[role]["volumeMounts"])
+        volumes = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim"
+        assert {key: value for key, value in spec["sparkConf"].items()
+                if key.startswith(volumes)} == {
+            f"{volumes}.data.options.claimName": "data-prod-1",
+            f"{volumes}.data.mount.path": "/data",
+            f"{volumes}.data.mount.readOnly": "true",
+            f"{volumes}.output.options.claimName": "lake",
+            f"{volumes}.output.mount.path": "/output"}
         assert spec[role]["labels"]["mqtt.durablemqtt.io/generation"] == "12"
-        term = spec[role]["affinity"]["podAffinity"][
+        # the affinity in a pod template (spark-submit's), on Spark's own container name
+        template = spec[role]["template"]["spec"]
+        assert template["containers"] == [{"name": f"spark-kubernetes-{role}"}]
+        term = template["affinity"]["podAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"][0]
         assert term["labelSelector"]["matchLabels"] == {
             "statefulset.kubernetes.io/pod-name": "prod-1"}
+        assert not {"volumes", "volumeMounts", "affinity"} & {*spec, *spec[role]}
     assert (spec["driver"]["cores"], spec["driver"]["memory"]) == (1, "1g")
     assert (spec["executor"]["cores"], spec["executor"]["memory"],
-            spec["executor"]["instances"]) == (2, "3g", 3)
+            spec["executor"]["instances"], spec["executor"]["coreRequest"]) == (2, "3g", 3, "500m")
+    assert "coreRequest" not in spec["driver"]  # none given: Spark requests `cores`
 
 
 def test_stats_output_is_per_run_and_filters_pass_through() -> None:
