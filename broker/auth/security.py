@@ -26,22 +26,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 from broker.auth.acl import Access, Acl, AclFileError, parse_acl_file
 from broker.auth.authorization import AclCache, HttpAuthorization, Verdict
 from broker.auth.client_rules import ClientRule, decide
 from broker.auth.enhanced import EnhancedAuth
-from broker.auth.http_client import HttpService
 from broker.auth.http_requests import RequestTemplate, interpret
-from broker.auth.jwks_endpoint import refresh_forever
 from broker.auth.passwords import Hash, PasswordFileError, parse_password_file
 from broker.auth.scram import METHODS
 from broker.auth.scram_users import ScramFileError, ScramUser, dump_scram_file, parse_scram_file
-from broker.auth.tokens import JwtConfigError, JwtSettings, JwtVerifier
 from broker.config.loader import Config
 from broker.ds.files import write_atomically
 from broker.mqtt.constants import ReasonCode
+
+if TYPE_CHECKING:  # imported where configured: aiohttp, PyJWT and cryptography cost a broker
+    # that uses neither a third of a second of start-up (tests/unit/test_startup_imports.py)
+    from broker.auth.http_client import HttpService
+    from broker.auth.tokens import JwtVerifier
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +154,22 @@ class Security:
             elif path == self._scram_path:
                 self.scram_users = parse_scram_file(text, path)
             elif path == self._jwks_path:
-                assert self.jwt is not None
-                self.jwt.use_jwks(text, path)
+                self._use_jwks(text, path)
             else:
                 self.acl = parse_acl_file(text, path)
                 self.generation += 1
-        except (PasswordFileError, AclFileError, ScramFileError, JwtConfigError) as error:
+        except (PasswordFileError, AclFileError, ScramFileError) as error:
             raise SecurityFileError(str(error)) from None
         self._signatures[path] = signature
+
+    def _use_jwks(self, text: str, path: str) -> None:
+        from broker.auth.tokens import JwtConfigError  # with the verifier (`_jwt_verifier`)
+
+        assert self.jwt is not None
+        try:
+            self.jwt.use_jwks(text, path)
+        except JwtConfigError as error:
+            raise SecurityFileError(str(error)) from None
 
     def reload(self, reason: str) -> None:
         """SIGHUP, or a file changed: each file read again; one that fails keeps its
@@ -182,6 +192,8 @@ class Security:
         if self._paths():
             self._tasks.append(loop.create_task(self._watch()))
         if self._jwks_url:
+            from broker.auth.jwks_endpoint import refresh_forever  # (aiohttp: `_jwt_verifier`)
+
             assert self.jwt is not None
             self._tasks.append(loop.create_task(refresh_forever(
                 self._jwks_url, self._jwks_refresh, self.jwt,
@@ -405,8 +417,9 @@ class Security:
         ]
 
 
-def _jwt_verifier(config: Config) -> JwtVerifier | None:
-    """None when no key is configured (JWT is then not in the chain)."""
+def _jwt_verifier(config: Config) -> "JwtVerifier | None":
+    """None when no key is configured (JWT is then not in the chain, and PyJWT and
+    cryptography are not imported)."""
     prefix = "authentication.jwt."
     secret, public_key = config[prefix + "secret"], config[prefix + "public_key"]
     jwks, endpoint = config[prefix + "jwks_file"], config[prefix + "endpoint"]
@@ -415,6 +428,8 @@ def _jwt_verifier(config: Config) -> JwtVerifier | None:
     if sum(map(bool, (secret, public_key, jwks, endpoint))) > 1:
         raise SecurityFileError("authentication.jwt: set one of secret, public_key, jwks_file,"
                                 " endpoint")
+    from broker.auth.tokens import JwtSettings, JwtVerifier
+
     verifier = JwtVerifier(JwtSettings(config[prefix + "from"], config[prefix + "leeway"],
                                        config[prefix + "verify_claims"],
                                        config[prefix + "acl_claim_name"]))
@@ -429,10 +444,13 @@ def _jwt_verifier(config: Config) -> JwtVerifier | None:
     return verifier
 
 
-def _http_service(config: Config, prefix: str) -> HttpService | None:
+def _http_service(config: Config, prefix: str) -> "HttpService | None":
+    """None without a URL (and aiohttp's client is not imported)."""
     url = config[prefix + "url"]
     if not url:
         return None
+    from broker.auth.http_client import HttpService
+
     template = RequestTemplate(url, config[prefix + "method"], config[prefix + "headers"],
                                config[prefix + "body"])
     return HttpService(template, config[prefix + "request_timeout"], config[prefix + "pool_size"],
