@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,8 +220,9 @@ class Security:
 
     # ---- authentication --------------------------------------------------------------------
     async def authenticate(self, client_id: str, username: str | None,
-                           password: bytes | None, peer: str) -> Outcome:
-        """SUCCESS, or why the CONNECT is refused. Never logs the password."""
+                           password: bytes | None, peer: Callable[[], str]) -> Outcome:
+        """SUCCESS, or why the CONNECT is refused. Never logs the password. `peer` gives the
+        client's address, which only HTTP authentication asks (a system call per CONNECT)."""
         anonymous = username is None and password is None
         if self.users is None and self.jwt is None and self.http is None:
             # No source: credentials are not checked, only their absence.
@@ -283,14 +285,14 @@ class Security:
         return Outcome(ReasonCode.SUCCESS, False, verdict.rules, verdict.expires_at)
 
     async def _check_http(self, client_id: str, username: str | None, password: bytes | None,
-                          peer: str) -> tuple[Outcome | None, bool]:
+                          peer: Callable[[], str]) -> tuple[Outcome | None, bool]:
         """The outcome (None: ignore) and whether the service failed to answer."""
         http = self.http
         if http is None:
             return None, False
         values = {"clientid": client_id, "username": username or "",
                   "password": password.decode(errors="replace") if password else "",
-                  "peerhost": peer.rpartition(":")[0]}
+                  "peerhost": peer().rpartition(":")[0]}
         answer = await http.ask(
             values, lambda status, body: interpret(status, body, client_id, username))
         if answer.allowed is None:

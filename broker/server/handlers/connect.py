@@ -135,7 +135,7 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
     packet = accept.packet
     if authenticate:
         verdict = await conn.node.security.authenticate(conn.client_id, packet.username,
-                                                        packet.password, conn.peer)
+                                                        packet.password, lambda: conn.peer)
         if conn.closed:
             return
         if verdict.code != ReasonCode.SUCCESS:
