@@ -12,10 +12,10 @@ on SIGHUP or when they change on disk (a Kubernetes Secret is updated in place, 
 swap): a reload that fails keeps the version in force and logs why. Connections are never
 dropped by a reload; their cached ACL decisions are, through `generation`.
 
-Password hashes are checked on worker threads (`hashlib` releases the GIL), never on the
-event loop, whatever iteration count the file asks for. At most `_MAX_PENDING` checks wait
-at once; a CONNECT beyond that is answered "server busy" at once, so a flood of bad CONNECTs
-costs a bounded queue and good clients behind it wait at most that long.
+Password hashes are checked on worker threads (`hashlib` releases the GIL; hash_workers.py),
+never on the event loop, whatever iteration count the file asks for. At most `_MAX_PENDING`
+checks wait at once; a CONNECT beyond that is answered "server busy" at once, so a flood
+of bad CONNECTs costs a bounded queue and good clients behind it wait at most that long.
 """
 
 import asyncio
@@ -24,8 +24,8 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
@@ -33,6 +33,7 @@ from broker.auth.acl import Access, Acl, AclFileError, parse_acl_file
 from broker.auth.authorization import AclCache, HttpAuthorization, Verdict
 from broker.auth.client_rules import ClientRule, decide
 from broker.auth.enhanced import EnhancedAuth
+from broker.auth.hash_workers import HashWorkers
 from broker.auth.http_requests import RequestTemplate, interpret
 from broker.auth.passwords import Hash, PasswordFileError, parse_password_file
 from broker.auth.scram import METHODS
@@ -115,7 +116,7 @@ class Security:
         self.acl: Acl | None = None
         self._signatures: dict[str, Signature | None] = {}
         self._pending = 0
-        self._executor: ThreadPoolExecutor | None = None
+        self._hashing: HashWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []  # the files' watch, the JWKS fetches
         for path in self._paths():
             self._load(path)  # raises: a broker does not start on a bad file
@@ -188,7 +189,7 @@ class Security:
 
     def start(self) -> None:
         if self._password_path:
-            self._executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="password")
+            self._hashing = HashWorkers(_WORKERS, "password")
         loop = asyncio.get_running_loop()
         if self._paths():
             self._tasks.append(loop.create_task(self._watch()))
@@ -211,8 +212,8 @@ class Security:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._hashing is not None:
+            self._hashing.stop()
         if self.http is not None:
             await self.http.close()
         if self.http_authz is not None:
@@ -257,11 +258,10 @@ class Security:
             return self._fail("bad_password", ReasonCode.BAD_USER_NAME_OR_PASSWORD)
         if self._pending >= _MAX_PENDING:
             return self._fail("busy", ReasonCode.SERVER_BUSY)
-        assert self._executor is not None
+        assert self._hashing is not None
         self._pending += 1
         try:
-            ok = await asyncio.get_running_loop().run_in_executor(self._executor,
-                                                                  hashed.matches, password)
+            ok = await self._hashing.check(partial(hashed.matches, password))
         finally:
             self._pending -= 1
         if not ok:
