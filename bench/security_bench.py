@@ -6,8 +6,9 @@
 
 connect: CONNECT rate with a password file, ours against Mosquitto 2.0 on the same file
   (`$7$` PBKDF2-SHA512 entries made by `mosquitto_passwd`, else by `broker ctl users add`)
-  with anonymous clients refused; and ours with JWT authentication instead (HS256 tokens as
-  passwords, `authentication.jwt.secret`), SCRAM-SHA-256 (MQTT 5 enhanced authentication,
+  with anonymous clients refused, and both without one (the same CONNECTs, unchecked);
+  ours with JWT authentication instead (HS256 tokens as passwords,
+  `authentication.jwt.secret`), SCRAM-SHA-256 (MQTT 5 enhanced authentication,
   `authentication.scram.user_file`, the same users) and HTTP authentication
   (`authentication.http.url`, a minimal aiohttp service answering allow, bench/
   auth_service.py), each against ours with the password file and against Mosquitto's.
@@ -332,8 +333,12 @@ def run_connect(args: argparse.Namespace, tmp: Path, names: list[str]) -> dict[s
                            users, ScramLogin),
             "ours_http": (brokers.ours_with({"authentication.http.url": url}, probe), users,
                           PasswordLogin),
+            # No password file: the same CONNECTs, credentials unchecked (anonymous allowed).
+            "ours_open": (brokers.ours_with({}), users, PasswordLogin),
+            "mosquitto_open": (brokers.mosquitto_with(user_line), users, PasswordLogin),
         }
         names = [*names, *_OTHERS] if "ours" in names else names
+        names += [f"{name}_open" for name in ("ours", "mosquitto") if name in names]
         rounds: dict[str, list[Outcome]] = {name: [] for name in names}
         for n in range(args.rounds):
             for name in names:
@@ -343,8 +348,8 @@ def run_connect(args: argparse.Namespace, tmp: Path, names: list[str]) -> dict[s
                 rounds[name].append(outcome)
                 print(f"  round {n + 1} {name:10} {_fmt(outcome, 'connections/s')}", flush=True)
     result: dict[str, Any] = {
-        "title": "CONNECT/CONNACK/DISCONNECT per second: a password file (ours, Mosquitto),"
-                 " JWT, SCRAM-SHA-256 and HTTP authentication (ours)",
+        "title": "CONNECT/CONNACK/DISCONNECT per second: a password file and none (ours,"
+                 " Mosquitto), JWT, SCRAM-SHA-256 and HTTP authentication (ours)",
         "unit": "connections/s",
         "password_file": f"{USERS} users, $7$ PBKDF2-SHA512 (101 iterations), made by {tool}",
         "scram": f"the same {USERS} users, SCRAM-SHA-256 over MQTT 5 AUTH, 4096 iterations"
@@ -353,7 +358,7 @@ def run_connect(args: argparse.Namespace, tmp: Path, names: list[str]) -> dict[s
         "results": {name: {"median": _median(outs), "rounds": [_cell(o) for o in outs]}
                     for name, outs in rounds.items()},
     }
-    for top, bottom in (("ours", "mosquitto"),
+    for top, bottom in (("ours", "mosquitto"), ("ours_open", "mosquitto_open"),
                         *((other, base) for other in _OTHERS for base in ("ours", "mosquitto"))):
         if top in rounds and bottom in rounds:
             pairs = list(zip(rounds[top], rounds[bottom], strict=True))

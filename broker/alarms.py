@@ -26,7 +26,7 @@ __all__ = ["DISK_FULL", "KNOWN", "QUOTA", "Alarm", "Alarms"]
 KNOWN: Final = (DISK_FULL, QUOTA)
 HISTORY: Final = 100
 
-# (name, kind, help, labels, value): broker.metrics.Sample, without importing the metrics.
+# (name, kind, help, labels, value): broker.stats.Sample, without importing it.
 Sample = tuple[str, str, str, dict[str, str], float]
 
 

@@ -5,7 +5,7 @@ import argparse
 import logging
 import sys
 
-from broker import ctl, logsafe
+from broker import logsafe
 from broker.auth.security import SecurityFileError
 from broker.config.loader import ConfigError, load_config
 from broker.config.schema import render_markdown_table
@@ -53,7 +53,13 @@ def _formats(args: argparse.Namespace) -> int:
     return 0
 
 
+_WITHOUT_CTL = frozenset({"run", "formats", "config"})
+"""Commands parsed without `broker ctl`'s parser: its module (an HTTP client, the offline
+tools) is not what starting a node should wait for (tests/unit/test_startup_imports.py)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="broker", description="Durable MQTT broker")
     parser.add_argument("--version", action="version", version=RELEASE)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -72,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     config = commands.add_parser("config", help="configuration reference")
     config.add_argument("what", choices=["docs"])
     config.set_defaults(func=lambda _args: print(render_markdown_table()) or 0)
-    ctl.add_parser(commands)
+    if not argv or argv[0] not in _WITHOUT_CTL:  # `ctl`, but also `--help` and mistakes
+        from broker import ctl
+
+        ctl.add_parser(commands)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

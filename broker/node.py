@@ -14,7 +14,6 @@ from broker.auth.security import Security
 from broker.config.loader import Config
 from broker.ds import DurableStorage, Settings, space
 from broker.format_check import open_formats
-from broker.metrics import Stats
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
@@ -31,6 +30,7 @@ from broker.session.durable.streams import Streams, is_stream_key
 from broker.session.manager import SessionManager
 from broker.session.message import Message
 from broker.session.session import Delivery, Session, SubscriptionOptions
+from broker.stats import Stats
 
 if TYPE_CHECKING:
     from broker.cluster.routing import ClusterRouting

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Final
 
 from broker.alarms import Alarm
-from broker.metrics import Stats
 from broker.retainer.store import RetainedStore
 from broker.session.message import Message
+from broker.stats import Stats
 
 DESCRIPTION: Final = "Durable MQTT broker"
 _BROKER: Final = ""  # the publisher of the broker's own messages: no client has this ID

@@ -14,11 +14,13 @@ by topic until the file changes (`generation`), as before.
 """
 
 from enum import Enum
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from broker.auth.client_rules import ClientRule
-from broker.auth.http_client import HttpService
 from broker.auth.http_requests import Answer, interpret_authorization
+
+if TYPE_CHECKING:  # made only when configured (security.py): aiohttp comes with it
+    from broker.auth.http_client import HttpService
 
 Key = tuple[str, str, int, bool]  # action, topic (or filter), QoS, retain
 
@@ -62,7 +64,7 @@ class AclCache:
 
 
 class HttpAuthorization:
-    def __init__(self, service: HttpService, max_size: int, ttl: float) -> None:
+    def __init__(self, service: "HttpService", max_size: int, ttl: float) -> None:
         self.service = service
         self._max_size = max_size  # 0: the cache is off
         self._ttl = ttl

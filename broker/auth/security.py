@@ -12,10 +12,10 @@ on SIGHUP or when they change on disk (a Kubernetes Secret is updated in place, 
 swap): a reload that fails keeps the version in force and logs why. Connections are never
 dropped by a reload; their cached ACL decisions are, through `generation`.
 
-Password hashes are checked on worker threads (`hashlib` releases the GIL), never on the
-event loop, whatever iteration count the file asks for. At most `_MAX_PENDING` checks wait
-at once; a CONNECT beyond that is answered "server busy" at once, so a flood of bad CONNECTs
-costs a bounded queue and good clients behind it wait at most that long.
+Password hashes are checked on worker threads (`hashlib` releases the GIL; hash_workers.py),
+never on the event loop, whatever iteration count the file asks for. At most `_MAX_PENDING`
+checks wait at once; a CONNECT beyond that is answered "server busy" at once, so a flood
+of bad CONNECTs costs a bounded queue and good clients behind it wait at most that long.
 """
 
 import asyncio
@@ -23,25 +23,29 @@ import logging
 import os
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 from broker.auth.acl import Access, Acl, AclFileError, parse_acl_file
 from broker.auth.authorization import AclCache, HttpAuthorization, Verdict
 from broker.auth.client_rules import ClientRule, decide
 from broker.auth.enhanced import EnhancedAuth
-from broker.auth.http_client import HttpService
+from broker.auth.hash_workers import HashWorkers
 from broker.auth.http_requests import RequestTemplate, interpret
-from broker.auth.jwks_endpoint import refresh_forever
 from broker.auth.passwords import Hash, PasswordFileError, parse_password_file
 from broker.auth.scram import METHODS
 from broker.auth.scram_users import ScramFileError, ScramUser, dump_scram_file, parse_scram_file
-from broker.auth.tokens import JwtConfigError, JwtSettings, JwtVerifier
 from broker.config.loader import Config
 from broker.ds.files import write_atomically
 from broker.mqtt.constants import ReasonCode
+
+if TYPE_CHECKING:  # imported where configured: aiohttp, PyJWT and cryptography cost a broker
+    # that uses neither a third of a second of start-up (tests/unit/test_startup_imports.py)
+    from broker.auth.http_client import HttpService
+    from broker.auth.tokens import JwtVerifier
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +116,7 @@ class Security:
         self.acl: Acl | None = None
         self._signatures: dict[str, Signature | None] = {}
         self._pending = 0
-        self._executor: ThreadPoolExecutor | None = None
+        self._hashing: HashWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []  # the files' watch, the JWKS fetches
         for path in self._paths():
             self._load(path)  # raises: a broker does not start on a bad file
@@ -152,14 +156,22 @@ class Security:
             elif path == self._scram_path:
                 self.scram_users = parse_scram_file(text, path)
             elif path == self._jwks_path:
-                assert self.jwt is not None
-                self.jwt.use_jwks(text, path)
+                self._use_jwks(text, path)
             else:
                 self.acl = parse_acl_file(text, path)
                 self.generation += 1
-        except (PasswordFileError, AclFileError, ScramFileError, JwtConfigError) as error:
+        except (PasswordFileError, AclFileError, ScramFileError) as error:
             raise SecurityFileError(str(error)) from None
         self._signatures[path] = signature
+
+    def _use_jwks(self, text: str, path: str) -> None:
+        from broker.auth.tokens import JwtConfigError  # with the verifier (`_jwt_verifier`)
+
+        assert self.jwt is not None
+        try:
+            self.jwt.use_jwks(text, path)
+        except JwtConfigError as error:
+            raise SecurityFileError(str(error)) from None
 
     def reload(self, reason: str) -> None:
         """SIGHUP, or a file changed: each file read again; one that fails keeps its
@@ -177,11 +189,13 @@ class Security:
 
     def start(self) -> None:
         if self._password_path:
-            self._executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="password")
+            self._hashing = HashWorkers(_WORKERS, "password")
         loop = asyncio.get_running_loop()
         if self._paths():
             self._tasks.append(loop.create_task(self._watch()))
         if self._jwks_url:
+            from broker.auth.jwks_endpoint import refresh_forever  # (aiohttp: `_jwt_verifier`)
+
             assert self.jwt is not None
             self._tasks.append(loop.create_task(refresh_forever(
                 self._jwks_url, self._jwks_refresh, self.jwt,
@@ -198,8 +212,8 @@ class Security:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._hashing is not None:
+            self._hashing.stop()
         if self.http is not None:
             await self.http.close()
         if self.http_authz is not None:
@@ -207,8 +221,9 @@ class Security:
 
     # ---- authentication --------------------------------------------------------------------
     async def authenticate(self, client_id: str, username: str | None,
-                           password: bytes | None, peer: str) -> Outcome:
-        """SUCCESS, or why the CONNECT is refused. Never logs the password."""
+                           password: bytes | None, peer: Callable[[], str]) -> Outcome:
+        """SUCCESS, or why the CONNECT is refused. Never logs the password. `peer` gives the
+        client's address, which only HTTP authentication asks (a system call per CONNECT)."""
         anonymous = username is None and password is None
         if self.users is None and self.jwt is None and self.http is None:
             # No source: credentials are not checked, only their absence.
@@ -243,11 +258,10 @@ class Security:
             return self._fail("bad_password", ReasonCode.BAD_USER_NAME_OR_PASSWORD)
         if self._pending >= _MAX_PENDING:
             return self._fail("busy", ReasonCode.SERVER_BUSY)
-        assert self._executor is not None
+        assert self._hashing is not None
         self._pending += 1
         try:
-            ok = await asyncio.get_running_loop().run_in_executor(self._executor,
-                                                                  hashed.matches, password)
+            ok = await self._hashing.check(partial(hashed.matches, password))
         finally:
             self._pending -= 1
         if not ok:
@@ -271,14 +285,14 @@ class Security:
         return Outcome(ReasonCode.SUCCESS, False, verdict.rules, verdict.expires_at)
 
     async def _check_http(self, client_id: str, username: str | None, password: bytes | None,
-                          peer: str) -> tuple[Outcome | None, bool]:
+                          peer: Callable[[], str]) -> tuple[Outcome | None, bool]:
         """The outcome (None: ignore) and whether the service failed to answer."""
         http = self.http
         if http is None:
             return None, False
         values = {"clientid": client_id, "username": username or "",
                   "password": password.decode(errors="replace") if password else "",
-                  "peerhost": peer.rpartition(":")[0]}
+                  "peerhost": peer().rpartition(":")[0]}
         answer = await http.ask(
             values, lambda status, body: interpret(status, body, client_id, username))
         if answer.allowed is None:
@@ -405,8 +419,9 @@ class Security:
         ]
 
 
-def _jwt_verifier(config: Config) -> JwtVerifier | None:
-    """None when no key is configured (JWT is then not in the chain)."""
+def _jwt_verifier(config: Config) -> "JwtVerifier | None":
+    """None when no key is configured (JWT is then not in the chain, and PyJWT and
+    cryptography are not imported)."""
     prefix = "authentication.jwt."
     secret, public_key = config[prefix + "secret"], config[prefix + "public_key"]
     jwks, endpoint = config[prefix + "jwks_file"], config[prefix + "endpoint"]
@@ -415,6 +430,8 @@ def _jwt_verifier(config: Config) -> JwtVerifier | None:
     if sum(map(bool, (secret, public_key, jwks, endpoint))) > 1:
         raise SecurityFileError("authentication.jwt: set one of secret, public_key, jwks_file,"
                                 " endpoint")
+    from broker.auth.tokens import JwtSettings, JwtVerifier
+
     verifier = JwtVerifier(JwtSettings(config[prefix + "from"], config[prefix + "leeway"],
                                        config[prefix + "verify_claims"],
                                        config[prefix + "acl_claim_name"]))
@@ -429,10 +446,13 @@ def _jwt_verifier(config: Config) -> JwtVerifier | None:
     return verifier
 
 
-def _http_service(config: Config, prefix: str) -> HttpService | None:
+def _http_service(config: Config, prefix: str) -> "HttpService | None":
+    """None without a URL (and aiohttp's client is not imported)."""
     url = config[prefix + "url"]
     if not url:
         return None
+    from broker.auth.http_client import HttpService
+
     template = RequestTemplate(url, config[prefix + "method"], config[prefix + "headers"],
                                config[prefix + "body"])
     return HttpService(template, config[prefix + "request_timeout"], config[prefix + "pool_size"],

@@ -39,9 +39,9 @@ from broker.ds import replication_layer as cmd
 from broker.ds.replication_shard import Admit, KVMachine, OnWrites, SessionsOf, ShardMachine
 from broker.ds.shard import now_us
 from broker.ds.ttv import TTV
-from broker.metrics import Sample
 from broker.raft.core import LEADER, ROLE_NAMES
 from broker.raft.node import RaftNode
+from broker.stats import Sample
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import asyncio
 import json
 import zlib
 from collections.abc import Awaitable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,13 @@ from broker.ds.files import recover_swap, write_atomically
 from broker.ds.iterator import Iterator, Stream, read_plan
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.settings import Settings
-from broker.ds.shard import ChangeListener, Shard
+from broker.ds.shard import ChangeListener, Shard, load_slabs
 from broker.ds.slab import Slab
 from broker.ds.ttv import TTV
 from broker.mqtt.topic import topic_matches
 
 DB_FILE = "db.json"
+_OPENING_THREADS = 16
 
 
 def shard_of(publisher: str, n_shards: int) -> int:
@@ -61,17 +62,26 @@ class MessagesDB:
         self._settings = settings
         self._executor = executor
         self._on_change = on_change
-        self.shards = [self._open_shard(i) for i in range(self.n_shards)]
+        # Side by side: each shard's LevelDB open and creation waits on fsyncs (a dozen
+        # for a new shard), and one shard after the other would wait for all of them in turn.
+        with ThreadPoolExecutor(min(_OPENING_THREADS, self.n_shards),
+                                thread_name_prefix=f"{name}-open") as opening:
+            loaded = list(opening.map(self._load_shard, range(self.n_shards)))
+        self.shards = [self._shard(i, slabs) for i, slabs in enumerate(loaded)]
 
-    def _open_shard(self, i: int) -> Shard:
+    def _load_shard(self, i: int) -> list[Slab]:
+        """Blocking: shard `i`'s slabs (shard.load_slabs), on any thread."""
         settings = self._settings
         path = self.path / f"shard-{i:03d}"
         recover_swap(path)  # a snapshot install a crash cut short
-        return Shard.open(
-            i, path, settings.wildcard_thresholds, self._executor,
-            self._on_change, settings.buffer, settings.generation_max_size, self.open_slabs,
-            settings.leveldb_compression,
-        )
+        return load_slabs(i, path, settings.wildcard_thresholds, settings.generation_max_size,
+                          settings.leveldb_compression)
+
+    def _shard(self, i: int, slabs: list[Slab]) -> Shard:
+        settings = self._settings
+        return Shard(i, self.path / f"shard-{i:03d}", slabs, settings.wildcard_thresholds,
+                     self._executor, self._on_change, settings.buffer,
+                     settings.generation_max_size, self.open_slabs, settings.leveldb_compression)
 
     def close_shard_now(self, i: int) -> None:
         """Blocking: closes shard `i`'s slabs, whatever is in flight (a snapshot is about
@@ -84,7 +94,7 @@ class MessagesDB:
     def reopen_shard(self, i: int) -> Shard:
         """Blocking: shard `i` again from its directory, with the old one's writer hooks."""
         old = self.shards[i]
-        shard = self.shards[i] = self._open_shard(i)
+        shard = self.shards[i] = self._shard(i, self._load_shard(i))
         shard.replication = old.replication
         return shard
 

@@ -125,42 +125,6 @@ class Shard:
         # builtin_local: a write failed (with this error); none goes on until `recover`.
         self.failed: Exception | None = None
 
-    @classmethod
-    def open(
-        cls, index: int, path: Path, thresholds: tuple[int, ...], executor: Executor,
-        on_change: ChangeListener, buffer_settings: tuple[float, int, float],
-        max_generation_bytes: int, open_slabs: OpenSlabs, compression: Compression = None,
-    ) -> "Shard":
-        """Blocking (call before serving): reads every slab's state, finishes interrupted
-        seals; only the current generation is left open."""
-        path.mkdir(parents=True, exist_ok=True)
-        for leftover in path.glob(f"{_GEN_PREFIX}*{_TMP_SUFFIX}"):
-            shutil.rmtree(leftover)  # a creation that did not finish holds no data
-        generations = sorted(
-            int(child.name[len(_GEN_PREFIX):]) for child in path.glob(f"{_GEN_PREFIX}*")
-        )
-        slabs = [Slab.open(generation_dir(path, g), g, compression) for g in generations]
-        for slab in slabs[:-1]:
-            if not slab.sealed:
-                log.info("finishing the seal of %s", slab.path)
-                slab.seal(max(slab.created, slab.stats.max_timestamp), index)
-                slab.close()
-        if slabs and _rotation_cut_short(slabs[-1], max_generation_bytes):
-            # The log will not replay the STORE that filled it: the rotation that STORE
-            # started is finished here as every other replica finished it (apply_rotate).
-            full = slabs[-1]
-            log.info("finishing the rotation of %s", full.path)
-            until = full.stats.max_timestamp
-            slabs.append(_create_slab(path, full.generation + 1, thresholds, until, compression,
-                                      full.db.get(CHECKPOINT_KEY)))
-            full.seal(until, index)
-            full.close()
-        elif not slabs or slabs[-1].sealed:
-            slabs.append(_create_slab(path, generations[-1] + 1 if generations else 1,
-                                      thresholds, now_us(), compression))
-        return cls(index, path, slabs, thresholds, executor, on_change, buffer_settings,
-                   max_generation_bytes, open_slabs, compression)
-
     async def _flush(self, messages: list[TTV], sync: bool) -> None:
         if self.replication is not None:
             await self.replication.store(self.index, messages)
@@ -470,6 +434,39 @@ def checkpoint_at(checkpoint: bytes | None, index: int, term: int) -> bytes:
     """A slab's checkpoint (or none) moved to (index, term), its writers kept: a snapshot's
     current slab as installed."""
     return _APPLIED.pack(index, term) + (checkpoint[_APPLIED.size:] if checkpoint else b"{}")
+
+
+def load_slabs(index: int, path: Path, thresholds: tuple[int, ...], max_generation_bytes: int,
+               compression: Compression) -> list[Slab]:
+    """Blocking: every slab's state, the interrupted seals and rotations finished; only the
+    current generation is left open. Touches nothing outside `path`, so the shards of a
+    database load on threads side by side (MessagesDB)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for leftover in path.glob(f"{_GEN_PREFIX}*{_TMP_SUFFIX}"):
+        shutil.rmtree(leftover)  # a creation that did not finish holds no data
+    generations = sorted(
+        int(child.name[len(_GEN_PREFIX):]) for child in path.glob(f"{_GEN_PREFIX}*")
+    )
+    slabs = [Slab.open(generation_dir(path, g), g, compression) for g in generations]
+    for slab in slabs[:-1]:
+        if not slab.sealed:
+            log.info("finishing the seal of %s", slab.path)
+            slab.seal(max(slab.created, slab.stats.max_timestamp), index)
+            slab.close()
+    if slabs and _rotation_cut_short(slabs[-1], max_generation_bytes):
+        # The log will not replay the STORE that filled it: the rotation that STORE
+        # started is finished here as every other replica finished it (apply_rotate).
+        full = slabs[-1]
+        log.info("finishing the rotation of %s", full.path)
+        until = full.stats.max_timestamp
+        slabs.append(_create_slab(path, full.generation + 1, thresholds, until, compression,
+                                  full.db.get(CHECKPOINT_KEY)))
+        full.seal(until, index)
+        full.close()
+    elif not slabs or slabs[-1].sealed:
+        slabs.append(_create_slab(path, generations[-1] + 1 if generations else 1,
+                                  thresholds, now_us(), compression))
+    return slabs
 
 
 def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int,

@@ -52,7 +52,8 @@ from prometheus_client.registry import CollectorRegistry
 from broker.auth.security import SecurityFileError, _signature
 from broker.config.loader import Config
 from broker.ds.files import fsync_dir
-from broker.metrics import Sample, add_samples
+from broker.metrics import add_samples
+from broker.stats import Sample
 
 log = logging.getLogger(__name__)
 

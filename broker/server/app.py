@@ -14,8 +14,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from aiohttp import web
-
 from broker import COMPILED_MODULES
 from broker.alarms import DISK_FULL, Alarm
 from broker.cluster import placement, versions
@@ -29,16 +27,11 @@ from broker.cluster.version_keeper import VersionKeeper
 from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.ds.space import out_of_space
-from broker.http.api import make_app
-from broker.http.backup_api import add_backup_routes
-from broker.http.cluster_api import add_cluster_routes, add_raft_routes
-from broker.http.ds_sites_api import add_ds_site_routes
-from broker.http.header_timeout import HeaderTimeout
-from broker.metrics import add_samples, make_registry
 from broker.mqtt.constants import ReasonCode
 from broker.node import Node
 from broker.periodic import every
 from broker.server.admission import ListenerGate
+from broker.server.http_listener import HttpListener
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
 from broker.server.reactor import create_server
@@ -95,8 +88,7 @@ class BrokerApp:
             self.node.takeover.replicated = self.ds_groups
             self.versions.on_rise = self._versions_rose
         self._servers: list[asyncio.Server] = []
-        self._http: web.AppRunner | None = None
-        self._http_server: asyncio.Server | None = None
+        self._http: HttpListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._placement_seen: tuple[int, ...] | None = None
         self._tls: CertificateWatch | None = None
@@ -167,32 +159,8 @@ class BrokerApp:
             log.info("listener %s on %s:%d", name, bind[0], self.ports[name])
         http_bind = config["dashboard.listeners.http.bind"]
         if http_bind is not None:
-            registry = make_registry(node.stats, node.gauges, node.ds, node.alarms.samples,
-                                     self.cluster.metrics,
-                                     self.node.cluster_routing.metrics, node.takeover.metrics,
-                                     node.security.metrics)
-            if node.group_views is not None:
-                registry.add_rendered(node.group_views.exposition)
-            web_app = make_app(node, registry)
-            add_cluster_routes(web_app, node, self.cluster, self.rpc)
-            add_backup_routes(web_app, self.ds_groups)
-            if self.metadata is not None:
-                add_samples(registry, self.metadata.metrics)
-                add_raft_routes(web_app, self.metadata)
-            if self.ds_groups is not None:
-                add_ds_site_routes(web_app, self.ds_groups)
-                add_samples(registry, self.ds_groups.metrics)
-            # A kept-alive connection's next request has as long as a new one's first.
-            header_timeout = config["dashboard.listeners.http.header_timeout"]
-            self._http = web.AppRunner(web_app, access_log=None, keepalive_timeout=header_timeout)
-            await self._http.setup()
-            assert self._http.server is not None
-            handlers = HeaderTimeout.factory(self._http.server, header_timeout,
-                                             partial(node.stats.time_out, "http_headers"))
-            self._http_server = await loop.create_server(
-                handlers, http_bind[0], http_bind[1], reuse_address=True)
-            self.ports["http"] = self._http_server.sockets[0].getsockname()[1]
-            log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
+            self._http = HttpListener()
+            self.ports["http"] = await self._http.bind(http_bind[0], http_bind[1])
         if self.metadata is not None:
             await self.metadata.start()  # before the links: Raft frames find it ready
         await self.cluster.start()
@@ -236,6 +204,9 @@ class BrokerApp:
         # As in EMQX, the first round comes one interval after start, and rounds count in
         # the node's metrics like any message (no_subscribers drops, 3 retained messages).
         self._every(config["sys_topics.sys_msg_interval"], sys_topics.publish)
+        if self._http is not None:  # last: MQTT clients are served meanwhile (http_listener.py)
+            await self._http.serve(self)
+            log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
 
     def _watch_placement(self, groups: DsGroups, path: Path, n_shards: int) -> None:
         """A stat per poll; the file is read again when it changed (kubelet swaps a
@@ -328,10 +299,8 @@ class BrokerApp:
         for server in self._servers:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 5)
-        if self._http_server is not None:
-            self._http_server.close()
         if self._http is not None:
-            await self._http.cleanup()
+            await self._http.close()
         if self.node.groups is not None:
             self.node.groups.close()
         if self.node.durable is not None:

@@ -641,7 +641,7 @@ class Connection:
         connection closes, right now."""
         self.disconnect(reason_code)
 
-    def close(self) -> None:
+    def close(self, linger: bool = True) -> None:
         """Ends the connection; its session is released now, the socket a little later.
 
         Closing a socket with unread input makes the kernel answer with a reset, and a
@@ -651,7 +651,10 @@ class Connection:
         writing once the output has left (a FIN after the last packet), what the client
         still sends is read and dropped, and the socket closes when the client closes its
         side, or after CLOSE_LINGER. TLS has no half-close (asyncio's TLS close sends
-        close_notify and waits for the peer's): it closes as before."""
+        close_notify and waits for the peer's): it closes as before. After the client's
+        DISCONNECT (`linger` False) it sends nothing more (MQTT-3.14.4-1), so nothing can
+        be left unread: the socket closes once our output has left, as Mosquitto's does,
+        without a shutdown, a timer and a wake-up for the client's FIN per connection."""
         if self.closed:
             return
         self.flush()
@@ -660,7 +663,7 @@ class Connection:
         self.node.connections.discard(self)
         self._release_session()
         transport = self.transport
-        if not transport.can_write_eof():
+        if not linger or not transport.can_write_eof():
             transport.close()
             return
         try:

@@ -4,12 +4,12 @@ PUBREL, whose record is on disk before the PUBREC may leave."""
 
 import pytest
 
-from broker.metrics import Stats
 from broker.session.durable import records as r
 from broker.session.durable.groups import READY, GroupManager
 from broker.session.durable.session import DurableContext, DurableSession
 from broker.session.durable.store import SessionStore
 from broker.session.session import SubscriptionOptions
+from broker.stats import Stats
 
 
 @pytest.fixture

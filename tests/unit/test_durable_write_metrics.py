@@ -5,7 +5,8 @@ import asyncio
 
 from prometheus_client import generate_latest
 
-from broker.metrics import WRITE_BUCKETS, Stats, make_registry
+from broker.metrics import make_registry
+from broker.stats import WRITE_BUCKETS, Stats
 
 
 def _scrape(stats: Stats) -> dict[str, float]:

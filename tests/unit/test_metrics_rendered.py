@@ -6,7 +6,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from broker.metrics import Registry, Stats, family_header, make_registry, sample_line
+from broker.metrics import Registry, make_registry, sample_line
+from broker.stats import Stats, family_header
 
 DOC = 'Odd help: a back\\slash,\na new line and "quotes"'
 LABELS = [{"group": 'g"1', "filter": "a\\b/#"}, {"group": "g\n2", "filter": "+/x"}]

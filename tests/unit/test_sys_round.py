@@ -4,7 +4,7 @@ import datetime
 
 import pytest
 
-from broker.metrics import Stats
+from broker.stats import Stats
 from broker.sys_topics import is_sys_topic, sys_messages
 
 

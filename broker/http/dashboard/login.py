@@ -33,7 +33,7 @@ from broker.auth.security import SecurityFileError
 from broker.config.loader import Config
 from broker.http.auth import ADMINISTRATOR, ApiKeys, bearer_token, loopback
 from broker.http.dashboard.throttle import LoginThrottle
-from broker.metrics import Sample
+from broker.stats import Sample
 
 log = logging.getLogger(__name__)
 

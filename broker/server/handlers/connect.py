@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,8 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
     if not client_id:
         if version != MQTT_5 and not packet.clean_start:
             return _refuse(conn, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
+        import uuid  # here: with `platform` it costs every start-up 4 ms, few clients need it
+
         client_id, assigned = f"auto-{uuid.uuid4().hex}", True
     if len(client_id) > config["mqtt.max_clientid_len"]:
         return _refuse(conn, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
@@ -135,7 +136,7 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
     packet = accept.packet
     if authenticate:
         verdict = await conn.node.security.authenticate(conn.client_id, packet.username,
-                                                        packet.password, conn.peer)
+                                                        packet.password, lambda: conn.peer)
         if conn.closed:
             return
         if verdict.code != ReasonCode.SUCCESS:

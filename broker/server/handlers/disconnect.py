@@ -24,7 +24,7 @@ def handle_disconnect(conn: "Connection", packet: Disconnect) -> None:
         )
     if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
         conn.will = None
-    conn.close()
+    conn.close(linger=False)
 
 
 def handle_pingreq(conn: "Connection", packet: Pingreq) -> None:

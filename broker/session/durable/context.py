@@ -5,12 +5,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from broker.ds import TTV, DurableStorage
-from broker.metrics import Stats
 from broker.mqtt.constants import PropertyId
 from broker.mqtt.topic import parse_shared
 from broker.session.durable.store import SessionStore
 from broker.session.durable.streams import Streams, is_stream_key
 from broker.session.message import Message
+from broker.stats import Stats
 
 if TYPE_CHECKING:
     from broker.session.durable.groups import GroupManager

@@ -19,13 +19,13 @@ from typing import Any, Final
 
 from broker.ds import DurableStorage, Stream, StreamWrite
 from broker.ds import Iterator as DSIterator
-from broker.metrics import family_header, sample_line
 from broker.mqtt.topic import parse_shared
 from broker.session.durable import group_records as g
 from broker.session.durable.context import ds_filter
 from broker.session.durable.groups import GONE, READY, STALLED, Group, GroupManager
 from broker.session.durable.store import SessionStore
 from broker.session.durable.turn import TimeSlice, run_in_slices
+from broker.stats import family_header
 
 BACKLOG_CAP: Final = 10_000
 """Messages counted per stream at most."""
@@ -211,6 +211,10 @@ class GroupViews:
         backlogs: list[str] = []
         members: list[str] = []
         state = self._groups.state
+        if self._groups.groups:
+            # Not at module level: prometheus_client comes with the HTTP API, once the MQTT
+            # listeners serve (broker/server/http_listener.py).
+            from broker.metrics import sample_line
         for share, group in sorted(self._groups.groups.items()):
             streams: list[dict[str, Any]] = []
             yield from self._streams(share, group, streams)

@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from broker.ds import DurableStorage
-from broker.metrics import Stats
 from broker.session.durable import group_records as g
 from broker.session.durable import records as r
 from broker.session.durable.group_assign import rebalance
@@ -33,6 +32,7 @@ from broker.session.durable.session import DurableSession
 from broker.session.durable.store import SessionStore, Write
 from broker.session.durable.turn import TimeSlice
 from broker.session.session import Session
+from broker.stats import Stats
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-from broker.metrics import Stats
 from broker.session.durable.group_records import OWN, REVOKE
 from broker.session.durable.groups import GONE, READY, GroupManager
+from broker.stats import Stats
 
 SHARE = "$share/g/jobs/#"
 N_SHARDS = 4

@@ -1,0 +1,65 @@
+"""What a node imports before its MQTT listeners serve (issue 42: the first CONNACK within
+0.2 s of start with an empty data dir).
+
+aiohttp (client and server), prometheus_client, PyJWT with cryptography, dnspython and the
+`broker ctl` module cost more to import than everything else a start does. A node imports
+them only where configured (JWT, HTTP authentication, DNS or k8s discovery) or once its MQTT
+listeners serve (the HTTP API, broker/server/http_listener.py). A fresh interpreter, as
+`broker run` starts, shows what the command-line module and a node started without the HTTP
+API pulled in: no timing, only the modules' names.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DEFERRED = ("aiohttp", "prometheus_client", "jwt", "cryptography", "dns", "broker.ctl",
+            "broker.http", "broker.metrics", "broker.server.http_app")
+
+_SCRIPT = """
+import asyncio, contextlib, io, json, sys
+from broker import cli
+with contextlib.redirect_stdout(io.StringIO()):
+    cli.main(["config", "docs"])
+from broker.config.loader import load_config
+from broker.server.app import BrokerApp
+
+async def start_and_stop():
+    app = BrokerApp(load_config(None, [
+        f"node.data_dir={sys.argv[1]}", "listeners.tcp.default.bind=127.0.0.1:0",
+        "listeners.ws.default.bind=127.0.0.1:0", "dashboard.listeners.http.bind=off",
+        "rpc.listen_address=127.0.0.1", "rpc.tcp_server_port=0"]))
+    await app.start()
+    try:
+        return sorted(sys.modules)
+    finally:
+        await app.stop()
+
+print(json.dumps(asyncio.run(start_and_stop())))
+"""
+
+
+def _deferred_imported(data_dir: Path) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, str(data_dir)], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=data_dir, check=False)
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(done.stdout.splitlines()[-1])
+    assert "broker.node" in modules  # the node was really made and started
+    return [name for name in modules
+            if any(name == d or name.startswith(d + ".") for d in DEFERRED)]
+
+
+def test_a_started_node_without_the_http_api_imports_none_of_the_deferred_modules(
+        tmp_path: Path) -> None:
+    assert _deferred_imported(tmp_path) == []
+
+
+def test_a_restart_imports_none_of_them_either(tmp_path: Path) -> None:
+    """The second start finds the data dir made (formats, storage, cluster identity)."""
+    assert _deferred_imported(tmp_path) == []
+    assert _deferred_imported(tmp_path) == []
