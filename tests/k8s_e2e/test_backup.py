@@ -5,6 +5,7 @@ session (its queued messages) and the retained message. Contract section 7."""
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,9 @@ def test_a_scheduled_export_restores_a_fresh_cluster_with_its_sessions(
     assert last["lastSuccess"] >= second["lastSuccess"] > first["lastSuccess"]
     assert (directory / last["file"]).stat().st_size == last["size"] > 0
     assert [a["file"] for a in last["archives"]] == [last["file"]]
-    verified = subprocess.run(["broker", "ctl", "data", "verify", str(directory / last["file"])],
-                              capture_output=True, text=True, timeout=120, check=False)
+    verified = subprocess.run(
+        [sys.executable, "-m", "broker", "ctl", "data", "verify", str(directory / last["file"])],
+        capture_output=True, text=True, timeout=120, check=False)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
     # A fresh cluster from the archive, in the same namespace (the claim is namespaced).
