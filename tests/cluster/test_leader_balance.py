@@ -1,7 +1,8 @@
 """Leaderships spread again by themselves (`durable_storage.raft.leader_balance_interval`):
 a node of a 3-node `builtin_raft` cluster stopped gracefully hands every group it leads to
 the others and, started again, leads none; within a few balancing rounds it leads its
-share again, by transfers, with no election."""
+share again, by transfers, with no election (a balancing round may come before the test
+first looks, so what it leads right after the start is not asserted)."""
 
 import urllib.request
 
@@ -35,7 +36,6 @@ def test_a_restarted_node_gets_its_share_of_leaderships_back(cluster: Cluster) -
     restarted.start()
     cluster.all_running(nodes)
     _groups_led(nodes, GROUPS)
-    assert _led(restarted) == 0
 
     def spread() -> bool:
         counts = [_led(node) for node in nodes]
