@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
 from broker.auth.authorization import REFUSAL_CODES, Verdict
-from broker.mqtt.codec import encode
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Suback, Subscribe, Subscription
@@ -103,7 +102,6 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
     codes: list[int] = []
     reasons: list[str] = []  # why `$stream` filters were refused (the SUBACK's Reason String)
     retained: list[Delivery] = []
-    durable = False  # a subscription stored with the session: its SUBACK waits for the disk
     for sub in packet.subscriptions:
         yield
         try:
@@ -148,7 +146,6 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
         if session.subscribe(sub.topic_filter, options):
             # Read from Durable Storage, not routed: the topics become durable from now on.
             node.add_durable_filter(session.client_id, sub.topic_filter, options)
-            durable = True
         else:
             node.router.subscribe(session.client_id, topic_filter, options)
         codes.append(granted)
@@ -159,8 +156,7 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
                 Delivery(message, min(message.qos, granted), True, sub_ids)
                 for message in node.retainer.match(topic_filter)
             )
-    suback = Suback(packet.packet_id, codes, suback_properties(conn, codes, reasons))
-    conn.send_when(session.stored() if durable else None, encode(suback, conn.version))
+    conn.send_packet(Suback(packet.packet_id, codes, suback_properties(conn, codes, reasons)))
     for delivery in retained:
         yield
         conn.deliver(delivery)
