@@ -380,10 +380,6 @@ def test_shared_subscription_splits_messages(paho_client, topic) -> None:
     assert all(m.topic == f"{topic}/work" for m in members[0].messages + members[1].messages)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a group of a memory session and a durable one is two parts, each given every message:"
-    " the online memory member gets them live and the offline durable member finds them"
-    " stored when it is back (docs/architecture.md, Durable shared subscriptions)"))
 def test_shared_subscription_prefers_online_members(paho_client, shared_broker, topic) -> None:
     online = paho_client()
     online.subscribe(f"$share/g/{topic}/w", 1)
