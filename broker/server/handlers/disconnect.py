@@ -2,7 +2,6 @@
 
 from typing import TYPE_CHECKING
 
-from broker.mqtt.codec import encode
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import ProtocolError
 from broker.mqtt.packets import Disconnect, Pingreq, Pingresp
@@ -29,7 +28,5 @@ def handle_disconnect(conn: "Connection", packet: Disconnect) -> None:
 
 
 def handle_pingreq(conn: "Connection", packet: Pingreq) -> None:
-    # Behind any acknowledgement still waiting for the disk (a durable SUBACK): answers
-    # leave in the order their requests came.
-    conn.send_when(None, encode(Pingresp(), conn.version))
+    conn.send_packet(Pingresp())
 
