@@ -4,6 +4,7 @@ This is the seam between protocol handling (connections) and state; everything t
 reaches more than one client goes through `publish`.
 """
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from broker.session.manager import SessionManager
 from broker.session.message import Message
 from broker.session.session import Delivery, Session, SubscriptionOptions
 from broker.stats import Stats
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from broker.cluster.routing import ClusterRouting
@@ -136,11 +139,13 @@ class Node:
 
     def replicate_sessions(self, decides: Callable[[], bool], is_up: Callable[[str], bool],
                            read_barrier: Callable[[], Awaitable[bool]],
-                           groups_allowed: Callable[[], bool]) -> None:
+                           groups_allowed: Callable[[], bool],
+                           groups_soon: Callable[[], Awaitable[bool] | None]) -> None:
         """Replicated Durable Storage (builtin_raft): the `sessions` database is every
         node's; durable groups are decided by the node that `decides` (the leader of the
         `sessions` group), a member counting as connected while its node `is_up`, and
-        joined only while `groups_allowed` (every member's code fences their writes)."""
+        joined only while `groups_allowed` (every member's code fences their writes), or
+        once `groups_soon` (GroupManager.allowed_soon)."""
         self.replicated_ds = True
         self._is_up = is_up
         if self.durable is not None and self.groups is not None:
@@ -149,6 +154,7 @@ class Node:
             self.groups.decides = decides
             self.groups.read_barrier = read_barrier
             self.groups.allowed = groups_allowed
+            self.groups.allowed_soon = groups_soon
 
     def member_node(self, client_id: str) -> str | None:
         """The site of the node serving a durable group member (its replicated meta's, when
@@ -422,6 +428,7 @@ class Node:
         subscriptions durable sessions made before, routed live meanwhile (a fresh cluster's
         first moments, or a rolling upgrade from 0.1.0), join their groups; stored first,
         then unrouted, so a message in between may come twice but is never missed."""
+        moved = 0
         for session in list(self.sessions.sessions.values()):
             if not isinstance(session, DurableSession):
                 continue
@@ -431,6 +438,10 @@ class Node:
                     self.add_durable_filter(session.client_id, key, options)
                 self.router.unsubscribe(session.client_id, parse_shared(key)[1],
                                         options.share_group)
+                moved += 1
+        if moved:
+            log.info("%d shared subscriptions of durable sessions, routed live until the "
+                     "cluster allowed durable groups, joined their groups", moved)
 
     def _forget_subscriptions(self, session: Session) -> None:
         dropped = session.queued

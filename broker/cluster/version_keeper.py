@@ -11,7 +11,7 @@ later round.
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from broker.cluster import versions
@@ -24,6 +24,9 @@ from broker.retainer.machine import encode_version
 log = logging.getLogger(__name__)
 
 _ATTEMPT: Final = 10.0  # seconds a raise may take before a later round tries again
+# Seconds a request waits for a rise every member's code is ready for (`until`): the
+# metadata leader's next round, its commit and this node's next round.
+RISE_WAIT: Final = 5.0
 
 
 class VersionKeeper:
@@ -32,6 +35,7 @@ class VersionKeeper:
         self._cluster = cluster
         self._raising: asyncio.Task[None] | None = None
         self._seen = self.effective()
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         # What a rise applied here changes on this node (durable groups: Node).
         self.on_rise: Callable[[int], None] = lambda version: None
         cluster.cluster_version = self.effective
@@ -44,6 +48,36 @@ class VersionKeeper:
         """Whether what `cluster_version` introduced may be proposed now."""
         return self.effective() >= cluster_version
 
+    def until(self, cluster_version: int) -> Awaitable[bool] | None:
+        """A wait (True once the cluster allows `cluster_version`, False after RISE_WAIT)
+        when it does not yet but is about to: every member's code runs it, so the metadata
+        leader raises it at its next round (a fresh cluster's first moments). None when it
+        allows it already, or will not soon (a member runs older code, or is not linked)."""
+        effective = self.effective()
+        if effective >= cluster_version:
+            return None
+        target = self._next_version(effective)
+        if target is None or target < cluster_version:
+            return None
+        risen = asyncio.get_running_loop().create_future()
+        self._waiters.append((cluster_version, risen))
+        return self._wait(risen)
+
+    @staticmethod
+    async def _wait(risen: "asyncio.Future[None]") -> bool:
+        try:
+            async with asyncio.timeout(RISE_WAIT):
+                await risen  # cancelled with the wait: `round` then forgets it
+        except TimeoutError:
+            return False
+        return True
+
+    def _next_version(self, effective: int) -> int | None:
+        # The cluster's members and every group's (a removed site may still be in one).
+        sites = self._metadata.member_sites() | self._cluster.group_sites()
+        return versions.next_version(effective,
+                                     [self._cluster.speaks(site) for site in sorted(sites)])
+
     def round(self) -> None:
         """A few times a second: act on a rise applied here; raise it when leading."""
         effective = self.effective()
@@ -52,13 +86,17 @@ class VersionKeeper:
             self._seen = effective
             self._cluster.refuse_older(effective)
             self.on_rise(effective)
+        if self._waiters:
+            waiting = self._waiters
+            self._waiters = [(version, risen) for version, risen in waiting
+                             if version > effective and not risen.done()]
+            for version, risen in waiting:
+                if version <= effective and not risen.done():
+                    risen.set_result(None)
         core = self._metadata.core()
         if core is None or core.role != LEADER or self._raising is not None:
             return
-        # The cluster's members and every group's (a removed site may still be in one).
-        sites = self._metadata.member_sites() | self._cluster.group_sites()
-        target = versions.next_version(effective,
-                                       [self._cluster.speaks(site) for site in sorted(sites)])
+        target = self._next_version(effective)
         if target is not None:
             self._raising = asyncio.get_running_loop().create_task(self._raise(target))
 

@@ -84,7 +84,8 @@ class BrokerApp:
             assert self.versions is not None
             self.node.replicate_sessions(partial(self.ds_groups.leads, None),
                                          self.ds_groups.is_up, self.ds_groups.sessions_barrier,
-                                         partial(self.versions.allows, versions.DURABLE_GROUPS))
+                                         partial(self.versions.allows, versions.DURABLE_GROUPS),
+                                         partial(self.versions.until, versions.DURABLE_GROUPS))
             self.node.takeover.replicated = self.ds_groups
             self.versions.on_rise = self._versions_rose
         self._servers: list[asyncio.Server] = []

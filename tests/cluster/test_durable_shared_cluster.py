@@ -3,9 +3,10 @@ workers sit on different nodes gets every acknowledged job once, through kill -9
 worker's node and of every node, and a worker that resumes on another node keeps its share.
 """
 
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.cluster.conftest import Cluster, Node, http_json
-from tests.cluster.test_replicated_ds import _client, _start
+from tests.cluster.test_replicated_ds import REPLICATED, _client, _start
 from tests.integration.clients import PahoClient, unique, wait_until
 from tests.integration.test_durable_shared import collect, publisher_ids
 
@@ -157,3 +158,39 @@ def test_a_takeover_on_another_node_keeps_the_members_share(
     _once_each(who)
     assert {receivers[0] for receivers in who.values()} == {w1, other.client_id}
     assert not [m for m in first.messages if m.topic.startswith("jobs/")]
+
+
+
+def test_members_subscribing_in_a_fresh_clusters_first_moments_join_their_group(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """A fresh cluster runs cluster version 0 until its metadata leader's next round raises
+    it. A durable session's `$share` SUBSCRIBE in that moment waits for the rise instead of
+    being routed live: not stored with the session, and moved into the group at the rise,
+    while messages in flight between nodes come twice or, sent to a member whose route just
+    went, not at all (bench/shared_bench.py saw both). A worker on each node subscribes as
+    soon as its node takes a durable session; each SUBACK comes once the session is a
+    member, and no node moves a routed subscription into its group."""
+    nodes = cluster.start(3, **REPLICATED)
+    workers = [PahoClient(node.process.tcp, unique(f"early{i}")) for i, node in enumerate(nodes)]
+    clients.extend(workers)
+
+    def subscribe_early(worker: PahoClient) -> list[int]:
+        wait_until(lambda: worker.connect(clean_start=False, session_expiry=EXPIRY,
+                                          expect_success=False).reason_code == 0
+                   or worker.disconnect(), 30, "a durable session on the fresh cluster")
+        return worker.subscribe(SHARE, 1)
+
+    with ThreadPoolExecutor(len(workers)) as pool:
+        assert list(pool.map(subscribe_early, workers)) == [[1]] * len(workers)
+    expected = {worker.client_id for worker in workers}
+
+    def members(node: Node) -> set[str]:
+        groups = http_json(node.http, "/api/v5/durable_shared_groups")["data"]
+        return {m["clientid"] for g in groups if g["topic"] == SHARE for m in g["members"]}
+
+    assert members(nodes[0]) >= {workers[0].client_id}  # a member by its SUBACK
+    for node in nodes:
+        wait_until(lambda n=node: members(n) == expected, 15,
+                   f"the group on {node.name} listing every worker")
+    for node in nodes:
+        assert "routed live until the cluster allowed" not in node.process.log_text()

@@ -7,7 +7,7 @@ in a task that holds the client's later packets (`authorize`).
 """
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Final
 
 from broker.auth.authorization import REFUSAL_CODES, Verdict
@@ -18,6 +18,7 @@ from broker.mqtt.topic import STREAM_PREFIX, parse_shared, validate_topic_filter
 from broker.server.handlers.authorize import verdict_later, verdict_now
 from broker.server.handlers.sliced import finish_in_slices, handle_in_slices
 from broker.server.handlers.stream_subscribe import start_stream, stream_target, suback_properties
+from broker.session.durable.session import DurableSession
 from broker.session.durable.turn import TimeSlice
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
@@ -55,11 +56,39 @@ def _target(conn: "Connection", session: Session,
 def handle_subscribe(conn: "Connection", packet: Subscribe) -> None:
     session = conn.session
     assert session is not None
-    if conn.acl_cache is not None and conn.node.security.http_authz is not None:
+    groups_soon = _groups_soon(conn, session, packet)
+    ask = conn.acl_cache is not None and conn.node.security.http_authz is not None
+    if groups_soon is not None or ask:
         conn.hold_input(asyncio.get_running_loop().create_task(
-            _subscribe_when_decided(conn, session, packet)))
+            _subscribe_later(conn, session, packet, groups_soon, ask)))
         return
     handle_in_slices(conn, _subscribe(conn, session, packet, None))
+
+
+def _groups_soon(conn: "Connection", session: Session,
+                 packet: Subscribe) -> Awaitable[bool] | None:
+    """A wait for the cluster to allow durable groups when a durable session subscribes to
+    `$share/...` just before it does (a fresh builtin_raft cluster's first moments): joined
+    then, its group reads every message from its start. Subscribed before, it would be routed
+    live, not stored with the session, and moved into its group at the rise, a switch in
+    which messages in flight between nodes come twice."""
+    groups = conn.node.groups
+    if groups is None or not isinstance(session, DurableSession) or not any(
+            sub.topic_filter.startswith("$share/") for sub in packet.subscriptions):
+        return None
+    return groups.allowed_soon()
+
+
+async def _subscribe_later(conn: "Connection", session: Session, packet: Subscribe,
+                           groups_soon: Awaitable[bool] | None, ask: bool) -> None:
+    """The SUBSCRIBE applied once the cluster allows durable groups (or the wait ended:
+    routed live then) and the HTTP service's verdicts are in (`ask`)."""
+    if groups_soon is not None:
+        await groups_soon
+    if not ask:
+        await finish_in_slices(conn, _subscribe(conn, session, packet, None))
+        return
+    await _subscribe_when_decided(conn, session, packet)
 
 
 async def _subscribe_when_decided(conn: "Connection", session: Session,

@@ -80,6 +80,10 @@ class GroupManager:
         # Set by the app with builtin_raft: whether sessions may join groups now (every
         # member's code fences a group's writes: broker/cluster/versions.py).
         self.allowed: Callable[[], bool] = lambda: True
+        # Set by the app with builtin_raft: a wait for `allowed` when it is about to be (a
+        # fresh cluster's first moments: every member's code fences, the cluster's version
+        # rises at the metadata leader's next round), None when it is, or will not be soon.
+        self.allowed_soon: Callable[[], Awaitable[bool] | None] = lambda: None
         self._dirty: set[str] = set()
         self._pass: asyncio.Handle | None = None
         self._releasing: set[tuple[str, int]] = set()
