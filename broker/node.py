@@ -425,9 +425,11 @@ class Node:
 
     def store_routed_shares(self) -> None:
         """The cluster now allows durable groups (versions.DURABLE_GROUPS): the shared
-        subscriptions durable sessions made before, routed live meanwhile (a fresh cluster's
-        first moments, or a rolling upgrade from 0.1.0), join their groups; stored first,
-        then unrouted, so a message in between may come twice but is never missed."""
+        subscriptions durable sessions made before, routed live meanwhile (a rolling upgrade
+        from 0.1.0; a fresh cluster's first moments only when the wait for the rise timed
+        out: handlers/subscribe.py), join their groups; stored first, then unrouted, so a
+        message published here in between may come twice, while one in flight from another
+        node to a member whose route went meanwhile is missed (docs/cluster.md)."""
         moved = 0
         for session in list(self.sessions.sessions.values()):
             if not isinstance(session, DurableSession):
