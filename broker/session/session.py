@@ -150,6 +150,11 @@ class Session:
         self.subscriptions[key] = options
         return False
 
+    def stored(self) -> Awaitable[None] | None:
+        """What waits until the subscriptions made so far are on disk (replicated: committed
+        on a majority), for their SUBACK; None: a memory session keeps nothing."""
+        return None
+
     def start_at(self, key: str, since: int) -> bool:
         """The subscription `key`, about to be made, reads stored messages from `since`
         (microseconds: a `$stream` replay). False when the session cannot: a memory session

@@ -115,6 +115,39 @@ def test_a_minority_never_acknowledges_a_durable_publish(
 
 
 
+def test_a_durable_subscription_is_acknowledged_once_a_majority_has_it(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """No SUBACK while the sessions group cannot commit; once it has, a kill -9 of every
+    node keeps the subscription: Session Present 1, and it gets what is published next."""
+    nodes = _start(cluster)
+    client_id, topic = unique("sub"), unique("subacked").replace("-", "/")
+    subscriber = _client(clients, nodes[0], client_id)
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    for node in nodes[1:]:
+        os.kill(node.pid, signal.SIGSTOP)
+    try:
+        _, mid = subscriber.client.subscribe([(f"{topic}/#", 1)])
+        # Three election timeouts: an acknowledgement before the commit would be here.
+        time.sleep(3.0)
+        assert mid not in subscriber._subacks, "SUBACK before a majority had the subscription"
+    finally:
+        for node in nodes[1:]:
+            os.kill(node.pid, signal.SIGCONT)
+    wait_until(lambda: mid in subscriber._subacks, 30, "the SUBACK, once committed")
+    for node in nodes:
+        node.process.kill()
+    for node in nodes:
+        node.start()
+    cluster.all_running(nodes)
+    _groups_led(nodes, 1 + 1 + 4)
+    back = _client(clients, nodes[1], client_id)
+    assert back.connect(clean_start=False, session_expiry=3600).session_present
+    publisher = _client(clients, nodes[2], unique("pub"))
+    publisher.connect()
+    publisher.publish(f"{topic}/x", b"after", qos=1)
+    assert back.wait_message_on(f"{topic}/x").payload == b"after"
+
+
 def test_a_node_that_cannot_commit_stops_promptly_on_sigterm(cluster: Cluster) -> None:
     """A write waiting for a commit that cannot come (the other nodes frozen here; a node
     drained out of every group, on Kubernetes) is given up at shutdown: SIGTERM ends the

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Final
 
 from broker.auth.authorization import REFUSAL_CODES, Verdict
+from broker.mqtt.codec import encode
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Suback, Subscribe, Subscription
@@ -131,6 +132,7 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
     codes: list[int] = []
     reasons: list[str] = []  # why `$stream` filters were refused (the SUBACK's Reason String)
     retained: list[Delivery] = []
+    durable = False  # a subscription stored with the session: its SUBACK waits for the disk
     for sub in packet.subscriptions:
         yield
         try:
@@ -175,6 +177,7 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
         if session.subscribe(sub.topic_filter, options):
             # Read from Durable Storage, not routed: the topics become durable from now on.
             node.add_durable_filter(session.client_id, sub.topic_filter, options)
+            durable = True
         else:
             node.router.subscribe(session.client_id, topic_filter, options)
         codes.append(granted)
@@ -185,7 +188,8 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
                 Delivery(message, min(message.qos, granted), True, sub_ids)
                 for message in node.retainer.match(topic_filter)
             )
-    conn.send_packet(Suback(packet.packet_id, codes, suback_properties(conn, codes, reasons)))
+    suback = Suback(packet.packet_id, codes, suback_properties(conn, codes, reasons))
+    conn.send_when(session.stored() if durable else None, encode(suback, conn.version))
     for delivery in retained:
         yield
         conn.deliver(delivery)

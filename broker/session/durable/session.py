@@ -317,6 +317,12 @@ class DurableSession(Session):
                                      r.subscription_to_bytes(options, since))])
         return True
 
+    def stored(self) -> Awaitable[None] | None:
+        """The SUBACK of a durable subscription promises that a restart of every node keeps
+        it (and the session it belongs to, written in an earlier turn, so committed first):
+        it waits for this turn's commit, synced."""
+        return self._ctx.store.write([], sync=True)
+
     def is_routed(self, key: str) -> bool:
         return self._routed is not None and key in self._routed
 
