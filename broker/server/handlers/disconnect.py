@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING
 
+from broker.mqtt.codec import encode
 from broker.mqtt.constants import PropertyId, ReasonCode
 from broker.mqtt.errors import ProtocolError
 from broker.mqtt.packets import Disconnect, Pingreq, Pingresp
@@ -28,5 +29,7 @@ def handle_disconnect(conn: "Connection", packet: Disconnect) -> None:
 
 
 def handle_pingreq(conn: "Connection", packet: Pingreq) -> None:
-    conn.send_packet(Pingresp())
+    # Behind any acknowledgement still waiting for the disk (a durable SUBACK): answers
+    # leave in the order their requests came.
+    conn.send_when(None, encode(Pingresp(), conn.version))
 

@@ -6,6 +6,7 @@ Applied in time slices (`handle_in_slices`), as SUBSCRIBE is.
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from broker.mqtt.codec import encode
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.mqtt.packets import Unsuback, Unsubscribe
@@ -41,4 +42,5 @@ def _unsubscribe(conn: "Connection", session: Session, packet: Unsubscribe) -> I
         else:
             node.router.unsubscribe(session.client_id, topic_filter, group)
         codes.append(ReasonCode.SUCCESS)
-    conn.send_packet(Unsuback(packet.packet_id, codes))
+    # Behind a durable SUBACK still waiting for the disk, as the requests came.
+    conn.send_when(None, encode(Unsuback(packet.packet_id, codes), conn.version))
