@@ -21,7 +21,7 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from broker.raft.balance import moves
@@ -161,15 +161,7 @@ class RaftNode:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 while True:
-                    for group in sorted(handing):
-                        core = self.core(group)
-                        if core.role == LEADER and core.transferee is None:
-                            target = self.host.transfer_leadership(group)
-                            if target is None:
-                                handing.discard(group)
-                            else:
-                                log.debug("group %d: handing leadership to %s", group, target)
-                    self._schedule_flush()
+                    handing -= self._transfer(sorted(handing), logging.DEBUG, "")
                     waiting = [group for group in handing if not self._led_elsewhere(group)]
                     if not waiting:
                         break
@@ -202,13 +194,22 @@ class RaftNode:
         it leads is acknowledged). It is not elected again meanwhile: a vote, its own too,
         waits for the disk. Called on every retry while the disk stays full, since a
         transfer gives up after an election timeout."""
-        for group in self.led():
-            if self.core(group).transferee is None:
+        self._transfer(self.led(), logging.WARNING, " (no space here)")
+
+    def _transfer(self, groups: Iterable[int], level: int, why: str) -> set[int]:
+        """Starts handing each group this node leads, with no transfer under way, to another
+        voter; returns those with no voter to take it."""
+        stuck = set()
+        for group in groups:
+            core = self.core(group)
+            if core.role == LEADER and core.transferee is None:
                 target = self.host.transfer_leadership(group)
-                if target is not None:
-                    log.warning("group %d: no space here, handing leadership to %s", group,
-                                target)
+                if target is None:
+                    stuck.add(group)
+                else:
+                    log.log(level, "group %d: handing leadership to %s%s", group, target, why)
         self._schedule_flush()
+        return stuck
 
     def _led_elsewhere(self, group: int) -> bool:
         return self.core(group).leader not in (None, self.id)
