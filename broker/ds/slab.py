@@ -12,8 +12,9 @@ bounded number open), so thousands of generations cost no file descriptors.
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -177,6 +178,13 @@ class Slab:
         fresh = Slab.open(self.path, self.generation, self.compression)
         self._db, self.lts, self.stats = fresh._db, fresh.lts, fresh.stats
         self.created = fresh.created  # (a restored generation's: shard.apply_load)
+
+    @contextmanager
+    def steady(self) -> Iterator[None]:
+        """Neither opened nor closed meanwhile (LevelDB writes a new MANIFEST and CURRENT
+        at each open): its files are linked for a snapshot (broker/ds/shipped.py)."""
+        with self._opening:
+            yield
 
     def close(self) -> None:
         with self._opening:
