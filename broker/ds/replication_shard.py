@@ -495,7 +495,7 @@ class KVMachine(_Machine):
                  on_writes: OnWrites | None = None,
                  admit: Admit | None = None, me: str = "",
                  on_refused: Callable[[set[str]], None] | None = None,
-                 sessions_of: SessionsOf | None = None) -> None:
+                 sessions_of: SessionsOf | None = None, pace: Pace | None = None) -> None:
         self.kv = kv
         self.on_writes = on_writes
         self.admit = admit
@@ -508,7 +508,7 @@ class KVMachine(_Machine):
         self.chains = _stored_chains(kv)
         raw = kv.raw_get(APPLIED_KEY)
         super().__init__(_APPLIED.unpack(raw) if raw else (0, 0), kv.path,
-                         "the sessions database")
+                         "the sessions database", pace)
 
     def snapshot(self) -> SnapshotMeta | None:
         return _snapshot_meta(self.kv.raw_get(SNAPSHOT_KEY))
