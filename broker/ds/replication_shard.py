@@ -300,7 +300,8 @@ class ShardMachine(_Machine):
         if chunk.offset == 0:
             self._drop_receiver()
             if chunk.data[:1] == bytes((FORMAT_RECORD,)):
-                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming)
+                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming,
+                                          self.shard.executor)
         receiver = self._receiver
         if receiver is None:
             return super().install_chunk(chunk)
@@ -334,7 +335,7 @@ class ShardMachine(_Machine):
 
         def build(fresh: Path) -> None:
             _build_slabs(fresh, records, self.index, index, term, meta, compression)
-            install_files(fresh, receiver.files, staging)
+            install_files(fresh, receiver.files, staging, receiver.synced())
 
         try:
             rebuild(self.shard.path, build, lambda: self._db.close_shard_now(self.index))

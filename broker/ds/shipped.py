@@ -34,6 +34,7 @@ import os
 import shutil
 import struct
 import zlib
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import IO, Final, NamedTuple
 
@@ -134,9 +135,13 @@ class Receiver:
     """Takes a version 2 stream chunk by chunk: files into `staging`, the records into
     `records`. `feed` answers None (go on after the chunk) or the offset to go on from."""
 
-    def __init__(self, staging: Path, records: Path) -> None:
+    def __init__(self, staging: Path, records: Path, executor: Executor) -> None:
         self.staging = staging
         self.records_path = records
+        # Each file received whole is synced on a worker thread while the next ones come,
+        # so the install waits for the last few only (`synced`).
+        self._executor = executor
+        self._syncs: list[Future[None]] = []
         self.refetched = 0  # files whose CRC did not match
         self.skipped = 0  # files (and parts) a previous transfer left, not sent again
         self._records: IO[bytes] | None = None
@@ -299,15 +304,24 @@ class Receiver:
             self.refetched += 1
             return self._next_file(-1)  # (-1: an offset that is never the one to resume at)
         part.rename(listed.final)
+        self._syncs.append(self._executor.submit(_fsync, listed.final))
         self._next += 1
         return self._next_file(at)
+
+    def synced(self) -> set[Path]:
+        """Blocking: the files this transfer received are on disk; returns them (the ones
+        kept from an earlier transfer are synced by the install)."""
+        for sync in self._syncs:
+            sync.result()
+        return {listed.final for listed in self._listed}
 
 
 def _part(final: Path) -> Path:
     return final.with_name(final.name + _PART)
 
 
-def install_files(fresh: Path, files: list[Shipped], staging: Path) -> None:
+def install_files(fresh: Path, files: list[Shipped], staging: Path, synced: set[Path]
+                  ) -> None:
     """Blocking: the received files moved into their slabs in `fresh` (built beside the
     shard, swapped in after), synced, and each slab opened once by LevelDB, which refuses
     one whose MANIFEST names a file that is not there. Raises BadCommand if one does not
@@ -317,10 +331,10 @@ def install_files(fresh: Path, files: list[Shipped], staging: Path) -> None:
         folder = slabs.setdefault(shipped.generation,
                                   fresh / f"gen-{shipped.generation:06d}")
         folder.mkdir(parents=True, exist_ok=True)
+        if shipped.staged not in synced:
+            _fsync(shipped.staged)
         os.replace(shipped.staged, folder / shipped.name)
     for folder in slabs.values():
-        for path in folder.iterdir():
-            _fsync(path)
         _fsync(folder)
     for generation, folder in slabs.items():
         try:
