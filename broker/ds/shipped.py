@@ -40,6 +40,7 @@ from typing import IO, Final, NamedTuple
 
 import plyvel  # type: ignore[import-untyped]
 
+from broker.ds.files import fsync_dir  # (a file's data as well as a directory's entries)
 from broker.ds.replication_layer import BadCommand
 from broker.raft.spool import CRC, Insert
 
@@ -304,7 +305,7 @@ class Receiver:
             self.refetched += 1
             return self._next_file(-1)  # (-1: an offset that is never the one to resume at)
         part.rename(listed.final)
-        self._syncs.append(self._executor.submit(_fsync, listed.final))
+        self._syncs.append(self._executor.submit(fsync_dir, listed.final))
         self._next += 1
         return self._next_file(at)
 
@@ -332,10 +333,10 @@ def install_files(fresh: Path, files: list[Shipped], staging: Path, synced: set[
                                   fresh / f"gen-{shipped.generation:06d}")
         folder.mkdir(parents=True, exist_ok=True)
         if shipped.staged not in synced:
-            _fsync(shipped.staged)
+            fsync_dir(shipped.staged)
         os.replace(shipped.staged, folder / shipped.name)
     for folder in slabs.values():
-        _fsync(folder)
+        fsync_dir(folder)
     for generation, folder in slabs.items():
         try:
             plyvel.DB(str(folder), create_if_missing=False).close()
@@ -343,11 +344,3 @@ def install_files(fresh: Path, files: list[Shipped], staging: Path, synced: set[
             shutil.rmtree(staging / f"gen-{generation:06d}", ignore_errors=True)
             raise BadCommand(f"shipped generation {generation} does not open: {error}"
                              ) from None
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
