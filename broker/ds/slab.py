@@ -12,9 +12,8 @@ bounded number open), so thousands of generations cost no file descriptors.
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -179,12 +178,10 @@ class Slab:
         self._db, self.lts, self.stats = fresh._db, fresh.lts, fresh.stats
         self.created = fresh.created  # (a restored generation's: shard.apply_load)
 
-    @contextmanager
-    def steady(self) -> Iterator[None]:
-        """Neither opened nor closed meanwhile (LevelDB writes a new MANIFEST and CURRENT
-        at each open): its files are linked for a snapshot (broker/ds/shipped.py)."""
-        with self._opening:
-            yield
+    def steady(self) -> threading.Lock:
+        """Held, the slab is neither opened nor closed (LevelDB writes a new MANIFEST and
+        CURRENT at each open): its files are linked for a snapshot (broker/ds/shipped.py)."""
+        return self._opening
 
     def close(self) -> None:
         with self._opening:

@@ -248,7 +248,7 @@ class RaftHost:
         group = core.group
         stored = True  # after a chunk that failed, the rest of the transfer is not stored
         for chunk in ready.snapshot_chunks:
-            resume = None
+            resume: int | None = None
             if stored:
                 try:
                     resume = hosted.machine.install_chunk(chunk)
