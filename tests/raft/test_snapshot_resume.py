@@ -9,7 +9,7 @@ from broker.raft.core import RaftGroup
 from broker.raft.messages import Config, InstallSnapshot, SnapshotResponse
 from broker.raft.progress import REPLICATE, SNAPSHOT
 from broker.raft.ready import SnapshotChunk, SnapshotRequest
-from tests.raft.test_core import Cluster
+from tests.raft.test_core import Cluster, snapshot_asked_for_c
 
 
 def with_new_learner(snapshot_empty_followers: bool) -> tuple[Cluster, RaftGroup]:
@@ -77,17 +77,7 @@ def test_the_receiving_machine_moves_the_offset_forward_and_back() -> None:
 
 
 def test_a_chunk_the_machine_held_back_is_asked_for_again_when_it_may_leave() -> None:
-    cluster = Cluster("a", "b", "c")
-    leader = cluster.elect("a")
-    cluster.down.add("c")
-    for n in range(5):
-        leader.propose(b"%d" % n)
-        cluster.settle()
-    leader.applied(leader.commit)
-    leader.compact(leader.commit)
-    cluster.down.discard("c")
-    leader.unreachable("c")
-    cluster.settle()
+    leader = snapshot_asked_for_c()
     index = leader.commit
     leader.send_snapshot_chunk("c", index, 0, b"x" * 10, False)
     leader.ready()
