@@ -501,9 +501,13 @@ def failover_once(members: list[Running], n: int) -> dict[str, Any]:
 
 # ---- catch-up of a new replica (ours RF 3) -----------------------------------------------
 
+SEALED_GENERATION = "16MB"
+"""`generation_max_size` of the `files` catch-up: most of the data sits in sealed
+generations, which a new replica gets as their files (broker/ds/shipped.py)."""
 CATCH_UP_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
     ("log", {}),
     ("snapshot", {"durable_storage.raft.snapshot_interval": str(SNAPSHOT_INTERVAL)}),
+    ("files", {"durable_storage.messages.generation_max_size": SEALED_GENERATION}),
 )
 
 
@@ -629,7 +633,7 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | No
 
 
 def one_run(configs: list[Config], timing: Timing, rounds: int, failovers: int,
-            catch_up_messages: int) -> dict[str, Any]:
+            catch_up_messages: int, variants: set[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     results = {c.key: run_config(c, timing, rounds, failovers) for c in configs
                if rounds or (failovers and c.nodes > 1)}
@@ -637,6 +641,8 @@ def one_run(configs: list[Config], timing: Timing, rounds: int, failovers: int,
     if any(replicated(c) for c in configs) and catch_up_messages:
         run["catch_up"] = []
         for variant, settings in CATCH_UP_VARIANTS:
+            if variants is not None and variant not in variants:
+                continue
             try:
                 run["catch_up"].append(catch_up(variant, settings, catch_up_messages))
             except Exception as exc:
@@ -711,6 +717,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failovers", type=int, help="leaders killed per 3-node cluster (5)")
     parser.add_argument("--catch-up-messages", type=int,
                         help="messages a new replica catches up (300000)")
+    parser.add_argument("--catch-up-variants",
+                        help="comma-separated subset of: "
+                        + ",".join(v for v, _ in CATCH_UP_VARIANTS) + " (all)")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="comma-separated subset of: " + ",".join(PARTS))
     parser.add_argument("--quick", action="store_true",
@@ -736,6 +745,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds, failovers, messages = (rounds if "throughput" in parts else 0,
                                    failovers if "failover" in parts else 0,
                                    messages if "catch-up" in parts else 0)
+    variants = ({v.strip() for v in args.catch_up_variants.split(",")}
+                if args.catch_up_variants else None)
     configs = [c for c in CONFIGS if c.broker in names]
     versions = {b: brokers.version(b) for b in names}
     print(f"brokers: {versions}; {runs} run(s) of {rounds} round(s), window {timing.duration}s "
@@ -752,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     done: list[dict[str, Any]] = []
     for n in range(runs):
         print(f"\nrun {n + 1} of {runs}", flush=True)
-        done.append(one_run(configs, timing, rounds, failovers, messages))
+        done.append(one_run(configs, timing, rounds, failovers, messages, variants))
         report.write_json({"environment": env, "runs": done}, args.output)
     env["loadavg_at_end"] = os.getloadavg()[0]
     env["total_runtime_s"] = round(time.monotonic() - started, 1)

@@ -57,7 +57,8 @@ FORMATS: Final = (
     Format("site", "ds/site_id, ds/incarnation (16 hex digits each)", DATA_DIR, _FIRST,
            ("ds/site_id", "ds/incarnation")),
     Format("messages", "ds/messages/: db.json, shard-NNN/gen-NNNNNN LevelDB slabs (TTV values"
-           " carry their own version byte), a sealed slab's manifest.json, replica indexes",
+           " carry their own version byte), a sealed slab's manifest.json, replica indexes,"
+           " shard-NNN.snapshot-files/ (sealed generations' files received so far)",
            DATA_DIR, _FIRST, ("ds/messages/db.json",)),
     Format("sessions", "ds/sessions/: LevelDB of durable sessions (records.py)", DATA_DIR,
            _FIRST),

@@ -41,6 +41,7 @@ from broker.ds.shard import now_us
 from broker.ds.ttv import TTV
 from broker.raft.core import LEADER, ROLE_NAMES
 from broker.raft.node import RaftNode
+from broker.raft.spool import Pace
 from broker.stats import Sample
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class DsGroups:
     def __init__(self, config: Config, ds: DurableStorage, metadata: MetadataGroup,
                  on_session_writes: OnWrites,
                  admit: Admit, on_refused: Callable[[set[str]], None],
-                 sessions_of: SessionsOf) -> None:
+                 sessions_of: SessionsOf, ship_files: Callable[[], bool]) -> None:
         self._ds = ds
         self._metadata = metadata
         self.me = metadata.me
@@ -78,12 +79,14 @@ class DsGroups:
         self._timeout: float = config["durable_storage.raft.commit_timeout"]
         self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
         self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
+        # Snapshot chunks of every group leave at this node's one byte rate.
+        pace = Pace(config["durable_storage.raft.snapshot_bytes_rate"])
         self._sessions = KVMachine(ds.sessions, on_session_writes, admit, self.me, on_refused,
-                                   sessions_of)
+                                   sessions_of, pace)
         self.machines: dict[int, Machine] = {SESSIONS_GROUP: self._sessions}
         for shard in ds.messages.shards:
             self.machines[shard_group(shard.index)] = ShardMachine(
-                ds.messages, shard.index, ds.messages.reopen_shard)
+                ds.messages, shard.index, ds.messages.reopen_shard, ship_files, pace)
             shard.replication = self
         ds.sessions.replicate = self._store_sessions
         # Replicated, a flush of the sessions database is a Raft commit on every replica:
@@ -131,6 +134,9 @@ class DsGroups:
             if group not in raft.host.groups:
                 continue
             core = raft.core(group)
+            if isinstance(machine, ShardMachine):
+                # A new replica gets the sealed generations as files, not the log's entries.
+                core.snapshot_empty_followers = machine.ships_sealed()
             if core.role == LEADER and joined:
                 self._metadata.change_membership(core, self._name(group),
                                                  self.replication_factor, self._target(group))

@@ -17,6 +17,8 @@ Cluster versions, and what each introduced:
        groups (their writes to `sessions` are fenced by the replicas, which 0.1.0 does not
        do: its replica would admit what the others refuse); Raft's TimeoutNow (leadership
        transfer), which 0.1.0's Raft does not decode
+    2  a shard's Raft snapshot of version 2, its sealed generations shipped as their files
+       (broker/ds/shipped.py), which a node of version 1 reads as a garbled snapshot
 """
 
 from collections.abc import Iterable, Mapping
@@ -26,12 +28,13 @@ from typing import Any, Final
 from broker.version import RELEASE
 
 LOWEST: Final = 0  # the lowest cluster version this code can run
-HIGHEST: Final = 1  # the highest
+HIGHEST: Final = 2  # the highest
 # The first cluster version of each feature whose commands or messages older code cannot
 # take: proposed (or sent to a peer) only at this version or above.
 VERSION_COMMAND: Final = 1
 DURABLE_GROUPS: Final = 1
 TIMEOUT_NOW: Final = 1
+FILE_SNAPSHOTS: Final = 2
 
 TOO_OLD: Final = "too old"  # handshake refusal reasons (handshake.REASONS)
 TOO_NEW: Final = "too new"

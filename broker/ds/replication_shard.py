@@ -31,6 +31,7 @@ import concurrent.futures
 import functools
 import json
 import logging
+import shutil
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -44,14 +45,31 @@ from broker.ds.bulk import Batches
 from broker.ds.db import MessagesDB
 from broker.ds.files import rebuild
 from broker.ds.kv import KVStore
+from broker.ds.manifest import NAME as MANIFEST
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
+from broker.ds.shipped import (
+    FORMAT_RECORD,
+    Receiver,
+    format_record,
+    install_files,
+    link_sealed,
+    staging_of,
+    write_files,
+)
 from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab
 from broker.ds.ttv import TTV
 from broker.raft.host import ApplyFailed
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
-from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool
+from broker.raft.spool import (
+    FILE_BUFFER,
+    DumpStopped,
+    DumpWriter,
+    Insert,
+    Pace,
+    SnapshotSpool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +123,14 @@ def _pairs(path: Path) -> Iterator[tuple[bytes, bytes]]:
 class _Machine:
     """What both machines share: applied index, flush bookkeeping, snapshot files."""
 
-    def __init__(self, applied: tuple[int, int], directory: Path, name: str) -> None:
+    def __init__(self, applied: tuple[int, int], directory: Path, name: str,
+                 pace: Pace | None = None) -> None:
         self.applied_index, self.applied_term = applied
         # What LevelDB recovered at start is not known to be synced: 0 until a flush.
         self.flushed_index = 0
         self.unflushed_bytes = 0
         self.bad_commands = 0
-        self.spool = SnapshotSpool(directory, name, self._executor, self._start_dump)
+        self.spool = SnapshotSpool(directory, name, self._executor, self._start_dump, pace)
         self._proposed: tuple[bytes, list[TTV]] | None = None
 
     def proposing(self, data: bytes, messages: list[TTV]) -> None:
@@ -141,7 +160,7 @@ class _Machine:
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
         return self.spool.chunk(self.applied_index, index, offset)
 
-    def install_chunk(self, chunk: SnapshotChunk) -> None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
         try:
             installed = self.spool.receive(
@@ -150,8 +169,12 @@ class _Machine:
             raise ApplyFailed(f"{self.spool.name}: snapshot {chunk.index} at offset"
                               f" {chunk.offset}: {failure}", failure) from failure
         if installed:
-            self.applied_index, self.applied_term = chunk.index, chunk.term
-            self.flushed_index = chunk.index
+            self._installed(chunk)
+        return None
+
+    def _installed(self, chunk: SnapshotChunk) -> None:
+        self.applied_index, self.applied_term = chunk.index, chunk.term
+        self.flushed_index = chunk.index
 
     def flush(self) -> int:
         """Syncs what was applied; returns the index the log may be compacted up to."""
@@ -208,6 +231,29 @@ def _write_slabs(file: IO[bytes], stop: threading.Event, slabs: list[tuple[Slab,
             open_slabs.release(slab)
 
 
+def _write_slabs_and_files(file: IO[bytes], stop: threading.Event,
+                           slabs: list[tuple[Slab, int]], current: Slab, view: Any,
+                           open_slabs: OpenSlabs, thresholds: bytes, links: Path
+                           ) -> list[Insert]:
+    """Version 2 (shipped.py): the slabs sealed on disk (their manifest written: the seal's
+    compaction is over) as their files, then the others as in version 1."""
+    files: list[tuple[int, str, Path]] = []
+    rest: list[tuple[Slab, int]] = []
+    for slab, sealed_at in slabs:
+        if slab is current or not sealed_at or not (slab.path / MANIFEST).exists():
+            rest.append((slab, sealed_at))
+            continue
+        if stop.is_set():
+            raise DumpStopped
+        with slab.steady():
+            linked = link_sealed(slab.path, links / slab.path.name)
+        files += [(slab.generation, name, path) for name, path in linked]
+    file.write(format_record(len(files)))
+    inserts = write_files(file, files)
+    _write_slabs(file, stop, rest, current, view, open_slabs, thresholds)
+    return inserts
+
+
 def _write_pairs(file: IO[bytes], stop: threading.Event, items: Any,
                  skip: frozenset[bytes] = frozenset()) -> None:
     try:
@@ -220,15 +266,86 @@ def _write_pairs(file: IO[bytes], stop: threading.Event, items: Any,
         items.close()
 
 
+def _always() -> bool:
+    return True
+
+
 class ShardMachine(_Machine):
     """One shard of the messages database; `reopen` rebuilds the shard object after a
-    snapshot replaced its directory."""
+    snapshot replaced its directory. `ship_files`: whether its snapshots may ship sealed
+    generations as files (version 2, shipped.py; the cluster's effective version says
+    whether every node reads them); `pace`: the node's byte rate for snapshot chunks."""
 
-    def __init__(self, db: MessagesDB, index: int, reopen: Callable[[int], Shard]) -> None:
+    def __init__(self, db: MessagesDB, index: int, reopen: Callable[[int], Shard],
+                 ship_files: Callable[[], bool] = _always, pace: Pace | None = None) -> None:
         self._db = db
         self.index = index
         self._reopen = reopen
-        super().__init__(self.shard.applied(), self.shard.path, f"messages shard {index}")
+        self._ship_files = ship_files
+        self._receiver: Receiver | None = None  # a version 2 snapshot being received
+        super().__init__(self.shard.applied(), self.shard.path, f"messages shard {index}",
+                         pace)
+
+    def ships_sealed(self) -> bool:
+        """Whether a snapshot would ship sealed generations as files, faster than a new
+        replica rebuilds them from the log (the Raft core's `snapshot_empty_followers`)."""
+        shard = self.shard
+        return self._ship_files() and any(
+            slab.sealed_at is not None and slab is not shard.current
+            for slab in shard.slabs.values())
+
+    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
+        """Version 1 through the spool's file; version 2 (its first record says so) through
+        a Receiver, which may have the transfer resume elsewhere (shipped.py)."""
+        if chunk.offset == 0:
+            self._drop_receiver()
+            if chunk.data[:1] == bytes((FORMAT_RECORD,)):
+                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming,
+                                          self.shard.executor)
+        receiver = self._receiver
+        if receiver is None:
+            return super().install_chunk(chunk)
+        try:
+            resume = receiver.feed(chunk.offset, chunk.data)
+            if resume is not None or not chunk.done:
+                return resume
+            self._drop_receiver()
+            self.spool.end_dump()
+            self.spool.drop()
+            meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
+            self._install_shipped(receiver, chunk.index, chunk.term, meta)
+        except (plyvel.Error, OSError, cmd.BadCommand) as failure:
+            # Kept as it was; the transfer starts over, what was received whole is kept.
+            self._drop_receiver()
+            raise ApplyFailed(f"{self.spool.name}: snapshot {chunk.index} at offset"
+                              f" {chunk.offset}: {failure}", failure) from failure
+        self._installed(chunk)
+        return None
+
+    def _drop_receiver(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+    def _install_shipped(self, receiver: Receiver, index: int, term: int, meta: bytes) -> None:
+        """Blocking: the slabs sent as records built, the files moved in beside them, the
+        whole swapped in for the shard's directory."""
+        compression = self.shard.compression
+        records, staging = receiver.records_path, receiver.staging
+
+        def build(fresh: Path) -> None:
+            _build_slabs(fresh, records, self.index, index, term, meta, compression)
+            install_files(fresh, receiver.files, staging, receiver.synced())
+
+        try:
+            rebuild(self.shard.path, build, lambda: self._db.close_shard_now(self.index))
+        finally:
+            records.unlink(missing_ok=True)
+        self._reopen(self.index)
+        shutil.rmtree(staging, ignore_errors=True)
+        log.info("messages shard %d replaced by a snapshot at index %d: %d files shipped,"
+                 " %d kept from an earlier transfer, %d fetched again", self.index, index,
+                 len(receiver.files), receiver.skipped, receiver.refetched)
 
     @property
     def shard(self) -> Shard:
@@ -288,6 +405,10 @@ class ShardMachine(_Machine):
             view.close()
             open_slabs.release(current)
 
+        if self._ship_files():
+            return functools.partial(_write_slabs_and_files, slabs=slabs, current=current,
+                                     view=view, open_slabs=open_slabs, thresholds=thresholds,
+                                     links=self.spool.links), release
         return functools.partial(_write_slabs, slabs=slabs, current=current, view=view,
                                  open_slabs=open_slabs, thresholds=thresholds), release
 
@@ -375,7 +496,7 @@ class KVMachine(_Machine):
                  on_writes: OnWrites | None = None,
                  admit: Admit | None = None, me: str = "",
                  on_refused: Callable[[set[str]], None] | None = None,
-                 sessions_of: SessionsOf | None = None) -> None:
+                 sessions_of: SessionsOf | None = None, pace: Pace | None = None) -> None:
         self.kv = kv
         self.on_writes = on_writes
         self.admit = admit
@@ -388,7 +509,7 @@ class KVMachine(_Machine):
         self.chains = _stored_chains(kv)
         raw = kv.raw_get(APPLIED_KEY)
         super().__init__(_APPLIED.unpack(raw) if raw else (0, 0), kv.path,
-                         "the sessions database")
+                         "the sessions database", pace)
 
     def snapshot(self) -> SnapshotMeta | None:
         return _snapshot_meta(self.kv.raw_get(SNAPSHOT_KEY))

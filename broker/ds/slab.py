@@ -178,6 +178,11 @@ class Slab:
         self._db, self.lts, self.stats = fresh._db, fresh.lts, fresh.stats
         self.created = fresh.created  # (a restored generation's: shard.apply_load)
 
+    def steady(self) -> threading.Lock:
+        """Held, the slab is neither opened nor closed (LevelDB writes a new MANIFEST and
+        CURRENT at each open): its files are linked for a snapshot (broker/ds/shipped.py)."""
+        return self._opening
+
     def close(self) -> None:
         with self._opening:
             db = self._db

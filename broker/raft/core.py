@@ -112,6 +112,11 @@ class RaftGroup:
         self.heartbeat_ticks = heartbeat_ticks
         self.max_append_bytes = max_append_bytes
         self.catch_up_entries = catch_up_entries
+        # A follower whose log is empty (a new replica) gets the state machine's snapshot
+        # even when the log still holds every entry: set by a machine whose snapshot ships
+        # what it holds faster than replaying the log rebuilds it (sealed generations, as
+        # files: broker/ds/replication_shard.py).
+        self.snapshot_empty_followers = False
         self._elapsed = 0
         self._heartbeat_elapsed = 0
         self._timeout = self._random_timeout()
@@ -337,16 +342,16 @@ class RaftGroup:
         self.applied_index = max(self.applied_index, index)
 
     def snapshot_ready(self) -> None:
-        """The state machine has a snapshot now, after answering a request for one with
-        None (it was preparing it): followers still waiting for their first chunk are asked
-        for again at once, not after the transfer's timeout."""
+        """The state machine can answer now, after answering a request with None (it was
+        preparing the snapshot, or pacing its transfers to their byte rate): the chunks it
+        did not give are asked for again at once, not after the transfer's timeout."""
         if self.role != LEADER:
             return
         pending = {request.peer for request in self._snapshot_requests}
         for peer, pr in self.progress.items():
-            if pr.state == SNAPSHOT and pr.snapshot_index == 0 and peer not in pending:
+            if pr.state == SNAPSHOT and pr.snapshot_asked >= 0 and peer not in pending:
                 pr.snapshot_ticks = 0
-                self._snapshot_requests.append(SnapshotRequest(peer, 0, 0))
+                self._ask_chunk(peer, pr, pr.snapshot_index, pr.snapshot_asked)
 
     def compact(self, index: int) -> None:
         """The state machine's data is flushed up to `index`: entries up to there go."""
@@ -418,6 +423,7 @@ class RaftGroup:
             return
         pr.snapshot_index = index
         pr.snapshot_ticks = 0
+        pr.snapshot_asked = -1
         self._messages.append((peer, InstallSnapshot(
             self.group, self.term, index, term, self.log.config_at(index), offset, data,
             done)))
@@ -627,11 +633,11 @@ class RaftGroup:
         while pr.can_send():
             prev = pr.next - 1
             prev_term = log.term_at(prev)
-            if prev_term is None:
+            if prev_term is None or (prev == 0 and self.snapshot_empty_followers):
                 pr.state = SNAPSHOT
                 pr.snapshot_index = 0
                 pr.snapshot_ticks = 0
-                self._snapshot_requests.append(SnapshotRequest(peer, 0, 0))
+                self._ask_chunk(peer, pr, 0, 0)
                 return
             entries = log.slice(pr.next, self.max_append_bytes) if prev < log.last_index else []
             if not entries and pr.state == REPLICATE:
@@ -817,15 +823,24 @@ class RaftGroup:
         self._receiving = (m.index, m.snapshot_term, expected + len(m.data))
         self._chunk_from = sender  # answered in chunk_stored, once the machine has it
 
-    def chunk_stored(self, chunk: SnapshotChunk, ok: bool) -> None:
+    def chunk_stored(self, chunk: SnapshotChunk, ok: bool, resume: int | None = None) -> None:
         """The shell's answer for each chunk `ready()` handed over: the state machine stored
         it (with `done`: installed the snapshot), or its storage failed (no space). Only a
         stored chunk is acknowledged, and only an installed snapshot replaces the log: a
         failed one is forgotten unanswered, and the leader starts the transfer over once it
-        times out (a backoff while the disk stays full)."""
+        times out (a backoff while the disk stays full). `resume`: the state machine wants
+        the transfer to go on from this offset rather than after the chunk: further on (it
+        holds what comes next from an earlier transfer: files it kept) or back (a file
+        failed its checksum and is fetched again); a chunk with `done` is then not
+        installed."""
         sender = self._chunk_from
         if not ok:
             self._receiving = (0, 0, 0)
+            return
+        if resume is not None:
+            self._receiving = (chunk.index, chunk.term, resume)
+            self._reply(sender, SnapshotResponse(self.group, self.term, chunk.index, resume,
+                                                 False))
             return
         if not chunk.done:
             self._reply(sender, SnapshotResponse(self.group, self.term, chunk.index,
@@ -854,7 +869,11 @@ class RaftGroup:
             self._maybe_commit()
             self._to_replicate[sender] = None
         else:
-            self._snapshot_requests.append(SnapshotRequest(sender, m.index, m.offset))
+            self._ask_chunk(sender, pr, m.index, m.offset)
+
+    def _ask_chunk(self, peer: str, pr: Progress, index: int, offset: int) -> None:
+        pr.snapshot_asked = offset
+        self._snapshot_requests.append(SnapshotRequest(peer, index, offset))
 
     def _tick_snapshots(self) -> None:
         for peer, pr in self.progress.items():

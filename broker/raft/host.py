@@ -63,10 +63,11 @@ class StateMachine(Protocol):
         while the snapshot is being prepared: the core asks again when its snapshot
         transfer times out."""
 
-    def install_chunk(self, chunk: SnapshotChunk) -> None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
         """A received chunk; the one with `done` replaces the state, durably, at
         `chunk.index`. Raises ApplyFailed when its storage fails (the state it had is
-        kept; the transfer starts over)."""
+        kept; the transfer starts over). Returns None, or the offset the transfer goes on
+        from instead of the chunk's end (RaftGroup.chunk_stored's `resume`)."""
 
 
 class Rewindable(Protocol):
@@ -247,13 +248,14 @@ class RaftHost:
         group = core.group
         stored = True  # after a chunk that failed, the rest of the transfer is not stored
         for chunk in ready.snapshot_chunks:
+            resume: int | None = None
             if stored:
                 try:
-                    hosted.machine.install_chunk(chunk)
+                    resume = hosted.machine.install_chunk(chunk)
                 except ApplyFailed as error:
                     stored = False
                     self.apply_errors.append((group, error.cause))
-            core.chunk_stored(chunk, stored)
+            core.chunk_stored(chunk, stored, resume)
         wal = self.wal
         if ready.hard_state is not None:
             wal.hard_state(group, ready.hard_state)

@@ -17,7 +17,7 @@ MAX_INFLIGHT: Final = 64
 
 class Progress:
     __slots__ = ("active", "commit_sent", "heartbeat_seq", "inflight", "match", "next",
-                 "probe_sent", "snapshot_index", "snapshot_ticks", "state")
+                 "probe_sent", "snapshot_asked", "snapshot_index", "snapshot_ticks", "state")
 
     def __init__(self, next_index: int) -> None:
         self.match = 0
@@ -30,6 +30,10 @@ class Progress:
         self.commit_sent = 0  # the highest commit index the follower was told
         self.snapshot_index = 0  # the snapshot being sent (0: none chosen yet)
         self.snapshot_ticks = 0  # ticks since the snapshot transfer last moved
+        # The offset of the chunk asked of the state machine and not yet given (-1: none):
+        # a machine that answered None (preparing, or pacing its transfers) is asked again
+        # for it when it says it is ready (`RaftGroup.snapshot_ready`).
+        self.snapshot_asked = -1
 
     def become_probe(self) -> None:
         self.state = PROBE
@@ -37,6 +41,7 @@ class Progress:
         self.inflight.clear()
         self.next = self.match + 1
         self.snapshot_index = 0
+        self.snapshot_asked = -1
 
     def acknowledge(self, index: int) -> bool:
         """Records that the follower matches up to `index`; True if that is news."""

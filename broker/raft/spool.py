@@ -16,30 +16,55 @@ it. So:
   seconds; meanwhile `kept` names its index, and the machine keeps the log from being
   compacted past it, so it stays one the leader can send.
 - The receiver appends chunks to `<dir>.snapshot-in` and hands the machine the complete file.
+- A dump may name files to send as they are rather than copy them into the spool (sealed
+  generations: broker/ds/shipped.py): each an `Insert` at a point of the spool file, hard-
+  linked on the thread into `<dir>.snapshot-links` so nothing removes it meanwhile. The
+  snapshot sent is then the spool file with each such file's bytes, and their CRC-32 (4
+  bytes, big-endian), spliced in at its point: the file is read chunk by chunk at its
+  link, never copied on the sender.
+- Chunks leave at most at the node's `Pace` (`durable_storage.raft.snapshot_bytes_rate`,
+  all groups together): past it `chunk` answers None and `on_dumped` has the core ask again
+  once the rate allows, so a replica catching up never takes the links from client traffic.
 
-A crash leaves at most these two files, removed when the spool is made at the next start.
+A crash leaves at most these files, removed when the spool is made at the next start.
 """
 
 import asyncio
+import bisect
 import concurrent.futures
 import logging
+import shutil
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Final, NamedTuple
 
 from broker.raft.ready import SnapshotChunk
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES: Final = 256 << 10
+# 1 MiB: a snapshot moves one chunk per round trip, so the chunk sets its pace on a fast
+# link; at 1 Gbit/s a chunk holds the link for 8 ms, against 64 MiB frames allowed.
+CHUNK_BYTES: Final = 1 << 20
 IDLE_SECONDS: Final = 30.0
 FILE_BUFFER: Final = 1 << 20  # of the snapshot files, written and read
+CRC: Final = struct.Struct(">I")
+
+
+class Insert(NamedTuple):
+    """A file whose bytes, then their CRC-32, are sent at `at` of the spool file."""
+
+    at: int
+    path: Path
+    size: int
+
 
 # Writes a snapshot into the file, on a worker thread; ends soon (DumpStopped) once the event
-# is set.
-DumpWriter = Callable[[IO[bytes], threading.Event], None]
+# is set. Returns the files to splice into it (None: none).
+DumpWriter = Callable[[IO[bytes], threading.Event], list[Insert] | None]
 # On the loop: fixes what a dump reads; returns what writes it (on the worker thread) and
 # what releases what was fixed.
 StartDump = Callable[[], tuple[DumpWriter, Callable[[], None]]]
@@ -54,7 +79,7 @@ class _Dump:
 
     __slots__ = ("done", "index", "job", "release", "stop")
 
-    def __init__(self, index: int, job: "concurrent.futures.Future[int]",
+    def __init__(self, index: int, job: "concurrent.futures.Future[_Stream]",
                  stop: threading.Event, release: Callable[[], None],
                  done: "asyncio.Future[None]") -> None:
         self.index = index
@@ -64,11 +89,106 @@ class _Dump:
         self.done = done
 
 
-def _write_dump(path: Path, write: DumpWriter, stop: threading.Event) -> int:
-    """On a worker thread: the snapshot into `path`; returns its size."""
+def _write_dump(path: Path, write: DumpWriter, stop: threading.Event) -> "_Stream":
+    """On a worker thread: the snapshot into `path`; returns how it is sent."""
     with path.open("wb", buffering=FILE_BUFFER) as file:
-        write(file, stop)
-        return file.tell()
+        inserts = write(file, stop) or []
+        return _Stream(path, file.tell(), inserts)
+
+
+class Pace:
+    """The node's byte rate for snapshot chunks, shared by its groups (a token bucket
+    holding at most `burst` bytes; None: no limit)."""
+
+    def __init__(self, rate: tuple[float, float] | None, burst: int = 4 * CHUNK_BYTES) -> None:
+        self.rate = None if rate is None else rate[0] / rate[1]
+        self.burst = float(burst)
+        self._tokens = self.burst
+        self._stamp = time.monotonic()
+
+    def wait(self) -> float:
+        """Seconds until a chunk may leave (0.0: now)."""
+        if self.rate is None:
+            return 0.0
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    def spend(self, size: int) -> None:
+        if self.rate is not None:
+            self._tokens -= size
+
+
+class _Stream:
+    """A spooled snapshot as sent: the spool file with the inserted files spliced in.
+    `starts[i]` is where part i begins in the stream; a part is a slice of the spool file
+    (kind 0, its offset there), a file (kind 1) or a file's CRC (kind 2)."""
+
+    def __init__(self, spool: Path, spool_size: int, inserts: list[Insert]) -> None:
+        self.spool = spool
+        self.files = [insert.path for insert in inserts]
+        self.parts: list[tuple[int, int, int, int]] = []  # kind, ref, offset in it, length
+        position = 0
+        for number, insert in enumerate(inserts):
+            self.parts.append((0, 0, position, insert.at - position))
+            self.parts.append((1, number, 0, insert.size))
+            self.parts.append((2, number, 0, CRC.size))
+            position = insert.at
+        self.parts.append((0, 0, position, spool_size - position))
+        self.starts: list[int] = []
+        total = 0
+        for part in self.parts:
+            self.starts.append(total)
+            total += part[3]
+        self.size = total
+        self._crc: dict[int, tuple[int, int]] = {}  # file -> (bytes summed, CRC of them)
+
+    def read(self, offset: int, limit: int) -> bytes:
+        out: list[bytes] = []
+        wanted = limit
+        i = bisect.bisect_right(self.starts, offset) - 1
+        while wanted > 0 and i < len(self.parts):
+            kind, ref, base, length = self.parts[i]
+            inner = offset - self.starts[i]
+            take = min(wanted, length - inner)
+            if take > 0:
+                data = self._part(kind, ref, base + inner, take)
+                out.append(data)
+                wanted -= len(data)
+                offset += len(data)
+            i += 1
+        return b"".join(out)
+
+    def _part(self, kind: int, ref: int, at: int, size: int) -> bytes:
+        if kind == 2:
+            return CRC.pack(self._crc_upto(ref, self.parts[3 * ref + 1][3]))
+        path = self.spool if kind == 0 else self.files[ref]
+        with path.open("rb") as file:
+            file.seek(at)
+            data = file.read(size)
+        if len(data) != size:
+            raise OSError(f"{path}: {len(data)} bytes at {at} where {size} were expected")
+        if kind == 1:
+            self._crc[ref] = (at + size, zlib.crc32(data, self._crc_upto(ref, at)))
+        return data
+
+    def _crc_upto(self, ref: int, end: int) -> int:
+        """The CRC of file `ref`'s first `end` bytes: kept as chunks go by, read again
+        only when a transfer resumes elsewhere (another follower, a restart)."""
+        done, crc = self._crc.get(ref, (0, 0))
+        if done != end:
+            crc = 0
+            with self.files[ref].open("rb") as file:
+                remaining = end
+                while remaining:
+                    data = file.read(min(remaining, FILE_BUFFER))
+                    if not data:
+                        raise OSError(f"{self.files[ref]}: shorter than {end} bytes")
+                    crc = zlib.crc32(data, crc)
+                    remaining -= len(data)
+            self._crc[ref] = (end, crc)
+        return crc
 
 
 class SnapshotSpool:
@@ -77,15 +197,20 @@ class SnapshotSpool:
 
     def __init__(self, directory: Path, name: str,
                  executor: Callable[[], concurrent.futures.Executor],
-                 start_dump: StartDump) -> None:
+                 start_dump: StartDump, pace: Pace | None = None) -> None:
         self.name = name
         self._executor = executor
         self._start_dump = start_dump
+        self.pace = pace
+        self._paused = False  # a wake-up is scheduled for when the pace allows a chunk
         self._outgoing_path = directory.with_name(directory.name + ".snapshot-out")
         self._incoming_path = directory.with_name(directory.name + ".snapshot-in")
+        # Where a dump links the files it sends as they are (DumpWriter's inserts).
+        self.links = directory.with_name(directory.name + ".snapshot-links")
         for leftover in (self._outgoing_path, self._incoming_path):
             leftover.unlink(missing_ok=True)
-        self._outgoing: tuple[int, int] | None = None  # the spooled one's index and size
+        shutil.rmtree(self.links, ignore_errors=True)
+        self._outgoing: tuple[int, _Stream] | None = None  # the spooled one's index, stream
         self._used = 0.0  # when a chunk of it was last read (monotonic)
         self.idle = IDLE_SECONDS
         self._dumping: _Dump | None = None
@@ -102,15 +227,33 @@ class SnapshotSpool:
             return None
         if index not in (0, outgoing[0]):
             return None  # one no longer kept: the core starts over, and gets the one spooled
-        at, size = outgoing
-        with self._outgoing_path.open("rb") as file:
-            file.seek(offset)
-            data = file.read(CHUNK_BYTES)
-        done = offset + len(data) >= size
+        if self._pace_wait():
+            return None
+        at, stream = outgoing
+        data = stream.read(offset, CHUNK_BYTES)
+        if self.pace is not None:
+            self.pace.spend(len(data))
+        done = offset + len(data) >= stream.size
         self._used = time.monotonic()
         if done:
             self.drop()
         return at, data, done
+
+    def _pace_wait(self) -> bool:
+        """Whether the chunk must wait for the pace; if so `on_dumped` is called once it
+        may leave, so the core asks for it again."""
+        wait = 0.0 if self.pace is None else self.pace.wait()
+        if not wait:
+            return False
+        if not self._paused:
+            self._paused = True
+            asyncio.get_running_loop().call_later(wait, self._resume)
+        return True
+
+    def _resume(self) -> None:
+        self._paused = False
+        if self.on_dumped is not None:
+            self.on_dumped()
 
     def receive(self, chunk: SnapshotChunk, install: Callable[[Path], None]) -> bool:
         """Appends a received chunk; with the last one, `install(the complete file)`, and
@@ -134,6 +277,12 @@ class SnapshotSpool:
             path.unlink()
         return True
 
+    @property
+    def incoming(self) -> Path:
+        """Where received chunks are appended (a machine that takes them itself: its
+        records' file)."""
+        return self._incoming_path
+
     def kept(self) -> list[int]:
         """The indexes of the snapshots being sent or prepared: the log keeps what follows."""
         kept = [] if self._outgoing is None else [self._outgoing[0]]
@@ -148,6 +297,7 @@ class SnapshotSpool:
     def drop(self) -> None:
         self._outgoing = None
         self._outgoing_path.unlink(missing_ok=True)
+        shutil.rmtree(self.links, ignore_errors=True)
 
     def end_dump(self, for_good: bool = False) -> None:
         """Blocking: stops a dump under way (its thread ends soon), before what it reads is
@@ -187,6 +337,7 @@ class SnapshotSpool:
                 log.warning("snapshot of %s at index %d failed: %r", self.name, dump.index,
                             job.exception())
             self._outgoing_path.unlink(missing_ok=True)
+            shutil.rmtree(self.links, ignore_errors=True)
         else:
             self._outgoing = (dump.index, job.result())
             self._used = time.monotonic()

@@ -77,11 +77,13 @@ class BrokerApp:
             if self.metadata is None:
                 raise ValueError("durable_storage.messages.backend = builtin_raft needs"
                                  " retainer.enable = true (the metadata Raft group)")
+            assert self.versions is not None
+            # Sealed generations go as files once every node reads such snapshots.
             self.ds_groups = DsGroups(config, self.node.ds, self.metadata,
                                       self.node.durable_state_applied, ownership.admitted,
                                       self.node.durable_writes_refused,
-                                      ownership.sessions_of)
-            assert self.versions is not None
+                                      ownership.sessions_of,
+                                      partial(self.versions.allows, versions.FILE_SNAPSHOTS))
             self.node.replicate_sessions(partial(self.ds_groups.leads, None),
                                          self.ds_groups.is_up, self.ds_groups.sessions_barrier,
                                          partial(self.versions.allows, versions.DURABLE_GROUPS),

@@ -97,15 +97,15 @@ async def test_a_spooled_snapshot_serves_every_transfer_and_holds_back_compactio
 
 async def test_a_spooled_snapshot_no_transfer_reads_is_dropped(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
-    replica = filled(tmp_path, executor, 3)
-    assert (await snapshot_chunk(replica.machine, 0, 0))[0] == 3
-    replica.apply(4, big_stores(4, 4)[0])
+    replica = filled(tmp_path, executor, 8)  # 1.6 MiB: two chunks
+    assert (await snapshot_chunk(replica.machine, 0, 0))[0] == 8
+    replica.apply(9, big_stores(9, 9)[0])
     replica.machine.spool.drop_idle()
     assert spooled(tmp_path) != []  # read just now
     replica.machine.spool.idle = 0.0
     replica.machine.spool.drop_idle()
     assert spooled(tmp_path) == []
-    assert replica.machine.flush() == 4
+    assert replica.machine.flush() == 9
 
 
 async def test_a_dump_is_ended_before_its_slabs_are_closed(

@@ -23,7 +23,10 @@ off or down; or to the one RaftHost chooses), while proposals go on, and sometim
 leader or the target crashes mid-transfer; the same checks hold.
 
 A received snapshot chunk's storage fails now and then (a full disk): the follower keeps the
-state it had, acknowledges nothing of that transfer, and the leader starts it over.
+state it had, acknowledges nothing of that transfer, and the leader starts it over. Now and
+then the receiving machine asks for the transfer to go on from an earlier offset (a shipped
+file failed its checksum: broker/ds/shipped.py), and some groups' leaders send a new replica
+(an empty log) the snapshot rather than the log, as a shard with sealed generations does.
 """
 
 import argparse
@@ -183,12 +186,15 @@ class SimMachine:
     CHUNK = 48
 
     def __init__(self, group: int, node: str, checker: Checker,
-                 storage_fails: Callable[[], bool]) -> None:
+                 storage_fails: Callable[[], bool],
+                 rewind: Callable[[int], int | None]) -> None:
         self.group = group
         self.node = node
         self.checker = checker
         self.storage_fails = storage_fails
+        self.rewind = rewind
         self.storage_failures = 0
+        self.rewinds = 0
         self.index = 0
         self.digest = b"\0" * 8
         self.flushed = (0, self.digest)
@@ -231,7 +237,7 @@ class SimMachine:
             self.snapshots = {}
         return index, chunk, done
 
-    def install_chunk(self, chunk: SnapshotChunk) -> None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
         if self.storage_fails():  # what came of the transfer is dropped, the state kept
             self._receiving.clear()
             self.storage_failures += 1
@@ -243,8 +249,13 @@ class SimMachine:
             self.checker.fail(f"{self.node}: snapshot chunk at {chunk.offset}, expected "
                               f"{len(self._receiving)}")
         self._receiving += chunk.data
+        back = self.rewind(len(self._receiving))
+        if back is not None:  # as a shipped file that failed its checksum: fetched again
+            self.rewinds += 1
+            del self._receiving[back:]
+            return back
         if not chunk.done:
-            return
+            return None
         (index,) = struct.unpack_from(">Q", self._receiving)
         digest = bytes(self._receiving[8:16])
         if index != chunk.index or self._receiving[16:] != digest * 16:
@@ -258,6 +269,7 @@ class SimMachine:
         self.installed = SnapshotMeta(index, chunk.term, chunk.config)
         self.checker.installs += 1
         self._receiving.clear()
+        return None
 
 
 @dataclass
@@ -282,6 +294,8 @@ class Options:
     torn_writes: bool = True
     disk_stalls: float = 0.1  # share of fsyncs that take 2-8 ticks (wider crash windows)
     chunk_failures: float = 0.1  # share of received snapshot chunks whose storage fails
+    chunk_rewinds: float = 0.05  # share after which the machine resumes at an earlier offset
+    snapshot_new_replicas: float = 0.5  # share of groups that snapshot an empty follower
 
 
 @dataclass(order=True)
@@ -312,6 +326,8 @@ class Simulation:
         self.initial: dict[int, frozenset[str]] = {}
         for group in range(1, self.options.groups + 1):
             self.initial[group] = frozenset(self.rng.sample(self.ids, 3))
+        self.snapshot_new = {group: self.rng.random() < self.options.snapshot_new_replicas
+                             for group in self.initial}
         for node in self.nodes.values():
             node.start()
         self.proposed = 0
@@ -516,6 +532,10 @@ class Simulation:
         return sum(machine.storage_failures for node in self.nodes.values()
                    for machine in node.machines.values())
 
+    def chunk_rewinds(self) -> int:
+        return sum(machine.rewinds for node in self.nodes.values()
+                   for machine in node.machines.values())
+
     def transfers_aborted(self) -> int:
         return sum(node.transfers_aborted + sum(
             node.host.core(group).transfers_aborted for group in node.machines)
@@ -650,7 +670,13 @@ class SimNode:
         self.incarnation = 0
         def storage_fails() -> bool:
             return sim.faults and sim.rng.random() < sim.options.chunk_failures
-        self.machines = {group: SimMachine(group, node, sim.checker, storage_fails)
+
+        def rewind(received: int) -> int | None:
+            if not sim.faults or sim.rng.random() >= sim.options.chunk_rewinds:
+                return None
+            return sim.rng.randrange(received + 1)
+
+        self.machines = {group: SimMachine(group, node, sim.checker, storage_fails, rewind)
                          for group in range(1, sim.options.groups + 1)}
         self._written: list[tuple[HostBatch, WalBatch]] = []
         self.syncing = False
@@ -674,6 +700,7 @@ class SimNode:
             voters = sim.initial[group] if self.id in sim.initial[group] else frozenset()
             core = self.host.add_group(group, machine, recovered.get(group), voters,
                                        applied=machine.flushed[0], snapshot=machine.installed)
+            core.snapshot_empty_followers = sim.snapshot_new[group]
             self._check_recovered(group, core)
         self._roles = {}
         incarnation = self.incarnation

@@ -273,10 +273,9 @@ def test_a_commit_notice_names_only_what_the_follower_matches_and_is_not_answere
     assert not answer.messages and not answer.after_persist
 
 
-def test_a_snapshot_the_machine_prepared_late_is_asked_for_again_at_once() -> None:
-    """A state machine answers a snapshot request with None while it prepares the snapshot
-    (a shard dumps it on a worker thread); once it has it, the follower's request is made
-    again now rather than after the transfer's timeout, and only once."""
+def snapshot_asked_for_c() -> RaftGroup:
+    """A leader of a, b, c whose log was compacted while c was down: c needs a snapshot,
+    which the leader asked its machine for (the request dropped: no machine here)."""
     cluster = Cluster("a", "b", "c")
     leader = cluster.elect("a")
     cluster.down.add("c")
@@ -289,6 +288,14 @@ def test_a_snapshot_the_machine_prepared_late_is_asked_for_again_at_once() -> No
     leader.unreachable("c")  # its link is back: what was lost on it is sent again
     cluster.settle()  # the request is made, and dropped here: the machine answered None
     assert leader.progress["c"].state == SNAPSHOT
+    return leader
+
+
+def test_a_snapshot_the_machine_prepared_late_is_asked_for_again_at_once() -> None:
+    """A state machine answers a snapshot request with None while it prepares the snapshot
+    (a shard dumps it on a worker thread); once it has it, the follower's request is made
+    again now rather than after the transfer's timeout, and only once."""
+    leader = snapshot_asked_for_c()
     assert not leader.has_ready()
     leader.snapshot_ready()
     leader.snapshot_ready()

@@ -31,6 +31,16 @@ def test_snapshots_reach_followers_whose_storage_fails_now_and_then() -> None:
     assert sum(sim.chunk_failures() for sim in sims) > 0
 
 
+def test_snapshots_that_resume_elsewhere_and_go_to_new_replicas_keep_safety() -> None:
+    """Every group snapshots a follower whose log is empty rather than sending it the log,
+    and receivers often have a transfer go on from an earlier offset (a shipped file that
+    failed its checksum); snapshots still get installed and every safety check holds."""
+    options = Options(steps=30_000, chunk_rewinds=0.3, snapshot_new_replicas=1.0)
+    sims = [run(seed, options) for seed in (3, 4)]
+    assert sum(sim.checker.installs for sim in sims) > 0
+    assert sum(sim.chunk_rewinds() for sim in sims) > 0
+
+
 def test_leadership_transfers_under_faults_keep_safety() -> None:
     """Frequent transfers, a crash of the leader or the target in half of them, proposals
     all along: every safety check holds, transfers happen and some are given up."""

@@ -17,7 +17,7 @@ from broker.version import RELEASE
 A = Identity("AAAA", "a@h", "127.0.0.1", 1)
 B = Identity("BBBB", "b@h", "127.0.0.1", 2)
 OLD = Speaks("0.1.0", 0, 0)
-NEXT = Speaks("0.3.0", 1, 2)
+NEXT = Speaks("0.3.0", 1, versions.HIGHEST + 1)
 
 
 def _run(dialer: Handshake, listener: Handshake) -> None:
@@ -111,11 +111,12 @@ def test_garbled_version_fields_are_malformed(fields: dict[str, object]) -> None
 
 
 def test_the_version_rises_to_what_every_member_runs_and_never_falls() -> None:
-    assert versions.next_version(0, [MINE, MINE, MINE]) == 1
-    assert versions.next_version(0, [MINE, NEXT]) == 1  # the least of the highest
-    assert versions.next_version(1, [NEXT, NEXT]) == 2
-    assert versions.next_version(1, [MINE, MINE]) is None  # already there
-    assert versions.next_version(2, [MINE, OLD]) is None  # never lower
+    top = versions.HIGHEST
+    assert versions.next_version(0, [MINE, MINE, MINE]) == top
+    assert versions.next_version(0, [MINE, NEXT]) == top  # the least of the highest
+    assert versions.next_version(top, [NEXT, NEXT]) == top + 1
+    assert versions.next_version(top, [MINE, MINE]) is None  # already there
+    assert versions.next_version(top + 1, [MINE, OLD]) is None  # never lower
     assert versions.next_version(0, [MINE, OLD, MINE]) is None  # one member runs 0.1.0
 
 

@@ -1,0 +1,346 @@
+"""Sealed generations shipped as the files they are, in a shard's snapshot (version 2).
+
+A sealed slab is a LevelDB directory nothing writes to any more: a replica that lacks it can
+take its files as they are, which costs a copy, where rebuilding it from key/value records
+(version 1) or from the log costs a LevelDB write of every message, compactions included.
+Only the current generation goes as records (or through the log).
+
+On the sender, the files are hard-linked on the dump's thread (`link_sealed`), so neither
+retention nor LevelDB (which writes a new MANIFEST at each open) removes what is sent; its
+MANIFEST and CURRENT are copied as they are at that moment (a MANIFEST only grows by whole
+records, and LevelDB reads a prefix as the version it then held). The stream:
+
+    record  := kind:u8  length:u32  body
+    FORMAT  (kind 3) := version:u8 (2)  files:u32        first, in version 2 only
+    FILE    (kind 4) := generation:u64 size:u64 stamp:u64 name (UTF-8), `files` of them
+    then every listed file's `size` bytes and their CRC-32 (u32), in the list's order,
+    spliced in by the spool (broker/raft/spool.py), outside any record
+    SLAB, PAIR (kinds 1, 2): as in version 1 (replication_shard.py)
+
+`stamp` names the sender's file (device, inode, modification time, size): the same stamp is
+the same bytes. The receiver (`Receiver`) writes each file to `<shard>.snapshot-files/
+gen-N/<stamp>-<name>.part`, checks its CRC, and renames it without `.part`: what is there
+survives a broken link, a leader change and a restart of either node (kill -9 included), and
+a later transfer that lists it again skips it (the core resumes after it), or the rest of a
+`.part` file: the list comes first, so the receiver knows where each file's bytes start and
+asks for the next one it lacks, and a resumed transfer sends nothing twice. A file whose
+CRC does not match is removed and fetched again (the core resumes at its first byte); it
+is never installed. The records go to the spool's incoming file, read by the version 1
+installer.
+"""
+
+import hashlib
+import os
+import shutil
+import struct
+import zlib
+from concurrent.futures import Executor, Future
+from pathlib import Path
+from typing import IO, Final, NamedTuple
+
+import plyvel  # type: ignore[import-untyped]
+
+from broker.ds.files import fsync_dir  # (a file's data as well as a directory's entries)
+from broker.ds.replication_layer import BadCommand
+from broker.raft.spool import CRC, Insert
+
+FORMAT_RECORD: Final = 3
+FILE_RECORD: Final = 4
+VERSION: Final = 2
+
+_RECORD: Final = struct.Struct(">BI")
+_FILE: Final = struct.Struct(">QQQ")
+_FORMAT: Final = struct.Struct(">BI")
+_PART: Final = ".part"
+# LevelDB's own files that are not data: its lock, its info log.
+_NOT_SHIPPED: Final = frozenset({"LOCK", "LOG", "LOG.old"})
+_LINK_ATTEMPTS: Final = 5
+
+
+class Shipped(NamedTuple):
+    """A received file: its generation, where it is staged, its name in the slab."""
+
+    generation: int
+    staged: Path
+    name: str
+
+
+def staging_of(shard_dir: Path) -> Path:
+    return shard_dir.with_name(shard_dir.name + ".snapshot-files")
+
+
+def format_record(files: int) -> bytes:
+    return _RECORD.pack(FORMAT_RECORD, _FORMAT.size) + _FORMAT.pack(VERSION, files)
+
+
+def _stamp(path: Path) -> int:
+    st = path.stat()
+    key = f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+
+def link_sealed(slab_dir: Path, into: Path) -> list[tuple[str, Path]]:
+    """Blocking, with the slab neither opening nor closing (Slab.steady): its files linked
+    (CURRENT and MANIFEST copied) into `into`; (name, path) of each. A file removed under
+    it (a compaction of an open slab) makes it start again."""
+    for _ in range(_LINK_ATTEMPTS):
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir(parents=True)
+        current = (slab_dir / "CURRENT").read_bytes()
+        manifest = current.decode().strip()
+        with (slab_dir / manifest).open("rb") as file:
+            prefix = file.read()  # what it holds now: whole records, or a torn last one
+        (into / "CURRENT").write_bytes(current)
+        (into / manifest).write_bytes(prefix)
+        files = [("CURRENT", into / "CURRENT"), (manifest, into / manifest)]
+        try:
+            for entry in sorted(os.scandir(slab_dir), key=lambda e: e.name):
+                name = entry.name
+                if (name in _NOT_SHIPPED or name.startswith("MANIFEST-") or name == "CURRENT"
+                        or name.endswith((".tmp", ".dbtmp")) or not entry.is_file()):
+                    continue
+                os.link(entry.path, into / name)
+                files.append((name, into / name))
+        except FileNotFoundError:
+            continue
+        return files
+    raise OSError(f"{slab_dir}: its files kept changing while being linked")
+
+
+def write_files(file: IO[bytes], files: list[tuple[int, str, Path]]) -> list[Insert]:
+    """The FILE records of the linked slabs' files (generation, name, link), all of them,
+    then where the spool splices their bytes in, one after the other."""
+    sizes = []
+    for generation, name, path in files:
+        size = path.stat().st_size
+        raw = name.encode()
+        file.write(_RECORD.pack(FILE_RECORD, _FILE.size + len(raw)))
+        file.write(_FILE.pack(generation, size, _stamp(path)) + raw)
+        sizes.append(size)
+    at = file.tell()
+    return [Insert(at, path, size) for (_, _, path), size in zip(files, sizes, strict=True)]
+
+
+_HEAD, _COPY, _BODY, _DATA, _CRC = range(5)
+
+
+class _Listed(NamedTuple):
+    generation: int
+    size: int
+    final: Path  # where it is staged once whole
+    name: str
+    data: int  # where its bytes start in the stream
+
+
+class Receiver:
+    """Takes a version 2 stream chunk by chunk: files into `staging`, the records into
+    `records`. `feed` answers None (go on after the chunk) or the offset to go on from."""
+
+    def __init__(self, staging: Path, records: Path, executor: Executor) -> None:
+        self.staging = staging
+        self.records_path = records
+        # Each file received whole is synced on a worker thread while the next ones come,
+        # so the install waits for the last few only (`synced`).
+        self._executor = executor
+        self._syncs: list[Future[None]] = []
+        self.refetched = 0  # files whose CRC did not match
+        self.skipped = 0  # files (and parts) a previous transfer left, not sent again
+        self._records: IO[bytes] | None = None
+        self._file: IO[bytes] | None = None
+        self._reset()
+
+    @property
+    def files(self) -> list[Shipped]:
+        return [Shipped(f.generation, f.final, f.name) for f in self._listed]
+
+    def _reset(self) -> None:
+        self.close()
+        self._listed: list[_Listed] = []
+        self._expected = -1  # files the FORMAT record announced (-1: none yet)
+        self._at = 0
+        self._mode = _HEAD
+        self._buffer = bytearray()
+        self._remaining = 0
+        self._kind = 0
+        self._crc = 0
+        self._next = 0  # the file whose bytes come next
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self._records = self.records_path.open("wb")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._records is not None:
+            self._records.close()
+            self._records = None
+
+    def feed(self, offset: int, data: bytes) -> int | None:
+        if offset == 0:
+            self._reset()
+        if offset != self._at or self._records is None:
+            raise BadCommand(f"snapshot chunk at {offset}, expected {self._at}")
+        view = memoryview(data)
+        i = 0
+        while i < len(view):
+            if self._mode == _HEAD or self._mode == _BODY or self._mode == _CRC:
+                target = (_RECORD.size if self._mode == _HEAD else
+                          CRC.size if self._mode == _CRC else self._remaining)
+                piece = view[i:i + target - len(self._buffer)]
+                self._buffer += piece
+                i += len(piece)
+                if len(self._buffer) < target:
+                    break  # the rest comes with the next chunk
+                resume = self._complete(offset + i)
+            else:
+                take = min(self._remaining, len(view) - i)
+                piece = view[i:i + take]
+                if self._mode == _COPY:
+                    self._records.write(piece)
+                else:
+                    assert self._file is not None
+                    self._file.write(piece)
+                    self._crc = zlib.crc32(piece, self._crc)
+                i += take
+                self._remaining -= take
+                resume = None
+                if not self._remaining:
+                    self._mode = _CRC if self._mode == _DATA else _HEAD
+            if resume is not None:
+                self._at = resume
+                return resume
+        self._at = offset + len(data)
+        return None
+
+    def _complete(self, at: int) -> int | None:
+        """A head, a FILE or FORMAT body or a CRC is whole in the buffer (`at`: the offset
+        after it)."""
+        raw = bytes(self._buffer)
+        self._buffer.clear()
+        if self._mode == _CRC:
+            return self._file_done(CRC.unpack(raw)[0], at)
+        if self._mode == _BODY:
+            self._mode = _HEAD
+            if self._kind == FORMAT_RECORD:
+                if len(raw) != _FORMAT.size or raw[0] != VERSION or self._expected >= 0:
+                    raise BadCommand(f"shard snapshot format record {raw.hex()}")
+                self._expected = _FORMAT.unpack(raw)[1]
+            else:
+                self._list(raw, at)
+            if len(self._listed) < self._expected:
+                return None
+            # The list is whole: the files' bytes start here, one after the other.
+            self._listed = [f._replace(data=f.data + at) for f in self._listed]
+            return self._next_file(at)
+        kind, length = _RECORD.unpack(raw)
+        if kind in (1, 2) and len(self._listed) == self._expected:
+            assert self._records is not None
+            self._records.write(raw)
+            self._mode, self._remaining = (_COPY, length) if length else (_HEAD, 0)
+        elif kind == FORMAT_RECORD or (kind == FILE_RECORD
+                                       and len(self._listed) < self._expected):
+            self._mode, self._remaining, self._kind = _BODY, length, kind
+        else:
+            raise BadCommand(f"record kind {kind} out of place in a shard snapshot")
+        return None
+
+    def _list(self, body: bytes, at: int) -> None:
+        try:
+            generation, size, stamp = _FILE.unpack_from(body)
+            name = body[_FILE.size:].decode()
+        except (struct.error, UnicodeDecodeError) as error:
+            raise BadCommand(f"a shipped file's record: {error}") from None
+        if not name or "/" in name or name.startswith("."):
+            raise BadCommand(f"a shipped file named {name!r}")
+        folder = self.staging / f"gen-{generation:06d}"
+        folder.mkdir(exist_ok=True)
+        previous = self._listed[-1] if self._listed else None
+        # Relative to the list's end until it is whole (`_complete`).
+        start = previous.data + previous.size + CRC.size if previous else 0
+        self._listed.append(_Listed(generation, size, folder / f"{stamp:016x}-{name}", name,
+                                    start))
+
+    def _next_file(self, at: int) -> int | None:
+        """At `at` the bytes of file `_next` would start (or, past the last, the records):
+        files staged whole already are skipped, a part goes on where it ends. Returns the
+        offset to resume from when it is not `at`."""
+        position = at
+        while self._next < len(self._listed):
+            listed = self._listed[self._next]
+            if not listed.final.exists():
+                break
+            self.skipped += 1
+            self._next += 1
+            position = listed.data + listed.size + CRC.size
+        if self._next == len(self._listed):
+            self._mode = _HEAD
+            return position if position != at else None
+        listed = self._listed[self._next]
+        part = _part(listed.final)
+        held = part.stat().st_size if part.exists() else 0
+        if held > listed.size:
+            part.unlink()
+            held = 0
+        self._crc = 0
+        if held:
+            self.skipped += 1
+            with part.open("rb") as old:
+                while chunk := old.read(1 << 20):
+                    self._crc = zlib.crc32(chunk, self._crc)
+        self._file = part.open("ab")
+        self._remaining = listed.size - held
+        self._mode = _DATA if self._remaining else _CRC
+        position = listed.data + held
+        return position if position != at else None
+
+    def _file_done(self, expected: int, at: int) -> int | None:
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        listed = self._listed[self._next]
+        part = _part(listed.final)
+        if self._crc != expected:
+            # Damaged on the way or on this disk: fetched again, never installed.
+            part.unlink()
+            self.refetched += 1
+            return self._next_file(-1)  # (-1: an offset that is never the one to resume at)
+        part.rename(listed.final)
+        self._syncs.append(self._executor.submit(fsync_dir, listed.final))
+        self._next += 1
+        return self._next_file(at)
+
+    def synced(self) -> set[Path]:
+        """Blocking: the files this transfer received are on disk; returns them (the ones
+        kept from an earlier transfer are synced by the install)."""
+        for sync in self._syncs:
+            sync.result()
+        return {listed.final for listed in self._listed}
+
+
+def _part(final: Path) -> Path:
+    return final.with_name(final.name + _PART)
+
+
+def install_files(fresh: Path, files: list[Shipped], staging: Path, synced: set[Path]
+                  ) -> None:
+    """Blocking: the received files moved into their slabs in `fresh` (built beside the
+    shard, swapped in after), synced, and each slab opened once by LevelDB, which refuses
+    one whose MANIFEST names a file that is not there. Raises BadCommand if one does not
+    open (its files are removed, so they are fetched again)."""
+    slabs: dict[int, Path] = {}
+    for shipped in files:
+        folder = slabs.setdefault(shipped.generation,
+                                  fresh / f"gen-{shipped.generation:06d}")
+        folder.mkdir(parents=True, exist_ok=True)
+        if shipped.staged not in synced:
+            fsync_dir(shipped.staged)
+        os.replace(shipped.staged, folder / shipped.name)
+    for folder in slabs.values():
+        fsync_dir(folder)
+    for generation, folder in slabs.items():
+        try:
+            plyvel.DB(str(folder), create_if_missing=False).close()
+        except plyvel.Error as error:
+            shutil.rmtree(staging / f"gen-{generation:06d}", ignore_errors=True)
+            raise BadCommand(f"shipped generation {generation} does not open: {error}"
+                             ) from None
