@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import every_table
 from bench.report import readme_table
 from broker.cli import main as broker_main
 from broker.config.schema import SETTINGS, render_markdown_table
@@ -208,3 +209,13 @@ def test_a_figure_missing_from_its_json_is_named(tmp_path: Path) -> None:
         "Unnamed: the section names no bench/*results.json file",
         "Missing: bench/gone_results.json does not exist",
     ]
+
+
+def test_make_bench_runs_every_benchmark_table() -> None:
+    """Each results section names a JSON that a step of `make bench` (bench/every_table.py)
+    writes, so one command brings every table up to date."""
+    written = {f"bench/{step.writes}" for step in every_table.STEPS}
+    left_out = [section for section, tables in _benchmark_tables().items()
+                if not written.intersection(tables[0].json_names)]
+    assert not left_out, f"README benchmark sections `make bench` does not run: {left_out}"
+    assert "bench/every_table.py" in (ROOT / "Makefile").read_text()
