@@ -20,7 +20,8 @@ from pathlib import Path
 JSON_NAME = re.compile(r"`(bench/[\w.-]*results\.json)`")
 # A number as the README prints it: 1,025,500 / 0.65 / 1.3 / 167 (then its unit, if any).
 NUMBER = re.compile(r"(?<![\w.,/])(?P<sign>[-+]?)(?P<digits>\d{1,3}(?:,\d{3})+|\d+)"
-                    r"(?P<frac>\.\d+)?(?P<unit>k\b|M\b|x\b|%|\s?(?:ms|us|s|MiB|KiB|MB|GB)\b)?")
+                    r"(?P<frac>\.\d+)?(?P<unit>k\b|M\b|x\b|%|\s?(?:ms|us|s|MiB|KiB|MB|GB)\b)?"
+                    r"(?!\w)")
 TARGET = re.compile(r"(?:<=|>=|<|>)\s*$")
 # What a JSON number may have been multiplied by to be printed in the unit shown: seconds
 # as ms or us, bytes as KiB or MiB, a rate as thousands (167k) or millions (2.8M), a share
@@ -63,7 +64,8 @@ class Table:
 
 
 def figures(cell: str) -> list[Figure]:
-    """The measured numbers of a cell: targets (`<= 0.1x`) and git hashes left out."""
+    """The measured numbers of a cell; targets (`<= 0.1x`) and digits inside a word (a git
+    hash) left out."""
     found = []
     for match in NUMBER.finditer(cell):
         if TARGET.search(cell[:match.start()]):
