@@ -219,3 +219,8 @@ def test_make_bench_runs_every_benchmark_table() -> None:
                 if not written.intersection(tables[0].json_names)]
     assert not left_out, f"README benchmark sections `make bench` does not run: {left_out}"
     assert "bench/every_table.py" in (ROOT / "Makefile").read_text()
+    shared = (ROOT / "bench" / "brokers.py").read_text()  # --brokers, --output, --no-pin
+    unknown = [f"bench/{step.argv[0]} {option}" for step in every_table.STEPS
+               for option in step.argv[1:] if option.startswith("--")
+               and f'"{option}"' not in (ROOT / "bench" / step.argv[0]).read_text() + shared]
+    assert not unknown, f"make bench passes options its scripts do not declare: {unknown}"
