@@ -23,6 +23,7 @@ NUMBER = re.compile(r"(?<![\w.,/])(?P<sign>[-+]?)(?P<digits>\d{1,3}(?:,\d{3})+|\
                     r"(?P<frac>\.\d+)?(?P<unit>k\b|M\b|x\b|%|\s?(?:ms|us|s|MiB|KiB|MB|GB)\b)?"
                     r"(?!\w)")
 TARGET = re.compile(r"(?:<=|>=|<|>)\s*$")
+TARGET_CELL = re.compile(r"(?:<=|>=|<|>)\s*\d")
 # What a JSON number may have been multiplied by to be printed in the unit shown: seconds
 # as ms or us, bytes as KiB or MiB, a rate as thousands (167k) or millions (2.8M), a share
 # as %. A bare number takes its unit from the column's header, which is not parsed: any.
@@ -64,9 +65,12 @@ class Table:
 
 
 def figures(cell: str) -> list[Figure]:
-    """The measured numbers of a cell; targets (`<= 0.1x`) and digits inside a word (a git
-    hash) left out."""
-    found = []
+    """The measured numbers of a cell; targets (`<= 0.1x`, and the whole of a cell that
+    starts with one: `<= 1 s: met at load 7`) and digits inside a word (a git hash) left
+    out."""
+    found: list[Figure] = []
+    if TARGET_CELL.match(cell.lstrip()):
+        return found
     for match in NUMBER.finditer(cell):
         if TARGET.search(cell[:match.start()]):
             continue
