@@ -113,12 +113,11 @@ fuzz: $(STAMP)
 chaos: $(STAMP)
 	$(PY) tools/chaos.py --cycles $(or $(CYCLES),100) $(if $(SEED),--seed $(SEED)) $(if $(REPLICATED),--replicated) $(if $(BACKEND),--backend $(BACKEND)) $(if $(WORKLOAD),--workload $(WORKLOAD))
 
+# Every benchmark that feeds a table of the README (bench/every_table.py, within 30 minutes:
+# fewer rounds where a full run takes several); ARGS="--only results.json" runs some of them.
 bench: install
 	bench/setup.sh
-	$(PY) bench/run.py $(ARGS)
-	$(PY) bench/ds_bench.py
-	$(PY) bench/durable_bench.py
-	$(PY) bench/spark_bench.py
+	$(PY) bench/every_table.py $(ARGS)
 
 # The broker/operator image and the Spark image (tools/image/build.sh): docker where its
 # daemon answers, else podman; from python:3.11-slim, or a Debian base made here when no

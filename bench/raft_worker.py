@@ -147,6 +147,10 @@ async def ours(args: argparse.Namespace) -> None:
     # default): a log that grew for the whole run would measure the garbage collector.
     compact_entries: int = config["durable_storage.raft.snapshot_interval"]
     cluster.on(Channel.RAFT, node.receive)
+    # As broker/cluster/metadata.py wires them: a dropped link's traffic is resent, and a
+    # peer that closed its end (it died) has the groups it led elect at once.
+    cluster.on_peer_down(node.unreachable)
+    cluster.on_peer_closed(node.peer_lost)
     await cluster.start()
     groups = range(1, args.groups + 1)
     for group in groups:

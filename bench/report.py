@@ -157,6 +157,30 @@ def table(scenarios: list[Scenario], brokers: list[str],
     return "\n".join(lines)
 
 
+README_ROWS = {
+    "qos0_1to1": "a) QoS 0, 1 -> 1 (msgs/s)",
+    "qos1_1to1": "b) QoS 1, 1 -> 1 (msgs/s)",
+    "qos0_fanout100": "c) QoS 0 fan-out 1 -> 100 (deliveries/s)",
+    "qos1_fanin100": "d) QoS 1 fan-in 100 -> 1 (msgs/s)",
+}
+"""The README's throughput rows, by scenario name: the table it shows is `readme_table`'s."""
+
+
+def readme_table(data: dict[str, Any]) -> str:
+    """The README's throughput table rendered from a results JSON (run.py's, scenarios a-d
+    with all three brokers), so the figures the README shows are the JSON's and nothing
+    typed by hand (tests/docs/test_docs_honest.py compares the two)."""
+    lines = ["| scenario | ours | Mosquitto | amqtt | ours/Mosquitto | ours/amqtt |",
+             "|---|---|---|---|---|---|"]
+    for name, label in README_ROWS.items():
+        scenario = data["scenarios"][name]
+        rates = [f"{scenario['results'][b]['value']:,.0f}" for b in ("ours", *PEERS)]
+        ratios = [f"{scenario['ratios'][f'ours/{p}']:.{2 if p == 'mosquitto' else 1}f}x"
+                  for p in PEERS]
+        lines.append("| " + " | ".join([label, *rates, *ratios]) + " |")
+    return "\n".join(lines)
+
+
 def detail_lines(outcome: Outcome) -> str:
     """One line per finished cell while the run is going, so progress is visible."""
     if not outcome.ok:

@@ -133,6 +133,10 @@ def settle(name: str, members: list[Running]) -> None:
     if name == "ours":
         wait_led(members)
     else:
+        # Each member's rabbit app first: a node that answers MQTT may still be starting
+        # its app (await_online_nodes then refuses, as seen at load 10).
+        for member in members:
+            brokers.rabbitmqctl(member, "await_startup")
         brokers.rabbitmqctl(members[0], "await_online_nodes", str(len(members)))
 
 

@@ -71,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
             outcomes[(sc.name, name)] = outcome
             print(report.detail_lines(outcome), flush=True)
     env["total_runtime_s"] = round(time.monotonic() - started, 1)
-    report.write_json(report.to_json(scenarios, names, outcomes, env), args.output)
+    data = report.to_json(scenarios, names, outcomes, env)
+    report.write_json(data, args.output)
     print("\n" + report.table(scenarios, names, outcomes))
+    if (names == list(ALL_BROKERS) and set(report.README_ROWS) <= set(data["scenarios"])
+            and all(o.ok for o in outcomes.values())):
+        print("\nthe README's table (bench/README.md):\n" + report.readme_table(data))
     print(f"\nwrote {args.output} in {env['total_runtime_s']}s")
     return 0
 

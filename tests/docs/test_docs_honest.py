@@ -8,16 +8,23 @@
   backquotes, exists.
 - No Markdown file reads as a work diary: history belongs in git, the docs describe the
   project as it is and how it is measured.
+- Every figure of a benchmark table in the README is a number of the `bench/*results.json`
+  its section names (tests/docs/readme_figures.py), and the throughput table is the one
+  bench/report.py renders from its JSON.
 """
 
+import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from bench import every_table
+from bench.report import readme_table
 from broker.cli import main as broker_main
 from broker.config.schema import SETTINGS, render_markdown_table
+from tests.docs import readme_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -146,3 +153,74 @@ def test_no_work_diary_language(doc: Path) -> None:
             if re.search(pattern, line):
                 found.append(f"{doc.relative_to(ROOT)}:{number}: {name}: {line.strip()[:100]}")
     assert not found, "diary wording (history belongs in git):\n" + "\n".join(found)
+
+
+# The README's benchmark tables against the JSON their runs wrote (tests/docs/readme_figures.py).
+NOT_RESULTS = {
+    "Faults: `make chaos`": "a fault run's counts, printed by tools/chaos.py, not a benchmark",
+}
+"""`### ` sections of "## Benchmarks" whose tables are not a benchmark's results."""
+
+
+def _benchmark_tables() -> dict[str, list[readme_figures.Table]]:
+    by_section: dict[str, list[readme_figures.Table]] = {}
+    for table in readme_figures.tables(README.read_text()):
+        if table.section not in NOT_RESULTS:
+            by_section.setdefault(table.section, []).append(table)
+    return by_section
+
+
+@pytest.mark.parametrize("section", sorted(_benchmark_tables()))
+def test_every_benchmark_figure_is_in_the_json_its_section_names(section: str) -> None:
+    problems = [problem for table in _benchmark_tables()[section]
+                for problem in readme_figures.mismatches(table, ROOT)]
+    assert not problems, ("README figures that their bench/*results.json does not hold (run "
+                          "the section's command again, or fix the figure):\n"
+                          + "\n".join(problems))
+
+
+def test_the_throughput_table_is_rendered_from_its_json() -> None:
+    body = readme_figures.benchmark_sections(README.read_text())["Throughput: Mosquitto and amqtt"]
+    rendered = readme_table(json.loads((ROOT / "bench" / "results.json").read_text()))
+    assert rendered in body, (
+        "the README's throughput table is not bench/results.json's: paste the table "
+        "bench/run.py prints after a run of scenarios a-d (bench.report.readme_table)")
+
+
+def test_a_figure_missing_from_its_json_is_named(tmp_path: Path) -> None:
+    """The check can fail, and says where: the section, the figure, the JSON."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "x_results.json").write_text(json.dumps(
+        {"rate": 140631.8, "p50_s": 0.0123, "rss_bytes": 13_736_345, "runs": [0.6495]}))
+    readme = "\n".join([
+        "## Benchmarks", "", "### Stated", "", "2026-12-06, `bench/x_results.json`:", "",
+        "| measure | ours | ratio | target |", "|---|---|---|---|",
+        "| rate (msgs/s) | 140,632 | 0.65x | >= 1.5x: met at load 7.3 |",
+        "| p50 | 12.3 ms | 13.1 MiB | |",
+        "| rate again | 140,633 | 0.64x | |", "",
+        "### Unnamed", "", "| measure | ours |", "|---|---|", "| a | 1.5 s |", "",
+        "### Missing", "", "`bench/gone_results.json`", "", "| a | b |", "|---|---|",
+        "| x | 2 |", "", "## Development", ""])
+    problems = [p for t in readme_figures.tables(readme)
+                for p in readme_figures.mismatches(t, tmp_path)]
+    assert problems == [
+        "Stated: 140,633 is in none of bench/x_results.json",
+        "Stated: 0.64x is in none of bench/x_results.json",
+        "Unnamed: the section names no bench/*results.json file",
+        "Missing: bench/gone_results.json does not exist",
+    ]
+
+
+def test_make_bench_runs_every_benchmark_table() -> None:
+    """Each results section names a JSON that a step of `make bench` (bench/every_table.py)
+    writes, so one command brings every table up to date."""
+    written = {f"bench/{step.writes}" for step in every_table.STEPS}
+    left_out = [section for section, tables in _benchmark_tables().items()
+                if not written.intersection(tables[0].json_names)]
+    assert not left_out, f"README benchmark sections `make bench` does not run: {left_out}"
+    assert "bench/every_table.py" in (ROOT / "Makefile").read_text()
+    shared = (ROOT / "bench" / "brokers.py").read_text()  # --brokers, --output, --no-pin
+    unknown = [f"bench/{step.argv[0]} {option}" for step in every_table.STEPS
+               for option in step.argv[1:] if option.startswith("--")
+               and f'"{option}"' not in (ROOT / "bench" / step.argv[0]).read_text() + shared]
+    assert not unknown, f"make bench passes options its scripts do not declare: {unknown}"
