@@ -136,9 +136,15 @@ class _Member:
 
 def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
-    its file object, to read before the next). Members are not checked here."""
+    its file object, to read before the next). Members are not checked here.
+
+    A file on disk is read as one (`r:`: a member's reads are reads of the file), a stream
+    (an HTTP response) as a stream (`r|`: tarfile copies what its buffer holds on every read,
+    cheap only for reads of CHUNK, which is all a stream's reader does)."""
+    seekable = getattr(file, "seekable", None)
+    mode = "r:*" if seekable is not None and seekable() else "r|*"
     try:
-        with tarfile.open(fileobj=file, mode="r|*", bufsize=CHUNK) as tar:
+        with tarfile.open(fileobj=file, mode=mode, bufsize=CHUNK) as tar:
             first = tar.next()
             if first is None or first.name != NAME or not first.isfile():
                 raise BadArchive(f"the first member is not {NAME}")

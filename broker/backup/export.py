@@ -25,11 +25,15 @@ from broker.retainer.store import RetainedStore
 from broker.version import RELEASE
 
 CPU_SHARE: Final = 0.4
-"""The share of a core the export's thread may use: after each chunk it sleeps in
-proportion to the CPU time the chunk took. The node's event loop, which serves the
-publishers, needs the GIL and a core meanwhile: an export must not take them from it (issue
-39: the publishers keep 80% of their rate; bench/backup_bench.py). The archive still goes
-at about `tar`'s pace: its bytes are mostly tables read and hashed in C."""
+"""The share of a core the export's thread may use while the event loop is busy: after each
+chunk it sleeps in proportion to the CPU time the chunk took. The node's event loop, which
+serves the publishers, needs the GIL and a core meanwhile: an export must not take them
+from it (issue 39: the publishers keep 80% of their rate; bench/backup_bench.py)."""
+LOOP_BUSY: Final = 0.1
+"""The event loop's share of a core (its thread's CPU time over a chunk's wall time) from
+which the export paces itself: below it the loop has nobody to serve and the export goes
+at full speed (the archive's bytes are mostly tables read and hashed in C), the CPU left
+to the loop the moment it has work (the next chunk, a few milliseconds on)."""
 
 
 _DIGESTS: "OrderedDict[tuple[str, int, int], tuple[int, str]]" = OrderedDict()
@@ -45,13 +49,29 @@ def _remember(identity: tuple[str, int, int], found: tuple[int, str]) -> None:
         _DIGESTS.popitem(last=False)
 
 
-def _paced(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    worked = time.thread_time()
-    for chunk in chunks:
-        yield chunk
-        now = time.thread_time()
-        time.sleep((now - worked) * (1 / CPU_SHARE - 1))
-        worked = time.thread_time()
+class Pace:
+    """Yields to the event loop's thread (`loop_thread`: its ident) while it is busy."""
+
+    def __init__(self, loop_thread: int | None) -> None:
+        self._loop_clock = (time.pthread_getcpuclockid(loop_thread)
+                            if loop_thread is not None else None)
+
+    def _loop_cpu(self) -> float:
+        if self._loop_clock is None:
+            return float("inf")  # unknown: always busy
+        try:
+            return time.clock_gettime(self._loop_clock)
+        except OSError:  # its thread ended: the node is stopping
+            return float("inf")
+
+    def __call__(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        worked, loop, wall = time.thread_time(), self._loop_cpu(), time.monotonic()
+        for chunk in chunks:
+            yield chunk
+            now, loop_now, wall_now = time.thread_time(), self._loop_cpu(), time.monotonic()
+            if loop_now - loop >= LOOP_BUSY * (wall_now - wall):
+                time.sleep((now - worked) * (1 / CPU_SHARE - 1))
+            worked, loop, wall = time.thread_time(), self._loop_cpu(), time.monotonic()
 
 
 def build_manifest(cut: Cut, members: list[Member], created_us: int,
@@ -65,17 +85,19 @@ def build_manifest(cut: Cut, members: list[Member], created_us: int,
 def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
                   gzip: bool = False, stopped: Callable[[], bool] = lambda: False,
                   on_manifest: Callable[[bytes], None] = lambda raw: None,
-                  ) -> tuple[Manifest, int]:
+                  loop_thread: int | None = None) -> tuple[Manifest, int]:
     """Blocking (a worker thread): both passes; returns the manifest and the bytes written.
     `on_manifest` gets the manifest before any byte goes to `sink` (an HTTP response sends
-    its checksum as a header)."""
+    its checksum as a header); `loop_thread`: the event loop's, which the export yields to
+    while it is busy (Pace)."""
+    paced = Pace(loop_thread)
     cut.expand_sealed()
     members = []
     for source in cut.sources:
         if stopped():
             raise ExportFailed("the export was cancelled")
         known = _DIGESTS.get(source.identity) if source.identity else None
-        size, sha = known or digest(_paced(source.read()))
+        size, sha = known or digest(paced(source.read()))
         if source.identity is not None:
             _remember(source.identity, (size, sha))
         members.append(Member(source.path, size, sha))
@@ -87,7 +109,7 @@ def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
     for source, member in zip(cut.sources, members, strict=True):
         if stopped():
             raise ExportFailed("the export was cancelled")
-        writer.add(member.path, member.size, _paced(source.read()))
+        writer.add(member.path, member.size, paced(source.read()))
     writer.close()
     return manifest, writer.bytes
 
@@ -106,7 +128,7 @@ async def export(ds: DurableStorage, retainer: RetainedStore | None,
     try:
         done = asyncio.get_running_loop().run_in_executor(
             pool, write_archive, cut, sink, created_us, since_us, gzip, stop.is_set,
-            on_manifest)
+            on_manifest, threading.get_ident())
     except BaseException:
         cut.release()
         raise
