@@ -44,14 +44,26 @@ def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
 
 
 def decode_pairs(file: IO[bytes], where: str) -> Iterator[tuple[bytes, bytes]]:
-    while head := file.read(_PAIR.size):
-        if len(head) < _PAIR.size:
-            raise BadArchive(f"{where}: cut short in a pair's head")
-        klen, vlen = _PAIR.unpack(head)
-        body = file.read(klen + vlen)
-        if len(body) < klen + vlen:
-            raise BadArchive(f"{where}: cut short in a pair")
-        yield body[:klen], body[klen:]
+    """The pairs of `encode_pairs`, the member read CHUNK at a time (two reads a pair would
+    be two calls through the tar reader's layers, and a stream's copies its buffer on each)."""
+    buffer, at = b"", 0
+    while True:
+        if len(buffer) - at < _PAIR.size:
+            buffer, at = buffer[at:] + file.read(CHUNK), 0
+            if not buffer:
+                return
+            if len(buffer) < _PAIR.size:
+                raise BadArchive(f"{where}: cut short in a pair's head")
+        klen, vlen = _PAIR.unpack_from(buffer, at)
+        end = at + _PAIR.size + klen + vlen
+        while len(buffer) < end:
+            more = file.read(max(CHUNK, end - len(buffer)))
+            if not more:
+                raise BadArchive(f"{where}: cut short in a pair")
+            buffer, end, at = buffer[at:] + more, end - at, 0
+        key_end = at + _PAIR.size + klen
+        yield buffer[at + _PAIR.size:key_end], buffer[key_end:end]
+        at = end
 
 
 # ---- writing ------------------------------------------------------------------------------

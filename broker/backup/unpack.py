@@ -29,6 +29,7 @@ _META: Final = b"m"
 # LevelDB's memtable while a database is built (its default is 4 MiB): fewer, larger level-0
 # tables to compact. Only while building: the node opens it with its own options.
 _BUILD_BUFFER: Final = 64 << 20
+_SETTLERS: Final = 3  # databases written out as tables at once (`_settle`)
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression
         for key, value in decode_pairs(pairs, where):
             batches.put(key, own_meta(key, value, now) if sessions else value)
             count += 1
-        batches.finish([])
+        batches.finish([], sync=False)  # `_settle` makes it durable
     finally:
         db.close()
     return count
@@ -68,8 +69,9 @@ def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression
 
 def _settle(path: Path, compression: Compression) -> None:
     """Blocking: the built database opened once more, so LevelDB writes its log out as a
-    table now (on a thread beside the next member's unpacking: LevelDB works without the
-    GIL) rather than at the node's open, on its event loop, tens of milliseconds a shard."""
+    table now, synced (on threads beside the next members' unpacking: LevelDB works without
+    the GIL, and their syncs overlap) rather than at the node's open, on its event loop,
+    tens of milliseconds a shard."""
     plyvel.DB(str(path), compression=compression).close()
 
 
@@ -83,7 +85,7 @@ def unpack(archives: Sequence[Path], plan: Plan, shard_dir: Callable[[int], Path
     result = Unpacked({"sessions_keys": 0, "retained": 0, "generations": 0})
     to_seal: list[tuple[Path, Generation]] = []
     settling: list[Future[None]] = []
-    with ThreadPoolExecutor(1, thread_name_prefix="restore-settle") as pool:
+    with ThreadPoolExecutor(_SETTLERS, thread_name_prefix="restore-settle") as pool:
         try:
             for index, archive in enumerate(archives):
                 _unpack_one(archive, plan.take[index], index == plan.last, shard_dir,

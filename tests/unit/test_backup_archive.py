@@ -10,6 +10,7 @@ from typing import IO
 import pytest
 
 from broker.backup.archive import (
+    CHUNK,
     BadArchive,
     TarWriter,
     decode_pairs,
@@ -125,11 +126,13 @@ def test_a_member_that_changes_size_while_written_is_refused() -> None:
 
 
 def test_pairs_round_trip_and_cut_short() -> None:
-    pairs = [(b"k%d" % n, b"v" * n) for n in range(3000)]
+    # Pairs across the reader's chunks, one larger than a chunk.
+    pairs = [(b"k%d" % n, b"v" * n) for n in range(3000)] + [(b"big", b"b" * (CHUNK * 2 + 5))]
     encoded = b"".join(encode_pairs(pairs))
     assert list(decode_pairs(io.BytesIO(encoded), "x")) == pairs
-    with pytest.raises(BadArchive, match="x: cut short"):
-        list(decode_pairs(io.BytesIO(encoded[:-1]), "x"))
+    for cut in (3, 9, len(encoded) - CHUNK, len(encoded) - 1):
+        with pytest.raises(BadArchive, match="x: cut short"):
+            list(decode_pairs(io.BytesIO(encoded[:cut]), "x"))
 
 
 @pytest.mark.parametrize(("change", "error"), [
