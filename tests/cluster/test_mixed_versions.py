@@ -134,7 +134,8 @@ def test_a_0_1_0_node_runs_with_this_tree_until_upgraded_and_is_refused_after(
     # An import would write LOAD commands, which 0.1.0 skips: refused before the cluster's
     # emptiness is even looked at (it holds data: that refusal would come next).
     archive = tmp_path / "backup.tar"
-    ctl("export", str(archive), "--url", f"http://127.0.0.1:{new[0].http}")
+    wait_until(lambda: ctl("export", str(archive), "--url", f"http://127.0.0.1:{new[0].http}",
+                           ok=False).returncode == 0, 60, "an export (its barrier committed)")
     refused = _import(new[1], archive)
     assert "409 CLUSTER_VERSION" in refused and "upgrade every member" in refused
 
@@ -151,7 +152,8 @@ def test_a_0_1_0_node_runs_with_this_tree_until_upgraded_and_is_refused_after(
     for node in nodes:
         assert node.metric("mqtt_cluster_version") == versions.HIGHEST
         assert _releases(node) == {n.node_name: RELEASE for n in nodes}
-    assert "409 NOT_EMPTY" in _import(new[1], archive)  # past the version's gate
+    # Past the version's gate (its barrier may time out once, the upgraded node just back).
+    wait_until(lambda: "409 NOT_EMPTY" in _import(new[1], archive), 60, "NOT_EMPTY")
     # The command it allows: a durable shared group, its writes in every replica.
     share = f"$share/{unique('g')}/{topic}/#"
     worker = _client(clients, new[1], unique("worker"))
