@@ -130,7 +130,8 @@ def import_command(args: argparse.Namespace) -> int:
             print(f"broker ctl data import: {error}", file=sys.stderr)
             return 1
     files = " ".join(map(str, paths))
-    print(json.dumps({"files": [str(path) for path in paths], "restored": counts})
+    print(json.dumps({"file": str(paths[0]), "increments": [str(path) for path in paths[1:]],
+                      "restored": counts})
           if args.output == "json"
           else f"{files}: restored " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0

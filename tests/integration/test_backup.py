@@ -269,7 +269,8 @@ def test_a_full_archive_and_its_increments_restore_together(
     gap = refusal(str(base), str(inc2), *where)
     assert "400 BAD_ARCHIVE" in gap and "inc2.tar" in gap and "an increment is missing" in gap
     assert "a full archive restores alone" in refusal(str(base), str(base), *where)
-    ctl("import", str(base), str(inc1), str(inc2), *where)
+    done = json.loads(ctl("import", str(base), str(inc1), str(inc2), *where, "-o", "json").stdout)
+    assert done["file"] == str(base) and done["increments"] == [str(inc1), str(inc2)]
     durable = resume(target.tcp, "durable-1")
     clients.append(durable)
     receives_all(durable, sent)
