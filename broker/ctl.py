@@ -27,7 +27,6 @@ from broker.auth.users_ctl import add_users_parser
 from broker.ctl_data import add_data_parser
 from broker.ds import DurableStorage, Settings
 from broker.format_check import FormatRefused, inspect, wal_dir_of
-from broker.http.auth import ApiKeyFileError, parse_api_keys
 
 DEFAULT_URL = "http://127.0.0.1:18083"
 API_KEY_ENV = "BROKER_API_KEY"
@@ -42,6 +41,9 @@ def _api_key(args: argparse.Namespace) -> str | None:
     if args.api_key:
         return str(args.api_key)
     if args.api_key_file:
+        # Here, not at the top: broker.http.auth brings aiohttp's server, a tenth of a second
+        # of every ctl command's start (a backup's export and import time it).
+        from broker.http.auth import ApiKeyFileError, parse_api_keys
         path = args.api_key_file
         try:
             name, key = next(iter(parse_api_keys(Path(path).read_text(), path).items()))

@@ -13,12 +13,13 @@ import http.client
 import io
 import json
 import os
+import secrets
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -104,7 +105,7 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def import_command(args: argparse.Namespace) -> int:
-    path = Path(args.file)
+    paths = [Path(file) for file in args.files]
     if args.data_dir or args.force:
         if not (args.data_dir and args.force):
             print("broker ctl data import: --data-dir replaces a stopped node's durable"
@@ -115,35 +116,69 @@ def import_command(args: argparse.Namespace) -> int:
         wal_dir = Path(args.wal_dir) if args.wal_dir else wal_dir_of(data_dir)
         try:
             inspect(data_dir, wal_dir)  # a dir a newer release wrote is left alone
-            counts = import_offline(path, data_dir, wal_dir)
+            counts = import_offline(paths, data_dir, wal_dir)
         except (ImportRefused, FormatRefused, OSError) as error:
             print(f"broker ctl data import: {error}", file=sys.stderr)
             return 1
     else:
         try:
-            counts = _upload(args, path)
+            counts = _upload(args, paths)
         except urllib.error.HTTPError as error:
             print(f"broker ctl data import: {_refusal(error)}", file=sys.stderr)
             return 1
         except OSError as error:
             print(f"broker ctl data import: {error}", file=sys.stderr)
             return 1
-    print(json.dumps({"file": str(path), "restored": counts}) if args.output == "json"
-          else f"{path}: restored " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    files = " ".join(map(str, paths))
+    print(json.dumps({"file": str(paths[0]), "increments": [str(path) for path in paths[1:]],
+                      "restored": counts})
+          if args.output == "json"
+          else f"{files}: restored " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
 
 
-def _upload(args: argparse.Namespace, path: Path) -> dict[str, int]:
-    """POSTs the archive in 1 MiB blocks (urllib's are 8 KiB: a Python call each)."""
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as file:
+        while chunk := file.read(CHUNK):
+            yield chunk
+
+
+def _multipart(paths: list[Path]) -> tuple[str, int, Iterator[bytes]]:
+    """(content type, length, body) of `multipart/mixed` holding the archives, a part each
+    (with its length: the node reads it without searching for the boundary)."""
+    boundary = secrets.token_hex(24)
+    heads = [(f"--{boundary}\r\nContent-Type: application/x-tar\r\nContent-Length:"
+              f" {path.stat().st_size}\r\nContent-Disposition: attachment; filename="
+              f"\"{urllib.parse.quote(path.name)}\"\r\n\r\n").encode() for path in paths]
+    tail = f"--{boundary}--\r\n".encode()
+    length = sum(len(head) + path.stat().st_size + 2
+                 for head, path in zip(heads, paths, strict=True))
+
+    def body() -> Iterator[bytes]:
+        for head, path in zip(heads, paths, strict=True):
+            yield head
+            yield from _file_chunks(path)
+            yield b"\r\n"
+        yield tail
+    return f"multipart/mixed; boundary={boundary}", length + len(tail), body()
+
+
+def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, int]:
+    """POSTs the archive (several: `_multipart`) in 1 MiB blocks (urllib's are 8 KiB: a
+    Python call each)."""
     where = urllib.parse.urlsplit(args.url)
     make = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
     connection = make(where.hostname or "127.0.0.1", where.port, timeout=_TIMEOUT,
                       blocksize=CHUNK)
+    if len(paths) == 1:
+        kind, length, body = ("application/x-tar", paths[0].stat().st_size,
+                              _file_chunks(paths[0]))
+    else:
+        kind, length, body = _multipart(paths)
     try:
-        with path.open("rb") as file:
-            connection.request("POST", where.path.rstrip("/") + "/api/v5/data/import", file,
-                               {**args.auth_headers(args), "Content-Type": "application/x-tar",
-                                "Content-Length": str(path.stat().st_size)})
+        connection.request("POST", where.path.rstrip("/") + "/api/v5/data/import", body,
+                           {**args.auth_headers(args), "Content-Type": kind,
+                            "Content-Length": str(length)})
         response = connection.getresponse()
         body = response.read()
         if response.status != 200:
@@ -179,7 +214,9 @@ def add_data_parser(topics: Any, add_api_options: Callable[[argparse.ArgumentPar
     export.add_argument("--since", metavar="TIME", help="incremental: only the sealed"
                         " generations made after TIME (µs or RFC 3339), plus current state")
     imp = verbs.add_parser("import", help="restore an archive into an empty node or cluster")
-    imp.add_argument("file")
+    imp.add_argument("files", nargs="+", metavar="FILE",
+                     help="an archive; or a full archive and its incremental ones (--since),"
+                     " oldest first: each must follow the one before it")
     imp.add_argument("--force", action="store_true",
                      help="with --data-dir: replace a stopped node's durable state")
     imp.add_argument("--data-dir", help="a stopped node's data dir (offline)")

@@ -44,14 +44,26 @@ def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
 
 
 def decode_pairs(file: IO[bytes], where: str) -> Iterator[tuple[bytes, bytes]]:
-    while head := file.read(_PAIR.size):
-        if len(head) < _PAIR.size:
-            raise BadArchive(f"{where}: cut short in a pair's head")
-        klen, vlen = _PAIR.unpack(head)
-        body = file.read(klen + vlen)
-        if len(body) < klen + vlen:
-            raise BadArchive(f"{where}: cut short in a pair")
-        yield body[:klen], body[klen:]
+    """The pairs of `encode_pairs`, the member read CHUNK at a time (two reads a pair would
+    be two calls through the tar reader's layers, and a stream's copies its buffer on each)."""
+    buffer, at = b"", 0
+    while True:
+        if len(buffer) - at < _PAIR.size:
+            buffer, at = buffer[at:] + file.read(CHUNK), 0
+            if not buffer:
+                return
+            if len(buffer) < _PAIR.size:
+                raise BadArchive(f"{where}: cut short in a pair's head")
+        klen, vlen = _PAIR.unpack_from(buffer, at)
+        end = at + _PAIR.size + klen + vlen
+        while len(buffer) < end:
+            more = file.read(max(CHUNK, end - len(buffer)))
+            if not more:
+                raise BadArchive(f"{where}: cut short in a pair")
+            buffer, end, at = buffer[at:] + more, end - at, 0
+        key_end = at + _PAIR.size + klen
+        yield buffer[at + _PAIR.size:key_end], buffer[key_end:end]
+        at = end
 
 
 # ---- writing ------------------------------------------------------------------------------
@@ -136,9 +148,15 @@ class _Member:
 
 def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
-    its file object, to read before the next). Members are not checked here."""
+    its file object, to read before the next). Members are not checked here.
+
+    A file on disk is read as one (`r:`: a member's reads are reads of the file), a stream
+    (an HTTP response) as a stream (`r|`: tarfile copies what its buffer holds on every read,
+    cheap only for reads of CHUNK, which is all a stream's reader does)."""
+    seekable = getattr(file, "seekable", None)
+    mode = "r:*" if seekable is not None and seekable() else "r|*"
     try:
-        with tarfile.open(fileobj=file, mode="r|*", bufsize=CHUNK) as tar:
+        with tarfile.open(fileobj=file, mode=mode, bufsize=CHUNK) as tar:
             first = tar.next()
             if first is None or first.name != NAME or not first.isfile():
                 raise BadArchive(f"the first member is not {NAME}")

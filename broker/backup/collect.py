@@ -163,7 +163,11 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
                 shard.applied()[0] if groups is not None else None)
             for generation, slab in sorted(shard.slabs.items()):
                 on_disk = slab.sealed and (slab.path / SLAB_MANIFEST).exists()
-                wanted = since_us is None or slab.created >= since_us or not on_disk
+                # Incremental: what was sealed since (an earlier archive may hold it as its
+                # then current generation, without what came after), made since, or not
+                # sealed on disk.
+                wanted = (since_us is None or not on_disk or slab.created >= since_us
+                          or (slab.sealed_at is not None and slab.sealed_at >= since_us))
                 entry = Generation(shard.index, generation, slab.created, slab.sealed_at,
                                    on_disk, wanted)
                 generations.append(entry)

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Final
 
 from broker.backup.archive import Sink, TarWriter, digest
@@ -25,11 +26,16 @@ from broker.retainer.store import RetainedStore
 from broker.version import RELEASE
 
 CPU_SHARE: Final = 0.4
-"""The share of a core the export's thread may use: after each chunk it sleeps in
-proportion to the CPU time the chunk took. The node's event loop, which serves the
-publishers, needs the GIL and a core meanwhile: an export must not take them from it (issue
-39: the publishers keep 80% of their rate; bench/backup_bench.py). The archive still goes
-at about `tar`'s pace: its bytes are mostly tables read and hashed in C."""
+"""The share of a core the export's thread may use while the event loop is busy: after each
+chunk it sleeps in proportion to the CPU time the chunk took. The node's event loop, which
+serves the publishers, needs the GIL and a core meanwhile: an export must not take them
+from it (issue 39: the publishers keep 80% of their rate; bench/backup_bench.py)."""
+LOOP_BUSY: Final = 0.1
+"""The event loop's demand for a core (Pace) from which the export paces itself: below it
+the loop has nobody to serve and the export goes at full speed (the archive's bytes are
+mostly tables read and hashed in C), the CPU left to the loop within WINDOW_S of its
+work starting."""
+WINDOW_S: Final = 0.1
 
 
 _DIGESTS: "OrderedDict[tuple[str, int, int], tuple[int, str]]" = OrderedDict()
@@ -45,13 +51,45 @@ def _remember(identity: tuple[str, int, int], found: tuple[int, str]) -> None:
         _DIGESTS.popitem(last=False)
 
 
-def _paced(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    worked = time.thread_time()
-    for chunk in chunks:
-        yield chunk
-        now = time.thread_time()
-        time.sleep((now - worked) * (1 / CPU_SHARE - 1))
+class Pace:
+    """Paces the export's thread while the event loop's thread (`loop_thread`: its native
+    ID) is busy: its demand for a core over the last WINDOW_S (the CPU time it got and the
+    time it waited for one, from /proc's schedstat: on a crowded machine a busy loop gets
+    little CPU, and waits) at LOOP_BUSY or more. Unknown (no /proc): always busy."""
+
+    def __init__(self, loop_thread: int | None) -> None:
+        self._stat = (Path(f"/proc/self/task/{loop_thread}/schedstat")
+                      if loop_thread is not None else None)
+        self._busy = True
+        self._since = (time.monotonic(), self._demand())
+
+    def _demand(self) -> float | None:
+        if self._stat is None:
+            return None
+        try:
+            ran, waited, _ = self._stat.read_text().split()
+            return (int(ran) + int(waited)) / 1e9
+        except (OSError, ValueError):  # its thread ended (the node stops), or no schedstat
+            return None
+
+    def _loop_busy(self) -> bool:
+        wall = time.monotonic()
+        since, demanded = self._since
+        if wall - since >= WINDOW_S:
+            demand = self._demand()
+            self._busy = (demand is None or demanded is None
+                          or demand - demanded >= LOOP_BUSY * (wall - since))
+            self._since = (wall, demand)
+        return self._busy
+
+    def __call__(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         worked = time.thread_time()
+        for chunk in chunks:
+            yield chunk
+            now = time.thread_time()
+            if self._loop_busy():
+                time.sleep((now - worked) * (1 / CPU_SHARE - 1))
+            worked = time.thread_time()
 
 
 def build_manifest(cut: Cut, members: list[Member], created_us: int,
@@ -65,17 +103,19 @@ def build_manifest(cut: Cut, members: list[Member], created_us: int,
 def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
                   gzip: bool = False, stopped: Callable[[], bool] = lambda: False,
                   on_manifest: Callable[[bytes], None] = lambda raw: None,
-                  ) -> tuple[Manifest, int]:
+                  loop_thread: int | None = None) -> tuple[Manifest, int]:
     """Blocking (a worker thread): both passes; returns the manifest and the bytes written.
     `on_manifest` gets the manifest before any byte goes to `sink` (an HTTP response sends
-    its checksum as a header)."""
+    its checksum as a header); `loop_thread`: the event loop's native thread ID, which the
+    export yields to while it is busy (Pace)."""
+    paced = Pace(loop_thread)
     cut.expand_sealed()
     members = []
     for source in cut.sources:
         if stopped():
             raise ExportFailed("the export was cancelled")
         known = _DIGESTS.get(source.identity) if source.identity else None
-        size, sha = known or digest(_paced(source.read()))
+        size, sha = known or digest(paced(source.read()))
         if source.identity is not None:
             _remember(source.identity, (size, sha))
         members.append(Member(source.path, size, sha))
@@ -87,7 +127,7 @@ def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
     for source, member in zip(cut.sources, members, strict=True):
         if stopped():
             raise ExportFailed("the export was cancelled")
-        writer.add(member.path, member.size, _paced(source.read()))
+        writer.add(member.path, member.size, paced(source.read()))
     writer.close()
     return manifest, writer.bytes
 
@@ -106,7 +146,7 @@ async def export(ds: DurableStorage, retainer: RetainedStore | None,
     try:
         done = asyncio.get_running_loop().run_in_executor(
             pool, write_archive, cut, sink, created_us, since_us, gzip, stop.is_set,
-            on_manifest)
+            on_manifest, threading.get_native_id())
     except BaseException:
         cut.release()
         raise

@@ -17,6 +17,10 @@ installed the way the target takes it.
   and group records, so the node starts its groups afresh from the restored state, as at
   its first start (its site ID, cookie, members and API key stay). Every node of a
   builtin_raft cluster is restored alike before any starts.
+
+Either takes a full archive alone, or a full archive and the incremental ones made after it,
+oldest first (chain.py: each increment must follow the archive before it; the last gives
+the sessions, retained messages and current generations).
 """
 
 import asyncio
@@ -24,7 +28,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,7 @@ from typing import Any, Final, Protocol
 import plyvel  # type: ignore[import-untyped]
 
 from broker.backup.archive import BadArchive, read_manifest
+from broker.backup.chain import BadChain, Plan, plan
 from broker.backup.collect import RAFT_META, keep_session_key
 from broker.backup.manifest import Manifest, unreadable_formats
 from broker.backup.unpack import Unpacked, remove, unpack
@@ -54,30 +59,39 @@ _LOAD_BYTES: Final = 512 << 10  # keys and values per LOAD command
 
 
 class ImportRefused(Exception):
-    """Nothing was changed. `code`: NOT_EMPTY, BAD_ARCHIVE, UNSUPPORTED or UNAVAILABLE."""
+    """Nothing was changed. `code`: NOT_EMPTY, BAD_ARCHIVE, UNAVAILABLE or CLUSTER_VERSION
+    (the cluster's effective version does not allow LOAD commands yet)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
-def check(archive: Path) -> Manifest:
-    """Blocking: the archive's manifest, of an archive this release can restore. Its
-    members are checked as they are unpacked (`_unpack`), before anything is installed."""
+def check(archives: Sequence[Path], names: Sequence[str] | None = None,
+          ) -> tuple[Manifest, Plan]:
+    """Blocking: the last archive's manifest and where each generation comes from, of
+    archives this release can restore: a full one, then its increments, oldest first
+    (chain.py). `names`: the archives as the operator knows them (default: their paths).
+    Their members are checked as they are unpacked (`_unpack`), before anything is
+    installed."""
+    names = [str(path) for path in archives] if names is None else list(names)
+    readable = {f.name: f.version for f in in_tree(DATA_DIR)}
+    manifests = []
+    for archive, name in zip(archives, names, strict=True):
+        try:
+            with archive.open("rb") as file:
+                manifest = read_manifest(file)
+        except BadArchive as error:
+            raise ImportRefused("BAD_ARCHIVE", f"{name}: {error}") from None
+        unreadable = unreadable_formats(manifest, readable)
+        if unreadable:
+            raise ImportRefused("BAD_ARCHIVE", f"{name} holds formats this release does not"
+                                f" read: " + ", ".join(unreadable))
+        manifests.append(manifest)
     try:
-        with archive.open("rb") as file:
-            manifest = read_manifest(file)
-    except BadArchive as error:
+        return manifests[-1], plan(names, manifests)
+    except BadChain as error:
         raise ImportRefused("BAD_ARCHIVE", str(error)) from None
-    unreadable = unreadable_formats(manifest, {f.name: f.version for f in in_tree(DATA_DIR)})
-    if unreadable:
-        raise ImportRefused("BAD_ARCHIVE", "the archive holds formats this release does not"
-                            " read: " + ", ".join(unreadable))
-    if manifest.since_us is not None:
-        raise ImportRefused("UNSUPPORTED", "an incremental archive (--since) holds only the"
-                            " sealed generations made after an earlier one: restore the full"
-                            " archive it follows")
-    return manifest
 
 
 def emptiness(ds: DurableStorage, retainer: RetainedStore | None) -> str | None:
@@ -112,6 +126,9 @@ class Target:
     write_retained: Callable[[Message], Awaitable[None]] | None
     sessions_restored: Callable[[], object]  # a single node loads its sessions again
     groups: Loads | None  # replicated
+    # Why the cluster cannot take LOAD commands now (its effective version: versions.py,
+    # which this package does not import), None when it can.
+    load_refusal: Callable[[], str | None] = lambda: None
 
 
 async def _blocking(call: Callable[..., Any], *args: Any) -> Any:
@@ -119,13 +136,18 @@ async def _blocking(call: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(pool, call, *args)
 
 
-async def import_online(archive: Path, target: Target) -> dict[str, int]:
-    """Checks, then restores into a running empty node (see the module docstring); raises
-    ImportRefused with nothing changed."""
+async def import_online(archives: Sequence[Path], target: Target,
+                        names: Sequence[str] | None = None) -> dict[str, int]:
+    """Checks, then restores into a running empty node (see the module docstring): one full
+    archive, or one and its increments, oldest first (`check`); raises ImportRefused with
+    nothing changed."""
     started = time.monotonic()
-    manifest: Manifest = await _blocking(check, archive)
-    ds = target.ds
     groups = target.groups
+    refusal = target.load_refusal() if groups is not None else None
+    if refusal is not None:
+        raise ImportRefused("CLUSTER_VERSION", refusal)
+    manifest, planned = await _blocking(check, archives, names)
+    ds = target.ds
     if groups is not None and not await groups.sync():
         raise ImportRefused("UNAVAILABLE", "a Raft group did not commit a barrier in time:"
                             " this node may be cut off from a majority")
@@ -142,17 +164,18 @@ async def import_online(archive: Path, target: Target) -> dict[str, int]:
     messages = ds.messages
     shard_dirs = [staging(shard.path) if groups is None else work / f"shard-{shard.index:03d}"
                   for shard in messages.shards]
-    remove(work, *shard_dirs)
+    await _blocking(remove, work, *shard_dirs)
     try:
         unpacked = await _blocking(
-            _unpack, archive, shard_dirs.__getitem__, work / "sessions", work / "retained",
-            ds.settings.leveldb_compression)
+            _unpack, archives, planned, shard_dirs.__getitem__, work / "sessions",
+            work / "retained", ds.settings.leveldb_compression)
         log.info("import: checked and unpacked in %.1f s", time.monotonic() - started)
         if groups is None:
             for shard in list(messages.shards):
                 messages.close_shard_now(shard.index)
                 swap_in(shard.path)
                 messages.reopen_shard(shard.index)
+                await asyncio.sleep(0)  # a shard a turn: the loop serves between
         else:
             await asyncio.gather(*(_load_shard(groups, i, shard_dirs[i], manifest)
                                    for i in range(messages.n_shards)))
@@ -163,7 +186,8 @@ async def import_online(archive: Path, target: Target) -> dict[str, int]:
         await _blocking(remove, work, *shard_dirs)
     if groups is None:
         target.sessions_restored()
-    log.info("import: %s restored in %.1f s: %s", archive, time.monotonic() - started, counts)
+    log.info("import: %s restored in %.1f s: %s", ", ".join(map(str, names or archives)),
+             time.monotonic() - started, counts)
     return counts
 
 
@@ -207,10 +231,10 @@ async def _load_shard(groups: Loads, shard: int, directory: Path, manifest: Mani
                 chunk, flags = following, 0
 
 
-def _unpack(archive: Path, shard_dir: Callable[[int], Path], sessions: Path, retained: Path,
-            compression: Compression) -> Unpacked:
+def _unpack(archives: Sequence[Path], planned: Plan, shard_dir: Callable[[int], Path],
+            sessions: Path, retained: Path, compression: Compression) -> Unpacked:
     try:
-        return unpack(archive, shard_dir, sessions, retained, compression)
+        return unpack(archives, planned, shard_dir, sessions, retained, compression)
     except BadArchive as error:
         raise ImportRefused("BAD_ARCHIVE", str(error)) from None
 
@@ -270,12 +294,13 @@ def _running(data_dir: Path) -> bool:
     return False
 
 
-def import_offline(archive: Path, data_dir: Path, wal_dir: Path) -> dict[str, int]:
-    """Blocking: replaces a stopped node's durable state (see the module docstring)."""
+def import_offline(archives: Sequence[Path], data_dir: Path, wal_dir: Path) -> dict[str, int]:
+    """Blocking: replaces a stopped node's durable state (see the module docstring) with
+    one full archive, or one and its increments, oldest first (`check`)."""
     if _running(data_dir):
         raise ImportRefused("NOT_EMPTY", f"{data_dir}: a node is running on it (its sessions"
                             f" database is locked): stop it first")
-    manifest = check(archive)
+    manifest, planned = check(archives)
     ds_root = data_dir / "ds"
     roots = {"messages": ds_root / "messages", "sessions": ds_root / "sessions",
              "retained": data_dir / "retained"}
@@ -285,8 +310,9 @@ def import_offline(archive: Path, data_dir: Path, wal_dir: Path) -> dict[str, in
         root.mkdir(parents=True, exist_ok=True)
     fresh = {name: staging(root) for name, root in roots.items()}
     try:
-        unpacked = _unpack(archive, lambda i: fresh["messages"] / f"shard-{i:03d}",
-                          fresh["sessions"], fresh["retained"], Settings().leveldb_compression)
+        unpacked = _unpack(archives, planned,
+                           lambda i: fresh["messages"] / f"shard-{i:03d}", fresh["sessions"],
+                           fresh["retained"], Settings().leveldb_compression)
         write_atomically(fresh["messages"] / DB_FILE,
                          json.dumps({"n_shards": manifest.n_shards, "format": 1}).encode())
         for root in roots.values():

@@ -10,7 +10,8 @@ restore rather than from a disconnection the archive may be weeks old by.
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Final
@@ -18,6 +19,7 @@ from typing import IO, Final
 import plyvel  # type: ignore[import-untyped]
 
 from broker.backup.archive import BadArchive, checked_members, copy_chunks, decode_pairs
+from broker.backup.chain import Plan
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest
 from broker.ds.bulk import Batches
 from broker.ds.slab import Compression, Slab
@@ -27,6 +29,7 @@ _META: Final = b"m"
 # LevelDB's memtable while a database is built (its default is 4 MiB): fewer, larger level-0
 # tables to compact. Only while building: the node opens it with its own options.
 _BUILD_BUFFER: Final = 64 << 20
+_SETTLERS: Final = 3  # databases written out as tables at once (`_settle`)
 
 
 @dataclass(slots=True)
@@ -46,7 +49,8 @@ def own_meta(key: bytes, value: bytes, now: float) -> bytes:
 
 def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression = None,
               sessions: bool = False) -> int:
-    """Blocking: a new LevelDB at `path` holding the member's pairs; their count."""
+    """Blocking: a new LevelDB at `path` holding the member's pairs; their count. Its log
+    (all of it, with the large memtable) is still to be written out as a table: `_settle`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
                    compression=compression, write_buffer_size=_BUILD_BUFFER)
@@ -57,56 +61,90 @@ def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression
         for key, value in decode_pairs(pairs, where):
             batches.put(key, own_meta(key, value, now) if sessions else value)
             count += 1
-        batches.finish([])
+        batches.finish([], sync=False)  # `_settle` makes it durable
     finally:
         db.close()
     return count
 
 
-def unpack(archive: Path, shard_dir: Callable[[int], Path], sessions: Path, retained: Path,
-           compression: Compression) -> Unpacked:
+def _settle(path: Path, compression: Compression) -> None:
+    """Blocking: the built database opened once more, so LevelDB writes its log out as a
+    table now, synced (on threads beside the next members' unpacking: LevelDB works without
+    the GIL, and their syncs overlap) rather than at the node's open, on its event loop,
+    tens of milliseconds a shard."""
+    plyvel.DB(str(path), compression=compression).close()
+
+
+def unpack(archives: Sequence[Path], plan: Plan, shard_dir: Callable[[int], Path],
+           sessions: Path, retained: Path, compression: Compression) -> Unpacked:
     """Blocking: every member written out (see the module docstring), checked as it is
     (archive.checked_members: raises BadArchive, and the caller removes what was written,
     at the first member that is not what the manifest says); sealed-at-the-cut pairs
-    generations sealed once all are checked."""
+    generations sealed once all are checked. `archives`: a full one, then its increments
+    (chain.py); of each, the generations `plan` takes from it (every member checked)."""
     result = Unpacked({"sessions_keys": 0, "retained": 0, "generations": 0})
     to_seal: list[tuple[Path, Generation]] = []
-    by_path: dict[str, Generation] = {}
-    with archive.open("rb") as file:
-        for manifest, path, handle in checked_members(file):
-            if handle is None:
-                by_path = _generations(manifest)
-                continue
-            if path == SESSIONS:
-                result.counts["sessions_keys"] = _build_db(sessions, handle, path,
-                                                           sessions=True)
-            elif path == RETAINED:
-                result.counts["retained"] = _build_db(retained, handle, path)
-            elif path.endswith(".pairs"):
-                gen = by_path[path.removesuffix(".pairs")]
-                target = _gen_dir(shard_dir(gen.shard), gen)
-                _build_db(target, handle, path, compression)
-                result.counts["generations"] += 1
-                if gen.sealed_at is not None:
-                    to_seal.append((target, gen))
-            else:
-                directory, _, name = path.rpartition("/")
-                gen = by_path.get(directory)
-                if gen is None:
-                    raise BadArchive(f"{path}: no generation {directory} in the manifest")
-                target = _gen_dir(shard_dir(gen.shard), gen)
-                if not target.exists():
-                    target.mkdir(parents=True)
-                    result.counts["generations"] += 1
-                with (target / name).open("wb") as out:
-                    for chunk in copy_chunks(handle):
-                        out.write(chunk)
+    settling: list[Future[None]] = []
+    with ThreadPoolExecutor(_SETTLERS, thread_name_prefix="restore-settle") as pool:
+        try:
+            for index, archive in enumerate(archives):
+                _unpack_one(archive, plan.take[index], index == plan.last, shard_dir,
+                            (sessions, retained), compression, result, to_seal,
+                            lambda path: settling.append(pool.submit(_settle, path,
+                                                                     compression)))
+        finally:
+            for done in settling:
+                done.result()
     for target, gen in to_seal:
         slab = Slab.open(target, gen.generation, compression)
         assert gen.sealed_at is not None
         slab.seal(gen.sealed_at, gen.shard)
         slab.close()
     return result
+
+
+def _unpack_one(archive: Path, take: frozenset[str], last: bool,
+                shard_dir: Callable[[int], Path], state: tuple[Path, Path],
+                compression: Compression, result: Unpacked,
+                to_seal: list[tuple[Path, Generation]], settle: Callable[[Path], None],
+                ) -> None:
+    """One archive of `unpack`'s: the generations in `take`, and with `last` the sessions
+    and retained messages (`state`: where they go)."""
+    by_path: dict[str, Generation] = {}
+    with archive.open("rb") as file:
+        for manifest, path, handle in checked_members(file):
+            if handle is None:
+                by_path = _generations(manifest)
+                continue
+            if path in (SESSIONS, RETAINED):
+                if last:
+                    is_sessions = path == SESSIONS
+                    target = state[0] if is_sessions else state[1]
+                    count = _build_db(target, handle, path, sessions=is_sessions)
+                    result.counts["sessions_keys" if is_sessions else "retained"] = count
+                    settle(target)
+                continue
+            directory = path.removesuffix(".pairs") if path.endswith(".pairs") else \
+                path.rpartition("/")[0]
+            gen = by_path.get(directory)
+            if gen is None:
+                raise BadArchive(f"{path}: no generation {directory} in the manifest")
+            if directory not in take:
+                continue  # a later archive's copy, or one the last cut no longer has
+            target = _gen_dir(shard_dir(gen.shard), gen)
+            if path.endswith(".pairs"):
+                _build_db(target, handle, path, compression)
+                settle(target)
+                result.counts["generations"] += 1
+                if gen.sealed_at is not None:
+                    to_seal.append((target, gen))
+                continue
+            if not target.exists():
+                target.mkdir(parents=True)
+                result.counts["generations"] += 1
+            with (target / path.rpartition("/")[2]).open("wb") as out:
+                for chunk in copy_chunks(handle):
+                    out.write(chunk)
 
 
 def _generations(manifest: Manifest) -> dict[str, Generation]:

@@ -16,7 +16,10 @@ Cluster versions, and what each introduced:
     1  release 0.2.0: the effective-version command itself; durable shared-subscription
        groups (their writes to `sessions` are fenced by the replicas, which 0.1.0 does not
        do: its replica would admit what the others refuse); Raft's TimeoutNow (leadership
-       transfer), which 0.1.0's Raft does not decode
+       transfer), which 0.1.0's Raft does not decode; Durable Storage's LOAD command (a
+       backup imported into a running cluster, broker/backup/restore.py), which 0.1.0's
+       replica skips as unknown: it would lack every restored message. (0.2.0 was not yet
+       released when LOAD was added: no release runs version 1 without it.)
     2  a shard's Raft snapshot of version 2, its sealed generations shipped as their files
        (broker/ds/shipped.py), which a node of version 1 reads as a garbled snapshot
 """
@@ -34,6 +37,7 @@ HIGHEST: Final = 2  # the highest
 VERSION_COMMAND: Final = 1
 DURABLE_GROUPS: Final = 1
 TIMEOUT_NOW: Final = 1
+LOAD: Final = 1
 FILE_SNAPSHOTS: Final = 2
 
 TOO_OLD: Final = "too old"  # handshake refusal reasons (handshake.REASONS)
@@ -90,6 +94,18 @@ def refusal(peer: Speaks, effective: int) -> tuple[str, str] | None:
                          f" the cluster runs {effective}: upgrade through a release that"
                          f" runs both")
     return None
+
+
+def load_refusal(effective: int) -> str | None:
+    """Why an import cannot write LOAD commands into a cluster running `effective` (None:
+    it can). Said before anything is proposed: the archive is checked and nothing changed."""
+    if effective >= LOAD:
+        return None
+    return (f"the cluster runs cluster version {effective}; an import writes LOAD commands,"
+            f" which version {LOAD} introduced (a member on release {LEGACY_RELEASE} would"
+            f" skip them and lack the restored messages): upgrade every member to"
+            f" {MINE.release} or newer (GET /api/v5/cluster shows each one's release), wait"
+            f" for the cluster version to rise, then import again")
 
 
 def next_version(effective: int, members: Iterable[Speaks | None]) -> int | None:

@@ -31,11 +31,13 @@ class Batches:
             self._batch.write()
             self._batch, self._size = self.db.write_batch(), 0
 
-    def finish(self, last: list[tuple[bytes, bytes]]) -> None:
+    def finish(self, last: list[tuple[bytes, bytes]], sync: bool = True) -> None:
         """The rest, then `last` in a synced batch: everything written is then on disk
-        (LevelDB syncs the tables it makes; the sync, its log)."""
+        (LevelDB syncs the tables it makes; the sync, its log). Without `sync` for a caller
+        that makes it durable otherwise (reopened, LevelDB writes its log out as a synced
+        table)."""
         self._batch.write()
-        with self.db.write_batch(sync=True) as batch:
+        with self.db.write_batch(sync=sync) as batch:
             for key, value in last:
                 batch.put(key, value)
 

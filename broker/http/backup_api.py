@@ -2,12 +2,14 @@
 
 - `POST /api/v5/data/export[?since=µs|RFC3339]`: the archive, streamed as it is written
   (`application/x-tar`), its manifest's SHA-256 in `X-Backup-Manifest-Sha256`;
-- `POST /api/v5/data/import` (body: an archive): 200 `{"restored": {...}}`, 409 NOT_EMPTY,
-  400 BAD_ARCHIVE, 501 UNSUPPORTED (an incremental archive), 503 UNAVAILABLE (replicated:
-  this node's groups cannot commit).
+- `POST /api/v5/data/import` (body: an archive, or `multipart/mixed` of a full archive and
+  its increments, oldest first, a part each): 200 `{"restored": {...}}`, 409 NOT_EMPTY,
+  400 BAD_ARCHIVE (damaged, or archives that do not follow one another), 503 UNAVAILABLE
+  (replicated: this node's groups cannot commit), 409 CLUSTER_VERSION (replicated: the
+  cluster's effective version does not allow the LOAD commands an import writes).
 
 POSTs, so a viewer key is refused (auth.py). One export or import at a time per node (409
-BUSY): each holds LevelDB snapshots or swaps databases. An import's body goes to a file in
+BUSY): each holds LevelDB snapshots or swaps databases. An import's body goes to files in
 the data dir first: every checksum is checked before anything changes.
 """
 
@@ -15,11 +17,12 @@ import asyncio
 import contextlib
 import hashlib
 import os
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from broker.backup.archive import CHUNK, BadArchive
 from broker.backup.collect import ExportFailed, Replicated
@@ -29,9 +32,10 @@ from broker.backup.restore import ImportRefused, Target, import_online
 from broker.http.common import NODE_KEY
 
 GROUPS_KEY: Final = web.AppKey("backup_groups", object)
+_LOAD_REFUSAL_KEY: Final = web.AppKey("backup_load_refusal", object)
 _BUSY_KEY: Final = web.AppKey("backup_busy", asyncio.Lock)
-_STATUS: Final = {"NOT_EMPTY": 409, "BAD_ARCHIVE": 400, "UNSUPPORTED": 501,
-                   "UNAVAILABLE": 503}
+_STATUS: Final = {"NOT_EMPTY": 409, "BAD_ARCHIVE": 400, "UNAVAILABLE": 503,
+                   "CLUSTER_VERSION": 409}
 MANIFEST_HEADER: Final = "X-Backup-Manifest-Sha256"
 
 
@@ -91,27 +95,57 @@ async def import_data(request: web.Request) -> web.Response:
     if busy is not None:
         return busy
     async with request.app[_BUSY_KEY]:
-        upload = node.ds.root / f"import-{os.getpid()}.tar"
+        uploads: list[Path] = []
         try:
-            await _receive(request, upload)
+            names = await _receive(request, node.ds.root / f"import-{os.getpid()}", uploads)
             target = Target(node.ds, node.retainer, node.retained_writer,
-                            node.restore_durable_sessions, _groups(request))  # type: ignore[arg-type]
-            counts = await import_online(upload, target)
+                            node.restore_durable_sessions, _groups(request),  # type: ignore[arg-type]
+                            request.app[_LOAD_REFUSAL_KEY])  # type: ignore[arg-type]
+            counts = await import_online(uploads, target, names)
         except ImportRefused as refused:
             return _error(_STATUS[refused.code], refused.code, str(refused))
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                upload.unlink()
+            for upload in uploads:
+                with contextlib.suppress(FileNotFoundError):
+                    upload.unlink()
     return web.json_response({"restored": counts})
 
 
-async def _receive(request: web.Request, path: Path) -> None:
-    """The body to `path`, written on a thread a CHUNK at a time as it arrives (the socket
-    hands it over in pieces of tens of KiB: one thread round trip each would cost more)."""
+async def _receive(request: web.Request, stem: Path, uploads: list[Path]) -> list[str]:
+    """The body's archives to files `stem`-N.tar (appended to `uploads` as each is begun):
+    one (`application/x-tar`), or several (`multipart/mixed`, a part each: a full archive
+    and its increments, oldest first); their names as the client gave them."""
+    if not request.content_type.startswith("multipart/"):
+        uploads.append(stem.with_name(f"{stem.name}-0.tar"))
+        await _write(request.content.iter_chunked(CHUNK), uploads[-1])
+        return ["the archive"]
+    names = []
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ImportRefused("BAD_ARCHIVE", f"part {len(uploads) + 1} of the body is itself"
+                                f" multipart: send each archive as a part")
+        uploads.append(stem.with_name(f"{stem.name}-{len(uploads)}.tar"))
+        names.append(part.filename or f"archive {len(uploads)}")
+        await _write(_part_chunks(part), uploads[-1])
+    if not uploads:
+        raise ImportRefused("BAD_ARCHIVE", "the multipart body holds no archive")
+    return names
+
+
+async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
+    while chunk := await part.read_chunk(CHUNK):
+        yield chunk
+
+
+async def _write(chunks: AsyncIterator[bytes], path: Path) -> None:
+    """`chunks` to `path`, written on a thread a CHUNK at a time as they arrive (the socket
+    hands the body over in pieces of tens of KiB: one thread round trip each would cost
+    more)."""
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(1, thread_name_prefix="import") as pool, path.open("wb") as file:
         pending = bytearray()
-        async for piece in request.content.iter_chunked(CHUNK):
+        async for piece in chunks:
             pending += piece
             if len(pending) >= CHUNK:
                 await loop.run_in_executor(pool, file.write, bytes(pending))
@@ -119,10 +153,14 @@ async def _receive(request: web.Request, path: Path) -> None:
         await loop.run_in_executor(pool, file.write, bytes(pending))
 
 
-def add_backup_routes(app: web.Application, groups: Any = None) -> None:
-    """`groups`: replicated Durable Storage's Raft groups (DsGroups), or None."""
+def add_backup_routes(app: web.Application, groups: Any = None,
+                      load_refusal: Callable[[], str | None] = lambda: None) -> None:
+    """`groups`: replicated Durable Storage's Raft groups (DsGroups), or None;
+    `load_refusal`: why the cluster's effective version does not allow an import's LOAD
+    commands yet (versions.load_refusal), None when it does."""
     if groups is not None:
         app[GROUPS_KEY] = groups
+    app[_LOAD_REFUSAL_KEY] = load_refusal
     app[_BUSY_KEY] = asyncio.Lock()
     app.router.add_post("/api/v5/data/export", export_data)
     app.router.add_post("/api/v5/data/import", import_data)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from broker.cluster import versions
 from broker.http.api import make_app
 from broker.http.backup_api import add_backup_routes
 from broker.http.cluster_api import add_cluster_routes, add_raft_routes
@@ -30,7 +31,9 @@ async def start(app: "BrokerApp") -> tuple[Callable[[], asyncio.BaseProtocol],
         registry.add_rendered(node.group_views.exposition)
     web_app = make_app(node, registry)
     add_cluster_routes(web_app, node, app.cluster, app.rpc)
-    add_backup_routes(web_app, app.ds_groups)
+    keeper = app.versions
+    add_backup_routes(web_app, app.ds_groups, (lambda: None) if keeper is None else
+                      lambda: versions.load_refusal(keeper.effective()))
     if app.metadata is not None:
         add_samples(registry, app.metadata.metrics)
         add_raft_routes(web_app, app.metadata)

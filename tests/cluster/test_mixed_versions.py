@@ -6,7 +6,10 @@ Present 1) and runs cluster version 0: durable shared subscriptions, whose write
 replicas would admit unfenced, are routed live as 0.1.0 did. Once that node runs this tree
 (same data dir) the cluster rises to version 1 and a durable shared group is made. Then
 0.1.0 on that node again is refused by its peers at the handshake ("too old": 0.1.0 cannot
-check versions, the refusal is the new nodes'), and the other two go on.
+check versions, the refusal is the new nodes'), and the other two go on. A backup imported
+while the cluster runs version 0 is refused with the reason (0.1.0 would skip its LOAD
+commands) before anything is proposed; at version 1 the gate lets it through to the next
+check (the cluster holds data).
 """
 
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from broker.version import RELEASE
 from tests.cluster.conftest import Cluster, Node, http_json
 from tests.cluster.test_replicated_ds import REPLICATED, _client, _groups_led
 from tests.integration.clients import PahoClient, unique, wait_until
+from tests.integration.test_backup import ctl
 from tests.support.releases import build
 
 OLD = "0.1.0"
@@ -89,8 +93,16 @@ def _hand_over_skips_the_old_node(cluster: Cluster, nodes: list[Node], stopping:
     _groups_led(nodes, 1 + 1 + 4)
 
 
+def _import(node: Node, archive: Path) -> str:
+    """`ctl data import` of `archive` into the cluster through `node`, refused: its error."""
+    refused = ctl("import", str(archive), "--url", f"http://127.0.0.1:{node.http}", ok=False)
+    assert refused.returncode == 1, refused.stdout
+    return refused.stderr
+
+
 def test_a_0_1_0_node_runs_with_this_tree_until_upgraded_and_is_refused_after(
-        cluster: Cluster, clients: list[PahoClient], old_release: Path) -> None:
+        cluster: Cluster, clients: list[PahoClient], old_release: Path,
+        tmp_path: Path) -> None:
     nodes = cluster.make(3, **REPLICATED)
     new, upgraded = nodes[:2], nodes[2]
     upgraded.process.code = old_release
@@ -119,6 +131,13 @@ def test_a_0_1_0_node_runs_with_this_tree_until_upgraded_and_is_refused_after(
     assert _groups(new[0]) == [] and _groups(new[1]) == []  # no durable group: version 0
     for node in new:
         assert node.cluster_version() == 0 and node.metric("mqtt_cluster_version") == 0
+    # An import would write LOAD commands, which 0.1.0 skips: refused before the cluster's
+    # emptiness is even looked at (it holds data: that refusal would come next).
+    archive = tmp_path / "backup.tar"
+    wait_until(lambda: ctl("export", str(archive), "--url", f"http://127.0.0.1:{new[0].http}",
+                           ok=False).returncode == 0, 60, "an export (its barrier committed)")
+    refused = _import(new[1], archive)
+    assert "409 CLUSTER_VERSION" in refused and "upgrade every member" in refused
 
     # A graceful stop of a new node hands its groups only to the other new node: 0.1.0's
     # Raft does not decode TimeoutNow (it would drop it as malformed).
@@ -133,6 +152,8 @@ def test_a_0_1_0_node_runs_with_this_tree_until_upgraded_and_is_refused_after(
     for node in nodes:
         assert node.metric("mqtt_cluster_version") == versions.HIGHEST
         assert _releases(node) == {n.node_name: RELEASE for n in nodes}
+    # Past the version's gate (its barrier may time out once, the upgraded node just back).
+    wait_until(lambda: "409 NOT_EMPTY" in _import(new[1], archive), 60, "NOT_EMPTY")
     # The command it allows: a durable shared group, its writes in every replica.
     share = f"$share/{unique('g')}/{topic}/#"
     worker = _client(clients, new[1], unique("worker"))

@@ -4,10 +4,13 @@ format (tar members with a SHA-256 each, pairs), read back and checked member by
 import io
 import json
 import tarfile
+from collections.abc import Callable
+from typing import IO
 
 import pytest
 
 from broker.backup.archive import (
+    CHUNK,
     BadArchive,
     TarWriter,
     decode_pairs,
@@ -56,6 +59,22 @@ def archive(gzip: bool = False, data: dict[str, bytes] = DATA,
     return out.getvalue()
 
 
+class _Stream:
+    """An archive as an HTTP response gives it: only `read` (tarfile reads it as a stream;
+    a file on disk it reads as a file)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._file = io.BytesIO(raw)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._file.read(size)
+
+
+@pytest.fixture(params=["file", "stream"])
+def opened(request: pytest.FixtureRequest) -> Callable[[bytes], IO[bytes]]:
+    return io.BytesIO if request.param == "file" else _Stream  # type: ignore[return-value]
+
+
 def test_manifest_round_trip() -> None:
     made = manifest()
     assert parse(made.encode()) == made
@@ -63,39 +82,41 @@ def test_manifest_round_trip() -> None:
 
 
 @pytest.mark.parametrize("gzip", [False, True])
-def test_archive_is_a_tar_that_verifies(gzip: bool) -> None:
+def test_archive_is_a_tar_that_verifies(
+        gzip: bool, opened: Callable[[bytes], IO[bytes]]) -> None:
     raw = archive(gzip)
-    assert verify(io.BytesIO(raw)) == manifest()
+    assert verify(opened(raw)) == manifest()
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         assert tar.getnames() == [NAME, *DATA]
         assert tar.extractfile(SESSIONS).read() == DATA[SESSIONS]  # type: ignore[union-attr]
 
 
-def test_a_flipped_byte_names_its_member() -> None:
+def test_a_flipped_byte_names_its_member(opened: Callable[[bytes], IO[bytes]]) -> None:
     raw = bytearray(archive())
     with tarfile.open(fileobj=io.BytesIO(bytes(raw))) as tar:
         offset = tar.getmember("messages/shard-000/gen-000001/000005.ldb").offset_data
     raw[offset + 7] ^= 1
     with pytest.raises(BadArchive, match=r"gen-000001/000005\.ldb: checksum mismatch"):
-        verify(io.BytesIO(bytes(raw)))
+        verify(opened(bytes(raw)))
 
 
-def test_cut_short_missing_and_extra_members_are_refused() -> None:
+def test_cut_short_missing_and_extra_members_are_refused(
+        opened: Callable[[bytes], IO[bytes]]) -> None:
     raw = archive()
     with pytest.raises(BadArchive, match="cut short"):
-        verify(io.BytesIO(raw[:len(raw) // 2]))
+        verify(opened(raw[:len(raw) // 2]))
     fewer = {k: v for k, v in DATA.items() if k != RETAINED}
     with pytest.raises(BadArchive, match=r"retained\.pairs: listed .* not in the archive"):
-        verify(io.BytesIO(archive(data=fewer)))
+        verify(opened(archive(data=fewer)))
     more = {**DATA, "messages/shard-000/gen-000003.pairs": b"x"}
     with pytest.raises(BadArchive, match=r"gen-000003\.pairs: not listed"):
-        verify(io.BytesIO(archive(data=more)))
+        verify(opened(archive(data=more)))
     with pytest.raises(BadArchive, match="first member"):
         out = io.BytesIO()
         writer = TarWriter(out.write)
         writer.add(SESSIONS, 1, [b"x"])
         writer.close()
-        verify(io.BytesIO(out.getvalue()))
+        verify(opened(out.getvalue()))
 
 
 def test_a_member_that_changes_size_while_written_is_refused() -> None:
@@ -105,11 +126,13 @@ def test_a_member_that_changes_size_while_written_is_refused() -> None:
 
 
 def test_pairs_round_trip_and_cut_short() -> None:
-    pairs = [(b"k%d" % n, b"v" * n) for n in range(3000)]
+    # Pairs across the reader's chunks, one larger than a chunk.
+    pairs = [(b"k%d" % n, b"v" * n) for n in range(3000)] + [(b"big", b"b" * (CHUNK * 2 + 5))]
     encoded = b"".join(encode_pairs(pairs))
     assert list(decode_pairs(io.BytesIO(encoded), "x")) == pairs
-    with pytest.raises(BadArchive, match="x: cut short"):
-        list(decode_pairs(io.BytesIO(encoded[:-1]), "x"))
+    for cut in (3, 9, len(encoded) - CHUNK, len(encoded) - 1):
+        with pytest.raises(BadArchive, match="x: cut short"):
+            list(decode_pairs(io.BytesIO(encoded[:cut]), "x"))
 
 
 @pytest.mark.parametrize(("change", "error"), [
