@@ -7,17 +7,17 @@ crash tests stop a replica between a rotation and its commit, and just after, an
 it restarts where the Raft log can take it on."""
 
 import asyncio
+import functools
+import os
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.ds import replication_layer as cmd
-from broker.ds import shard as shard_module
-from broker.ds import slab as slab_module
 from broker.ds.shard import Shard
 from broker.ds.slab import Slab
 from broker.ds.spare import NextSlab
@@ -67,26 +67,35 @@ class _WatchedDB:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
-    """Every LevelDB opened from now on is watched, and every slab creation noted."""
+    """Every fsync from now on is noted (files.py's: directories, manifests). The shard and
+    slab modules may be compiled (mypyc), so nothing of theirs is patched."""
     noted: Calls = []
-    open_leveldb, create_slab = slab_module._open_leveldb, shard_module._create_slab
+    fsync = os.fsync
 
-    def opened(*args: Any) -> _WatchedDB:
-        noted.append(("open", threading.get_ident()))
-        return _WatchedDB(open_leveldb(*args), noted)
+    def noted_fsync(fd: int) -> None:
+        noted.append(("fsync", threading.get_ident()))
+        fsync(fd)
 
-    def created(*args: Any, **kwargs: Any) -> Slab:
-        noted.append(("slab creation", threading.get_ident()))
-        return create_slab(*args, **kwargs)
-
-    monkeypatch.setattr(slab_module, "_open_leveldb", opened)
-    monkeypatch.setattr(shard_module, "_create_slab", created)
+    monkeypatch.setattr(os, "fsync", noted_fsync)
     yield noted
 
 
 def _watch(slab: Slab, calls: Calls) -> None:
     if not isinstance(slab._db, _WatchedDB):
         slab._db = _WatchedDB(slab.db, calls)
+
+
+def _watch_spares(shard: Shard, calls: Calls) -> None:
+    """The spares the shard makes from now on are noted and watched."""
+    make = shard._make_spare
+
+    def made(generation: int) -> Slab:
+        calls.append(("slab creation", threading.get_ident()))
+        spare = make(generation)
+        _watch(spare, calls)
+        return spare
+
+    shard.next = NextSlab(shard.next.name, shard.executor, shard.open_slabs, made)
 
 
 def _on(calls: Calls, thread: int) -> list[str]:
@@ -97,6 +106,7 @@ async def _rotate(replica: Replica, index: int, calls: Calls) -> list[str]:
     """ROTATE applied at `index` after the spare was made; what the loop did that waits
     for the disk, from the rotation to the end of the seal."""
     shard = replica.machine.shard
+    _watch_spares(shard, calls)
     await asyncio.wrap_future(shard.prepare_next())
     for slab in shard.slabs.values():
         if slab.is_open:
@@ -104,6 +114,7 @@ async def _rotate(replica: Replica, index: int, calls: Calls) -> list[str]:
     calls.clear()
     replica.apply(index, cmd.encode_rotate(1_000))
     await shard.wait_sealed()
+    await asyncio.wrap_future(shard.prepare_next())  # the one made after the rotation
     return _on(calls, threading.get_ident())
 
 
@@ -117,7 +128,8 @@ async def test_a_replicated_rotation_leaves_the_disk_to_worker_threads(
     done = [what for what, _ in calls]
     # The work was moved, not skipped: the old slab synced and compacted, the new one
     # committed, the next one made, and the sealed one closed by the bound (1 open).
-    for what in ("synced put", "synced delete", "compaction", "slab creation", "close"):
+    for what in ("synced put", "synced delete", "compaction", "fsync", "slab creation",
+                 "close"):
         assert what in done
     shard = replica.machine.shard
     assert sorted(shard.slabs) == [1, 2] and shard.slabs[1].sealed
@@ -127,45 +139,61 @@ async def test_a_replicated_rotation_leaves_the_disk_to_worker_threads(
 async def test_a_local_seal_leaves_the_disk_to_worker_threads(
         open_storage: Any, calls: Calls) -> None:
     storage = open_storage(n_shards=1, max_open_slabs=1)
+    shard: Shard = storage.messages.shards[0]
+    _watch_spares(shard, calls)
     storage.start()
     for round_ in range(3):  # the first rotation finds its spare made at the start
         await storage.store_batch(MESSAGES, [message(f"t/{round_}")])
-        shard: Shard = storage.messages.shards[0]
         await asyncio.wrap_future(shard.prepare_next())
         _watch(shard.current, calls)
         calls.clear()
         assert await storage.seal() == 1
         assert _on(calls, threading.get_ident()) == []
-        assert "compaction" in [what for what, _ in calls]
-    assert sorted(storage.messages.shards[0].slabs) == [1, 2, 3, 4]
+        done = [what for what, _ in calls]
+        assert "compaction" in done and "synced batch" in done  # sealed; spare activated
+    assert sorted(shard.slabs) == [1, 2, 3, 4]
 
 
-async def _crashed_after_rotation(tmp_path: Path, executor: ThreadPoolExecutor,
-                                  committed: bool) -> Replica:
+class _HeldExecutor(Executor):
+    """Runs what is submitted only when told, on the caller's thread: a worker that has not
+    got to a job yet when a crash comes."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.queued.append((functools.partial(fn, **kwargs), args, future))
+        return future
+
+    def run(self, name: str) -> None:
+        """Runs the queued jobs that call `name`."""
+        for job in [job for job in self.queued if _name(job[0]) == name]:
+            self.queued.remove(job)
+            fn, args, future = job
+            future.set_result(fn(*args))
+
+
+def _name(job: functools.partial[Any]) -> str:
+    return getattr(job.func, "__name__", "")
+
+
+async def _crashed_after_rotation(tmp_path: Path, committed: bool) -> Replica:
     """A replica that applied STOREs 1-5 and ROTATE 6 and crashed: before the seal's
     worker committed the rotation, or after."""
-    replica = Replica(tmp_path, executor)
+    held = _HeldExecutor()
+    replica = Replica(tmp_path, held)  # type: ignore[arg-type]
     for index, data in enumerate(stores(1, 5), start=1):
         replica.apply(index, data)
     shard = replica.machine.shard
-    await asyncio.wrap_future(shard.prepare_next())
-    held = threading.Event()
-    seal = Shard._seal
-
-    def held_seal(self: Shard, old: Slab, until: int) -> None:
-        held.wait()  # the worker has not got to it when the crash comes
-        seal(self, old, until)
-
-    with pytest.MonkeyPatch.context() as patch:
-        if not committed:
-            patch.setattr(Shard, "_seal", held_seal)
-        replica.apply(6, cmd.encode_rotate(1_000))
-        if committed:
-            shard.commit()
-        assert sorted(shard.slabs) == [1, 2]
-        replica.crash()
-        held.set()
-    await asyncio.gather(*shard._sealing.values(), return_exceptions=True)
+    shard.prepare_next()
+    held.run("_make")
+    replica.apply(6, cmd.encode_rotate(1_000))
+    if committed:
+        shard.commit()
+    assert sorted(shard.slabs) == [1, 2]
+    held.run("_make")  # the next spare (the crash's close discards it)
+    replica.crash()  # the seal's job never runs
     return replica
 
 
@@ -177,7 +205,7 @@ async def test_a_crash_before_a_rotation_is_committed_replays_it(
         intact.apply(index, data)
     await intact.machine.shard.wait_sealed()
 
-    await _crashed_after_rotation(tmp_path / "cut", executor, committed=False)
+    await _crashed_after_rotation(tmp_path / "cut", committed=False)
     restarted = Replica(tmp_path / "cut", executor)
     # The activated spare went (it was never one for sure): the rotation is the log's.
     assert sorted(restarted.machine.shard.slabs) == [1]
@@ -190,7 +218,7 @@ async def test_a_crash_before_a_rotation_is_committed_replays_it(
 
 async def test_a_crash_after_a_rotation_is_committed_keeps_it(
         tmp_path: Path, executor: ThreadPoolExecutor) -> None:
-    replica = await _crashed_after_rotation(tmp_path, executor, committed=True)
+    replica = await _crashed_after_rotation(tmp_path, committed=True)
     before = by_generation(replica)
     restarted = Replica(tmp_path, executor)
     shard = restarted.machine.shard
