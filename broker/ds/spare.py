@@ -3,7 +3,7 @@
 Creating a LevelDB costs a dozen fsyncs (tens of milliseconds, hundreds on a busy disk),
 and a replicated rotation is applied on the event loop, in log order: so the slab the next
 rotation needs is made beforehand, after each rotation and when the node starts. It lives
-at its final directory, marked as a spare (slab.SPARE_KEY), and is pinned in `OpenSlabs`
+at its final directory, marked as a spare (slab.SPARE_FILE), and is pinned in `OpenSlabs`
 as the current slab will be; opening a shard drops the newest slabs still marked
 (shard.load_slabs).
 """

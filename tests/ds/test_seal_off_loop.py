@@ -127,9 +127,9 @@ async def test_a_replicated_rotation_leaves_the_disk_to_worker_threads(
     assert on_loop == []
     done = [what for what, _ in calls]
     # The work was moved, not skipped: the old slab synced and compacted, the new one
-    # committed, the next one made, and the sealed one closed by the bound (1 open).
-    for what in ("synced put", "synced delete", "compaction", "fsync", "slab creation",
-                 "close"):
+    # committed (its mark removed, the directory synced), the next one made, and the sealed
+    # one closed by the bound (1 open).
+    for what in ("synced put", "compaction", "fsync", "slab creation", "close"):
         assert what in done
     shard = replica.machine.shard
     assert sorted(shard.slabs) == [1, 2] and shard.slabs[1].sealed
