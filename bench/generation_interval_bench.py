@@ -9,7 +9,11 @@ with the DS library in 60 equal minutes, and sealed after every minute (`1m`: wh
 node's generation timer does) or once after the hour (`1h`). Measured for each:
   - seals per hour (generations sealed, all shards), files and bytes of ds/messages after it;
   - the hour's stores and seals: wall time, each seal's time (median, max), and the event
-    loop's longest stall while the stores and seals ran (a task that wakes every 1 ms);
+    loop's longest stall while the stores and seals ran (a task that wakes every 1 ms), and
+    while the seals alone ran (the stores are the benchmark's batches of 2,000 messages,
+    cooked on the loop: a broker's come from its connections);
+  - a replicated seal (`builtin_raft`): the time each shard's ROTATE holds the loop when
+    applied (Shard.apply_rotate, after a minute of the same traffic, --rotations times);
   - the stats job (batch, warm local[2] session) over the whole hour: messages/s;
   - one tick of the streaming stats job (`--stream`, what an interval SparkApplication
     runs): with `1m`, the 60th minute's run after a checkpoint that read the first 59
@@ -28,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,38 +48,61 @@ MINUTES = 60
 _BATCH = 2_000
 
 
-async def _heartbeat(longest: list[float], stop: asyncio.Event) -> None:
-    """The event loop's longest stall: how late a 1 ms sleep wakes."""
+async def _heartbeat(longest: list[float], stop: asyncio.Event,
+                     sealing: list[bool] | None = None) -> None:
+    """The event loop's longest stall: how late a 1 ms sleep wakes; [1] the longest of
+    those that began while `sealing[0]`."""
     while not stop.is_set():
         started = time.perf_counter()
+        in_seal = sealing is not None and sealing[0]
         await asyncio.sleep(0.001)
-        longest[0] = max(longest[0], time.perf_counter() - started - 0.001)
+        late = time.perf_counter() - started - 0.001
+        longest[0] = max(longest[0], late)
+        if in_seal:
+            longest[1] = max(longest[1], late)
+
+
+def _storage(data_dir: Path) -> DurableStorage:
+    """Opened as a node opens it, each next generation made ahead (DurableStorage.start,
+    without its timers)."""
+    storage = DurableStorage(data_dir, Settings(n_shards=4, generation_max_size=1 << 40))
+    for shard in storage.messages.shards:
+        shard.prepare_next()
+    return storage
+
+
+def _minute(storage: DurableStorage, first: int, per_minute: int) -> Iterator[Awaitable[None]]:
+    """A minute's stores, each made when the one before was awaited."""
+    payload = bytes(64)
+    for start in range(first, first + per_minute, _BATCH):
+        yield storage.store_batch(MESSAGES, [
+            TTV(f"sensors/{i % 1000}/temp", payload, i % 3, False, f"device-{i % 5000}")
+            for i in range(start, min(start + _BATCH, first + per_minute))
+        ], sync=False)
 
 
 def write_hour(data_dir: Path, messages: int, seal_every_minute: bool,
                minutes: range = range(MINUTES)) -> dict[str, Any]:
     """`minutes` of the hour's traffic stored (and sealed as the interval says)."""
     per_minute = messages // MINUTES
-    payload = bytes(64)
     seals: list[float] = []
-    longest = [0.0]
+    longest = [0.0, 0.0]
+    sealing = [False]
 
     async def run() -> float:
-        storage = DurableStorage(data_dir, Settings(n_shards=4, generation_max_size=1 << 40))
+        storage = _storage(data_dir)
         stop = asyncio.Event()
-        beat = asyncio.create_task(_heartbeat(longest, stop))
+        beat = asyncio.create_task(_heartbeat(longest, stop, sealing))
         started = time.perf_counter()
         for minute in minutes:
-            first = minute * per_minute
-            for start in range(first, first + per_minute, _BATCH):
-                await storage.store_batch(MESSAGES, [
-                    TTV(f"sensors/{i % 1000}/temp", payload, i % 3, False, f"device-{i % 5000}")
-                    for i in range(start, min(start + _BATCH, first + per_minute))
-                ], sync=False)
+            for stored in _minute(storage, minute * per_minute, per_minute):
+                await stored
             if seal_every_minute or minute == MINUTES - 1:
-                sealing = time.perf_counter()
+                sealing[0] = True
+                began = time.perf_counter()
                 await storage.seal()
-                seals.append(time.perf_counter() - sealing)
+                seals.append(time.perf_counter() - began)
+                sealing[0] = False
         took = time.perf_counter() - started
         stop.set()
         await beat
@@ -85,7 +113,36 @@ def write_hour(data_dir: Path, messages: int, seal_every_minute: bool,
     return {"write_s": round(took, 2), "seals": len(seals),
             "seal_median_ms": round(statistics.median(seals) * 1000, 1) if seals else None,
             "seal_max_ms": round(max(seals) * 1000, 1) if seals else None,
-            "loop_longest_stall_ms": round(longest[0] * 1000, 1)}
+            "loop_longest_stall_ms": round(longest[0] * 1000, 1),
+            "loop_longest_stall_in_seals_ms": round(longest[1] * 1000, 1)}
+
+
+def replicated_rotations(data_dir: Path, messages: int, rotations: int) -> dict[str, Any]:
+    """How long each shard's ROTATE holds the loop where `builtin_raft` applies it (in log
+    order, on the loop), each after a minute of traffic; its seal runs meanwhile."""
+    per_minute = messages // MINUTES
+    held: list[float] = []
+
+    async def run() -> None:
+        storage = _storage(data_dir)
+        index = 0
+        for minute in range(rotations):
+            for stored in _minute(storage, minute * per_minute, per_minute):
+                await stored
+            for shard in storage.messages.shards:
+                await asyncio.sleep(0.05)  # the spare made after the last rotation is ready
+                index += 1
+                began = time.perf_counter()
+                shard.apply_rotate(shard.cooker.last_timestamp, index, 1)
+                held.append(time.perf_counter() - began)
+        for shard in storage.messages.shards:
+            await shard.wait_sealed()
+        await storage.close()
+
+    asyncio.run(run())
+    return {"rotations": len(held),
+            "apply_rotate_median_ms": round(statistics.median(held) * 1000, 2),
+            "apply_rotate_max_ms": round(max(held) * 1000, 2)}
 
 
 def on_disk(data_dir: Path) -> dict[str, int]:
@@ -116,8 +173,8 @@ def measure(work: Path, interval: str, messages: int, repeat: int) -> dict[str, 
         result["write_s"] = round(result["write_s"] + last["write_s"], 2)
         result["seals"] += last["seals"]
         result["seal_max_ms"] = max(result["seal_max_ms"], last["seal_max_ms"])
-        result["loop_longest_stall_ms"] = max(result["loop_longest_stall_ms"],
-                                              last["loop_longest_stall_ms"])
+        for key in ("loop_longest_stall_ms", "loop_longest_stall_in_seals_ms"):
+            result[key] = max(result[key], last[key])
 
         def tick() -> None:
             for copy, live in ((first, checkpoint), (out / "stream-59", out / "stream")):
@@ -149,6 +206,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=360_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rotations", type=int, default=10)
     args = parser.parse_args()
     messages = args.messages // MINUTES * MINUTES
     work = Path(tempfile.mkdtemp(prefix="generation-interval-"))
@@ -156,8 +214,9 @@ def main() -> None:
         load_before = os.getloadavg()[0]
         slabframe.session("bench", "local[2]", lean_jvm=True)  # warm: both pay no start-up
         runs = [measure(work, interval, messages, args.repeat) for interval in ("1m", "1h")]
+        replicated = replicated_rotations(work / "raft", messages, args.rotations)
         results = {"messages_per_hour": messages, "shards": 4, "cores": os.cpu_count(),
-                   "repeat": args.repeat, "runs": runs,
+                   "repeat": args.repeat, "runs": runs, "replicated_rotation": replicated,
                    "load_before": round(load_before, 2),
                    "load_after": round(os.getloadavg()[0], 2)}
         minute, hour = runs

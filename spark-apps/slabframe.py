@@ -210,10 +210,20 @@ def register(spark: SparkSession) -> None:
     # The Python process that plans a streaming query from mqtt-ds on the driver gets none
     # of the files added above (only tasks do): it finds the modules through the data
     # source's environment, taken from the context's when it is registered.
-    environment = spark.sparkContext.environment
+    context = spark.sparkContext
+    environment = context.environment
     paths = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
     environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(here), *paths]))
-    spark.dataSource.register(mqtt_ds.MqttDsDataSource)
+    python = context.pythonExec
+    launcher = here / "python-installed-pyspark"
+    # (on a local master only: an executor elsewhere may not have this path)
+    if str(context.master).startswith("local") and os.access(launcher, os.X_OK):
+        environment["MQTT_DS_PYTHON"] = python
+        context.pythonExec = str(launcher)
+    try:
+        spark.dataSource.register(mqtt_ds.MqttDsDataSource)  # takes pythonExec now
+    finally:
+        context.pythonExec = python
 
 
 def _local_cores(master: str | None) -> int:

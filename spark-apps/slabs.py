@@ -35,7 +35,7 @@ from broker.ds.db import DB_FILE
 from broker.ds.iterator import read_plan
 from broker.ds.lts import LTS
 from broker.ds.manifest import read_manifest
-from broker.ds.slab import Slab
+from broker.ds.slab import SPARE_FILE, Slab
 from broker.ds.storage import MESSAGES
 from broker.mqtt.errors import ProtocolError
 from broker.mqtt.topic import topic_matches, validate_topic_filter
@@ -174,7 +174,8 @@ def slab_dirs(shard_dir: Path) -> list[tuple[int, Path]]:
     """(generation, directory) of a shard's slabs, sealed or not, in generation order."""
     return sorted((int(slab_dir.name.removeprefix("gen-")), slab_dir)
                   for slab_dir in shard_dir.glob("gen-*")
-                  if not slab_dir.name.endswith(".tmp"))  # a slab being created (shard.py)
+                  # a slab being created, or made ahead of its generation (shard.py)
+                  if not slab_dir.name.endswith(".tmp") and not (slab_dir / SPARE_FILE).exists())
 
 
 def slab_task(

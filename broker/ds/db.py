@@ -86,6 +86,7 @@ class MessagesDB:
     def close_shard_now(self, i: int) -> None:
         """Blocking: closes shard `i`'s slabs, whatever is in flight (a snapshot is about
         to replace its directory; readers find its generations gone)."""
+        self.shards[i].next.discard()
         for slab in self.shards[i].slabs.values():
             self.open_slabs.drop(slab)
             slab.close()
@@ -96,6 +97,8 @@ class MessagesDB:
         old = self.shards[i]
         shard = self.shards[i] = self._shard(i, self._load_shard(i))
         shard.replication = old.replication
+        if old.next.wanted:
+            shard.prepare_next()
         return shard
 
     def store_batch(self, messages: Sequence[TTV], sync: bool = True) -> Awaitable[None]:

@@ -6,6 +6,15 @@ the new directory. On disk a generation without a manifest that is not the newes
 whose sealing a crash interrupted; opening the shard finishes it. Only the current
 generation's LevelDB stays open; sealed ones are opened by readers through `OpenSlabs`.
 
+The next generation's slab is made ahead, on a worker thread (spare.py): a replicated
+rotation is applied on the event loop, in log order, and creating a LevelDB costs a dozen
+fsyncs. Replicated, a rotation activates the spare without a sync and the seal's worker
+commits it, in rotation order: the old slab synced, then the new one unmarked (synced), so
+the new one never counts commands as applied whose data the old one could still lose.
+Every synced checkpoint commits first (the log is compacted only behind one). Without a
+spare at hand (the first rotation after a snapshot install or a LOAD), a rotation creates
+the slab itself, as before.
+
 Two backends share this class. `builtin_local`: the write buffer's flush cooks and writes
 (with fsync) here. `builtin_raft`: the flush, rotations and drops become commands of the
 shard's Raft group (`replication`, set by the cluster), and every replica changes its shard
@@ -30,9 +39,10 @@ import json
 import logging
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -46,6 +56,7 @@ from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import LOAD_FIRST, LOAD_LAST, BadCommand, Load, Store
 from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab, prepare_batch
 from broker.ds.space import DISK_FULL, WRITE_FAILED, StorageRefused, out_of_space
+from broker.ds.spare import NextSlab
 from broker.ds.ttv import TTV
 
 log = logging.getLogger(__name__)
@@ -109,6 +120,11 @@ class Shard:
         # a checkpoint.
         self._writers: dict[str, int] = {}
         self._applied: tuple[int, int] | None = None
+        # The next generation's slab, made ahead; the rotations whose new slab is not
+        # committed yet (old, new), oldest first.
+        self.next = NextSlab(f"shard {index}", executor, open_slabs, self._make_spare)
+        self._uncommitted: list[tuple[Slab, Slab]] = []
+        self._committing = threading.Lock()
         self._checkpointed = self._resume_at_checkpoint()
         last = max(slab.stats.max_timestamp for slab in slabs)
         self.cooker = Cooker(self.current.lts, self.current.stats, last)
@@ -183,22 +199,58 @@ class Shard:
         loop = asyncio.get_running_loop()
         old = self.current
         now = max(now_us(), self.cooker.last_timestamp)
-        new = await loop.run_in_executor(
-            self.executor, _create_slab, self.path, old.generation + 1, self.thresholds, now,
-            self.compression,
-        )
-        self.open_slabs.acquire(new)
+        new = await self.next.take(old.generation + 1)
+        if new is None:
+            new = await loop.run_in_executor(
+                self.executor, _create_slab, self.path, old.generation + 1, self.thresholds,
+                now, self.compression,
+            )
+            self.open_slabs.acquire(new)
+        else:
+            await loop.run_in_executor(self.executor, new.activate, now, None, True)
+        self._switch(old, new, now)
+        return new.generation
+
+    def _switch(self, old: Slab, new: Slab, now: int) -> None:
+        """`new` (open and pinned) becomes current; the old generation ends at `now` for
+        readers at once and is sealed on a worker thread, where it loses the writer's pin
+        once sealed (closing what the bound on open slabs then closes there too)."""
         self.slabs[new.generation] = new
         self.current = new
         self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
-        # Readers must see the end of the old generation now, not after compaction.
         old.sealed_at = now
-        # The old generation keeps the writer's pin until its seal is done.
-        sealing = loop.run_in_executor(self.executor, old.seal, now, self.index)
-        sealing.add_done_callback(lambda _: self.open_slabs.release(old))
-        self._sealing[old.generation] = sealing
+        self._sealing[old.generation] = asyncio.get_running_loop().run_in_executor(
+            self.executor, self._seal, old, now)
         self._on_change(self.index, old.generation, None)
-        return new.generation
+        if self.next.wanted:
+            self.prepare_next()
+
+    def _seal(self, old: Slab, until: int) -> None:
+        """Blocking: the rotations so far committed, then `old` sealed and unpinned."""
+        try:
+            self.commit()
+            old.seal(until, self.index)
+        finally:
+            self.open_slabs.release(old)
+
+    def prepare_next(self) -> "Future[Slab]":
+        """Starts making the next generation's slab on a worker thread (spare.py), and one
+        after each rotation from now on (any thread); returns the making."""
+        return self.next.prepare(self.current.generation + 1)
+
+    def _make_spare(self, generation: int) -> Slab:
+        return _create_slab(self.path, generation, self.thresholds, now_us(), self.compression,
+                            spare=True)
+
+    def commit(self) -> None:
+        """Blocking, any thread: each rotation applied without a sync made durable, in
+        order (its old slab synced, then its new one unmarked)."""
+        with self._committing:
+            while self._uncommitted:
+                old, new = self._uncommitted[0]
+                old.checkpoint()
+                new.unmark()
+                self._uncommitted.pop(0)
 
     async def wait_sealed(self) -> None:
         while self._sealing:
@@ -259,6 +311,8 @@ class Shard:
         return stats, (CHECKPOINT_KEY, _checkpoint_value(self._applied, self._writers))
 
     def _write_checkpoint(self, sync: bool) -> None:
+        if sync and self._uncommitted:
+            self.commit()  # a synced checkpoint lets the log go: it must not outrun them
         with self.current.db.write_batch(sync=sync) as batch:
             for key, value in self._checkpoint():
                 batch.put(key, value)
@@ -271,7 +325,9 @@ class Shard:
 
     def checkpoint_now(self) -> None:
         """Blocking: the current slab's checkpoint at the last command applied, not synced
-        (a snapshot is about to read the slab)."""
+        (a snapshot is about to read the slab: its rotations committed first, so it holds
+        no spare's mark)."""
+        self.commit()
         self._write_checkpoint(sync=False)
 
     def apply_store(self, store: Store, index: int, term: int) -> None:
@@ -303,30 +359,30 @@ class Shard:
             self._write_checkpoint(sync=True)
 
     def apply_rotate(self, clock: int, index: int, term: int) -> None:
-        """Blocking (a LevelDB directory is created: milliseconds). The new slab records
-        `index` as applied, so a crash before it exists replays the rotation and one after
-        does not; what the old one holds is synced first, so it cannot lose a tail the new
-        one already counts as applied."""
+        """The new slab records `index` as applied, so a crash before it is one for sure
+        replays the rotation and one after does not; the old one is synced first, so it
+        cannot lose a tail the new one already counts as applied. With a spare at hand
+        nothing here waits for the disk: the spare is activated without a sync and the
+        seal's worker commits it (module docstring); without, the slab is created here
+        (blocking: a dozen fsyncs)."""
         old = self.current
         if not old.stats.messages:
             self.apply_mark(index, term)
             return
-        self._write_checkpoint(sync=True)
+        new = self.next.take_now(old.generation + 1)
+        self._write_checkpoint(sync=new is None)
         now = max(clock, self.cooker.last_timestamp)
         self._applied = (index, term)
-        new = _create_slab(self.path, old.generation + 1, self.thresholds, now, self.compression,
-                           _checkpoint_value(self._applied, self._writers))
+        checkpoint = _checkpoint_value(self._applied, self._writers)
+        if new is None:
+            new = _create_slab(self.path, old.generation + 1, self.thresholds, now,
+                               self.compression, checkpoint)
+            self.open_slabs.acquire(new)
+        else:
+            new.activate(now, checkpoint, sync=False)
+            self._uncommitted.append((old, new))
         self._checkpointed = True
-        self.open_slabs.acquire(new)
-        self.slabs[new.generation] = new
-        self.current = new
-        self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
-        old.sealed_at = now
-        sealing = asyncio.get_running_loop().run_in_executor(
-            self.executor, old.seal, now, self.index)
-        sealing.add_done_callback(lambda _: self.open_slabs.release(old))
-        self._sealing[old.generation] = sealing
-        self._on_change(self.index, old.generation, None)
+        self._switch(old, new, now)
 
     def apply_drop(self, cutoff: int, index: int, term: int) -> list[int]:
         """Sealed generations that ended before `cutoff` leave the shard now; their
@@ -355,6 +411,8 @@ class Shard:
         alike."""
         old = self.current
         if load.flags & LOAD_FIRST:
+            self.commit()
+            self.next.discard()  # generations are numbered from the archive's now
             if (load.generation < old.generation or max(self.slabs) > old.generation
                     or old.stats.messages):
                 raise BadCommand(f"shard {self.index}: no load of generation"
@@ -392,11 +450,13 @@ class Shard:
         may fail: the shard closes all the same, and the next start counts what followed
         the previous one, as after a crash (and finishes a seal that failed)."""
         await self.buffer.drain()
+        self.next.wanted = False
         try:
             await self.wait_sealed()
             self._write_checkpoint(sync=True)
         except (plyvel.Error, OSError) as error:
             log.warning("shard %d closed without its last checkpoint: %s", self.index, error)
+        await asyncio.get_running_loop().run_in_executor(self.executor, self.next.discard)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -448,6 +508,10 @@ def load_slabs(index: int, path: Path, thresholds: tuple[int, ...], max_generati
         int(child.name[len(_GEN_PREFIX):]) for child in path.glob(f"{_GEN_PREFIX}*")
     )
     slabs = [Slab.open(generation_dir(path, g), g, compression) for g in generations]
+    while slabs and not slabs[-1].sealed and slabs[-1].spare:
+        spare = slabs.pop()  # made ahead, or activated by a rotation the log replays
+        spare.close()
+        shutil.rmtree(spare.path)
     for slab in slabs[:-1]:
         if not slab.sealed:
             log.info("finishing the seal of %s", slab.path)
@@ -464,18 +528,19 @@ def load_slabs(index: int, path: Path, thresholds: tuple[int, ...], max_generati
         full.seal(until, index)
         full.close()
     elif not slabs or slabs[-1].sealed:
-        slabs.append(_create_slab(path, generations[-1] + 1 if generations else 1,
-                                  thresholds, now_us(), compression))
+        after = slabs[-1].generation + 1 if slabs else generations[0] if generations else 1
+        slabs.append(_create_slab(path, after, thresholds, now_us(), compression))
     return slabs
 
 
 def _create_slab(shard_dir: Path, generation: int, thresholds: tuple[int, ...], now: int,
-                 compression: Compression, checkpoint: bytes | None = None) -> Slab:
+                 compression: Compression, checkpoint: bytes | None = None,
+                 spare: bool = False) -> Slab:
     """Built under a temporary name and renamed, so a crash never leaves a half-made slab
     that looks real."""
     final = generation_dir(shard_dir, generation)
     tmp = final.with_name(final.name + _TMP_SUFFIX)
-    slab = Slab.create(tmp, generation, thresholds, now, compression)
+    slab = Slab.create(tmp, generation, thresholds, now, compression, spare)
     if checkpoint is not None:
         slab.db.put(CHECKPOINT_KEY, checkpoint, sync=True)
     slab.close()

@@ -21,6 +21,7 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import keys
 from broker.ds.cook import STATS_KEY, CookedBatch, SlabStats
+from broker.ds.files import fsync_dir, write_atomically
 from broker.ds.lts import LTS, PLUS
 from broker.ds.manifest import read_manifest, write_manifest
 from broker.ds.ttv import TTV, decode_value
@@ -30,6 +31,10 @@ _THRESHOLDS: Final = keys.meta_key("thresholds")
 # A replicated shard's Raft checkpoint (shard.py): the log replays what a slab holding one
 # stored after it, so opening the slab does not count that.
 CHECKPOINT_KEY: Final = keys.meta_key("raft_checkpoint")
+# A slab made ahead of its rotation (spare.py) holds this file until it is a generation for
+# sure: opening a shard drops the newest slabs that still hold it, and readers outside the
+# broker (spark-apps) pass them by, as they pass by a slab being created.
+SPARE_FILE: Final = "SPARE"
 _PAST_TIMESTAMPS: Final = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after every key of a prefix
 # LevelDB's floor (it raises anything lower to 64 table files + 10 others; measured: 16 and
 # 74 cache the same tables). An open slab holds 4 descriptors (LOCK, LOG, MANIFEST, log);
@@ -110,11 +115,13 @@ class Slab:
 
     @classmethod
     def create(cls, path: Path, generation: int, thresholds: Sequence[int], now_us: int,
-               compression: Compression = None) -> "Slab":
+               compression: Compression = None, spare: bool = False) -> "Slab":
         db = _open_leveldb(path, True, compression)
         with db.write_batch(sync=True) as batch:
             batch.put(_CREATED, keys.pack_u64(now_us))
             batch.put(_THRESHOLDS, json.dumps(list(thresholds)).encode())
+        if spare:
+            write_atomically(path / SPARE_FILE, b"")
         return cls._from_leveldb(path, generation, db, compression)
 
     @classmethod
@@ -193,6 +200,29 @@ class Slab:
     @property
     def sealed(self) -> bool:
         return self.sealed_at is not None
+
+    @property
+    def spare(self) -> bool:
+        """Made ahead of a rotation and not yet a generation for sure."""
+        return (self.path / SPARE_FILE).exists()
+
+    def activate(self, created: int, checkpoint: bytes | None, sync: bool) -> None:
+        """A spare becomes the shard's current generation, created at `created` (the
+        rotation's time, the same on every replica). With `sync` it is one for sure at once;
+        without, it stays marked until `unmark`: a crash before that drops it at the next
+        open, and the Raft log replays the rotation."""
+        with self.db.write_batch(sync=sync) as batch:
+            batch.put(_CREATED, keys.pack_u64(created))
+            if checkpoint is not None:
+                batch.put(CHECKPOINT_KEY, checkpoint)
+        self.created = created
+        if sync:
+            self.unmark()
+
+    def unmark(self) -> None:
+        """Blocking: an activated spare is a generation for sure (synced)."""
+        (self.path / SPARE_FILE).unlink(missing_ok=True)
+        fsync_dir(self.path)
 
     async def write(self, batch: CookedBatch, sync: bool, executor: Executor) -> None:
         await write_batch(self.db, batch, sync, executor)

@@ -9,6 +9,7 @@ import pytest
 
 import slabs
 from broker.ds.manifest import read_manifest
+from broker.ds.slab import SPARE_FILE
 from tests.support.slabdata import N_SHARDS, sample_messages, write_generations
 
 UNSEALED = "unsealed (no manifest.json yet)"
@@ -49,6 +50,19 @@ def test_plan_passes_over_a_raft_snapshot_beside_the_shards(written, tmp_path) -
     (messages / "shard-001.snapshot").mkdir()
     tasks, _ = slabs.plan(data_dir, slabs.Selection())
     assert [(t.shard, t.generation) for t in tasks] == [(s, 1) for s in range(N_SHARDS)]
+
+
+def test_plan_passes_over_a_generation_made_ahead(written, tmp_path) -> None:
+    """A node makes each shard's next generation ahead (broker/ds/spare.py): not data, nor
+    an unsealed generation, until a rotation takes it."""
+    data_dir = tmp_path / "data"
+    shutil.copytree(written[0], data_dir)
+    spare = data_dir / "ds" / "messages" / "shard-000" / "gen-000003"
+    spare.mkdir()
+    (spare / SPARE_FILE).write_bytes(b"")
+    tasks, skipped = slabs.plan(data_dir, slabs.Selection())
+    assert [(t.shard, t.generation) for t in tasks] == [(s, 1) for s in range(N_SHARDS)]
+    assert [(s.shard, s.generation) for s in skipped] == [(s, 2) for s in range(N_SHARDS)]
 
 
 def test_plan_prunes_by_shard_generation_time_and_structure(written) -> None:
