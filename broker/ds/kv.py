@@ -242,6 +242,18 @@ class KVStore:
         with self._db.iterator(prefix=prefix) as items:
             return list(items)
 
+    def raw_keys(self, prefix: bytes) -> Iterator[bytes]:
+        """The keys LevelDB holds under `prefix`, without their values or the overlay, read
+        as the caller goes from a snapshot taken at the first one (start-up: an index of
+        what is stored, without reading it all)."""
+        with self._db.iterator(prefix=prefix, include_value=False) as keys:
+            yield from keys
+
+    def raw_iter(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """`raw_scan` read as the caller goes, from a snapshot taken at the first item."""
+        with self._db.iterator(prefix=prefix) as items:
+            yield from items
+
     def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every key LevelDB holds, read as the caller goes (do not write meanwhile)."""
         with self._db.iterator() as items:

@@ -70,7 +70,7 @@ def _unserved_view(node_name: str, session: Unserved) -> dict[str, Any]:
 
 def _served_here(node: Node, connected: str | None) -> list[DurableSession]:
     """`connected`: the query's filter, "true" or "false" (None: both)."""
-    return [s for s in node.sessions.sessions.values() if isinstance(s, DurableSession)
+    return [s for s in node.sessions.every() if isinstance(s, DurableSession)
             and (connected is None or (s.connection is not None) == (connected == "true"))]
 
 
@@ -96,7 +96,7 @@ def local_missed(node: Node, counts: MissedCounts | None,
     answers."""
     found = []
     for client_id in client_ids:
-        session = node.sessions.sessions.get(client_id)
+        session = node.sessions.get(client_id)
         if isinstance(session, DurableSession) and counts is not None:
             found.append({"clientid": client_id, "missed_cnt": _count(counts, session)})
     return found
