@@ -256,13 +256,16 @@ class Takeover:
                 return reply
             claim.superseded = True
         sessions = self._node.sessions
-        session = sessions.get(client_id)
+        session = sessions.peek(client_id)
+        if session is None:
+            return reply
+        if session.durable and want_session and self.replicated is None:
+            reply["durable"] = self._reference()  # it stays, in memory or out of it
+            return reply
+        session = sessions.get(client_id)  # loaded, if it was out of memory
         if session is None:
             return reply
         if session.durable and want_session:
-            if self.replicated is None:
-                reply["durable"] = self._reference()
-                return reply
             await self._release(session)
             reply["released"] = True
             return reply

@@ -73,7 +73,7 @@ async def client_subscriptions(request: web.Request) -> web.Response:
     """EMQX answers this one with a plain list, not a page."""
     node = request.app[NODE_KEY]
     client_id = request.match_info["clientid"]
-    if node.sessions.get(client_id) is not None:
+    if node.sessions.peek(client_id) is not None:
         return web.json_response(local_subscriptions(node, client_id))
     found = await gather(request, "subscriptions", client_id)
     if not found and not await gather(request, "client", client_id):

@@ -68,7 +68,7 @@ def local_subscriptions(node: Node, wanted: str | None) -> list[dict[str, Any]]:
     if wanted is None:
         sessions = list(node.sessions.every())
     else:
-        found = node.sessions.get(wanted)
+        found = node.sessions.peek(wanted)
         sessions = [found] if found is not None else []
     for session in sessions:
         for key, options in session.subscriptions.items():

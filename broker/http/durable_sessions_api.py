@@ -96,7 +96,7 @@ def local_missed(node: Node, counts: MissedCounts | None,
     answers."""
     found = []
     for client_id in client_ids:
-        session = node.sessions.get(client_id)
+        session = node.sessions.peek(client_id)
         if isinstance(session, DurableSession) and counts is not None:
             found.append({"clientid": client_id, "missed_cnt": _count(counts, session)})
     return found

@@ -260,6 +260,18 @@ class SessionManager:
             else meta.disconnected_at
         return session
 
+    def peek(self, client_id: str) -> Session | None:
+        """The ID's session held here, to look at: one out of memory is read from disk and
+        not kept (the admin API, a peer asking who holds the ID)."""
+        session = self.sessions.get(client_id)
+        if session is not None or self._durable is None or (
+                client_id not in self.offline and self.offline.complete):
+            return session
+        stored = self._durable.store.load(client_id, subscriptions=True)
+        if stored is None or stored.meta.site not in ("", self._durable.store.site):
+            return None
+        return self._session_of(stored, self._lost_at or time.time())
+
     def every(self) -> Iterator[Session]:
         """Every session held here (the admin API lists them): those in memory, then each
         one out of memory as read from disk, not kept."""
