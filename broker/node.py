@@ -188,13 +188,14 @@ class Node:
         if self.durable is None:
             return 0
         indexed = 0
-        for client_id, key in self.durable.store.subscription_keys():
-            self.add_durable_filter(client_id, key)
-            indexed += 1
-        if self.groups is not None:
-            self.groups.load()
-        if self.streams is not None:
-            self.streams.load()
+        if not self.replicated_ds:  # (replicated: `durable_state_applied` did, from the replica)
+            for client_id, key in self.durable.store.subscription_keys():
+                self.add_durable_filter(client_id, key)
+                indexed += 1
+            if self.groups is not None:
+                self.groups.load()
+            if self.streams is not None:
+                self.streams.load()
         self.sessions.restore()
         return indexed
 

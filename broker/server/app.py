@@ -234,9 +234,7 @@ class BrokerApp:
         assert self.ds_groups is not None
         while not await self.ds_groups.sync():
             pass
-        indexed = self.node.restore_durable_sessions()
-        log.info("indexed %d subscriptions of durable sessions from the replicated storage",
-                 indexed)
+        self.node.restore_durable_sessions()
 
     def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:
         """A node timer, cancelled at stop; an interval of 0 turns it off."""
