@@ -135,6 +135,14 @@ def run(name: str, sessions: int, topic: str, concurrency: int) -> dict[str, Any
     }
 
 
+def _summary(cell: dict[str, Any]) -> str:
+    restart, stormed = cell["restart"], cell["storm"]
+    return (f"{cell['rss_bytes_per_session']:,} B of RSS a session ({cell['rss_mib']} MiB),"
+            f" restart: listening {restart['listening_s']} s, first CONNACK"
+            f" {restart['first_connack_s']} s; storm {stormed['connections_per_s']:,}"
+            f" connections/s, {stormed['refused']} refused, {stormed['present']:,} resumed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=100_000)
@@ -157,17 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         results[name] = cell = run(name, args.sessions, TOPICS[args.topic], args.concurrency)
         print(f"{name}: {cell}", flush=True)
-    env["loadavg_at_end"] = os.getloadavg()[0]
-    env["total_runtime_s"] = round(time.monotonic() - started, 1)
-    report.write_json({"environment": env, "results": results}, args.output)
-    print()
-    for name, cell in results.items():
-        print(f"{name:10} {cell['rss_bytes_per_session']:,} B of RSS a session"
-              f" ({cell['rss_mib']} MiB), restart: listening {cell['restart']['listening_s']} s,"
-              f" first CONNACK {cell['restart']['first_connack_s']} s;"
-              f" storm {cell['storm']['connections_per_s']:,} connections/s,"
-              f" {cell['storm']['refused']} refused, {cell['storm']['present']:,} resumed")
-    print(f"\nwrote {args.output} in {env['total_runtime_s']}s")
+    report.finish(env, results, args.output, started, _summary)
     return 0
 
 

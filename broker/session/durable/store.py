@@ -106,8 +106,10 @@ class SessionStore:
         if meta is None:
             return None
         stored = StoredSession(client_id, meta)
-        for kind in ((b"s", *_IN_FLIGHT_KINDS) if subscriptions else _IN_FLIGHT_KINDS):
-            for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
+        kinds = (b"s", *_IN_FLIGHT_KINDS) if subscriptions else _IN_FLIGHT_KINDS
+        found = self._ds.sessions.scan_many(r.prefix(kind, client_id) for kind in kinds)
+        for kind, items in zip(kinds, found, strict=True):
+            for key, value in items:
                 self._add(stored, kind, key, value)
         _attach_acks(stored)
         return stored
