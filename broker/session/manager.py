@@ -233,12 +233,17 @@ class SessionManager:
         if loaded is None:
             return
         session, stored = loaded
-        assert session.disconnected_at is not None
+        assert session.disconnected_at is not None and self._durable is not None
         will = stored.meta.will
-        if not self._start_timers(session, will, time.time() - session.disconnected_at) \
-                and will is not None and self.sessions.get(client_id) is session:
+        elapsed = time.time() - session.disconnected_at
+        if not self._start_timers(session, will, elapsed) and will is not None \
+                and self.sessions.get(client_id) is session:
             self._save_meta(session, session.protocol, False, None)  # published: not twice
-        self._unload(session)
+        ttl = self._durable.ttl
+        if session.expiry_interval == NEVER_EXPIRES and ttl and elapsed >= ttl:
+            self.end(session)  # (what `collect_garbage` does for those in memory)
+        else:
+            self._unload(session)
 
     def _stored(self, stored: StoredSession, lost_at: float) -> DurableSession:
         """A stored session in memory, disconnected, its in-flight state loaded once its
@@ -425,7 +430,8 @@ class SessionManager:
         if isinstance(session, DurableSession) and session.expiry_interval:
             self._save_meta(session, version, False, will)
             self._member_changed(session)
-            self._unload(session)
+            # Not at once: a takeover detaches the session only to attach it again.
+            asyncio.get_running_loop().call_soon(self._unload, session)
 
     def _start_timers(self, session: Session, will: Will | None, elapsed: float) -> bool:
         """Will and expiry timers for a session disconnected `elapsed` seconds ago; False
