@@ -77,11 +77,11 @@ class SessionStore:
         self._turn.flush_now()
         shares: list[bytes] = []
         for key in self._ds.sessions.raw_keys(b"s" + r.SEP):
-            client_id = r.split_key(key)[1]
-            topic_filter = key[len(r.prefix(b"s", client_id)):].decode()
-            if topic_filter.startswith("$share/"):
+            # s\0<client id>\0<filter>: a client ID has no U+0000 (MQTT-1.5.4-2), a filter may
+            client_id, _, topic_filter = key[2:].partition(r.SEP)
+            if topic_filter.startswith(b"$share/"):
                 shares.append(key)
-            yield client_id, topic_filter
+            yield client_id.decode(), topic_filter.decode()
         self._start_shares = shares
 
     def stored_metas(self) -> Iterator[tuple[str, r.Meta]]:
