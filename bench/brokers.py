@@ -342,6 +342,12 @@ RESTART_POLL = 0.01
 """Probe interval while timing a restart: the figure is only as precise as this."""
 
 
+def stop(broker: Running, sig: int, timeout: float = STOP_TIMEOUT) -> None:
+    """Stop the broker's process with `sig` (SIGKILL past `timeout`), to start it again
+    with `respawn` (offline_bench.py times its way back up itself)."""
+    _stop(broker.proc, sig, timeout)
+
+
 def respawn(broker: Running) -> None:
     """Start a broker whose process has exited again, on the same data and ports, without
     waiting for it (replication_bench.py watches an emptied node catch up meanwhile)."""

@@ -9,6 +9,8 @@ import json
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,19 @@ def write_json(data: dict[str, Any], path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
+
+
+def finish(env: dict[str, Any], results: dict[str, dict[str, Any]], path: Path,
+           started: float, summary: Callable[[dict[str, Any]], str]) -> None:
+    """A side-by-side run's end: the environment's closing load and run time, the JSON, and
+    one `summary` line a broker (startup_bench.py, offline_bench.py)."""
+    env["loadavg_at_end"] = os.getloadavg()[0]
+    env["total_runtime_s"] = round(time.monotonic() - started, 1)
+    write_json({"environment": env, "results": results}, path)
+    print()
+    for name, cell in results.items():
+        print(f"{name:10} {summary(cell)}")
+    print(f"\nwrote {path} in {env['total_runtime_s']}s")
 
 
 def _fmt(outcome: Outcome | None) -> str:

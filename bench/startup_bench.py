@@ -74,6 +74,13 @@ def restarts(name: str, sessions: int, messages: int, times: int) -> dict[str, A
             "one_session_kept": kept["delivered"], "queued": sessions * messages}
 
 
+def _summary(cell: dict[str, Any]) -> str:
+    return (f"empty start {cell['empty_start_median_s']:.3f} s"
+            f" ({cell['empty_start_median_cpu_s']:.3f} s of CPU), restart with"
+            f" {cell['queued']:,} queued {cell['restart_median_s']:.3f} s"
+            f" ({cell['restart_median_cpu_s']:.3f} s of CPU) (medians)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=STARTS, help="empty starts per broker")
@@ -106,16 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                          **restarted,
                          "restart_median_s": statistics.median(restarted["restart_s"]),
                          "restart_median_cpu_s": statistics.median(restarted["restart_cpu_s"])}
-    env["loadavg_at_end"] = os.getloadavg()[0]
-    env["total_runtime_s"] = round(time.monotonic() - started, 1)
-    report.write_json({"environment": env, "results": results}, args.output)
-    print()
-    for name, cell in results.items():
-        print(f"{name:10} empty start {cell['empty_start_median_s']:.3f} s"
-              f" ({cell['empty_start_median_cpu_s']:.3f} s of CPU), restart with"
-              f" {cell['queued']:,} queued {cell['restart_median_s']:.3f} s"
-              f" ({cell['restart_median_cpu_s']:.3f} s of CPU) (medians)")
-    print(f"\nwrote {args.output} in {env['total_runtime_s']}s")
+    report.finish(env, results, args.output, started, _summary)
     return 0
 
 

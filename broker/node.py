@@ -18,8 +18,8 @@ from broker.format_check import open_formats
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.topic import parse_shared
 from broker.retainer.store import RetainedStore
+from broker.routing.filter_index import FilterIndex
 from broker.routing.router import Forwards, Router
-from broker.routing.trie import TopicTrie
 from broker.session.durable import records
 from broker.session.durable.group_views import GroupViews
 from broker.session.durable.groups import GONE, READY, STALLED, GroupManager
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from broker.cluster.takeover import Takeover
 
 _CACHE_LIMIT: Final = 10_000
-# How a stream's filter sits among the durable filters (what it stores, not who reads).
-_STREAM_OPTIONS: Final = SubscriptionOptions(2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +102,9 @@ class Node:
             self.durable = DurableContext(self.ds, SessionStore(self.ds), self.stats,
                                           config["durable_sessions.batch_size"],
                                           config["durable_sessions.session_ttl"])
-        # Filters of durable sessions: a message on a matching topic is stored once in DS.
-        self.durable_filters: TopicTrie[SubscriptionOptions] = TopicTrie()
+        # Filters of durable sessions, those out of memory too: a message on a matching topic
+        # is stored once in DS.
+        self.durable_filters = FilterIndex()
         # Set by the app with replicated Durable Storage: the filters are every node's (from
         # the replicated `sessions` database), a publish is stored by the node that takes it,
         # and durable filters are no routes (no node stores a message a second time).
@@ -161,7 +160,7 @@ class Node:
         not this node), None when no node holds it."""
         if self.durable is None:
             return None
-        if client_id in self.sessions.sessions:
+        if client_id in self.sessions.sessions or client_id in self.sessions.offline:
             return self.durable.store.site
         meta = self.durable.store.meta(client_id) if self.replicated_ds else None
         return meta.site if meta is not None else None
@@ -188,51 +187,54 @@ class Node:
         return GONE
 
     def restore_durable_sessions(self) -> int:
-        """Start-up (on the running loop): durable sessions from disk, disconnected."""
+        """Start-up (on the running loop): the durable filter index from the stored
+        subscriptions' keys alone, before any client is served; the sessions themselves stay
+        on disk until their clients come back (SessionManager.restore). Returns how many
+        subscriptions there are."""
         if self.durable is None:
             return 0
-        def subscribed(session: DurableSession) -> None:
-            for key, options in session.subscriptions.items():
-                self.add_durable_filter(session.client_id, key, options)
+        indexed = 0
+        if not self.replicated_ds:  # (replicated: `durable_state_applied` did, from the replica)
+            for client_id, key in self.durable.store.subscription_keys():
+                self.add_durable_filter(client_id, key)
+                indexed += 1
+            if self.groups is not None:
+                self.groups.load()
+            if self.streams is not None:
+                self.streams.load()
+        self.sessions.restore()
+        return indexed
 
-        if self.groups is not None:
-            self.groups.load()
-        if self.streams is not None:
-            self.streams.load()
-        return self.sessions.restore(subscribed)
-
-    def add_durable_filter(self, client_id: str, key: str,
-                           options: SubscriptionOptions) -> None:
+    def add_durable_filter(self, client_id: str, key: str) -> None:
         """A durable session's subscription (`key`, a share's too): messages matching its
         filter are stored from now on."""
         entry = self._durable_entry(client_id, key, True)
         if entry is not None:
-            self._durable_filter(entry[0], entry[1], options)
+            self._durable_filter(entry[0], entry[1], True)
 
     def remove_durable_filter(self, client_id: str, key: str) -> None:
         entry = self._durable_entry(client_id, key, False)
         if entry is not None:
-            self._durable_filter(entry[0], entry[1], None)
+            self._durable_filter(entry[0], entry[1], False)
 
-    def _durable_filter(self, topic_filter: str, entry: str,
-                        options: SubscriptionOptions | None) -> None:
-        """Adds (`options`) or removes a durable filter's entry; a durable filter is a route
-        of this node too (unless storage is replicated: every node stores for every filter)."""
+    def _durable_filter(self, topic_filter: str, entry: str, added: bool) -> None:
+        """Adds or removes a durable filter's entry; a durable filter is a route of this
+        node too (unless storage is replicated: every node stores for every filter)."""
         listener = None if self.replicated_ds else self.router.listener
-        if options is not None:
-            changed = self.durable_filters.add(topic_filter, entry, options)
+        if added:
+            changed = self.durable_filters.add(topic_filter, entry)
         else:
-            changed = self.durable_filters.remove(topic_filter, entry) is not None
+            changed = self.durable_filters.remove(topic_filter, entry)
         if changed and listener is not None:
-            listener(topic_filter, None, entry, options is not None)
+            listener(topic_filter, None, entry, added)
         self._durable_topics.clear()
 
     def _stream_changed(self, entry: str, old: str | None, new: str | None) -> None:
         """A stream was created, deleted or replaced: its filter stores from now on."""
         if old is not None:
-            self._durable_filter(old, entry, None)
+            self._durable_filter(old, entry, False)
         if new is not None:
-            self._durable_filter(new, entry, _STREAM_OPTIONS)
+            self._durable_filter(new, entry, True)
 
     def _durable_entry(self, client_id: str, key: str, added: bool) -> tuple[str, str] | None:
         """(filter, entry) of a durable subscription in the node's durable filters, when
@@ -262,7 +264,7 @@ class Node:
         message published here is stored when any node's durable session wants it. Metas
         go to the sessions held here (`SessionManager.meta_applied`)."""
         if replaced:
-            self.durable_filters = TopicTrie()
+            self.durable_filters = FilterIndex()
             self._share_members.clear()
             self._member_metas.clear()
             if self.streams is not None:
@@ -275,7 +277,8 @@ class Node:
                 continue
             if kind == b"m":
                 self._member_metas.pop(client_id, None)
-            if kind == b"m" and value is not None and client_id in self.sessions.sessions:
+            if kind == b"m" and value is not None and (client_id in self.sessions.sessions
+                                                       or client_id in self.sessions.offline):
                 self.sessions.meta_applied(client_id, records.Meta.from_bytes(value))
             if kind != b"s":
                 continue
@@ -286,7 +289,7 @@ class Node:
             if value is None:
                 self.durable_filters.remove(*entry)
             else:
-                self.durable_filters.add(*entry, records.subscription_from_bytes(value)[0])
+                self.durable_filters.add(*entry)
         self._durable_topics.clear()
         if self.groups is not None:
             if replaced:
@@ -314,14 +317,14 @@ class Node:
         session = self.sessions.load(client_id)
         if session is None:
             return False
-        for key, options in session.subscriptions.items():
-            self.add_durable_filter(client_id, key, options)
+        for key in session.subscriptions:
+            self.add_durable_filter(client_id, key)
         return True
 
     def _durable_matches(self, topic: str) -> int:
         count = self._durable_topics.get(topic)
         if count is None:
-            count = len({key for _, key, _ in self.durable_filters.match(topic)})
+            count = self.durable_filters.matches(topic)
             if len(self._durable_topics) >= _CACHE_LIMIT:
                 self._durable_topics.clear()
             self._durable_topics[topic] = count
@@ -359,7 +362,7 @@ class Node:
         """A session moving here from another node (a takeover): routed to from now on,
         disconnected until its CONNECT is acknowledged; deliveries meanwhile wait in its
         queue. Replaces a session of the ID this node kept (the moved one is newer)."""
-        old = self.sessions.sessions.get(client_id)
+        old = self.sessions.get(client_id)
         if old is not None and old.connection is not None:
             old.connection.take_over(ReasonCode.SESSION_TAKEN_OVER)
             old = self.sessions.sessions.get(client_id)
@@ -437,7 +440,7 @@ class Node:
             for key in session.take_routed():
                 options = session.subscriptions[key]
                 if session.subscribe(key, options):
-                    self.add_durable_filter(session.client_id, key, options)
+                    self.add_durable_filter(session.client_id, key)
                 self.router.unsubscribe(session.client_id, parse_shared(key)[1],
                                         options.share_group)
                 moved += 1
@@ -469,7 +472,8 @@ class Node:
         durable = [s for s in sessions if isinstance(s, DurableSession)]
         return {
             "mqtt_connections": ("Connected clients", len(self.connections)),
-            "mqtt_sessions": ("Sessions, connected or not", len(self.sessions.sessions)),
+            "mqtt_sessions": ("Sessions, connected or not",
+                              len(self.sessions.sessions) + len(self.sessions.offline)),
             "mqtt_subscriptions": ("Subscriptions", len(self.router)),
             "mqtt_durable_filters": (
                 "Durable sessions' subscriptions and streams whose messages this node stores"
@@ -486,8 +490,11 @@ class Node:
             ),
             "mqtt_durable_sessions_disconnected": (
                 "Durable sessions kept for a client that is away",
-                sum(1 for s in durable if s.connection is None),
+                sum(1 for s in durable if s.connection is None) + len(self.sessions.offline),
             ),
+            "mqtt_durable_sessions_offloaded": (
+                "Durable sessions kept for a client that is away, out of memory until it is"
+                " back (or their will or expiry is due)", len(self.sessions.offline)),
             "mqtt_durable_state_writes_pending": (
                 "Durable session changes (acknowledgements, subscriptions) not yet on disk",
                 self.durable.store.unsettled if self.durable is not None else 0,
@@ -497,7 +504,7 @@ class Node:
                 " /api/v5/ready answers; a pod is Ready only then), 0 before",
                 int(self.joined)),
             "mqtt_durable_checkpoint_lag": (
-                "Deliveries recorded but not yet acknowledged, all durable sessions",
+                "Deliveries recorded but not yet acknowledged, durable sessions in memory",
                 sum(s.backlog() for s in durable),
             ),
         }

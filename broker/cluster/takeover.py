@@ -197,9 +197,9 @@ class Takeover:
         assert self.replicated is not None
         sessions = self._node.sessions
         if not await self.replicated.sync():
-            return not want_session and (client_id in sessions.sessions
+            return not want_session and (sessions.get(client_id) is not None
                                          or not self._stored_elsewhere(client_id))
-        if client_id in sessions.sessions:
+        if sessions.get(client_id) is not None:
             return True
         claimed = await sessions.claim(client_id)
         if claimed is None:
@@ -209,7 +209,7 @@ class Takeover:
         # node's replicas must hold before it reads.
         if not claimed or not await self.replicated.sync(sessions=False):
             return False
-        if client_id in sessions.sessions:
+        if sessions.get(client_id) is not None:
             return True
         if not self._node.load_durable_session(client_id):
             return False  # another node claimed it meanwhile (a CONNECT its client gave up)
@@ -256,13 +256,16 @@ class Takeover:
                 return reply
             claim.superseded = True
         sessions = self._node.sessions
-        session = sessions.sessions.get(client_id)
+        session = sessions.peek(client_id)
+        if session is None:
+            return reply
+        if session.durable and want_session and self.replicated is None:
+            reply["durable"] = self._reference()  # it stays, in memory or out of it
+            return reply
+        session = sessions.get(client_id)  # loaded, if it was out of memory
         if session is None:
             return reply
         if session.durable and want_session:
-            if self.replicated is None:
-                reply["durable"] = self._reference()
-                return reply
             await self._release(session)
             reply["released"] = True
             return reply

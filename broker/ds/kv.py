@@ -98,7 +98,24 @@ class KVStore:
         return self._db.get(key)  # type: ignore[no-any-return]
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        return overlay(self._db.iterator(prefix=prefix), self._pending.under(prefix), prefix)
+        return self.scan_many((prefix,))[0]
+
+    def scan_many(self, prefixes: Iterable[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        """`scan` of each prefix, through one LevelDB iterator that seeks from one to the
+        next: making an iterator (a snapshot, and one over every level's tables) costs more
+        than the few keys a session has under most prefixes (loading one scans six)."""
+        found = []
+        with self._db.iterator() as items:
+            for prefix in prefixes:
+                items.seek(prefix)
+                stored = []
+                for key, value in items:
+                    if not key.startswith(prefix):
+                        break
+                    stored.append((key, value))
+                pending = self._pending.under(prefix)
+                found.append(overlay(stored, pending, prefix) if pending else stored)
+        return found
 
     def begin(self) -> Transaction:
         tx = Transaction(self._serial, self.get, self.scan)
@@ -241,6 +258,18 @@ class KVStore:
         """What LevelDB holds under `prefix`, without the overlay of writes on their way."""
         with self._db.iterator(prefix=prefix) as items:
             return list(items)
+
+    def raw_keys(self, prefix: bytes) -> Iterator[bytes]:
+        """The keys LevelDB holds under `prefix`, without their values or the overlay, read
+        as the caller goes from a snapshot taken at the first one (start-up: an index of
+        what is stored, without reading it all)."""
+        with self._db.iterator(prefix=prefix, include_value=False) as keys:
+            yield from keys
+
+    def raw_iter(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """`raw_scan` read as the caller goes, from a snapshot taken at the first item."""
+        with self._db.iterator(prefix=prefix) as items:
+            yield from items
 
     def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every key LevelDB holds, read as the caller goes (do not write meanwhile)."""

@@ -43,7 +43,7 @@ async def list_clients(request: web.Request) -> web.Response:
 async def get_client(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     wanted = request.match_info["clientid"]
-    session = node.sessions.sessions.get(wanted)
+    session = node.sessions.peek(wanted)
     if session is not None:
         return web.json_response(client_view(node, session))
     found = await gather(request, "client", wanted)

@@ -23,7 +23,7 @@ def _not_found(message: str) -> web.Response:
 
 def kick_here(node: Node, client_id: str) -> bool:
     """Kicks the client if this node holds it; also what a peer's `kick` call runs."""
-    session = node.sessions.sessions.get(client_id)
+    session = node.sessions.get(client_id)
     if session is None:
         return False
     connection = session.connection
@@ -73,7 +73,7 @@ async def client_subscriptions(request: web.Request) -> web.Response:
     """EMQX answers this one with a plain list, not a page."""
     node = request.app[NODE_KEY]
     client_id = request.match_info["clientid"]
-    if client_id in node.sessions.sessions:
+    if node.sessions.peek(client_id) is not None:
         return web.json_response(local_subscriptions(node, client_id))
     found = await gather(request, "subscriptions", client_id)
     if not found and not await gather(request, "client", client_id):

@@ -119,7 +119,7 @@ def _local_items(app: web.Application, kind: str, params: Any) -> list[dict[str,
     if kind == "subscriptions":
         return local_subscriptions(node, None if params is None else str(params))
     if kind == "client":
-        session = node.sessions.sessions.get(str(params))
+        session = node.sessions.peek(str(params))
         return [client_view(node, session)] if session is not None else []
     if kind == "durable_sessions":
         return local_views(node, app.get(MISSED_KEY), None if params is None else str(params))

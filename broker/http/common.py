@@ -60,14 +60,17 @@ def page(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
 
 
 def local_clients(node: Node) -> list[dict[str, Any]]:
-    return [client_view(node, s) for s in node.sessions.sessions.values()]
+    return [client_view(node, s) for s in node.sessions.every()]
 
 
 def local_subscriptions(node: Node, wanted: str | None) -> list[dict[str, Any]]:
     items = []
-    for session in node.sessions.sessions.values():
-        if wanted is not None and session.client_id != wanted:
-            continue
+    if wanted is None:
+        sessions = list(node.sessions.every())
+    else:
+        found = node.sessions.peek(wanted)
+        sessions = [found] if found is not None else []
+    for session in sessions:
         for key, options in session.subscriptions.items():
             items.append({
                 "clientid": session.client_id,

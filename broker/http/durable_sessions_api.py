@@ -69,9 +69,18 @@ def _unserved_view(node_name: str, session: Unserved) -> dict[str, Any]:
 
 
 def _served_here(node: Node, connected: str | None) -> list[DurableSession]:
-    """`connected`: the query's filter, "true" or "false" (None: both)."""
-    return [s for s in node.sessions.sessions.values() if isinstance(s, DurableSession)
+    """`connected`: the query's filter, "true" or "false" (None: both). The connected ones
+    are all in memory: those out of memory are read from disk only when asked for."""
+    sessions = node.sessions
+    every = sessions.sessions.values() if connected == "true" else sessions.every()
+    return [s for s in every if isinstance(s, DurableSession)
             and (connected is None or (s.connection is not None) == (connected == "true"))]
+
+
+def _offline_ids(node: Node) -> set[str]:
+    sessions = node.sessions
+    return {s.client_id for s in sessions.sessions.values()
+            if isinstance(s, DurableSession) and s.connection is None} | set(sessions.offline.ids())
 
 
 def local_views(node: Node, counts: MissedCounts | None,
@@ -79,7 +88,7 @@ def local_views(node: Node, counts: MissedCounts | None,
     """This node's sessions; also what a peer's `durable_sessions` call answers. Drops the
     counts of sessions no longer offline here (resumed, ended, moved)."""
     if counts is not None:
-        counts.forget_all_but({s.client_id for s in _served_here(node, "false")})
+        counts.forget_all_but(_offline_ids(node))
     name = node.config["node.name"]
     return [_view(name, s) for s in _served_here(node, connected)]
 
@@ -96,7 +105,7 @@ def local_missed(node: Node, counts: MissedCounts | None,
     answers."""
     found = []
     for client_id in client_ids:
-        session = node.sessions.sessions.get(client_id)
+        session = node.sessions.peek(client_id)
         if isinstance(session, DurableSession) and counts is not None:
             found.append({"clientid": client_id, "missed_cnt": _count(counts, session)})
     return found

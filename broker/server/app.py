@@ -127,9 +127,9 @@ class BrokerApp:
         loop = asyncio.get_running_loop()
         config, node = self.config, self.node
         if self.ds_groups is None:
-            restored = node.restore_durable_sessions()
-            if restored:
-                log.info("restored %d durable sessions", restored)
+            indexed = node.restore_durable_sessions()
+            if indexed:
+                log.info("indexed %d subscriptions of stored durable sessions", indexed)
         elif node.ds is not None:
             # Every node's durable filters, as this replica holds them; the log's entries
             # after it come through `durable_state_applied`.
@@ -237,8 +237,7 @@ class BrokerApp:
         assert self.ds_groups is not None
         while not await self.ds_groups.sync():
             pass
-        restored = self.node.restore_durable_sessions()
-        log.info("restored %d durable sessions from the replicated storage", restored)
+        self.node.restore_durable_sessions()
 
     def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:
         """A node timer, cancelled at stop; an interval of 0 turns it off."""

@@ -3,6 +3,14 @@
 Timers live here (not in Session) so the session stays plain data. A will waits for
 min(Will Delay Interval, Session Expiry Interval) after the connection is lost and is
 cancelled when the client resumes the session in time (MQTT 5.0 section 3.1.3.2.2).
+
+A durable session whose client left goes out of memory once what it was writing is
+written (`offline`: its ID and its next deadline); it is loaded from the `sessions`
+database again when its client comes back (`open`, or a takeover or the admin API asking
+for it: `get`), or when its delayed will or its expiry is due (then its timers run as
+they would have, and it leaves memory again if it is still there). Start-up loads none
+of them: a pass over the stored metas, in time slices while clients are served, puts
+each in `offline` or ends what expired while the node was down.
 """
 
 import asyncio
@@ -16,6 +24,7 @@ from broker.ds import StreamWrite
 from broker.mqtt.constants import MAX_UINT32, PropertyId, ReasonCode
 from broker.mqtt.packets import Will
 from broker.session.durable import records
+from broker.session.durable.offline import OfflineSessions
 from broker.session.durable.orphans import expired_orphans
 from broker.session.durable.ownership import sweep_writes
 from broker.session.durable.session import DurableContext, DurableSession
@@ -53,6 +62,14 @@ class SessionManager:
         self._queue_qos0 = queue_qos0
         self._durable = durable
         self._timers: dict[str, list[asyncio.TimerHandle]] = {}
+        # Durable sessions out of memory, and the timer for the first of them due.
+        self.offline = OfflineSessions()
+        self._wake: asyncio.TimerHandle | None = None
+        self._wake_at: int | None = None
+        self._restoring: asyncio.Task[None] | None = None
+        # When the node was last alive before this start (its last heartbeat): a session
+        # stored as connected was lost then.
+        self._lost_at: float | None = None
         self._known_streams: set[tuple[int, int, int]] = set()
         self._refreshing: asyncio.Task[None] | None = None
         self._refresh_again = False
@@ -89,33 +106,153 @@ class SessionManager:
             again = self._refresh_again
         self._refreshing = None
 
-    def restore(self, subscribed: Callable[[DurableSession], None]) -> int:
-        """Start-up: durable sessions come back disconnected. Those that expired while the
-        node was down end now (publishing their wills); wills whose delay ran out fire now;
-        the rest get their timers for the time that is left. A session that was connected
-        when the node died counts as disconnected since the node's last heartbeat.
-        `subscribed` registers each session's subscriptions, all of them before any will
-        is published, so a will reaches the durable sessions that subscribed to it."""
+    def restore(self) -> None:
+        """Start-up: the stored durable sessions stay on disk. A pass over their metas, in
+        time slices (clients are served meanwhile: until it is done, a CONNECT looks for
+        its session on disk), ends those that expired while the node was down (publishing
+        their wills), publishes wills whose delay ran out, and puts the rest in `offline`
+        until their client or their deadline comes. A session stored as connected counts
+        as disconnected since the node's last heartbeat. The durable filter index is
+        complete before this (node.py), so a will reaches every durable subscriber."""
         assert self._durable is not None
+        self._lost_at = self._durable.store.last_heartbeat() or time.time()
+        self.offline.complete = False
+        self._restoring = run_in_slices(self._restore_steps())
+
+    def _restore_steps(self) -> Iterator[None]:
+        assert self._durable is not None
+        store = self._durable.store
         now = time.time()
-        # Sessions connected when the node died were lost at its last heartbeat.
-        lost_at = self._durable.store.last_heartbeat() or now
-        restored = []
-        for stored in self._durable.store.load_all():
-            if stored.client_id in self.sessions:
-                continue  # resumed here already (replicated storage: restored late)
-            session = self._stored(stored, lost_at)
-            session.will = stored.meta.will
-            restored.append(session)
-            subscribed(session)
-        for session in restored:
-            assert session.disconnected_at is not None
-            self._start_timers(session, session.will, now - session.disconnected_at)
-        return len(restored)
+        found = 0
+        for client_id, meta in store.stored_metas():
+            if meta.site not in ("", store.site):
+                continue  # another node's (replicated), loaded if its client comes here
+            found += 1
+            if client_id not in self.sessions and client_id not in self.offline:
+                away = self._lost_at if meta.connected or meta.disconnected_at is None \
+                    else meta.disconnected_at
+                assert away is not None
+                deadline = self._deadline(meta.expiry_interval, away, meta.will)
+                if deadline is not None and deadline <= now:
+                    self._wake_one(client_id)
+                else:
+                    self.offline.add(client_id, deadline)
+            yield
+        self.offline.complete = True
+        self._restoring = None
+        self._arm()
+        log.info("%d durable sessions stored; %d of them out of memory until their clients"
+                 " come back", found, len(self.offline))
+
+    def _deadline(self, expiry: int, away_since: float, will: Will | None) -> float | None:
+        """When a disconnected durable session must be looked at: its delayed will is due,
+        or it expires (`durable_sessions.session_ttl` for one that never does)."""
+        assert self._durable is not None
+        times = []
+        if will is not None:
+            delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0)
+            times.append(away_since + min(delay, expiry))
+        limit = self._durable.ttl if expiry == NEVER_EXPIRES else expiry
+        if limit:
+            times.append(away_since + limit)
+        return min(times, default=None)
+
+    def get(self, client_id: str) -> Session | None:
+        """The ID's session held here; a durable one out of memory is loaded."""
+        session = self.sessions.get(client_id)
+        if session is None:
+            loaded = self._load_offline(client_id)
+            session = loaded[0] if loaded is not None else None
+        return session
+
+    def _load_offline(self, client_id: str) -> tuple[DurableSession, StoredSession] | None:
+        """The ID's durable session, if this node holds it out of memory: loaded."""
+        if self._durable is None or (client_id not in self.offline and self.offline.complete):
+            return None
+        self.offline.discard(client_id)
+        return self._load_stored(client_id)
+
+    def _load_stored(self, client_id: str) -> tuple[DurableSession, StoredSession] | None:
+        """The ID's stored durable session, loaded (disconnected), with what was read of
+        it; None when none is stored or another node claimed it."""
+        assert self._durable is not None
+        store = self._durable.store
+        stored = store.load(client_id, subscriptions=True)
+        if stored is None or stored.meta.site not in ("", store.site):
+            return None
+        session = self._stored(stored, self._lost_at or time.time())
+        session.will = stored.meta.will
+        return session, stored
+
+    def _unload(self, session: DurableSession) -> None:
+        """The durable session's client is gone: once what it writes is written, it leaves
+        memory for `offline`, unless it holds something that is in memory only."""
+        if self.sessions.get(session.client_id) is not session or session.connection is not None:
+            return
+        writing = session.writing()
+        if writing is not None:
+            writing.add_done_callback(lambda _: self._unload(session))
+            return
+        assert self._durable is not None and session.disconnected_at is not None
+        if not session.unloadable() or (self._durable.replicated and session.created):
+            return  # (replicated: once its first meta is applied, `meta_applied`)
+        self._cancel_timers(session.client_id)
+        del self.sessions[session.client_id]
+        self.offline.add(session.client_id, self._deadline(
+            session.expiry_interval, session.disconnected_at, session.will))
+        self._arm()
+
+    def _arm(self) -> None:
+        """The timer for the first session of `offline` due."""
+        due = self.offline.next_due()
+        if due == self._wake_at:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake, self._wake_at = None, due
+        if due is not None:
+            self._wake = asyncio.get_running_loop().call_later(max(0.0, due - time.time()),
+                                                               self._woken)
+
+    def _woken(self) -> None:
+        self._wake = self._wake_at = None
+        due = self.offline.due(time.time())
+        self._arm()
+        run_in_slices(self._wake_steps(due))
+
+    def _wake_steps(self, due: list[str]) -> Iterator[None]:
+        for client_id in due:
+            if client_id not in self.sessions:  # (its client may be back meanwhile)
+                self._wake_one(client_id)
+            yield
+
+    def _wake_one(self, client_id: str) -> None:
+        """A session out of memory is due: loaded, its will and expiry run as the time since
+        its client left says, and out of memory again if it is still there."""
+        loaded = self._load_stored(client_id)
+        if loaded is None:
+            return
+        session, stored = loaded
+        assert session.disconnected_at is not None and self._durable is not None
+        will = stored.meta.will
+        elapsed = time.time() - session.disconnected_at
+        if not self._start_timers(session, will, elapsed) and will is not None \
+                and self.sessions.get(client_id) is session:
+            self._save_meta(session, session.protocol, False, None)  # published: not twice
+        ttl = self._durable.ttl
+        if session.expiry_interval == NEVER_EXPIRES and ttl and elapsed >= ttl:
+            self.end(session)  # (what `collect_garbage` does for those in memory)
+        else:
+            self._unload(session)
 
     def _stored(self, stored: StoredSession, lost_at: float) -> DurableSession:
         """A stored session in memory, disconnected, its in-flight state loaded once its
         client is back."""
+        session = self._session_of(stored, lost_at)
+        self.sessions[session.client_id] = session
+        return session
+
+    def _session_of(self, stored: StoredSession, lost_at: float) -> DurableSession:
         assert self._durable is not None
         meta = stored.meta
         session = DurableSession(stored.client_id, meta.expiry_interval, self._durable)
@@ -126,8 +263,31 @@ class SessionManager:
         session.created = False
         session.disconnected_at = lost_at if meta.connected or meta.disconnected_at is None \
             else meta.disconnected_at
-        self.sessions[session.client_id] = session
         return session
+
+    def peek(self, client_id: str) -> Session | None:
+        """The ID's session held here, to look at: one out of memory is read from disk and
+        not kept (the admin API, a peer asking who holds the ID)."""
+        session = self.sessions.get(client_id)
+        if session is not None or self._durable is None or (
+                client_id not in self.offline and self.offline.complete):
+            return session
+        stored = self._durable.store.load(client_id, subscriptions=True)
+        if stored is None or stored.meta.site not in ("", self._durable.store.site):
+            return None
+        return self._session_of(stored, self._lost_at or time.time())
+
+    def every(self) -> Iterator[Session]:
+        """Every session held here (the admin API lists them): those in memory, then each
+        one out of memory as read from disk, not kept."""
+        yield from list(self.sessions.values())
+        if self._durable is None:
+            return
+        store = self._durable.store
+        for client_id in self.offline.ids():
+            stored = store.load(client_id, subscriptions=True)
+            if stored is not None and client_id not in self.sessions:
+                yield self._session_of(stored, self._lost_at or time.time())
 
     async def claim(self, client_id: str) -> bool | None:
         """Replicated storage: makes this node the owner of the ID's stored durable session
@@ -162,12 +322,16 @@ class SessionManager:
         meta writes stop creating it (until then each one does: writes that wait for a
         commit merge, the last of a key wins, and the first must not lose its flag)."""
         session = self.sessions.get(client_id)
+        if self._durable is None or meta.site != self._durable.store.site:
+            self.offline.discard(client_id)
         if not isinstance(session, DurableSession):
             return
         if self._durable is None or meta.site != self._durable.store.site:
             self.claimed_elsewhere(client_id)
-        elif meta.epoch == session.epoch:
+        elif meta.epoch == session.epoch and session.created:
             session.created = False
+            if session.connection is None:
+                self._unload(session)
 
     def claimed_elsewhere(self, client_id: str) -> None:
         """Another node's claim of a session held here was applied (this node was frozen or
@@ -201,6 +365,11 @@ class SessionManager:
     ]:
         """Returns the session for a new connection and whether it was present before."""
         existing = self.sessions.get(client_id)
+        stored = None
+        if existing is None:
+            loaded = self._load_offline(client_id)
+            if loaded is not None:
+                existing, stored = loaded
         # A new durable session's epoch is the wall clock (microseconds), and above the one
         # it replaces here: above every epoch an earlier session of the ID had, so a node
         # still holding one of those cannot pass its writes for a claim (ownership.py).
@@ -230,7 +399,9 @@ class SessionManager:
         if isinstance(session, DurableSession):
             assert self._durable is not None
             store = self._durable.store
-            session.attach(store.load(client_id) if not session.loaded else None)
+            if stored is None and not session.loaded:
+                stored = store.load(client_id)
+            session.attach(stored)
             self._save_meta(session, connection.version, True, connection.will)
             self._member_changed(session)
         return session, existing is not None
@@ -259,6 +430,8 @@ class SessionManager:
         if isinstance(session, DurableSession) and session.expiry_interval:
             self._save_meta(session, version, False, will)
             self._member_changed(session)
+            # Not at once: a takeover detaches the session only to attach it again.
+            asyncio.get_running_loop().call_soon(self._unload, session)
 
     def _start_timers(self, session: Session, will: Will | None, elapsed: float) -> bool:
         """Will and expiry timers for a session disconnected `elapsed` seconds ago; False
@@ -285,7 +458,7 @@ class SessionManager:
         assert self._durable is not None
         session.protocol = version
         meta = records.Meta(session.expiry_interval, version, connected,
-                            None if connected else time.time(), will,
+                            None if connected else session.disconnected_at or time.time(), will,
                             self._durable.store.site, session.epoch, session.created,
                             connected and session.stalled)
         self._durable.store.write_soon([(records.meta_key(session.client_id), meta.to_bytes())])
@@ -384,6 +557,10 @@ class SessionManager:
     def close_all(self) -> None:
         for client_id in list(self._timers):
             self._cancel_timers(client_id)
+        if self._wake is not None:
+            self._wake.cancel()
+        if self._restoring is not None:
+            self._restoring.cancel()
 
     def _fire_will(self, session: Session) -> None:
         if session.will is not None and session.connection is None:

@@ -24,7 +24,7 @@ async def test_one_transaction_per_turn_for_every_session(open_storage) -> None:
     await asyncio.gather(*waits)
     await store.settle()
     assert storage.sessions.commits == commits + 1
-    assert sorted(s.client_id for s in store.load_all()) == [f"c{i}" for i in range(6)]
+    assert sorted(client_id for client_id, _ in store.stored_metas()) == [f"c{i}" for i in range(6)]
 
 
 async def test_a_read_in_the_same_turn_sees_the_turns_writes(open_storage) -> None:

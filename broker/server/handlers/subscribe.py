@@ -176,7 +176,7 @@ def _subscribe(conn: "Connection", session: Session, packet: Subscribe,
                 continue
         if session.subscribe(sub.topic_filter, options):
             # Read from Durable Storage, not routed: the topics become durable from now on.
-            node.add_durable_filter(session.client_id, sub.topic_filter, options)
+            node.add_durable_filter(session.client_id, sub.topic_filter)
             durable = True
         else:
             node.router.subscribe(session.client_id, topic_filter, options)

@@ -198,6 +198,21 @@ class DurableSession(Session):
         self._flush_acks()
         self.stop_reading()
 
+    def writing(self) -> "asyncio.Future[None] | None":
+        """The last batch record still being written, if any."""
+        return self._recording[-1][0] if self._recording else None
+
+    def unloadable(self) -> bool:
+        """Whether all there is of the disconnected session is in the store, so that it can
+        leave memory (SessionManager): no batch record being written, no shared subscription
+        routed live (its deliveries wait in memory), nothing queued or in flight that no
+        batch record holds (a retained message sent on subscribe)."""
+        if self._recording or self._routed:
+            return False
+        return all(isinstance(delivery.batch, _Pending)
+                   for deliveries in (self.queue, self.inflight.values())
+                   for delivery in deliveries)
+
     def _return_unsent(self, key: str | None = None, shard: int | None = None) -> None:
         """A group member's client left (or it let go of the share's shard): what was read
         for its shared subscriptions (that shard's) and never sent goes back to the group,

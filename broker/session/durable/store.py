@@ -13,7 +13,7 @@ no one awaits are tracked, so shutdown can wait for them and a failure is logged
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -65,30 +65,31 @@ class SessionStore:
         # Returned batches being taken here: not taken twice while the first take is on its
         # way (read as committed, they are still there).
         self.taking: set[bytes] = set()
+        # The subscriptions to shares that `subscription_keys` found, for `groups` (once).
+        self._start_shares: list[bytes] | None = None
 
     # ---- reading -----------------------------------------------------------------------
-    def load_all(self) -> list[StoredSession]:
-        """Every stored session this node owns (all of them, but those another node's
-        meta claims, in a replicated database), from one ordered scan of the database."""
+    def subscription_keys(self) -> Iterator[tuple[str, str]]:
+        """(client ID, subscription key) of every stored subscription, from its key alone,
+        as the caller goes (start-up: the durable filter index, before any session is
+        loaded). The shares among them are kept for `groups`, which would otherwise read
+        every subscription again."""
         self._turn.flush_now()
-        found: dict[str, StoredSession] = {}
-        rest: list[tuple[bytes, str, bytes, bytes]] = []
-        for key, value in self._ds.sessions.scan(b""):
-            kind, client_id = r.split_key(key)
-            if kind == b"m":
-                meta = r.Meta.from_bytes(value)
-                if meta.site in ("", self.site):
-                    found[client_id] = StoredSession(client_id, meta)
-            else:
-                rest.append((kind, client_id, key, value))
-        for kind, client_id, key, value in rest:
-            stored = found.get(client_id)
-            if stored is None:
-                continue  # left over from a session whose delete was interrupted
-            self._add(stored, kind, key, value)
-        for stored in found.values():
-            _attach_acks(stored)
-        return list(found.values())
+        shares: list[bytes] = []
+        for key in self._ds.sessions.raw_keys(b"s" + r.SEP):
+            # s\0<client id>\0<filter>: a client ID has no U+0000 (MQTT-1.5.4-2), a filter may
+            client_id, _, topic_filter = key[2:].partition(r.SEP)
+            if topic_filter.startswith(b"$share/"):
+                shares.append(key)
+            yield client_id.decode(), topic_filter.decode()
+        self._start_shares = shares
+
+    def stored_metas(self) -> Iterator[tuple[str, r.Meta]]:
+        """Every stored session's meta, as the caller goes, from a snapshot of the database
+        taken at the first (start-up: when each session is due)."""
+        self._turn.flush_now()
+        for key, value in self._ds.sessions.raw_iter(b"m" + r.SEP):
+            yield r.split_key(key)[1], r.Meta.from_bytes(value)
 
     def meta(self, client_id: str) -> r.Meta | None:
         self._turn.flush_now()
@@ -99,14 +100,16 @@ class SessionStore:
         """The session's meta and what it had in flight; not its read positions
         (`load_positions`, per filter as its readers start: with many thousands of filters,
         reading them all at once would stall the node while the client reconnects), and its
-        subscriptions only when asked (known since start-up, `load_all`, unless the session
-        comes from another node)."""
+        subscriptions only when asked (a session loaded again after it was out of memory,
+        or coming from another node)."""
         meta = self.meta(client_id)
         if meta is None:
             return None
         stored = StoredSession(client_id, meta)
-        for kind in ((b"s", *_IN_FLIGHT_KINDS) if subscriptions else _IN_FLIGHT_KINDS):
-            for key, value in self._ds.sessions.scan(r.prefix(kind, client_id)):
+        kinds = (b"s", *_IN_FLIGHT_KINDS) if subscriptions else _IN_FLIGHT_KINDS
+        found = self._ds.sessions.scan_many(r.prefix(kind, client_id) for kind in kinds)
+        for kind, items in zip(kinds, found, strict=True):
+            for key, value in items:
                 self._add(stored, kind, key, value)
         _attach_acks(stored)
         return stored
@@ -296,5 +299,7 @@ class SessionStore:
         for key, value in sessions.scan(b"o" + r.SEP):
             owners.setdefault(r.split_key(key)[1], {})[g.shard_of_key(key)] = \
                 g.Owner.from_bytes(value)
-        shares = [key for key, _ in sessions.scan(b"s" + r.SEP) if b"\x00$share/" in key]
+        shares, self._start_shares = self._start_shares, None
+        if shares is None:
+            shares = [key for key, _ in sessions.scan(b"s" + r.SEP) if b"\x00$share/" in key]
         return since, owners, shares
