@@ -9,6 +9,8 @@ every reader, and what a reader derives from it (the broker's encoded PUBLISH) i
 Bounded: two generations of at most MAX_ENTRIES messages or MAX_BYTES of values each; when
 the current one is full it becomes the previous one, and the previous one is dropped. A
 message read again while only the previous generation holds it moves to the current one.
+What is kept is about twice the values' size (a message's payload, and its PUBLISH once
+encoded): at most ~8 MiB, whatever the number of sessions reading.
 """
 
 from typing import Final
@@ -16,7 +18,7 @@ from typing import Final
 from broker.ds.ttv import TTV, Make, decode_value
 
 MAX_ENTRIES: Final = 4096
-MAX_BYTES: Final = 4 * 1024 * 1024
+MAX_BYTES: Final = 2 * 1024 * 1024
 
 Key = tuple[int, bytes]
 """A slab's number (`Slab.uid`, never reused) and the message's master key in it."""
