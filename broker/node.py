@@ -29,7 +29,7 @@ from broker.session.durable.store import SessionStore
 from broker.session.durable.streams import KIND as STREAM_KIND
 from broker.session.durable.streams import Streams, is_stream_key
 from broker.session.manager import SessionManager
-from broker.session.message import Message
+from broker.session.message import Message, stored_message
 from broker.session.session import Delivery, Session, SubscriptionOptions
 from broker.stats import Stats
 
@@ -93,7 +93,8 @@ class Node:
         # Durable Storage: opened here, its timers started and its buffers flushed by BrokerApp.
         self.ds: DurableStorage | None = None
         if config["durable_sessions.enable"]:
-            self.ds = DurableStorage(Path(config["node.data_dir"]), Settings.from_config(config))
+            self.ds = DurableStorage(Path(config["node.data_dir"]), Settings.from_config(config),
+                                     stored_message)
         self.durable: DurableContext | None = None
         self.persister: MessagePersister | None = None
         if self.ds is not None:

@@ -22,10 +22,11 @@ import plyvel  # type: ignore[import-untyped]
 from broker.ds.files import recover_swap, write_atomically
 from broker.ds.iterator import Iterator, Stream, read_plan
 from broker.ds.open_slabs import OpenSlabs
+from broker.ds.recent import RecentReads
 from broker.ds.settings import Settings
 from broker.ds.shard import ChangeListener, Shard, load_slabs
 from broker.ds.slab import Slab
-from broker.ds.ttv import TTV
+from broker.ds.ttv import TTV, Make
 from broker.mqtt.topic import topic_matches
 
 DB_FILE = "db.json"
@@ -47,10 +48,12 @@ def read_db_file(path: Path) -> dict[str, Any] | None:
 class MessagesDB:
     def __init__(
         self, name: str, path: Path, settings: Settings, executor: Executor,
-        on_change: ChangeListener,
+        on_change: ChangeListener, make: Make | None = None,
     ) -> None:
-        """Blocking: reads the state of every slab of every shard; opens the current ones."""
+        """Blocking: reads the state of every slab of every shard; opens the current ones.
+        Stored messages are read back as `make` makes them (TTVs by default)."""
         self.name = name
+        self.recent = RecentReads(make)
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         meta = read_db_file(path)
@@ -182,10 +185,11 @@ class MessagesDB:
         if plan.fixed:
             assert accept is not None
             messages, position = slab.scan_indexed(
-                stream.id, plan.fixed, iterator.position, batch_size, accept
+                stream.id, plan.fixed, iterator.position, batch_size, accept, self.recent
             )
         else:
-            messages, position = slab.scan(stream.id, iterator.position, batch_size, accept)
+            messages, position = slab.scan(stream.id, iterator.position, batch_size, accept,
+                                           self.recent)
         if not messages and sealed:
             return None, []
         if position == iterator.position:

@@ -10,6 +10,7 @@ bounded number open), so thousands of generations cost no file descriptors.
 """
 
 import asyncio
+import itertools
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from broker.ds.cook import STATS_KEY, CookedBatch, SlabStats
 from broker.ds.files import fsync_dir, write_atomically
 from broker.ds.lts import LTS, PLUS
 from broker.ds.manifest import read_manifest, write_manifest
+from broker.ds.recent import RecentReads
 from broker.ds.ttv import TTV, decode_value
 
 _CREATED: Final = keys.meta_key("created")
@@ -41,6 +43,7 @@ _PAST_TIMESTAMPS: Final = b"\xff" * (keys.TIMESTAMP_SIZE + 1)  # sorts after eve
 # table files are mmapped and hold none until the process has 1,000 mappings (LevelDB's
 # limit), so this bounds a slab's share of those, and its descriptors past them.
 MAX_OPEN_FILES: Final = 74
+_UIDS: Final = itertools.count()
 
 
 class SlabClosed(Exception):
@@ -99,6 +102,9 @@ class Slab:
         sealed_at: int | None, db: plyvel.DB | None, compression: Compression = None,
     ) -> None:
         self.path = path
+        # This slab among every one this process opened: the key of its messages in
+        # RecentReads (a generation number repeats across shards and databases).
+        self.uid = next(_UIDS)
         self.compression = compression
         self.generation = generation
         self.created = created
@@ -276,9 +282,11 @@ class Slab:
         self.sealed_at = until
 
     def scan(
-        self, stream: int, after: int, limit: int, accept: Callable[[str], bool] | None
+        self, stream: int, after: int, limit: int, accept: Callable[[str], bool] | None,
+        recent: RecentReads | None = None,
     ) -> tuple[list[TTV], int]:
-        """Messages of a stream after a timestamp, reading the master range in order.
+        """Messages of a stream after a timestamp, reading the master range in order (and
+        taking those read lately from `recent` rather than decoding them again).
 
         Returns them and the last timestamp examined (the new position: rejected messages
         are not examined again)."""
@@ -286,12 +294,12 @@ class Slab:
         out: list[TTV] = []
         last = after
         visited = 0
-        for value in self.db.iterator(
+        uid = self.uid
+        for key, value in self.db.iterator(
             start=prefix + keys.pack_u64(after + 1), stop=prefix + _PAST_TIMESTAMPS,
-            include_key=False,
         ):
             visited += 1
-            ttv = decode_value(value)
+            ttv = decode_value(value) if recent is None else recent.decoded(uid, key, value)
             last = ttv.timestamp
             if accept is None or accept(ttv.topic):
                 out.append(ttv)
@@ -302,7 +310,7 @@ class Slab:
 
     def scan_indexed(
         self, stream: int, fixed: Sequence[tuple[int, str]], after: int, limit: int,
-        accept: Callable[[str], bool],
+        accept: Callable[[str], bool], recent: RecentReads | None = None,
     ) -> tuple[list[TTV], int]:
         """Like `scan`, for a filter that fixes varying levels: intersects the index ranges
         of those levels by leapfrogging (each cursor seeks to the largest timestamp another
@@ -339,11 +347,13 @@ class Slab:
             else:
                 target, agreed = found, 1
             if agreed == n:
-                value = db.get(master + pack(target))
+                key = master + pack(target)
+                value = db.get(key)
                 visited += 1
                 position = target
                 if value is not None:
-                    ttv = decode_value(value)
+                    ttv = (decode_value(value) if recent is None
+                           else recent.decoded(self.uid, key, value))
                     if accept(ttv.topic):
                         out.append(ttv)
                         if len(out) >= limit:

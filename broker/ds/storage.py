@@ -22,7 +22,7 @@ from broker.ds.shard import ChangeListener, now_us
 from broker.ds.site import ensure_site_id
 from broker.ds.space import DISK_FULL, QUOTA, SpaceGuard, tree_bytes
 from broker.ds.subscribe import Subscription, SubscriptionPool
-from broker.ds.ttv import TTV
+from broker.ds.ttv import TTV, Make
 from broker.ds.tx import Transaction
 from broker.periodic import every
 
@@ -35,8 +35,9 @@ SPACE_POLL: Final = 1.0  # seconds: the lack of space and quota checks
 
 
 class DurableStorage:
-    def __init__(self, data_dir: Path, settings: Settings) -> None:
-        """Blocking: opens (or creates) every database under `<data_dir>/ds`."""
+    def __init__(self, data_dir: Path, settings: Settings, make: Make | None = None) -> None:
+        """Blocking: opens (or creates) every database under `<data_dir>/ds`; stored
+        messages are read back as `make` makes them (TTVs by default)."""
         self.root = Path(data_dir) / "ds"
         self.settings = settings
         self.site_id = ensure_site_id(self.root, settings.site_id)
@@ -44,7 +45,7 @@ class DurableStorage:
             max_workers=min(_MAX_THREADS, settings.n_shards + 1), thread_name_prefix="ds"
         )
         self.messages = MessagesDB(MESSAGES, self.root / MESSAGES, settings, self._executor,
-                                   self._on_change)
+                                   self._on_change, make)
         self.sessions = KVStore(SESSIONS, self.root / SESSIONS, self._executor, settings.buffer)
         # Lack of space and the storage quota: durable writes refused meanwhile (space.py).
         self.space = SpaceGuard(self.root)

@@ -21,6 +21,7 @@ lengths sit in the fixed header so a reader unpacks once per message (the read p
 """
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -67,6 +68,11 @@ class TTV:
         self.timestamp = timestamp
 
 
+Make = Callable[[str, bytes, int, bool, str, dict[int, Any], int], TTV]
+"""What a stored message is read back as, from its fields in TTV's order: the broker's own
+subclass of TTV (decode_value)."""
+
+
 def encode_value(ttv: TTV, timestamp: int) -> bytes:
     return pack_value(ttv.topic.encode(), ttv.publisher.encode(), ttv, timestamp)
 
@@ -82,7 +88,12 @@ def pack_value(topic: bytes, publisher: bytes, ttv: TTV, timestamp: int) -> byte
     ))
 
 
-def decode_value(value: bytes) -> TTV:
+def decode_value(
+    value: bytes,
+    make: "Make | None" = None,
+) -> TTV:
+    """The stored message `value` as a TTV, or as what `make` (a subclass's constructor)
+    makes of its fields (a generic call, where TTV's own is a direct one when compiled)."""
     version, flags, timestamp, topic_end, publisher_len = _HEAD.unpack_from(value)
     if version != FORMAT_VERSION:
         raise ValueError(f"unknown TTV format version {version}")
@@ -93,8 +104,12 @@ def decode_value(value: bytes) -> TTV:
         pos += 1
     else:
         properties, pos = decode_properties(value, pos, len(value), _PUBLISH_PROPERTIES)
-    return TTV(value[_HEAD_SIZE:topic_end].decode(), value[pos:], flags & 3, bool(flags & 4),
-               value[topic_end:topic_end + publisher_len].decode(), properties, timestamp)
+    topic = value[_HEAD_SIZE:topic_end].decode()
+    publisher = value[topic_end:topic_end + publisher_len].decode()
+    if make is None:
+        return TTV(topic, value[pos:], flags & 3, bool(flags & 4), publisher, properties,
+                   timestamp)
+    return make(topic, value[pos:], flags & 3, bool(flags & 4), publisher, properties, timestamp)
 
 
 def encoded_topic(data: bytes, start: int, end: int) -> bytes:

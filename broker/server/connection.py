@@ -11,22 +11,16 @@ import contextlib
 import logging
 import socket
 import struct
-from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Final
 
 from broker.auth.acl import Access
 from broker.auth.authorization import AclCache
-from broker.mqtt.codec import Decoder, encode, encode_publish
+from broker.mqtt.codec import Decoder, encode
 from broker.mqtt.constants import (
-    FIRST_FAILURE_CODE,
     MQTT_3_1_1,
     MQTT_5,
-    PUBACK_BYTE,
-    PUBCOMP_BYTE,
-    PUBREC_BYTE,
     PacketType,
-    PropertyId,
     ReasonCode,
 )
 from broker.mqtt.errors import (
@@ -35,24 +29,20 @@ from broker.mqtt.errors import (
     ProtocolError,
     UnsupportedProtocolVersion,
 )
-from broker.mqtt.packets import Connack, Disconnect, Packet, Pubrel, Will
+from broker.mqtt.packets import Connack, Disconnect, Packet, Will
 from broker.node import Node
+from broker.server.ack_order import AckOrder, returns_quota
+from broker.server.delivery import deliver, drain, resend_inflight
 from broker.server.handlers import HANDLERS
 from broker.server.handlers.auth import ConnectionAuth
 from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
 from broker.server.storage_refusal import storage_failure
 from broker.server.wheel import wheel
-from broker.server.wire import shared_publish
 from broker.session.session import Delivery, Session
 
 log = logging.getLogger(__name__)
 
-# A client that reads slower than it is sent to: past this much unsent data, QoS 0 messages
-# for it are dropped (and counted) rather than held in broker memory without bound.
-QOS0_DROP_BUFFER: Final = 8 * 1024 * 1024
-_SUB_IDS: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
-_TOPIC_ALIAS: Final = PropertyId.TOPIC_ALIAS
 # Why a connection is not being read (bits of `Connection._paused`). Each reason lifts only
 # itself, so a SUBSCRIBE applied over several turns and acknowledgements waiting on storage
 # cannot resume each other's pause.
@@ -66,38 +56,15 @@ _RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a re
 CLOSE_LINGER: Final = 2.0
 
 
-def _returns_quota(ack: bytes) -> bool:
-    """A PUBACK, a PUBCOMP or a PUBREC with an error code: the acknowledgement that gives a
-    client back one unit of its send quota (MQTT 5.0 section 4.9)."""
-    b0 = ack[0]
-    return b0 in (PUBACK_BYTE, PUBCOMP_BYTE) or (
-        b0 == PUBREC_BYTE and len(ack) > 4 and ack[4] >= FIRST_FAILURE_CODE)
-
-
-class _Waiting:
-    """Acknowledgements that wait for one storage future (or behind ones that wait), with
-    the payload bytes of their PUBLISHes, which storage holds meanwhile."""
-
-    __slots__ = ("future", "packets", "size")
-
-    def __init__(self, future: "asyncio.Future[Any] | None", packet: bytes, size: int) -> None:
-        self.future = future
-        self.packets = [packet]
-        self.size = size
-
-
 class Connection:
     # Slots: ten thousand idle connections should cost little more than their sockets.
     __slots__ = (
-        "_backlogged", "_deferred", "_due", "_flush_pending", "_held", "_in_aliases",
-        "_last_rx", "_loop", "_max_waiting", "_max_waiting_bytes", "_out", "_out_aliases",
-        "_output", "_packet_timeout", "_packet_timer", "_partial_since", "_paused",
-        "_rate_timer", "_rates", "_waiting", "_waiting_bytes", "acl_cache", "auth",
-        "claim_stamp",
-        "clean_start", "client_alias_max", "client_id", "client_max_packet", "closed",
-        "connected", "decoder", "incoming_unacked", "keepalive", "node",
-        "send_window", "session", "stats", "transport", "username",
-        "version", "will",
+        "_acks", "_backlogged", "_due", "_flush_pending", "_held", "_in_aliases", "_last_rx",
+        "_loop", "_out", "_out_aliases", "_output", "_packet_timeout", "_packet_timer",
+        "_partial_since", "_paused", "_rate_timer", "_rates", "acl_cache", "auth",
+        "claim_stamp", "clean_start", "client_alias_max", "client_id", "client_max_packet",
+        "closed", "connected", "decoder", "incoming_unacked", "keepalive", "node",
+        "send_window", "session", "stats", "transport", "username", "version", "will",
     )
 
     def __init__(self, node: Node, transport: Any, output: OutputBatch,
@@ -132,18 +99,10 @@ class Connection:
         self._in_aliases: dict[int, str] | None = None
         self._out_aliases: dict[str, int] | None = None
         self._out: list[bytes] | None = None
-        # Acknowledgements waiting for storage, in the order they must leave: packets
-        # waiting for a future (or behind ones that wait), grouped by that future.
-        self._deferred: deque[_Waiting] | None = None
-        # Flow control of what the client sends. `_waiting` / `_waiting_bytes`: the
-        # acknowledgements in `_deferred` and their PUBLISHes' payload bytes; at the
-        # `mqtt.max_awaiting_storage(_bytes)` bound the client is not read until storage
-        # catches up. `incoming_unacked` mirrors a v5 client's spent send quota (MQTT 5.0
-        # section 4.9): QoS 1/2 PUBLISHes whose PUBACK, PUBCOMP or error PUBREC has not left.
-        self._waiting = 0
-        self._waiting_bytes = 0
-        self._max_waiting: int = config["mqtt.max_awaiting_storage"]
-        self._max_waiting_bytes: int = config["mqtt.max_awaiting_storage_bytes"]
+        # Acknowledgements waiting for storage (ack_order.py), made when one first waits.
+        self._acks: AckOrder | None = None
+        # `incoming_unacked` mirrors a v5 client's spent send quota (MQTT 5.0 section 4.9):
+        # QoS 1/2 PUBLISHes whose PUBACK, PUBCOMP or error PUBREC has not left.
         self.incoming_unacked = 0
         self._paused = 0  # PAUSE_* bits
         # When the packet now arriving began (0: none is partly received), and the timer
@@ -358,64 +317,38 @@ class Connection:
 
     def send_when(self, durable: Awaitable[Any] | None, data: bytes, size: int = 0) -> None:
         """Sends the acknowledgement `data` once `durable` is done and after every earlier
-        deferred one: a PUBACK/PUBREC for a stored message waits for the disk, and
-        acknowledgements leave in the order their PUBLISHes came (MQTT-4.6.0-2). `size` is
-        what storage holds for it meanwhile (the PUBLISH's payload): with
-        `mqtt.max_awaiting_storage(_bytes)` waiting, the client is not read until storage
-        catches up, so a client that ignores flow control cannot grow the broker."""
-        deferred = self._deferred
-        if durable is None and not deferred:
+        deferred one (ack_order.py); `size` is what storage holds for it meanwhile (the
+        PUBLISH's payload): at the bounds the client is not read until storage catches up."""
+        acks = self._acks
+        if durable is None and (acks is None or not acks.waiting):
             self.send(data)
-            if self.incoming_unacked and _returns_quota(data):
+            if self.incoming_unacked and returns_quota(data):
                 self.incoming_unacked -= 1
             return
-        if deferred is None:
-            deferred = self._deferred = deque()
-        self._waiting += 1
-        self._waiting_bytes += size
-        if deferred and deferred[-1].future is durable:
-            # PUBLISHes of one read share their storage future: one group, one callback.
-            group = deferred[-1]
-            group.packets.append(data)
-            group.size += size
-        else:
-            future = (durable if durable is None or isinstance(durable, asyncio.Future)
-                      else asyncio.ensure_future(durable))
-            deferred.append(_Waiting(future, data, size))
-            if future is not None:
-                future.add_done_callback(self._send_deferred)
-        if self._waiting >= self._max_waiting or self._waiting_bytes >= self._max_waiting_bytes:
+        if acks is None:
+            config = self.node.config
+            acks = self._acks = AckOrder(config["mqtt.max_awaiting_storage"],
+                                         config["mqtt.max_awaiting_storage_bytes"])
+        if acks.add(durable, data, size, self._send_deferred):
             self.pause_input(PAUSE_STORAGE)
 
     def _send_deferred(self, _: object = None) -> None:
-        deferred = self._deferred
-        while deferred:
-            group = deferred[0]
-            future = group.future
-            if future is not None and not future.done():
-                break
-            deferred.popleft()
-            self._waiting -= len(group.packets)
-            self._waiting_bytes -= group.size
-            if future is not None and (future.cancelled() or future.exception() is not None):
-                # Not durable, so not acknowledged: the client resends after reconnecting.
-                deferred.clear()
-                self._waiting = self._waiting_bytes = 0
-                if not self.closed:
-                    self.fail(storage_failure(self.client_id, future))
-                return
+        acks = self._acks
+        assert acks is not None
+        packets, failed = acks.ready()
+        if packets and not self.closed:
+            if self._out is None:
+                self._out = []
+            self._out.extend(packets)
+            if self.incoming_unacked:
+                returned = sum(map(returns_quota, packets))
+                self.incoming_unacked = max(0, self.incoming_unacked - returned)
+            self._flush_soon()
+        if failed is not None:
             if not self.closed:
-                if self._out is None:
-                    self._out = []
-                self._out.extend(group.packets)
-                if self.incoming_unacked:
-                    returned = sum(map(_returns_quota, group.packets))
-                    self.incoming_unacked = max(0, self.incoming_unacked - returned)
-                self._flush_soon()
-        # Resumed at half the bounds, not just under them: one pause per storage flush or
-        # so, rather than one per acknowledgement.
-        if (self._paused & PAUSE_STORAGE and self._waiting * 2 <= self._max_waiting
-                and self._waiting_bytes * 2 <= self._max_waiting_bytes):
+                self.fail(storage_failure(self.client_id, failed))
+            return
+        if self._paused & PAUSE_STORAGE and acks.below_half():
             self.resume_input(PAUSE_STORAGE)
 
     def send_packet(self, packet: Packet) -> None:
@@ -466,27 +399,17 @@ class Connection:
         return True
 
     def deliver(self, delivery: Delivery) -> None:
-        """A message for this client: send now, or queue when the in-flight window is full."""
-        message = delivery.message
-        if message.expires_at is not None and message.is_expired():
-            self.stats.drop("expired")
-            return
-        if self.acl_cache is not None and not self._may_read(delivery):
-            return
-        if delivery.qos == 0:
-            if self.transport.get_write_buffer_size() > QOS0_DROP_BUFFER:
-                self.stats.drop("slow_consumer")
-                return
-            self.send_publish(delivery, None, False)
-            return
-        session = self.session
-        assert session is not None
-        if session.queued or len(session.inflight) >= self.send_window:
-            lost = session.enqueue(delivery)
-            if lost:
-                self.stats.drop(lost)
-            return
-        self._send_inflight(session, delivery)
+        """A message for this client: send now, or queue when the in-flight window is full
+        (delivery.py)."""
+        deliver(self, delivery)
+
+    def drain(self) -> None:
+        """Moves queued messages into the in-flight window as it opens up."""
+        drain(self)
+
+    def resend_inflight(self) -> None:
+        """On session resume: the in-flight window again, with DUP (delivery.py)."""
+        resend_inflight(self)
 
     def authorized(self, topic: str, access: Access) -> bool:
         cache = self.acl_cache
@@ -497,108 +420,6 @@ class Connection:
                 cache.read if access is Access.READ else cache.write).get(topic):
             return True  # allowed before: the common case, without a call
         return security.allows(cache, self.client_id, self.username, topic, access)
-
-    def _may_read(self, delivery: Delivery) -> bool:
-        """The ACL is asked again for every message delivered: a subscription to a broad
-        filter must not carry a topic the client may not read. A refused QoS 1/2 message
-        counts as done (a durable session does not keep it pending for ever)."""
-        cache = self.acl_cache
-        topic = delivery.message.topic
-        if (cache is not None and cache.generation == self.node.security.generation
-                and cache.read.get(topic)) or self.authorized(topic, Access.READ):
-            return True
-        self.stats.drop("not_authorized")
-        if delivery.qos and self.session is not None:
-            self.session.completed(delivery)
-        return False
-
-    def _send_inflight(self, session: Session, delivery: Delivery) -> None:
-        """QoS 1/2: take a packet ID, remember the delivery until acknowledged, send it."""
-        packet_id = delivery.packet_id or session.next_packet_id()
-        session.inflight[packet_id] = delivery
-        self.send_publish(delivery, packet_id, delivery.sent)
-
-    def drain(self) -> None:
-        """Moves queued messages into the in-flight window as it opens up."""
-        session = self.session
-        if session is None or not session.queued:
-            return
-        queue, inflight = session.queue, session.inflight
-        while queue and len(inflight) < self.send_window:
-            delivery = queue.popleft()
-            if delivery.message.is_expired():
-                self.stats.drop("expired")
-            elif self.acl_cache is not None and not self._may_read(delivery):
-                continue
-            elif delivery.qos == 0:
-                self.send_publish(delivery, None, False)
-            else:
-                self._send_inflight(session, delivery)
-
-    def resend_inflight(self) -> None:
-        """On session resume: unacknowledged PUBLISH again with DUP, released QoS 2 as PUBREL,
-        within the client's Receive Maximum now (MQTT 5.0 section 4.9; it may be smaller than
-        when they were sent). The others go back to the front of the queue, keeping their
-        packet IDs, and leave as the window opens: a client closed for not reading
-        (`force_shutdown.max_heap_size`) is not sent its whole backlog at once again."""
-        session = self.session
-        assert session is not None
-        inflight = session.inflight
-        room = self.send_window
-        later: list[int] = []
-        for packet_id, delivery in list(inflight.items()):
-            if packet_id in session.awaiting_comp:
-                self.send_packet(Pubrel(packet_id))
-            elif room > 0:
-                self.send_publish(delivery, packet_id, True)
-            else:
-                later.append(packet_id)
-                continue
-            room -= 1
-        for packet_id in reversed(later):
-            delivery = inflight.pop(packet_id)
-            delivery.packet_id = packet_id
-            delivery.sent = True
-            session.queue.appendleft(delivery)
-
-    def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> None:
-        message = delivery.message
-        topic = message.topic
-        alias = None
-        if not dup and (self.version != MQTT_5 or not (
-            message.properties or message.expires_at is not None
-            or delivery.subscription_ids or self.client_alias_max
-        )):
-            data = shared_publish(message, self.version, delivery.qos, delivery.retain, packet_id)
-        elif self.version == MQTT_5:
-            props = (
-                message.outgoing_properties()
-                if message.properties or message.expires_at is not None else {}
-            )
-            if delivery.subscription_ids:
-                props[_SUB_IDS] = list(delivery.subscription_ids)
-            aliases = self.out_aliases if self.client_alias_max else None
-            alias = aliases.get(topic) if aliases is not None else None
-            if alias is not None:
-                props[_TOPIC_ALIAS] = alias
-                topic = ""
-            elif aliases is not None and len(aliases) < self.client_alias_max:
-                alias = props[_TOPIC_ALIAS] = len(aliases) + 1
-            data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
-                                  packet_id, props or None, MQTT_5)
-        else:
-            data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
-                                  packet_id, None, self.version)
-        if self.client_max_packet is not None and len(data) > self.client_max_packet:
-            # MQTT-3.1.2-25: a packet larger than the client allows is discarded, not sent.
-            self.stats.drop("too_large_for_client")
-            if packet_id is not None and self.session is not None:
-                self.session.finish(packet_id)
-            return
-        if alias is not None and topic:
-            self.out_aliases[topic] = alias
-        self.stats.messages_sent[delivery.qos] += 1
-        self.send(data)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start_keepalive(self, keepalive: int) -> None:

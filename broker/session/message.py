@@ -58,6 +58,16 @@ class Message(TTV):
         return props
 
 
+def stored_message(topic: str, payload: bytes, qos: int, retain: bool, publisher: str,
+                   properties: Properties, timestamp: int) -> Message:
+    """A message read back from Durable Storage (which makes it: ttv.Make), its expiry
+    counted from when it was stored. Made once and shared by every session that reads it
+    (ds/recent.py), with its encoded PUBLISH."""
+    interval = properties.get(_EXPIRY)
+    expires_at = timestamp / 1e6 + interval if interval is not None else None
+    return Message(topic, payload, qos, retain, publisher, properties, timestamp, expires_at)
+
+
 def message_from_publish(
     topic: str, payload: bytes, qos: int, retain: bool, publisher: str, properties: Properties
 ) -> Message:

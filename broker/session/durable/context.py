@@ -2,20 +2,17 @@
 key are seen by a session."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from broker.ds import TTV, DurableStorage
-from broker.mqtt.constants import PropertyId
 from broker.mqtt.topic import parse_shared
 from broker.session.durable.store import SessionStore
 from broker.session.durable.streams import Streams, is_stream_key
-from broker.session.message import Message
+from broker.session.message import Message, stored_message
 from broker.stats import Stats
 
 if TYPE_CHECKING:
     from broker.session.durable.groups import GroupManager
-
-_EXPIRY: Final = PropertyId.MESSAGE_EXPIRY_INTERVAL
 
 
 @dataclass(slots=True)
@@ -50,10 +47,9 @@ def ds_filter(key: str) -> str:
 
 
 def message_from_ttv(ttv: TTV) -> Message:
-    """A stored message as the broker's own; one handed over from its write is that already."""
+    """A stored message as the broker's own: one handed over from its write, or read back
+    by a storage that makes them (`stored_message`), is that already."""
     if isinstance(ttv, Message):
         return ttv
-    interval = ttv.properties.get(_EXPIRY)
-    expires_at = ttv.timestamp / 1e6 + interval if interval is not None else None
-    return Message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher, ttv.properties,
-                   ttv.timestamp, expires_at)
+    return stored_message(ttv.topic, ttv.payload, ttv.qos, ttv.retain, ttv.publisher,
+                          ttv.properties, ttv.timestamp)
