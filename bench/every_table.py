@@ -41,6 +41,7 @@ STEPS = (
     Step("durable_results.json", ("durable_bench.py", "--pairs", "3"),
          "3 throughput pairs instead of 5"),
     Step("startup_results.json", ("startup_bench.py",)),
+    Step("offline_results.json", ("offline_bench.py",)),
     Step("replay_results.json", ("replay_bench.py", "--rounds", "2"), "2 rounds instead of 4"),
     Step("ds_results.json", ("ds_bench.py",)),
     Step("compaction_results.json", ("compaction_bench.py", "--rounds", "1"),

@@ -19,7 +19,6 @@ from broker.mqtt.topic import STREAM_PREFIX, parse_shared, validate_topic_filter
 from broker.server.handlers.authorize import verdict_later, verdict_now
 from broker.server.handlers.sliced import finish_in_slices, handle_in_slices
 from broker.server.handlers.stream_subscribe import start_stream, stream_target, suback_properties
-from broker.session.durable.session import DurableSession
 from broker.session.durable.turn import TimeSlice
 from broker.session.session import Delivery, Session, SubscriptionOptions
 
@@ -74,10 +73,10 @@ def _groups_soon(conn: "Connection", session: Session,
     live, not stored with the session, and moved into its group at the rise, a switch in
     which messages in flight between nodes come twice."""
     groups = conn.node.groups
-    if groups is None or not isinstance(session, DurableSession) or not any(
-            sub.topic_filter.startswith("$share/") for sub in packet.subscriptions):
+    if groups is None or not any(sub.topic_filter.startswith("$share/")
+                                 for sub in packet.subscriptions):
         return None
-    return groups.allowed_soon()
+    return groups.joining_soon(session)
 
 
 async def _subscribe_later(conn: "Connection", session: Session, packet: Subscribe,

@@ -154,6 +154,11 @@ class GroupManager:
                 self.leave(key, session.client_id)
         return writes
 
+    def joining_soon(self, session: Session) -> Awaitable[bool] | None:
+        """`allowed_soon` for a session about to subscribe to a share: a durable one joins
+        its group (a memory session's share is routed live whatever the version)."""
+        return self.allowed_soon() if isinstance(session, DurableSession) else None
+
     def since(self, share: str) -> int | None:
         group = self.groups.get(share)
         return group.since if group is not None and group.since else None
