@@ -42,7 +42,8 @@ def test_quick_run_verifies_throughput_failover_and_catch_up(tmp_path: Path) -> 
     assert kill["failover_s"] > 0
     assert kill["new_leader"] not in (None, kill["killed"])
 
-    assert [c["variant"] for c in run["catch_up"]] == ["log", "snapshot"]
+    variants = [variant for variant, _ in replication_bench.CATCH_UP_VARIANTS]
+    assert [c["variant"] for c in run["catch_up"]] == variants  # log, snapshot, files
     for cu in run["catch_up"]:
         assert "error" not in cu, cu
         assert cu["published"] == MESSAGES
