@@ -384,8 +384,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durable_storage.messages.max_open_slabs", 64, parse_int(1, 100_000),
             "Generations (LevelDB directories, one per shard x generation) kept open at once,"
             " all shards: past it the least recently read sealed one is closed, and reopened"
-            " when read again. Each shard's current generation and any in use stay open. An"
-            " open one holds 4 file descriptors."),
+            " when read again. Each shard's current generation, its next one (made ahead) and"
+            " any in use stay open. An open one holds 4 file descriptors."),
     Setting("durable_storage.n_sites", 1, parse_int(1, 1024),
             "Running sites (this one included) a node waits to see before the cluster's"
             " metadata Raft group is created: they are its first voters (at most 5). Set it"
