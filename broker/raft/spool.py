@@ -343,4 +343,5 @@ class SnapshotSpool:
             self._used = time.monotonic()
             if self.on_dumped is not None:
                 self.on_dumped()
-        dump.done.set_result(None)
+        if not dump.done.done():  # a waiter cancelled by its timeout cancels it
+            dump.done.set_result(None)
