@@ -140,16 +140,19 @@ class Node:
     def replicate_sessions(self, decides: Callable[[], bool], is_up: Callable[[str], bool],
                            read_barrier: Callable[[], Awaitable[bool]],
                            groups_allowed: Callable[[], bool],
-                           groups_soon: Callable[[], Awaitable[bool] | None]) -> None:
+                           groups_soon: Callable[[], Awaitable[bool] | None],
+                           seen: Callable[[], Awaitable[None]]) -> None:
         """Replicated Durable Storage (builtin_raft): the `sessions` database is every
         node's; durable groups are decided by the node that `decides` (the leader of the
         `sessions` group), a member counting as connected while its node `is_up`, and
         joined only while `groups_allowed` (every member's code fences their writes), or
-        once `groups_soon` (GroupManager.allowed_soon)."""
+        once `groups_soon` (GroupManager.allowed_soon). A durable SUBACK waits until the
+        nodes this one reaches have `seen` the subscription (peer_applied.py)."""
         self.replicated_ds = True
         self._is_up = is_up
         if self.durable is not None and self.groups is not None:
             self.durable.replicated = self.groups.replicated = True
+            self.durable.seen_everywhere = seen
             self.durable.store.committed_group_reads = True
             self.groups.decides = decides
             self.groups.read_barrier = read_barrier

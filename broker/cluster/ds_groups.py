@@ -31,6 +31,7 @@ from broker.cluster import ds_replicas
 from broker.cluster.bootstrap import GroupRecord
 from broker.cluster.group_members import NO_TARGET
 from broker.cluster.metadata import MetadataGroup
+from broker.cluster.peer_applied import PeersApplied
 from broker.cluster.placement import Placement, Target
 from broker.cluster.proposer import CommitTimeout
 from broker.config.loader import Config
@@ -249,6 +250,11 @@ class DsGroups:
             raise
         finally:
             self._committing.pop(task, None)
+
+    async def sessions_seen(self, peers: PeersApplied) -> None:
+        """Returns once the nodes this one reaches applied what it applied of `sessions`
+        (bounded): a durable SUBACK's subscription is then stored for everywhere."""
+        await peers.everywhere(SESSIONS_GROUP, self._sessions.applied_index)
 
     async def sync(self, sessions: bool = True) -> bool:
         """True once this node's replicas hold everything committed before the call, in

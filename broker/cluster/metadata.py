@@ -94,7 +94,7 @@ class MetadataGroup:
         self._refused = refused
         self.machine = RetainedMachine(store, refused)
         self.bootstrap = self._load(config["durable_storage.n_sites"])
-        self.transport = RaftTransport(cluster, self._epoch_of, self._deliver)
+        self.transport = RaftTransport(cluster, self.epoch_of, self._deliver)
         self.proposer = Proposer(self._submit, config["durable_storage.raft.commit_timeout"])
         self.foreign_frames = 0  # Raft traffic of another incarnation of the group, dropped
         self._foreign_seen: set[tuple[str, int]] = set()
@@ -236,7 +236,7 @@ class MetadataGroup:
                         await raft.propose(group, data)
                     return
                 index = await self._rpc.call(
-                    leader, "raft_propose", {"group": group, "epoch": self._epoch_of(group)},
+                    leader, "raft_propose", {"group": group, "epoch": self.epoch_of(group)},
                     timeout=self._attempt_timeout, body=data)
                 # Committed: retrying now would store it twice. Shown here once applied,
                 # however long this node's replica lags (the caller bounds the wait).
@@ -267,6 +267,12 @@ class MetadataGroup:
             return core is not None and core.applied_index >= index
         return applied
 
+    async def until_applied(self, group: int, index: int, timeout: float) -> int:
+        """This node's applied index of `group`, once at `index` or after `timeout`."""
+        await self._until(self._applied(group, index), timeout)
+        core = self.core(group)
+        return core.applied_index if core is not None else 0
+
     async def _until(self, condition: Callable[[], bool], timeout: float) -> None:
         """Returns when `condition` holds or after `timeout`, whichever comes first."""
         raft = self._raft
@@ -277,7 +283,7 @@ class MetadataGroup:
 
     async def _rpc_propose(self, params: Any) -> int:
         group = int(params.get("group", GROUP))
-        if (int(params["epoch"]) != self._epoch_of(group) or self._raft is None
+        if (int(params["epoch"]) != self.epoch_of(group) or self._raft is None
                 or self.core(group) is None):
             raise RpcError("not a member of that group")
         return await self._raft.propose(group, params["body"])
@@ -294,7 +300,7 @@ class MetadataGroup:
         if self._raft is not None:
             self._raft.peer_lost(site)
 
-    def _epoch_of(self, group: int) -> int:
+    def epoch_of(self, group: int) -> int:
         """Every group of the node belongs to the metadata group's incarnation."""
         record = self.bootstrap.record
         return record.epoch if record is not None else 0
@@ -332,7 +338,7 @@ class MetadataGroup:
                         " traffic is ignored. If that node should join this cluster's group,"
                         " run `broker ctl cluster join` on it (its retained messages are"
                         " replaced by the cluster's).", self.name_of(site), epoch,
-                        self._epoch_of(GROUP))
+                        self.epoch_of(GROUP))
 
     # ---- maintenance ---------------------------------------------------------------------
     def _spawn(self, job: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
@@ -457,7 +463,7 @@ class MetadataGroup:
         return self.bootstrap.status(int(params["epoch"]))
 
     def _rpc_epoch(self, _params: Any) -> int:
-        return self._epoch_of(GROUP)
+        return self.epoch_of(GROUP)
 
     async def _ask_status(self, epoch: int, coordinator: str) -> None:
         try:
@@ -489,7 +495,7 @@ class MetadataGroup:
                 await self._linked()
         epochs = {epoch for epoch in (await self._rpc.multicall("raft_epoch")).values()
                   if isinstance(epoch, int) and epoch}
-        mine = self._epoch_of(GROUP)
+        mine = self.epoch_of(GROUP)
         if epochs and mine not in epochs and self.bootstrap.state != "blank":
             await self._discard("joined a cluster whose metadata group is another")
 
@@ -502,7 +508,7 @@ class MetadataGroup:
 
     async def _discard(self, why: str) -> None:
         log.warning("%s: discarding this node's metadata group (epoch %x), Raft log and %d"
-                    " retained messages", why, self._epoch_of(GROUP), len(self._store))
+                    " retained messages", why, self.epoch_of(GROUP), len(self._store))
         await self.proposer.stop()
         self.proposer.abandon()
         if self._raft is not None:
@@ -594,7 +600,7 @@ class MetadataGroup:
         if core is not None:
             config = core.log.config
             groups.append({
-                "id": GROUP, "name": "metadata", "epoch": f"{self._epoch_of(GROUP):x}",
+                "id": GROUP, "name": "metadata", "epoch": f"{self.epoch_of(GROUP):x}",
                 "role": ROLE_NAMES[core.role], "leader": core.leader,
                 "leader_node": self.name_of(core.leader) if core.leader else None,
                 "term": core.term, "commit": core.commit, "applied": core.applied_index,

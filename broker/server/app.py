@@ -19,6 +19,7 @@ from broker.alarms import DISK_FULL, Alarm
 from broker.cluster import placement, versions
 from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
+from broker.cluster.peer_applied import PeersApplied
 from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
@@ -87,7 +88,10 @@ class BrokerApp:
             self.node.replicate_sessions(partial(self.ds_groups.leads, None),
                                          self.ds_groups.is_up, self.ds_groups.sessions_barrier,
                                          partial(self.versions.allows, versions.DURABLE_GROUPS),
-                                         partial(self.versions.until, versions.DURABLE_GROUPS))
+                                         partial(self.versions.until, versions.DURABLE_GROUPS),
+                                         partial(self.ds_groups.sessions_seen, PeersApplied(
+                                             self.cluster, self.rpc, self.metadata,
+                                             config["durable_storage.raft.election_timeout"])))
             self.node.takeover.replicated = self.ds_groups
             self.versions.on_rise = self._versions_rose
         self._servers: list[asyncio.Server] = []

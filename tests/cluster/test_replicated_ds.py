@@ -252,3 +252,25 @@ def test_ended_sessions_epochs_are_forgotten_after_tombstone_ttl(
     assert swept() == len(client_ids)
     again = _client(clients, nodes[1], client_ids[0])
     assert not again.connect(clean_start=False, session_expiry=60).session_present
+
+
+def test_a_message_published_on_another_node_right_after_the_suback_is_stored(
+        cluster: Cluster, clients: list[PahoClient]) -> None:
+    """Every node stores for a durable subscription once it has applied it: the SUBACK
+    waits for the nodes it reaches to have, so a publish on any of them after the SUBACK
+    (here at once, on a connection already open) is stored for it, not lost."""
+    nodes = _start(cluster)
+    subscriber = _client(clients, nodes[0], unique("sub"))
+    subscriber.connect(clean_start=False, session_expiry=3600)
+    publishers = [_client(clients, node, unique("pub")) for node in nodes[1:]]
+    for publisher in publishers:
+        publisher.connect()
+    base = unique("right-after").replace("-", "/")
+    sent = []
+    for i in range(30):
+        topic = f"{base}/{i}"
+        assert subscriber.subscribe(topic, qos=1) == [1]
+        assert publishers[i % 2].publish(topic, f"{i}".encode(), qos=1) == 0
+        sent.append(f"{i}".encode())
+    received = subscriber.wait_messages(len(sent), timeout=30)
+    assert sorted(m.payload for m in received) == sorted(sent)

@@ -1,6 +1,7 @@
 """What every durable session of a node shares, and how a stored message and a subscription
 key are seen by a session."""
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,9 @@ class DurableContext:
     # Replicated `sessions` database: a shared subscription's batch is sent only once its
     # record is committed, since the replicas may refuse it (group_fencing.py).
     replicated: bool = False
+    # Replicated: returns once the other nodes applied what this one did of `sessions`,
+    # so they store for a subscription its SUBACK promises (peer_applied.py).
+    seen_everywhere: "Callable[[], Awaitable[None]] | None" = None
     # Named streams (streams.py); set once the node made them.
     streams: Streams | None = None
 

@@ -21,7 +21,7 @@ the order they were stored.
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from functools import partial
 
 from broker.ds import TTV, Iterator, Stream, now_us
@@ -50,6 +50,11 @@ class _Pending:
 
 def _offset(record: r.BatchRecord, packet_id: int) -> int:
     return r.offset_of(packet_id, r.packet_id_of(record.first_seqno))
+
+
+async def _then(first: Awaitable[None], then: Callable[[], Awaitable[None]]) -> None:
+    await first
+    await then()
 
 
 def _taken(taking: set[bytes], key: bytes, _: object) -> None:
@@ -335,8 +340,11 @@ class DurableSession(Session):
     def stored(self) -> Awaitable[None] | None:
         """The SUBACK of a durable subscription promises that a restart of every node keeps
         it (and the session it belongs to, written in an earlier turn, so committed first):
-        it waits for this turn's commit, synced."""
-        return self._ctx.store.write([], sync=True)
+        it waits for this turn's commit, synced, and, replicated, for the nodes it reaches
+        to apply it: each stores a message for it from then on (peer_applied.py)."""
+        committed = self._ctx.store.write([], sync=True)
+        seen = self._ctx.seen_everywhere
+        return committed if seen is None else _then(committed, seen)
 
     def is_routed(self, key: str) -> bool:
         return self._routed is not None and key in self._routed
