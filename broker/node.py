@@ -139,6 +139,7 @@ class Node:
 
     def replicate_sessions(self, decides: Callable[[], bool], is_up: Callable[[str], bool],
                            read_barrier: Callable[[], Awaitable[bool]],
+                           shard_barrier: Callable[[int], Awaitable[bool]],
                            groups_allowed: Callable[[], bool],
                            groups_soon: Callable[[], Awaitable[bool] | None],
                            seen: Callable[[], Awaitable[None]]) -> None:
@@ -146,8 +147,10 @@ class Node:
         node's; durable groups are decided by the node that `decides` (the leader of the
         `sessions` group), a member counting as connected while its node `is_up`, and
         joined only while `groups_allowed` (every member's code fences their writes), or
-        once `groups_soon` (GroupManager.allowed_soon). A durable SUBACK waits until the
-        nodes this one reaches have `seen` the subscription (peer_applied.py)."""
+        once `groups_soon` (GroupManager.allowed_soon). The barriers (GroupManager) make
+        sure this node's replicas hold what a group's records name before it reads them. A
+        durable SUBACK waits until the nodes this one reaches have `seen` the subscription
+        (peer_applied.py)."""
         self.replicated_ds = True
         self._is_up = is_up
         if self.durable is not None and self.groups is not None:
@@ -156,6 +159,7 @@ class Node:
             self.durable.store.committed_group_reads = True
             self.groups.decides = decides
             self.groups.read_barrier = read_barrier
+            self.groups.shard_barrier = shard_barrier
             self.groups.allowed = groups_allowed
             self.groups.allowed_soon = groups_soon
 

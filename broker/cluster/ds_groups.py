@@ -277,9 +277,17 @@ class DsGroups:
     async def sessions_barrier(self) -> bool:
         """True once this node's replica of `sessions` holds everything committed before the
         call; False after the commit timeout."""
+        return await self._barrier(SESSIONS_GROUP)
+
+    async def shard_barrier(self, shard: int) -> bool:
+        """True once this node's replica of the messages shard holds everything committed
+        before the call; False after the commit timeout."""
+        return await self._barrier(shard_group(shard))
+
+    async def _barrier(self, group: int) -> bool:
         try:
             async with asyncio.timeout(self._timeout):
-                await self._metadata.commit(SESSIONS_GROUP, cmd.BARRIER_COMMAND)
+                await self._metadata.commit(group, cmd.BARRIER_COMMAND)
         except (TimeoutError, CommitTimeout):
             return False
         return True

@@ -87,6 +87,7 @@ class BrokerApp:
                                       partial(self.versions.allows, versions.FILE_SNAPSHOTS))
             self.node.replicate_sessions(partial(self.ds_groups.leads, None),
                                          self.ds_groups.is_up, self.ds_groups.sessions_barrier,
+                                         self.ds_groups.shard_barrier,
                                          partial(self.versions.allows, versions.DURABLE_GROUPS),
                                          partial(self.versions.until, versions.DURABLE_GROUPS),
                                          partial(self.ds_groups.sessions_seen, PeersApplied(

@@ -72,6 +72,12 @@ class GroupManager:
         self._readable: dict[tuple[str, int], tuple[str, int]] = {}
         self._unchecked: set[tuple[str, int, str, int]] = set()
         self._barrier: asyncio.Task[None] | None = None
+        # builtin_raft: resolves True once this node's replica of the messages shard holds
+        # all that was committed in it before the call (a barrier through its log).
+        self.shard_barrier: Callable[[int], Awaitable[bool]] | None = None
+        # Shards whose handed-back batches wait for such a barrier before their owner takes
+        # them (`_offer`), and whether more came back meanwhile (another barrier then).
+        self._offering: dict[tuple[str, int], bool] = {}
         self.replicated = replicated
         self.n_shards = ds.messages.n_shards
         self.groups: dict[str, Group] = {}
@@ -110,6 +116,12 @@ class GroupManager:
                          for shard, owner in shard_owners.items() if owner.state == g.REVOKE}
         self._dirty.update(self.groups)
         self._schedule()
+        # A snapshot applied: the owner changes it holds were never applied one by one here,
+        # so the members served here look at their shards again (each read once a barrier
+        # passed, from the positions then: `readable`), and take what was handed back.
+        for share, group in self.groups.items():
+            for client_id in group.members:
+                self._refresh(client_id, share)
 
     def _group(self, share: str, since: int) -> Group:
         group = self.groups.get(share)
@@ -399,18 +411,65 @@ class GroupManager:
 
     def offer_returned(self, share: str, shard: int) -> None:
         """Batches members handed back wait in the shard: its owner takes them, if it is
-        served here."""
+        served here. With builtin_raft, once this node's replica of the messages shard holds
+        what they name (`_offer`): a batch was read on the node of the member that handed
+        it back, whose replica may be ahead of this one (a link to the shard's leader cut,
+        this node catching up), and a window read back short loses what it misses."""
+        session = self._taker(share, shard)
+        if session is None:
+            return
+        if self.shard_barrier is None:
+            session.adopt_returned(share, shard)
+            return
+        offering = (share, shard)
+        if offering in self._offering:
+            self._offering[offering] = True  # after the barrier under way: another one
+            return
+        self._offering[offering] = False
+        task = asyncio.get_running_loop().create_task(self._offer(share, shard))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _offer(self, share: str, shard: int) -> None:
+        """Passes a barrier through the shard's log, then has its owner take the batches
+        handed back before the barrier was proposed: the messages they name were committed
+        before they were handed back, so this node's replica holds them then. Again while
+        more come back."""
+        assert self.shard_barrier is not None
+        offering = (share, shard)
+        try:
+            while True:
+                self._offering[offering] = False
+                waiting = {key for key, _ in self._store.load_returned(share, shard)}
+                if not waiting:
+                    return  # (all taken: the offer of a take just written, say)
+                if not await self.shard_barrier(shard):
+                    if self._taker(share, shard) is None:
+                        return  # its next owner offers them again
+                    await asyncio.sleep(1.0)  # cut off from the shard's majority: later
+                    continue
+                session = self._taker(share, shard)
+                if session is None:
+                    return
+                session.adopt_returned(share, shard, waiting)
+                if not self._offering[offering]:
+                    return
+        finally:
+            del self._offering[offering]
+
+    def _taker(self, share: str, shard: int) -> DurableSession | None:
+        """The shard's owner, if it is served here, connected, and (builtin_raft) checked."""
         group = self.groups.get(share)
         owner = group.owners.get(shard) if group is not None else None
         if owner is None or owner.client is None or owner.state != g.OWN:
-            return
+            return None
         session = self._sessions.get(owner.client)
         if not isinstance(session, DurableSession) or session.connection is None:
-            return
+            return None
         if self.read_barrier is not None and \
                 self._readable.get((share, shard)) != (owner.client, session.epoch):
-            return  # taken once the shard is checked (`readable`)
-        session.adopt_returned(share, shard)
+            return None  # taken once the shard is checked (`readable`)
+        return session
 
     def _release(self, session: DurableSession, share: str, shard: int,
                  owner: g.Owner) -> None:

@@ -21,7 +21,7 @@ the order they were stored.
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
 from functools import partial
 
 from broker.ds import TTV, Iterator, Stream, now_us
@@ -469,11 +469,12 @@ class DurableSession(Session):
             gained = set()
         self._group_shards[key] = {shard: held[shard] for shard in owned - gained}
         if gained:
+            assert groups is not None  # (none: no shard is owned)
             positions = self._positions.setdefault(key, {})
             for shard in gained:
                 self._group_shards[key][shard] = self._ctx.store.owner_tenure(key, shard)
                 positions.update(self._ctx.store.load_group_positions(key, shard))
-                self.adopt_returned(key, shard)  # older than what is read on
+                groups.offer_returned(key, shard)  # what members handed back in it
         return owned
 
     def stop_shard(self, key: str, shard: int) -> list[asyncio.Future[None]]:
@@ -613,15 +614,20 @@ class DurableSession(Session):
         written.add_done_callback(self._send_recorded)
 
     # ---- batches a member of this session's group left behind -------------------------
-    def adopt_returned(self, key: str, shard: int) -> None:
-        """Takes over the deliveries of the group's shard that members handed back: they go
-        to this member as new deliveries (DUP 0), each batch under a batch record of this
-        session, written with the returned one's delete, so a restart in between loses nor
-        doubles any. Of those a member's ended session left unacknowledged (maybe sent),
-        QoS 2 ones are dropped: they must not reach another member (MQTT-4.8.2-5)."""
+    def adopt_returned(self, key: str, shard: int,
+                       among: Collection[bytes] | None = None) -> None:
+        """Takes over the deliveries of the group's shard that members handed back (those
+        of `among`, if given: the returned keys this node's replica of the shard is known
+        to hold the messages of, groups.py): they go to this member as new deliveries
+        (DUP 0), each batch under a batch record of this session, written with the returned
+        one's delete, so a restart in between loses nor doubles any. Of those a member's
+        ended session left unacknowledged (maybe sent), QoS 2 ones are dropped: they must
+        not reach another member (MQTT-4.8.2-5)."""
         store = self._ctx.store
         written: asyncio.Future[None] | None = None
         for returned_key, (record, unsent) in store.load_returned(key, shard):
+            if among is not None and returned_key not in among:
+                continue
             options = self.subscriptions.get(key)
             if options is None:
                 return
