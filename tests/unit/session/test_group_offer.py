@@ -9,10 +9,12 @@ from collections.abc import Collection
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from broker.session.durable import group_records as g
+from broker.session.durable import groups
 from broker.session.durable import records as r
 from broker.session.durable.groups import READY, Group, GroupManager
-from broker.session.durable.session import DurableSession
 from broker.stats import Stats
 
 SHARE = "$share/g/jobs/#"
@@ -33,12 +35,15 @@ class FakeStore:
                 [r.subscription_key(member, SHARE) for member in ("m1", "m2")])
 
 
-class Taker(DurableSession):
-    """A connected member served here; what it takes leaves the store."""
+class Taker:
+    """A connected durable member served here; what it takes leaves the store. Standing in
+    for the durable session class the manager checks for (`_durable_sessions_are_takers`):
+    a compiled class cannot be subclassed by an interpreted one."""
 
     def __init__(self, store: FakeStore, client_id: str = "m1") -> None:
-        super().__init__(client_id, 3600, SimpleNamespace())  # type: ignore[arg-type]
-        self.connection = object()  # type: ignore[assignment]
+        self.client_id = client_id
+        self.epoch = 0
+        self.connection = object()
         self.store = store
         self.taken: list[set[bytes] | None] = []
         self.refreshed = 0
@@ -51,6 +56,11 @@ class Taker(DurableSession):
         taking = set(self.store.returned) if among is None else set(among)
         self.store.returned = [k for k in self.store.returned if k not in taking]
         self.taken.append(None if among is None else taking)
+
+
+@pytest.fixture(autouse=True)
+def _durable_sessions_are_takers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(groups, "DurableSession", Taker)
 
 
 def manager_of(store: FakeStore, taker: Taker) -> GroupManager:
