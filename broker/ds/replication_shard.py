@@ -300,8 +300,7 @@ class ShardMachine(_Machine):
         if chunk.offset == 0:
             self._drop_receiver()
             if chunk.data[:1] == bytes((FORMAT_RECORD,)):
-                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming,
-                                          self.shard.executor)
+                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming)
         receiver = self._receiver
         if receiver is None:
             return super().install_chunk(chunk)
@@ -309,6 +308,7 @@ class ShardMachine(_Machine):
             resume = receiver.feed(chunk.offset, chunk.data)
             if resume is not None or not chunk.done:
                 return resume
+            receiver.written()
             self._drop_receiver()
             self.spool.end_dump()
             self.spool.drop()
@@ -328,14 +328,14 @@ class ShardMachine(_Machine):
             self._receiver = None
 
     def _install_shipped(self, receiver: Receiver, index: int, term: int, meta: bytes) -> None:
-        """Blocking: the slabs sent as records built, the files moved in beside them, the
-        whole swapped in for the shard's directory."""
+        """Blocking: the slabs sent as records built, the files synced and moved in beside
+        them, the whole swapped in for the shard's directory."""
         compression = self.shard.compression
         records, staging = receiver.records_path, receiver.staging
 
         def build(fresh: Path) -> None:
             _build_slabs(fresh, records, self.index, index, term, meta, compression)
-            install_files(fresh, receiver.files, staging, receiver.synced())
+            install_files(fresh, receiver.files, staging)
 
         try:
             rebuild(self.shard.path, build, lambda: self._db.close_shard_now(self.index))
