@@ -300,7 +300,8 @@ class ShardMachine(_Machine):
         if chunk.offset == 0:
             self._drop_receiver()
             if chunk.data[:1] == bytes((FORMAT_RECORD,)):
-                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming)
+                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming,
+                                          self.shard.executor)
         receiver = self._receiver
         if receiver is None:
             return super().install_chunk(chunk)
@@ -308,12 +309,12 @@ class ShardMachine(_Machine):
             resume = receiver.feed(chunk.offset, chunk.data)
             if resume is not None or not chunk.done:
                 return resume
-            receiver.written()
+            synced = receiver.synced()
             self._drop_receiver()
             self.spool.end_dump()
             self.spool.drop()
             meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-            self._install_shipped(receiver, chunk.index, chunk.term, meta)
+            self._install_shipped(receiver, synced, chunk.index, chunk.term, meta)
         except (plyvel.Error, OSError, cmd.BadCommand) as failure:
             # Kept as it was; the transfer starts over, what was received whole is kept.
             self._drop_receiver()
@@ -327,15 +328,16 @@ class ShardMachine(_Machine):
             self._receiver.close()
             self._receiver = None
 
-    def _install_shipped(self, receiver: Receiver, index: int, term: int, meta: bytes) -> None:
-        """Blocking: the slabs sent as records built, the files synced and moved in beside
-        them, the whole swapped in for the shard's directory."""
+    def _install_shipped(self, receiver: Receiver, synced: set[Path], index: int, term: int,
+                         meta: bytes) -> None:
+        """Blocking: the slabs sent as records built, the files moved in beside them (those
+        not in `synced` synced first), the whole swapped in for the shard's directory."""
         compression = self.shard.compression
         records, staging = receiver.records_path, receiver.staging
 
         def build(fresh: Path) -> None:
             _build_slabs(fresh, records, self.index, index, term, meta, compression)
-            install_files(fresh, receiver.files, staging)
+            install_files(fresh, receiver.files, staging, synced)
 
         try:
             rebuild(self.shard.path, build, lambda: self._db.close_shard_now(self.index))

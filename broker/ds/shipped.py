@@ -19,8 +19,9 @@ records, and LevelDB reads a prefix as the version it then held). The stream:
 
 `stamp` names the sender's file (device, inode, modification time, size): the same stamp is
 the same bytes. The receiver (`Receiver`) writes each file to `<shard>.snapshot-files/
-gen-N/<stamp>-<name>.part` (on a thread of its own: `_Writer`), checks its CRC and writes
-it beside it (`.crc`); the install syncs the files, all at once, and moves them in. What is
+gen-N/<stamp>-<name>.part` (on a thread of its own: `_Writer`), checks its CRC, writes it
+beside it (`.crc`) and has the file synced on a worker thread while the next ones come; the
+install waits for those syncs and moves the files in. What is
 there survives a broken link, a leader change and a restart of either node (kill -9
 included): a later transfer that lists a file again skips it if it is whole and matches its
 `.crc` (a power loss may have left anything in files never synced), or has the rest of its
@@ -39,7 +40,7 @@ import shutil
 import struct
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Final, NamedTuple
 
@@ -142,14 +143,16 @@ class _Listed(NamedTuple):
 
 class _Writer:
     """The received files' I/O, in order, on a thread of its own: creating a file, writing
-    it, closing it once whole. On the event loop a file's creation waits for the
+    it, closing it once whole, then its sync handed to `syncs` (another thread, so the next
+    file is written meanwhile). On the event loop a file's creation waits for the
     filesystem's journal while a sync commits it (ext4: tens of milliseconds per file, most
-    of a catch-up's time when each file was synced as it came), and the loop would hold every
-    group it leads meanwhile. The files are synced at the install, all at once (one journal
-    commit). A failure comes back with a later call (`check`, `drain`)."""
+    of a catch-up's time), and the loop would hold every group it leads meanwhile. A
+    failure comes back with a later call (`check`, `drain`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, syncs: Executor) -> None:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="snapshot-files")
+        self._syncs = syncs
+        self._synced: list[Future[None]] = []
         self._jobs: collections.deque[tuple[Future[None], int]] = collections.deque()
         self._queued = 0  # bytes handed over and not yet written
         self._file: IO[bytes] | None = None
@@ -162,9 +165,10 @@ class _Writer:
         while self._queued > _WRITE_AHEAD:
             self._settle(self._jobs[0])
 
-    def finish(self, checked: Path, crc: int) -> None:
-        """The file is whole and its CRC matched: written into `checked`."""
-        self._submit(self._finish, checked, crc)
+    def finish(self, part: Path, checked: Path, crc: int) -> None:
+        """The file is whole and its CRC matched: written into `checked`, and the file
+        synced."""
+        self._submit(self._finish, part, checked, crc)
 
     def discard(self, part: Path) -> None:
         self._submit(self._discard, part)
@@ -175,9 +179,12 @@ class _Writer:
             self._settle(self._jobs[0])
 
     def drain(self) -> None:
-        """Blocking: every job handed over done; raises what failed."""
+        """Blocking: every job handed over done, and the files finished synced; raises what
+        failed."""
         while self._jobs:
             self._settle(self._jobs[0])
+        for sync in self._synced:
+            sync.result()
 
     def close(self) -> None:
         """Blocking: the jobs handed over end, the open file is closed (a failure is
@@ -207,9 +214,10 @@ class _Writer:
             raise OSError("a shipped file's bytes with no file open for them")
         self._file.write(data)
 
-    def _finish(self, checked: Path, crc: int) -> None:
+    def _finish(self, part: Path, checked: Path, crc: int) -> None:
         self._close()
         checked.write_bytes(CRC.pack(crc))
+        self._synced.append(self._syncs.submit(fsync_dir, part))
 
     def _discard(self, part: Path) -> None:
         self._close()
@@ -226,9 +234,10 @@ class Receiver:
     their own, `_Writer`), the records into `records`. `feed` answers None (go
     on after the chunk) or the offset to go on from."""
 
-    def __init__(self, staging: Path, records: Path) -> None:
+    def __init__(self, staging: Path, records: Path, executor: Executor) -> None:
         self.staging = staging
         self.records_path = records
+        self._executor = executor  # where each file received whole is synced
         self.refetched = 0  # files whose CRC did not match
         self.skipped = 0  # files (and parts) a previous transfer left, not sent again
         self._records: IO[bytes] | None = None
@@ -250,9 +259,10 @@ class Receiver:
         self._kind = 0
         self._crc = 0
         self._next = 0  # the file whose bytes come next
+        self._synced: set[Path] = set()  # the files this transfer wrote whole
         self.staging.mkdir(parents=True, exist_ok=True)
         self._records = self.records_path.open("wb")
-        self._writer = _Writer()
+        self._writer = _Writer(self._executor)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -389,15 +399,17 @@ class Receiver:
             self._writer.drain()  # (what is on disk of it decides where it starts again)
             self.refetched += 1
             return self._next_file(-1)  # (-1: an offset that is never the one to resume at)
-        self._writer.finish(_checked(part), self._crc)
+        self._writer.finish(part, _checked(part), self._crc)
+        self._synced.add(part)
         self._next += 1
         return self._next_file(at)
 
-    def written(self) -> None:
-        """Blocking: the files this transfer received are written whole (not synced: the
-        install does it); raises what failed."""
+    def synced(self) -> set[Path]:
+        """Blocking: the files this transfer received are on disk; returns them (the ones
+        kept from an earlier transfer are synced by the install). Raises what failed."""
         assert self._writer is not None
         self._writer.drain()
+        return self._synced
 
 
 def _checked(part: Path) -> Path:
@@ -425,16 +437,16 @@ def _whole(listed: _Listed) -> bool:
     return kept == CRC.pack(_crc_of(listed.staged))
 
 
-def install_files(fresh: Path, files: list[Shipped], staging: Path) -> None:
-    """Blocking: the received files synced and moved into their slabs in `fresh` (built
-    beside the shard, swapped in after), and each slab opened once by LevelDB, which refuses
+def install_files(fresh: Path, files: list[Shipped], staging: Path, synced: set[Path]
+                  ) -> None:
+    """Blocking: the received files moved into their slabs in `fresh` (built beside the
+    shard, swapped in after), synced, and each slab opened once by LevelDB, which refuses
     one whose MANIFEST names a file that is not there. Raises BadCommand if one does not
     open (its files are removed, so they are fetched again)."""
     slabs: dict[int, Path] = {}
     for shipped in files:
-        # The first sync commits the journal with every file's data; the others find
-        # little left to do.
-        fsync_dir(shipped.staged)
+        if shipped.staged not in synced:
+            fsync_dir(shipped.staged)
         folder = slabs.setdefault(shipped.generation,
                                   fresh / f"gen-{shipped.generation:06d}")
         folder.mkdir(parents=True, exist_ok=True)

@@ -864,15 +864,19 @@ class RaftGroup:
         self._reply(sender, SnapshotResponse(self.group, self.term, m.index, 0, True), m.index)
 
     def _on_snapshot_response(self, sender: str, pr: Progress, m: SnapshotResponse) -> None:
-        if pr.state != SNAPSHOT or m.index != pr.snapshot_index:
-            return
-        pr.snapshot_ticks = 0
-        if m.done:
+        if m.done and pr.state != REPLICATE and (m.index > pr.match
+                                                 or m.index == pr.snapshot_index):
+            # Installed: also one whose answer came after the transfer timed out (a follower
+            # installing a large snapshot holds its loop longer than an election timeout),
+            # rather than sending it all again. (A snapshot holds committed entries only.)
             pr.acknowledge(m.index)
             pr.become_probe()
             self._maybe_commit()
             self._to_replicate[sender] = None
             return
+        if pr.state != SNAPSHOT or m.index != pr.snapshot_index or m.done:
+            return
+        pr.snapshot_ticks = 0
         sent = pr.snapshot_sent
         if m.offset in sent:  # the follower stored the chunks up to there
             while sent.popleft() != m.offset:

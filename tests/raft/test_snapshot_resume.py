@@ -147,3 +147,19 @@ def test_after_the_follower_moves_the_transfer_what_was_in_flight_is_sent_again_
     leader.send_snapshot_chunk("c", index, 80, b"x" * 10, False)
     leader.send_snapshot_chunk("c", index, 50, b"x" * 10, False)
     assert serve(leader, index, 10, 90) == [50, 60, 70, 80][:SNAPSHOT_WINDOW]
+
+
+def test_an_install_answered_after_the_transfer_timed_out_still_counts() -> None:
+    """A follower installing a large snapshot holds its event loop for longer than an
+    election timeout: the leader, which started over meanwhile, takes its answer rather
+    than sending the whole snapshot again."""
+    leader = snapshot_asked_for_c()
+    index = leader.commit
+    leader.snapshot_ready()
+    serve(leader, index, 10, 0)  # one chunk, the last
+    for _ in range(leader.election_ticks + 1):
+        leader.tick()
+    assert leader.progress["c"].snapshot_index == 0  # given up: it starts over
+    leader.step("c", SnapshotResponse(1, leader.term, index, 0, True))
+    assert leader.progress["c"].match == index
+    assert leader.progress["c"].state != SNAPSHOT
