@@ -448,6 +448,8 @@ def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
             batches.put(key, value)
             if key == CHECKPOINT_KEY:
                 checkpoint = value
+        else:
+            raise cmd.BadCommand(f"record kind {kind} out of place in a shard snapshot")
     if batches is None:  # a shard always has a current generation: this one is garbled
         raise cmd.BadCommand("a shard snapshot without a generation")
     batches.finish([(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term)),

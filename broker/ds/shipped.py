@@ -130,7 +130,7 @@ def write_files(file: IO[bytes], files: list[tuple[int, str, Path]]) -> list[Ins
     return [Insert(at, path, size) for (_, _, path), size in zip(files, sizes, strict=True)]
 
 
-_HEAD, _COPY, _BODY, _DATA, _CRC = range(5)
+_HEAD, _REST, _BODY, _DATA, _CRC = range(5)
 
 
 class _Listed(NamedTuple):
@@ -259,6 +259,7 @@ class Receiver:
         self._kind = 0
         self._crc = 0
         self._next = 0  # the file whose bytes come next
+        self._kept: set[Path] = set()  # the files in the staging folders when the list came
         self._synced: set[Path] = set()  # the files this transfer wrote whole
         self.staging.mkdir(parents=True, exist_ok=True)
         self._records = self.records_path.open("wb")
@@ -290,19 +291,20 @@ class Receiver:
                 if len(self._buffer) < target:
                     break  # the rest comes with the next chunk
                 resume = self._complete(offset + i)
+            elif self._mode == _REST:
+                # The records, after the files: copied as they are, read by the install.
+                self._records.write(view[i:])
+                break
             else:
                 take = min(self._remaining, len(view) - i)
                 piece = view[i:i + take]
-                if self._mode == _COPY:
-                    self._records.write(piece)
-                else:
-                    self._writer.write(piece)
-                    self._crc = zlib.crc32(piece, self._crc)
+                self._writer.write(piece)
+                self._crc = zlib.crc32(piece, self._crc)
                 i += take
                 self._remaining -= take
                 resume = None
                 if not self._remaining:
-                    self._mode = _CRC if self._mode == _DATA else _HEAD
+                    self._mode = _CRC
             if resume is not None:
                 self._at = resume
                 return resume
@@ -328,14 +330,14 @@ class Receiver:
                 return None
             # The list is whole: the files' bytes start here, one after the other.
             self._listed = [f._replace(data=f.data + at) for f in self._listed]
+            # What earlier transfers left (looked up once: a file the writer is creating
+            # can hold a look-up for milliseconds).
+            self._kept = {path for folder in {f.staged.parent for f in self._listed}
+                          for path in folder.iterdir()}
             return self._next_file(at)
         kind, length = _RECORD.unpack(raw)
-        if kind in (1, 2) and len(self._listed) == self._expected:
-            assert self._records is not None
-            self._records.write(raw)
-            self._mode, self._remaining = (_COPY, length) if length else (_HEAD, 0)
-        elif kind == FORMAT_RECORD or (kind == FILE_RECORD
-                                       and len(self._listed) < self._expected):
+        if kind == FORMAT_RECORD or (kind == FILE_RECORD
+                                     and len(self._listed) < self._expected):
             self._mode, self._remaining, self._kind = _BODY, length, kind
         else:
             raise BadCommand(f"record kind {kind} out of place in a shard snapshot")
@@ -364,17 +366,17 @@ class Receiver:
         position = at
         while self._next < len(self._listed):
             listed = self._listed[self._next]
-            if not _whole(listed):
+            if listed.staged not in self._kept or not _whole(listed):
                 break
             self.skipped += 1
             self._next += 1
             position = listed.data + listed.size + CRC.size
         if self._next == len(self._listed):
-            self._mode = _HEAD
+            self._mode = _REST
             return position if position != at else None
         listed = self._listed[self._next]
         part = listed.staged
-        held = part.stat().st_size if part.exists() else 0
+        held = part.stat().st_size if part in self._kept and part.exists() else 0
         if held > listed.size:
             part.unlink()
             held = 0
