@@ -309,11 +309,12 @@ class ShardMachine(_Machine):
             resume = receiver.feed(chunk.offset, chunk.data)
             if resume is not None or not chunk.done:
                 return resume
+            synced = receiver.synced()
             self._drop_receiver()
             self.spool.end_dump()
             self.spool.drop()
             meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-            self._install_shipped(receiver, chunk.index, chunk.term, meta)
+            self._install_shipped(receiver, synced, chunk.index, chunk.term, meta)
         except (plyvel.Error, OSError, cmd.BadCommand) as failure:
             # Kept as it was; the transfer starts over, what was received whole is kept.
             self._drop_receiver()
@@ -327,15 +328,16 @@ class ShardMachine(_Machine):
             self._receiver.close()
             self._receiver = None
 
-    def _install_shipped(self, receiver: Receiver, index: int, term: int, meta: bytes) -> None:
-        """Blocking: the slabs sent as records built, the files moved in beside them, the
-        whole swapped in for the shard's directory."""
+    def _install_shipped(self, receiver: Receiver, synced: set[Path], index: int, term: int,
+                         meta: bytes) -> None:
+        """Blocking: the slabs sent as records built, the files moved in beside them (those
+        not in `synced` synced first), the whole swapped in for the shard's directory."""
         compression = self.shard.compression
         records, staging = receiver.records_path, receiver.staging
 
         def build(fresh: Path) -> None:
             _build_slabs(fresh, records, self.index, index, term, meta, compression)
-            install_files(fresh, receiver.files, staging, receiver.synced())
+            install_files(fresh, receiver.files, staging, synced)
 
         try:
             rebuild(self.shard.path, build, lambda: self._db.close_shard_now(self.index))
@@ -446,6 +448,8 @@ def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
             batches.put(key, value)
             if key == CHECKPOINT_KEY:
                 checkpoint = value
+        else:
+            raise cmd.BadCommand(f"record kind {kind} out of place in a shard snapshot")
     if batches is None:  # a shard always has a current generation: this one is garbled
         raise cmd.BadCommand("a shard snapshot without a generation")
     batches.finish([(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term)),

@@ -19,22 +19,28 @@ records, and LevelDB reads a prefix as the version it then held). The stream:
 
 `stamp` names the sender's file (device, inode, modification time, size): the same stamp is
 the same bytes. The receiver (`Receiver`) writes each file to `<shard>.snapshot-files/
-gen-N/<stamp>-<name>.part`, checks its CRC, and renames it without `.part`: what is there
-survives a broken link, a leader change and a restart of either node (kill -9 included), and
-a later transfer that lists it again skips it (the core resumes after it), or the rest of a
-`.part` file: the list comes first, so the receiver knows where each file's bytes start and
-asks for the next one it lacks, and a resumed transfer sends nothing twice. A file whose
+gen-N/<stamp>-<name>.part` (on a thread of its own: `_Writer`), checks its CRC, writes it
+beside it (`.crc`) and has the file synced on a worker thread while the next ones come; the
+install waits for those syncs and moves the files in. What is
+there survives a broken link, a leader change and a restart of either node (kill -9
+included): a later transfer that lists a file again skips it if it is whole and matches its
+`.crc` (a power loss may have left anything in files never synced), or has the rest of its
+`.part` sent. The list comes first, so the receiver knows where each file's bytes start and
+asks for the next one it lacks (the core resumes there), and a resumed transfer sends
+nothing twice. A file whose
 CRC does not match is removed and fetched again (the core resumes at its first byte); it
 is never installed. The records go to the spool's incoming file, read by the version 1
 installer.
 """
 
+import collections
 import hashlib
 import os
 import shutil
 import struct
 import zlib
-from concurrent.futures import Executor, Future
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Final, NamedTuple
 
@@ -55,6 +61,9 @@ _PART: Final = ".part"
 # LevelDB's own files that are not data: its lock, its info log.
 _NOT_SHIPPED: Final = frozenset({"LOCK", "LOG", "LOG.old"})
 _LINK_ATTEMPTS: Final = 5
+# Bytes handed to the writer thread and not yet written, past which the loop waits for it
+# (a disk slower than the link, or a file creation held by the journal): two chunks.
+_WRITE_AHEAD: Final = 2 << 20
 
 
 class Shipped(NamedTuple):
@@ -121,37 +130,123 @@ def write_files(file: IO[bytes], files: list[tuple[int, str, Path]]) -> list[Ins
     return [Insert(at, path, size) for (_, _, path), size in zip(files, sizes, strict=True)]
 
 
-_HEAD, _COPY, _BODY, _DATA, _CRC = range(5)
+_HEAD, _REST, _BODY, _DATA, _CRC = range(5)
 
 
 class _Listed(NamedTuple):
     generation: int
     size: int
-    final: Path  # where it is staged once whole
+    staged: Path  # where it is written (`.part`), until the install moves it
     name: str
     data: int  # where its bytes start in the stream
 
 
+class _Writer:
+    """The received files' I/O, in order, on a thread of its own: creating a file, writing
+    it, closing it once whole, then its sync handed to `syncs` (another thread, so the next
+    file is written meanwhile). On the event loop a file's creation waits for the
+    filesystem's journal while a sync commits it (ext4: tens of milliseconds per file, most
+    of a catch-up's time), and the loop would hold every group it leads meanwhile. A
+    failure comes back with a later call (`check`, `drain`)."""
+
+    def __init__(self, syncs: Executor) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="snapshot-files")
+        self._syncs = syncs
+        self._synced: list[Future[None]] = []
+        self._jobs: collections.deque[tuple[Future[None], int]] = collections.deque()
+        self._queued = 0  # bytes handed over and not yet written
+        self._file: IO[bytes] | None = None
+
+    def open(self, part: Path) -> None:
+        self._submit(self._open, part)
+
+    def write(self, data: memoryview) -> None:
+        self._submit(self._write, data, size=len(data))
+        while self._queued > _WRITE_AHEAD:
+            self._settle(self._jobs[0])
+
+    def finish(self, part: Path, checked: Path, crc: int) -> None:
+        """The file is whole and its CRC matched: written into `checked`, and the file
+        synced."""
+        self._submit(self._finish, part, checked, crc)
+
+    def discard(self, part: Path) -> None:
+        self._submit(self._discard, part)
+
+    def check(self) -> None:
+        """Raises what failed among the jobs done."""
+        while self._jobs and self._jobs[0][0].done():
+            self._settle(self._jobs[0])
+
+    def drain(self) -> None:
+        """Blocking: every job handed over done, and the files finished synced; raises what
+        failed."""
+        while self._jobs:
+            self._settle(self._jobs[0])
+        for sync in self._synced:
+            sync.result()
+
+    def close(self) -> None:
+        """Blocking: the jobs handed over end, the open file is closed (a failure is
+        forgotten: what comes after starts over)."""
+        self._submit(self._close)
+        self._thread.shutdown(wait=True)
+        self._jobs.clear()
+
+    def _submit(self, job: Callable[..., None], *args: object, size: int = 0) -> None:
+        self._jobs.append((self._thread.submit(job, *args), size))
+        self._queued += size
+
+    def _settle(self, job: tuple[Future[None], int]) -> None:
+        future, size = job
+        try:
+            future.result()
+        finally:
+            self._jobs.popleft()
+            self._queued -= size
+
+    # On the writer's thread:
+    def _open(self, part: Path) -> None:
+        self._file = part.open("ab")
+
+    def _write(self, data: memoryview) -> None:
+        if self._file is None:
+            raise OSError("a shipped file's bytes with no file open for them")
+        self._file.write(data)
+
+    def _finish(self, part: Path, checked: Path, crc: int) -> None:
+        self._close()
+        checked.write_bytes(CRC.pack(crc))
+        self._synced.append(self._syncs.submit(fsync_dir, part))
+
+    def _discard(self, part: Path) -> None:
+        self._close()
+        part.unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 class Receiver:
-    """Takes a version 2 stream chunk by chunk: files into `staging`, the records into
-    `records`. `feed` answers None (go on after the chunk) or the offset to go on from."""
+    """Takes a version 2 stream chunk by chunk: files into `staging` (written on a thread of
+    their own, `_Writer`), the records into `records`. `feed` answers None (go
+    on after the chunk) or the offset to go on from."""
 
     def __init__(self, staging: Path, records: Path, executor: Executor) -> None:
         self.staging = staging
         self.records_path = records
-        # Each file received whole is synced on a worker thread while the next ones come,
-        # so the install waits for the last few only (`synced`).
-        self._executor = executor
-        self._syncs: list[Future[None]] = []
+        self._executor = executor  # where each file received whole is synced
         self.refetched = 0  # files whose CRC did not match
         self.skipped = 0  # files (and parts) a previous transfer left, not sent again
         self._records: IO[bytes] | None = None
-        self._file: IO[bytes] | None = None
+        self._writer: _Writer | None = None
         self._reset()
 
     @property
     def files(self) -> list[Shipped]:
-        return [Shipped(f.generation, f.final, f.name) for f in self._listed]
+        return [Shipped(f.generation, f.staged, f.name) for f in self._listed]
 
     def _reset(self) -> None:
         self.close()
@@ -164,13 +259,16 @@ class Receiver:
         self._kind = 0
         self._crc = 0
         self._next = 0  # the file whose bytes come next
+        self._kept: set[Path] = set()  # the files in the staging folders when the list came
+        self._synced: set[Path] = set()  # the files this transfer wrote whole
         self.staging.mkdir(parents=True, exist_ok=True)
         self._records = self.records_path.open("wb")
+        self._writer = _Writer(self._executor)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         if self._records is not None:
             self._records.close()
             self._records = None
@@ -178,8 +276,9 @@ class Receiver:
     def feed(self, offset: int, data: bytes) -> int | None:
         if offset == 0:
             self._reset()
-        if offset != self._at or self._records is None:
+        if offset != self._at or self._records is None or self._writer is None:
             raise BadCommand(f"snapshot chunk at {offset}, expected {self._at}")
+        self._writer.check()
         view = memoryview(data)
         i = 0
         while i < len(view):
@@ -192,20 +291,20 @@ class Receiver:
                 if len(self._buffer) < target:
                     break  # the rest comes with the next chunk
                 resume = self._complete(offset + i)
+            elif self._mode == _REST:
+                # The records, after the files: copied as they are, read by the install.
+                self._records.write(view[i:])
+                break
             else:
                 take = min(self._remaining, len(view) - i)
                 piece = view[i:i + take]
-                if self._mode == _COPY:
-                    self._records.write(piece)
-                else:
-                    assert self._file is not None
-                    self._file.write(piece)
-                    self._crc = zlib.crc32(piece, self._crc)
+                self._writer.write(piece)
+                self._crc = zlib.crc32(piece, self._crc)
                 i += take
                 self._remaining -= take
                 resume = None
                 if not self._remaining:
-                    self._mode = _CRC if self._mode == _DATA else _HEAD
+                    self._mode = _CRC
             if resume is not None:
                 self._at = resume
                 return resume
@@ -231,14 +330,14 @@ class Receiver:
                 return None
             # The list is whole: the files' bytes start here, one after the other.
             self._listed = [f._replace(data=f.data + at) for f in self._listed]
+            # What earlier transfers left (looked up once: a file the writer is creating
+            # can hold a look-up for milliseconds).
+            self._kept = {path for folder in {f.staged.parent for f in self._listed}
+                          for path in folder.iterdir()}
             return self._next_file(at)
         kind, length = _RECORD.unpack(raw)
-        if kind in (1, 2) and len(self._listed) == self._expected:
-            assert self._records is not None
-            self._records.write(raw)
-            self._mode, self._remaining = (_COPY, length) if length else (_HEAD, 0)
-        elif kind == FORMAT_RECORD or (kind == FILE_RECORD
-                                       and len(self._listed) < self._expected):
+        if kind == FORMAT_RECORD or (kind == FILE_RECORD
+                                     and len(self._listed) < self._expected):
             self._mode, self._remaining, self._kind = _BODY, length, kind
         else:
             raise BadCommand(f"record kind {kind} out of place in a shard snapshot")
@@ -257,8 +356,8 @@ class Receiver:
         previous = self._listed[-1] if self._listed else None
         # Relative to the list's end until it is whole (`_complete`).
         start = previous.data + previous.size + CRC.size if previous else 0
-        self._listed.append(_Listed(generation, size, folder / f"{stamp:016x}-{name}", name,
-                                    start))
+        self._listed.append(_Listed(generation, size, folder / f"{stamp:016x}-{name}{_PART}",
+                                    name, start))
 
     def _next_file(self, at: int) -> int | None:
         """At `at` the bytes of file `_next` would start (or, past the last, the records):
@@ -267,58 +366,77 @@ class Receiver:
         position = at
         while self._next < len(self._listed):
             listed = self._listed[self._next]
-            if not listed.final.exists():
+            if listed.staged not in self._kept or not _whole(listed):
                 break
             self.skipped += 1
             self._next += 1
             position = listed.data + listed.size + CRC.size
         if self._next == len(self._listed):
-            self._mode = _HEAD
+            self._mode = _REST
             return position if position != at else None
         listed = self._listed[self._next]
-        part = _part(listed.final)
-        held = part.stat().st_size if part.exists() else 0
+        part = listed.staged
+        held = part.stat().st_size if part in self._kept and part.exists() else 0
         if held > listed.size:
             part.unlink()
             held = 0
         self._crc = 0
         if held:
             self.skipped += 1
-            with part.open("rb") as old:
-                while chunk := old.read(1 << 20):
-                    self._crc = zlib.crc32(chunk, self._crc)
-        self._file = part.open("ab")
+            self._crc = _crc_of(part)
+        assert self._writer is not None
+        self._writer.open(part)
         self._remaining = listed.size - held
         self._mode = _DATA if self._remaining else _CRC
         position = listed.data + held
         return position if position != at else None
 
     def _file_done(self, expected: int, at: int) -> int | None:
-        assert self._file is not None
-        self._file.close()
-        self._file = None
+        assert self._writer is not None
         listed = self._listed[self._next]
-        part = _part(listed.final)
+        part = listed.staged
         if self._crc != expected:
             # Damaged on the way or on this disk: fetched again, never installed.
-            part.unlink()
+            self._writer.discard(part)
+            self._writer.drain()  # (what is on disk of it decides where it starts again)
             self.refetched += 1
             return self._next_file(-1)  # (-1: an offset that is never the one to resume at)
-        part.rename(listed.final)
-        self._syncs.append(self._executor.submit(fsync_dir, listed.final))
+        self._writer.finish(part, _checked(part), self._crc)
+        self._synced.add(part)
         self._next += 1
         return self._next_file(at)
 
     def synced(self) -> set[Path]:
         """Blocking: the files this transfer received are on disk; returns them (the ones
-        kept from an earlier transfer are synced by the install)."""
-        for sync in self._syncs:
-            sync.result()
-        return {listed.final for listed in self._listed}
+        kept from an earlier transfer are synced by the install). Raises what failed."""
+        assert self._writer is not None
+        self._writer.drain()
+        return self._synced
 
 
-def _part(final: Path) -> Path:
-    return final.with_name(final.name + _PART)
+def _checked(part: Path) -> Path:
+    """Where the CRC of a file received whole and checked is kept."""
+    return part.with_suffix(".crc")
+
+
+def _crc_of(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _whole(listed: _Listed) -> bool:
+    """Whether an earlier transfer received the file whole, and it still matches its CRC
+    (a power loss may have left anything in a file never synced)."""
+    try:
+        if listed.staged.stat().st_size != listed.size:
+            return False
+        kept = _checked(listed.staged).read_bytes()
+    except FileNotFoundError:
+        return False
+    return kept == CRC.pack(_crc_of(listed.staged))
 
 
 def install_files(fresh: Path, files: list[Shipped], staging: Path, synced: set[Path]
@@ -329,11 +447,11 @@ def install_files(fresh: Path, files: list[Shipped], staging: Path, synced: set[
     open (its files are removed, so they are fetched again)."""
     slabs: dict[int, Path] = {}
     for shipped in files:
+        if shipped.staged not in synced:
+            fsync_dir(shipped.staged)
         folder = slabs.setdefault(shipped.generation,
                                   fresh / f"gen-{shipped.generation:06d}")
         folder.mkdir(parents=True, exist_ok=True)
-        if shipped.staged not in synced:
-            fsync_dir(shipped.staged)
         os.replace(shipped.staged, folder / shipped.name)
     for folder in slabs.values():
         fsync_dir(folder)

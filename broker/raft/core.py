@@ -58,7 +58,7 @@ from broker.raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
-from broker.raft.progress import PROBE, REPLICATE, SNAPSHOT, Progress
+from broker.raft.progress import PROBE, REPLICATE, SNAPSHOT, SNAPSHOT_WINDOW, Progress
 from broker.raft.ready import (
     HardState,
     Ready,
@@ -421,12 +421,18 @@ class RaftGroup:
             pr.become_probe()  # the snapshot is gone: start again with a new one
             self._to_replicate[peer] = None
             return
+        if offset != pr.snapshot_asked:
+            return  # asked before the follower moved the transfer elsewhere: no use now
         pr.snapshot_index = index
         pr.snapshot_ticks = 0
         pr.snapshot_asked = -1
+        pr.snapshot_end = offset + len(data)
+        pr.snapshot_sent.append(pr.snapshot_end)
+        pr.snapshot_last_sent = done
         self._messages.append((peer, InstallSnapshot(
             self.group, self.term, index, term, self.log.config_at(index), offset, data,
             done)))
+        self._ask_next_chunk(peer, pr)
 
     # ---------------------------------------------------------------- outputs
 
@@ -634,9 +640,7 @@ class RaftGroup:
             prev = pr.next - 1
             prev_term = log.term_at(prev)
             if prev_term is None or (prev == 0 and self.snapshot_empty_followers):
-                pr.state = SNAPSHOT
-                pr.snapshot_index = 0
-                pr.snapshot_ticks = 0
+                pr.start_snapshot()
                 self._ask_chunk(peer, pr, 0, 0)
                 return
             entries = log.slice(pr.next, self.max_append_bytes) if prev < log.last_index else []
@@ -860,16 +864,40 @@ class RaftGroup:
         self._reply(sender, SnapshotResponse(self.group, self.term, m.index, 0, True), m.index)
 
     def _on_snapshot_response(self, sender: str, pr: Progress, m: SnapshotResponse) -> None:
-        if pr.state != SNAPSHOT or m.index != pr.snapshot_index:
-            return
-        pr.snapshot_ticks = 0
-        if m.done:
+        if m.done and pr.state != REPLICATE and (m.index > pr.match
+                                                 or m.index == pr.snapshot_index):
+            # Installed: also one whose answer came after the transfer timed out (a follower
+            # installing a large snapshot holds its loop longer than an election timeout),
+            # rather than sending it all again. (A snapshot holds committed entries only.)
             pr.acknowledge(m.index)
             pr.become_probe()
             self._maybe_commit()
             self._to_replicate[sender] = None
-        else:
+            return
+        if pr.state != SNAPSHOT or m.index != pr.snapshot_index or m.done:
+            return
+        pr.snapshot_ticks = 0
+        sent = pr.snapshot_sent
+        if m.offset in sent:  # the follower stored the chunks up to there
+            while sent.popleft() != m.offset:
+                pass
+            pr.snapshot_resumed = -1
+            self._ask_next_chunk(sender, pr)
+        elif m.offset != pr.snapshot_resumed:
+            # It goes on from elsewhere (past files it holds, back to one that failed its
+            # checksum, or it missed a chunk): what is in flight is refused, sent again
+            # from there.
+            sent.clear()
+            pr.snapshot_resumed = pr.snapshot_end = m.offset
+            pr.snapshot_last_sent = False
             self._ask_chunk(sender, pr, m.index, m.offset)
+
+    def _ask_next_chunk(self, peer: str, pr: Progress) -> None:
+        """Asks for the chunk after the last one sent while fewer than SNAPSHOT_WINDOW are
+        unacknowledged: the machine reads the next chunk while the follower stores this one."""
+        if (pr.snapshot_asked < 0 and not pr.snapshot_last_sent
+                and len(pr.snapshot_sent) < SNAPSHOT_WINDOW):
+            self._ask_chunk(peer, pr, pr.snapshot_index, pr.snapshot_end)
 
     def _ask_chunk(self, peer: str, pr: Progress, index: int, offset: int) -> None:
         pr.snapshot_asked = offset

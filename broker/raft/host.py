@@ -247,7 +247,11 @@ class RaftHost:
         ready = core.ready()
         group = core.group
         stored = True  # after a chunk that failed, the rest of the transfer is not stored
+        moved = False  # the machine moved the transfer elsewhere (its `resume`)
         for chunk in ready.snapshot_chunks:
+            if moved and chunk.offset:
+                continue  # sent before the leader heard of the move: it sends them again
+            moved = False
             resume: int | None = None
             if stored:
                 try:
@@ -256,6 +260,7 @@ class RaftHost:
                     stored = False
                     self.apply_errors.append((group, error.cause))
             core.chunk_stored(chunk, stored, resume)
+            moved = resume is not None
         wal = self.wal
         if ready.hard_state is not None:
             wal.hard_state(group, ready.hard_state)

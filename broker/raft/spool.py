@@ -46,8 +46,8 @@ from broker.raft.ready import SnapshotChunk
 
 log = logging.getLogger(__name__)
 
-# 1 MiB: a snapshot moves one chunk per round trip, so the chunk sets its pace on a fast
-# link; at 1 Gbit/s a chunk holds the link for 8 ms, against 64 MiB frames allowed.
+# 1 MiB, up to four in flight (progress.py's SNAPSHOT_WINDOW): at 1 Gbit/s a chunk holds the
+# link for 8 ms, against 64 MiB frames allowed.
 CHUNK_BYTES: Final = 1 << 20
 IDLE_SECONDS: Final = 30.0
 FILE_BUFFER: Final = 1 << 20  # of the snapshot files, written and read

@@ -23,8 +23,13 @@ PAYLOAD = 16 * 1024
 
 
 def staged(node: Node) -> list[Path]:
-    """The files the node received whole so far (`.part`: still coming)."""
+    """The files the node received so far (each `.part` until the install; `.crc` beside
+    one received whole)."""
     return sorted(node.process.data_dir.glob("ds/messages/*.snapshot-files/gen-*/*"))
+
+
+def whole_tables(node: Node) -> list[Path]:
+    return [p.with_suffix(".part") for p in staged(node) if p.name.endswith(".ldb.crc")]
 
 
 def applied_everything(nodes: list[Node]) -> bool:
@@ -68,18 +73,17 @@ def test_a_new_replica_gets_sealed_generations_as_files_and_resumes_after_kill_9
     lost.process.start()  # a new site: added to every group as a learner
 
     # Mid-transfer (1 MB/s): some files received whole, then kill -9.
-    wait_until(lambda: sum(p.suffix == ".ldb" for p in staged(lost)) >= 2, 60,
-               "tables of sealed generations received on the new replica")
+    wait_until(lambda: len(whole_tables(lost)) >= 2, 60,
+               "tables of sealed generations received whole on the new replica")
     lost.process.kill()  # SIGKILL
-    tables = [p for p in staged(lost) if p.suffix == ".ldb"]  # (a part ends with .part)
+    tables = whole_tables(lost)
     assert installs(lost) == []  # nothing was installed
-    # One of them damaged on its disk, as a torn write would leave it: back to a part
-    # whose bytes no longer match the sender's checksum.
+    # One of them damaged on its disk, as a power loss could leave a file never synced:
+    # its bytes no longer match its checksum.
     damaged = tables[-1]
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    damaged.with_name(damaged.name + ".part").write_bytes(bytes(data))
-    damaged.unlink()
+    damaged.write_bytes(bytes(data))
 
     lost.process.start()  # same data dir: the same site, the transfer resumes
     wait_until(lambda: bool(installs(lost)), 120, "the shard's snapshot installed")

@@ -1,13 +1,14 @@
 """The core's side of a snapshot that ships files (broker/ds/shipped.py): a new replica gets
 the snapshot rather than the whole log when the machine asks for it, the receiving machine
-moves the transfer's offset (past what it kept, back to a damaged file), and a chunk the
-machine held back (pacing its transfers) is asked for again when it says so."""
+moves the transfer's offset (past what it kept, back to a damaged file), a chunk the
+machine held back (pacing its transfers) is asked for again when it says so, and the leader
+keeps a window of chunks in flight."""
 
 import random
 
 from broker.raft.core import RaftGroup
 from broker.raft.messages import Config, InstallSnapshot, SnapshotResponse
-from broker.raft.progress import REPLICATE, SNAPSHOT
+from broker.raft.progress import REPLICATE, SNAPSHOT, SNAPSHOT_WINDOW
 from broker.raft.ready import SnapshotChunk, SnapshotRequest
 from tests.raft.test_core import Cluster, snapshot_asked_for_c
 
@@ -80,13 +81,85 @@ def test_a_chunk_the_machine_held_back_is_asked_for_again_when_it_may_leave() ->
     leader = snapshot_asked_for_c()
     index = leader.commit
     leader.send_snapshot_chunk("c", index, 0, b"x" * 10, False)
-    leader.ready()
-    leader.step("c", SnapshotResponse(1, leader.term, index, 10, False))
+    # The next chunk is asked for at once, while the follower stores this one.
     assert leader.ready().snapshot_requests == [SnapshotRequest("c", index, 10)]
     # The machine answered None (over its byte rate): nothing more until it says so.
+    leader.step("c", SnapshotResponse(1, leader.term, index, 10, False))
+    assert leader.ready().snapshot_requests == []
     assert not leader.has_ready()
     leader.snapshot_ready()
     assert leader.ready().snapshot_requests == [SnapshotRequest("c", index, 10)]
     leader.send_snapshot_chunk("c", index, 10, b"y" * 10, True)
     leader.snapshot_ready()  # given: nothing to ask again
     assert leader.ready().snapshot_requests == []
+
+
+def serve(leader: RaftGroup, index: int, size: int, last: int) -> list[int]:
+    """Answers every chunk the leader asks for (chunks of `size`, the one at `last` the
+    end of the snapshot), until it asks for none; the offsets of the chunks it sends c."""
+    sent = []
+    while True:
+        ready = leader.ready()
+        sent += [m.offset for peer, m in ready.messages
+                 if peer == "c" and isinstance(m, InstallSnapshot)]
+        if not ready.snapshot_requests:
+            return sent
+        for request in ready.snapshot_requests:
+            leader.send_snapshot_chunk("c", index, request.offset, b"x" * size,
+                                       request.offset == last)
+
+
+def test_chunks_are_sent_up_to_a_window_ahead_of_the_answers() -> None:
+    leader = snapshot_asked_for_c()
+    index = leader.commit
+    leader.snapshot_ready()
+    window = [0, 10, 20, 30][:SNAPSHOT_WINDOW]
+    assert serve(leader, index, 10, 90) == window
+    for end in range(10, 60, 10):  # each answer lets one more chunk leave
+        leader.step("c", SnapshotResponse(1, leader.term, index, end, False))
+        assert serve(leader, index, 10, 90) == [end + 10 * (SNAPSHOT_WINDOW - 1)]
+
+
+def test_after_the_follower_moves_the_transfer_what_was_in_flight_is_sent_again_once() -> None:
+    leader = snapshot_asked_for_c()
+    index = leader.commit
+    leader.snapshot_ready()
+    serve(leader, index, 10, 90)
+    # The follower stored the chunk at 0 and holds 10..70 from before: it asks for 70.
+    leader.step("c", SnapshotResponse(1, leader.term, index, 70, False))
+    assert serve(leader, index, 10, 90) == [70, 80, 90]  # 90 is the last: nothing after it
+    # Its refusals of the chunks sent before (10, 20, 30) all say 70 again: no news.
+    for _ in range(SNAPSHOT_WINDOW - 1):
+        leader.step("c", SnapshotResponse(1, leader.term, index, 70, False))
+    assert serve(leader, index, 10, 90) == []
+    leader.step("c", SnapshotResponse(1, leader.term, index, 80, False))
+    assert serve(leader, index, 10, 90) == []
+    # A file failed its checksum: back to where it starts.
+    leader.step("c", SnapshotResponse(1, leader.term, index, 40, False))
+    assert serve(leader, index, 10, 90) == [40, 50, 60, 70][:SNAPSHOT_WINDOW]
+    # The follower stored 40 (the window moves on to 80), then missed 50 and refuses 60:
+    # what was in flight goes again from 50; the machine's answer for 80, asked for
+    # before that, is not sent.
+    leader.step("c", SnapshotResponse(1, leader.term, index, 50, False))
+    leader.step("c", SnapshotResponse(1, leader.term, index, 50, False))
+    requests = leader.ready().snapshot_requests
+    assert [r.offset for r in requests] == [80, 50]
+    leader.send_snapshot_chunk("c", index, 80, b"x" * 10, False)
+    leader.send_snapshot_chunk("c", index, 50, b"x" * 10, False)
+    assert serve(leader, index, 10, 90) == [50, 60, 70, 80][:SNAPSHOT_WINDOW]
+
+
+def test_an_install_answered_after_the_transfer_timed_out_still_counts() -> None:
+    """A follower installing a large snapshot holds its event loop for longer than an
+    election timeout: the leader, which started over meanwhile, takes its answer rather
+    than sending the whole snapshot again."""
+    leader = snapshot_asked_for_c()
+    index = leader.commit
+    leader.snapshot_ready()
+    serve(leader, index, 10, 0)  # one chunk, the last
+    for _ in range(leader.election_ticks + 1):
+        leader.tick()
+    assert leader.progress["c"].snapshot_index == 0  # given up: it starts over
+    leader.step("c", SnapshotResponse(1, leader.term, index, 0, True))
+    assert leader.progress["c"].match == index
+    assert leader.progress["c"].state != SNAPSHOT
