@@ -21,6 +21,7 @@ _BLOCK: Final = tarfile.BLOCKSIZE
 _PAIR: Final = struct.Struct(">II")
 _MANIFEST_LIMIT: Final = 64 << 20  # a manifest lists files: far below this
 Sink = Callable[[bytes], None]
+Expected = tuple[int, str]  # a member's size and SHA-256 hex, as the manifest lists them
 
 
 class BadArchive(ValueError):
@@ -85,12 +86,21 @@ class TarWriter:
         self.bytes += len(data)
         self._sink(data)
 
+    def _header(self, path: str, size: int) -> bytes:
+        info = tarfile.TarInfo(path)
+        info.size, info.mtime, info.mode = size, self._mtime, 0o644
+        return info.tobuf(tarfile.PAX_FORMAT)
+
+    def length(self, members: Iterable[tuple[str, int]]) -> int:
+        """The bytes of an uncompressed archive of these members (path, size), in order,
+        once closed: an HTTP response sends it as its Content-Length."""
+        return sum(len(self._header(path, size)) + size + -size % _BLOCK
+                   for path, size in members) + 2 * _BLOCK
+
     def add(self, path: str, size: int, chunks: Iterable[bytes]) -> None:
         """A member of `size` bytes; raises BadArchive if the chunks add up otherwise (the
         source changed since its checksum was taken)."""
-        info = tarfile.TarInfo(path)
-        info.size, info.mtime, info.mode = size, self._mtime, 0o644
-        self._out(info.tobuf(tarfile.PAX_FORMAT))
+        self._out(self._header(path, size))
         written = 0
         for chunk in chunks:
             written += len(chunk)
@@ -179,6 +189,24 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
         raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
 
 
+def check_member(path: str, size: int, sha256: str, want: Expected) -> None:
+    """Raises BadArchive unless a member read whole is of the size and SHA-256 listed."""
+    if size != want[0]:
+        raise BadArchive(f"{path}: {size} bytes, {NAME} says {want[0]}")
+    if sha256 != want[1]:
+        raise BadArchive(f"{path}: checksum mismatch: sha256 {sha256}, {NAME} says {want[1]}")
+
+
+def unlisted(path: str) -> BadArchive:
+    return BadArchive(f"{path}: not listed in {NAME} (or listed once and found twice)")
+
+
+def missing(expected: dict[str, Expected]) -> BadArchive:
+    """The archive ended with these members listed and not found."""
+    return BadArchive(f"{min(expected)}: listed in {NAME} but not in the archive (cut"
+                      f" short?)")
+
+
 class _Hashing:
     """A member's file object that hashes what is read through it."""
 
@@ -200,7 +228,7 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
     size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
     members out keeps what it wrote only once the iteration ends without an error."""
     manifest: Manifest | None = None
-    expected: dict[str, tuple[int, str]] = {}
+    expected: dict[str, Expected] = {}
     for found, path, handle in members(file):
         if handle is None:
             manifest = found
@@ -209,21 +237,16 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
             continue
         want = expected.pop(path, None)
         if want is None:
-            raise BadArchive(f"{path}: not listed in {NAME} (or listed once and found twice)")
+            raise unlisted(path)
         hashing = _Hashing(handle)
         yield found, path, hashing  # type: ignore[misc]
         while hashing.read(CHUNK):
             pass
-        if hashing.size != want[0]:
-            raise BadArchive(f"{path}: {hashing.size} bytes, {NAME} says {want[0]}")
-        if hashing.sha.hexdigest() != want[1]:
-            raise BadArchive(f"{path}: checksum mismatch: sha256 {hashing.sha.hexdigest()},"
-                             f" {NAME} says {want[1]}")
+        check_member(path, hashing.size, hashing.sha.hexdigest(), want)
     if manifest is None:
         raise BadArchive(f"empty archive: no {NAME}")
     if expected:
-        raise BadArchive(f"{min(expected)}: listed in {NAME} but not in the archive (cut"
-                         f" short?)")
+        raise missing(expected)
 
 
 def verify(file: IO[bytes]) -> Manifest:
