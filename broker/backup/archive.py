@@ -12,7 +12,7 @@ import tarfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Final
+from typing import IO, Final, Protocol
 
 from broker.backup.manifest import NAME, BadManifest, Manifest, parse
 
@@ -22,6 +22,12 @@ _PAIR: Final = struct.Struct(">II")
 _MANIFEST_LIMIT: Final = 64 << 20  # a manifest lists files: far below this
 Sink = Callable[[bytes], None]
 Expected = tuple[int, str]  # a member's size and SHA-256 hex, as the manifest lists them
+
+
+class Opens(Protocol):
+    """An archive to read from its start: a file's Path, or an upload arriving (pipe.py)."""
+
+    def open(self, mode: str = "rb") -> IO[bytes]: ...
 
 
 class BadArchive(ValueError):

@@ -18,7 +18,13 @@ from typing import IO, Final
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.backup.archive import BadArchive, checked_members, copy_chunks, decode_pairs
+from broker.backup.archive import (
+    BadArchive,
+    Opens,
+    checked_members,
+    copy_chunks,
+    decode_pairs,
+)
 from broker.backup.chain import Plan
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest
 from broker.ds.bulk import Batches
@@ -75,7 +81,7 @@ def _settle(path: Path, compression: Compression) -> None:
     plyvel.DB(str(path), compression=compression).close()
 
 
-def unpack(archives: Sequence[Path], plan: Plan, shard_dir: Callable[[int], Path],
+def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Path],
            sessions: Path, retained: Path, compression: Compression) -> Unpacked:
     """Blocking: every member written out (see the module docstring), checked as it is
     (archive.checked_members: raises BadArchive, and the caller removes what was written,
@@ -103,7 +109,7 @@ def unpack(archives: Sequence[Path], plan: Plan, shard_dir: Callable[[int], Path
     return result
 
 
-def _unpack_one(archive: Path, take: frozenset[str], last: bool,
+def _unpack_one(archive: Opens, take: frozenset[str], last: bool,
                 shard_dir: Callable[[int], Path], state: tuple[Path, Path],
                 compression: Compression, result: Unpacked,
                 to_seal: list[tuple[Path, Generation]], settle: Callable[[Path], None],
