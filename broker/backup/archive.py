@@ -12,6 +12,7 @@ import tarfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Final, Protocol
 
 from broker.backup.manifest import NAME, BadManifest, Manifest, parse
@@ -214,18 +215,29 @@ def missing(expected: dict[str, Expected]) -> BadArchive:
 
 
 class _Hashing:
-    """A member's file object that hashes what is read through it."""
+    """A member's file object that hashes what is read through it, on `hasher`'s thread
+    while the reader deals with the chunk (writes it, or builds a database from it: hashlib
+    and LevelDB let go of the GIL), a chunk behind at most."""
 
-    def __init__(self, handle: IO[bytes]) -> None:
+    def __init__(self, handle: IO[bytes], hasher: ThreadPoolExecutor) -> None:
         self._handle = handle
-        self.sha = hashlib.sha256()
+        self._hasher = hasher
+        self._sha = hashlib.sha256()
+        self._hashing: Future[None] | None = None
         self.size = 0
 
     def read(self, size: int = -1) -> bytes:
         data = self._handle.read(size)
-        self.sha.update(data)
+        if self._hashing is not None:
+            self._hashing.result()
+        self._hashing = self._hasher.submit(self._sha.update, data)
         self.size += len(data)
         return data
+
+    def hexdigest(self) -> str:
+        if self._hashing is not None:
+            self._hashing.result()
+        return self._sha.hexdigest()
 
 
 def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
@@ -233,6 +245,12 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
     to the end first): raises BadArchive naming the first member that is not of its listed
     size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
     members out keeps what it wrote only once the iteration ends without an error."""
+    with ThreadPoolExecutor(1, thread_name_prefix="backup-hash") as hasher:
+        yield from _checked(file, hasher)
+
+
+def _checked(file: IO[bytes], hasher: ThreadPoolExecutor,
+             ) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     manifest: Manifest | None = None
     expected: dict[str, Expected] = {}
     for found, path, handle in members(file):
@@ -244,11 +262,11 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
         want = expected.pop(path, None)
         if want is None:
             raise unlisted(path)
-        hashing = _Hashing(handle)
+        hashing = _Hashing(handle, hasher)
         yield found, path, hashing  # type: ignore[misc]
         while hashing.read(CHUNK):
             pass
-        check_member(path, hashing.size, hashing.sha.hexdigest(), want)
+        check_member(path, hashing.size, hashing.hexdigest(), want)
     if manifest is None:
         raise BadArchive(f"empty archive: no {NAME}")
     if expected:

@@ -22,7 +22,9 @@ class Pipe:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._pieces: deque[bytes] = deque()
+        self._at = 0  # in the first piece: what was taken of it
         self._unread = 0
+        self._waiting = False  # a put waits for room
         self._ended = False
         self._closed = False  # the reader is gone: what comes is dropped
         self._ready = threading.Condition()
@@ -43,6 +45,7 @@ class Pipe:
                 if self._unread < LIMIT or self._closed:
                     return
                 self._room.clear()
+                self._waiting = True
             await self._room.wait()
 
     def end(self) -> None:
@@ -56,7 +59,7 @@ class Pipe:
         with self._ready:
             self._closed = True
             self._pieces.clear()
-            self._unread = 0
+            self._at = self._unread = 0
         self._room.set()
 
     # ---- the thread's side ------------------------------------------------------------
@@ -69,14 +72,18 @@ class Pipe:
                     self._ready.wait()
                 if not self._pieces:
                     break
-                piece = self._pieces.popleft()
-                if len(piece) > size:
-                    piece, rest = piece[:size], piece[size:]
-                    self._pieces.appendleft(rest)
-                parts.append(piece)
-                size -= len(piece)
-                self._unread -= len(piece)
-            if self._unread < LIMIT:
+                piece, at = self._pieces[0], self._at
+                if len(piece) - at > size:  # a part of it: copied, the rest left where it is
+                    parts.append(piece[at:at + size])
+                    self._at += size
+                else:
+                    parts.append(piece[at:] if at else piece)
+                    self._pieces.popleft()
+                    self._at = 0
+                size -= len(parts[-1])
+                self._unread -= len(parts[-1])
+            if self._waiting and self._unread < LIMIT:
+                self._waiting = False
                 self._loop.call_soon_threadsafe(self._room.set)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         if keep and self._kept is not None:
