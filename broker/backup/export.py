@@ -25,16 +25,19 @@ from broker.formats import DATA_DIR, in_tree
 from broker.retainer.store import RetainedStore
 from broker.version import RELEASE
 
-CPU_SHARE: Final = 0.4
+CPU_SHARE: Final = 0.2
 """The share of a core the export's thread may use while the event loop is busy: after each
 chunk it sleeps in proportion to the CPU time the chunk took. The node's event loop, which
 serves the publishers, needs the GIL and a core meanwhile: an export must not take them
 from it (issue 39: the publishers keep 80% of their rate; bench/backup_bench.py)."""
-LOOP_BUSY: Final = 0.1
+LOOP_BUSY: Final = 0.5
 """The event loop's demand for a core (Pace) from which the export paces itself: below it
-the loop has nobody to serve and the export goes at full speed (the archive's bytes are
+the loop has CPU to spare and the export goes at full speed (the archive's bytes are
 mostly tables read and hashed in C), the CPU left to the loop within WINDOW_S of its
-work starting."""
+work growing. Half a core: streaming the archive alone makes the loop demand a tenth or
+more of one on a crowded machine (its writes, and the time it waits for a core), which is
+not a client to make room for; publishers that lose a fifth of their rate to an export
+keep a busy loop well above it (bench/backup_bench.py)."""
 WINDOW_S: Final = 0.1
 OnManifest = Callable[[bytes, int | None], None]
 
