@@ -232,18 +232,20 @@ def run(megabytes: int, rounds: int, tmp: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--megabytes", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="32 MiB, one round")
-    args = parser.parse_args()
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="backup-bench-") as tmp:
         results = run(32 if args.quick else args.megabytes, 1 if args.quick else args.rounds,
                       Path(tmp))
-    report.write_json(results, RESULTS)
+    report.write_json(results, args.output)
     print(json.dumps(results, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

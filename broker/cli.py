@@ -5,16 +5,19 @@ import argparse
 import logging
 import sys
 
-from broker import logsafe
-from broker.auth.security import SecurityFileError
-from broker.config.loader import ConfigError, load_config
-from broker.config.schema import render_markdown_table
-from broker.ds import SiteIdMismatch
-from broker.format_check import FormatRefused, inspect, trees
 from broker.version import RELEASE
+
+# `broker run`'s, `formats`' and `config`'s modules are imported in their functions: `broker
+# ctl` (an export, a backup job's) does not wait for them (a third of a second).
 
 
 def _run(args: argparse.Namespace) -> int:
+    from broker import logsafe
+    from broker.auth.security import SecurityFileError
+    from broker.config.loader import ConfigError, load_config
+    from broker.ds import SiteIdMismatch
+    from broker.format_check import FormatRefused
+
     try:
         config = load_config(args.config, args.set or [])
     except ConfigError as error:
@@ -39,6 +42,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _formats(args: argparse.Namespace) -> int:
     """What `broker run` with these options would find, without changing anything."""
+    from broker.config.loader import ConfigError, load_config
+    from broker.format_check import FormatRefused, inspect, trees
+
     overrides = [*(args.set or []), *([f"node.data_dir={args.data_dir}"] if args.data_dir else [])]
     try:
         found = inspect(*trees(load_config(args.config, overrides)))
@@ -50,6 +56,13 @@ def _formats(args: argparse.Namespace) -> int:
         stamp = (item.stamp if item.stamp.exists()
                  else f"{item.stamp} (none: 0.1.0, or nothing written yet)")
         print(f"{item.fmt.name:<14} {item.version:>7} {item.fmt.version:>12}  {stamp}")
+    return 0
+
+
+def _config_docs(_args: argparse.Namespace) -> int:
+    from broker.config.schema import render_markdown_table
+
+    print(render_markdown_table())
     return 0
 
 
@@ -77,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     formats.set_defaults(func=_formats)
     config = commands.add_parser("config", help="configuration reference")
     config.add_argument("what", choices=["docs"])
-    config.set_defaults(func=lambda _args: print(render_markdown_table()) or 0)
+    config.set_defaults(func=_config_docs)
     if not argv or argv[0] not in _WITHOUT_CTL:  # `ctl`, but also `--help` and mistakes
         from broker import ctl
 

@@ -7,7 +7,6 @@ data dir (`--data-dir`), which LevelDB's lock refuses while a node has it open.
 """
 
 import argparse
-import asyncio
 import base64
 import functools
 import json
@@ -21,12 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import plyvel
-
 from broker.auth.users_ctl import add_users_parser
 from broker.ctl_data import add_data_parser
-from broker.ds import DurableStorage, Settings
-from broker.format_check import FormatRefused, inspect, wal_dir_of
 
 DEFAULT_URL = "http://127.0.0.1:18083"
 API_KEY_ENV = "BROKER_API_KEY"
@@ -103,6 +98,9 @@ def _calls_api(command: Callable[[argparse.Namespace], int]
 
 
 async def _offline_info(data_dir: Path) -> dict[str, Any]:
+    from broker.ds import DurableStorage, Settings
+    from broker.format_check import inspect, wal_dir_of
+
     if not (data_dir / "ds").is_dir():
         raise FileNotFoundError(f"no durable storage in {data_dir}")
     inspect(data_dir, wal_dir_of(data_dir))  # opening what a newer release wrote could harm it
@@ -212,6 +210,14 @@ def ds_replica_command(args: argparse.Namespace) -> int:
 
 
 def ds_command(args: argparse.Namespace) -> int:
+    # Here and in _offline_info, not at the top: Durable Storage's modules cost a fifth of a
+    # second to import, which every other `broker ctl` command (an export) would wait for.
+    import asyncio
+
+    import plyvel
+
+    from broker.format_check import FormatRefused
+
     if args.action in _REPLICA_ACTIONS:
         return ds_replica_command(args)
     try:

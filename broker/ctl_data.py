@@ -25,8 +25,7 @@ from typing import Any, Final
 
 from broker.backup.archive import CHUNK, BadArchive, verify
 from broker.backup.manifest import NAME, Manifest, parse_time
-from broker.backup.restore import ImportRefused, import_offline
-from broker.format_check import FormatRefused, inspect, wal_dir_of
+from broker.backup.stream_check import StreamCheck
 
 _TIMEOUT: Final = 600.0  # seconds without a byte: an export's first pass sends nothing
 
@@ -56,18 +55,6 @@ def _summary(manifest: Manifest) -> dict[str, Any]:
             "shards": manifest.n_shards, "backend": manifest.cluster.get("backend")}
 
 
-class _Tee:
-    """A response read by `verify`, every byte read also written to the file."""
-
-    def __init__(self, source: Any, out: Any) -> None:
-        self._source, self._out = source, out
-
-    def read(self, size: int = -1) -> bytes:
-        data: bytes = self._source.read(size)
-        self._out.write(data)
-        return data
-
-
 def export_command(args: argparse.Namespace) -> int:
     target = Path(args.file)
     part = target.with_name(target.name + ".part")
@@ -80,10 +67,12 @@ def export_command(args: argparse.Namespace) -> int:
             # The node sends a plain tar; a FILE named .gz gets it compressed as it arrives.
             out = gzip.GzipFile(fileobj=file, mode="wb") if target.name.endswith(".gz") else file
             # Checked as it arrives (the node may fail half way: only a whole archive is
-            # kept), written as it is read; then the tar's end blocks.
-            verify(_Tee(response, out))  # type: ignore[arg-type]
-            while chunk := response.read(CHUNK):
-                out.write(chunk)
+            # kept), each piece written as it is read.
+            check, buffer = StreamCheck(), memoryview(bytearray(CHUNK))
+            while read := response.readinto(buffer):
+                check.feed(buffer[:read])
+                out.write(buffer[:read])
+            check.finish()
             if out is not file:
                 out.close()
             file.flush()
@@ -105,6 +94,11 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def import_command(args: argparse.Namespace) -> int:
+    # Here, not at the top: Durable Storage's modules, which an export does not need, cost
+    # a fifth of a second to import (tests/unit/test_startup_imports.py).
+    from broker.backup.restore import ImportRefused, import_offline
+    from broker.format_check import FormatRefused, inspect, wal_dir_of
+
     paths = [Path(file) for file in args.files]
     if args.data_dir or args.force:
         if not (args.data_dir and args.force):

@@ -15,7 +15,6 @@ from typing import Any
 from broker.auth.passwords import PasswordFileError, make_hash, set_user, user_names
 from broker.auth.scram import DEFAULT_ITERATIONS
 from broker.auth.scram_users import ScramFileError, dump_scram_file, make_user, parse_scram_file
-from broker.ds.files import write_atomically
 
 
 def users_command(args: argparse.Namespace) -> int:
@@ -26,6 +25,9 @@ def users_command(args: argparse.Namespace) -> int:
         changed = edit(args, text, str(path))
         if changed is None:
             return 0
+        # Here: its package (Durable Storage) is not what other `broker ctl` commands wait for.
+        from broker.ds.files import write_atomically
+
         write_atomically(path, changed.encode())
         path.chmod(0o600)
     except (OSError, PasswordFileError, ScramFileError) as error:

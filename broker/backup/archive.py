@@ -12,7 +12,8 @@ import tarfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Final
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO, Final, Protocol
 
 from broker.backup.manifest import NAME, BadManifest, Manifest, parse
 
@@ -21,6 +22,13 @@ _BLOCK: Final = tarfile.BLOCKSIZE
 _PAIR: Final = struct.Struct(">II")
 _MANIFEST_LIMIT: Final = 64 << 20  # a manifest lists files: far below this
 Sink = Callable[[bytes], None]
+Expected = tuple[int, str]  # a member's size and SHA-256 hex, as the manifest lists them
+
+
+class Opens(Protocol):
+    """An archive to read from its start: a file's Path, or an upload arriving (pipe.py)."""
+
+    def open(self, mode: str = "rb") -> IO[bytes]: ...
 
 
 class BadArchive(ValueError):
@@ -85,12 +93,21 @@ class TarWriter:
         self.bytes += len(data)
         self._sink(data)
 
+    def _header(self, path: str, size: int) -> bytes:
+        info = tarfile.TarInfo(path)
+        info.size, info.mtime, info.mode = size, self._mtime, 0o644
+        return info.tobuf(tarfile.PAX_FORMAT)
+
+    def length(self, members: Iterable[tuple[str, int]]) -> int:
+        """The bytes of an uncompressed archive of these members (path, size), in order,
+        once closed: an HTTP response sends it as its Content-Length."""
+        return sum(len(self._header(path, size)) + size + -size % _BLOCK
+                   for path, size in members) + 2 * _BLOCK
+
     def add(self, path: str, size: int, chunks: Iterable[bytes]) -> None:
         """A member of `size` bytes; raises BadArchive if the chunks add up otherwise (the
         source changed since its checksum was taken)."""
-        info = tarfile.TarInfo(path)
-        info.size, info.mtime, info.mode = size, self._mtime, 0o644
-        self._out(info.tobuf(tarfile.PAX_FORMAT))
+        self._out(self._header(path, size))
         written = 0
         for chunk in chunks:
             written += len(chunk)
@@ -179,19 +196,48 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
         raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
 
 
-class _Hashing:
-    """A member's file object that hashes what is read through it."""
+def check_member(path: str, size: int, sha256: str, want: Expected) -> None:
+    """Raises BadArchive unless a member read whole is of the size and SHA-256 listed."""
+    if size != want[0]:
+        raise BadArchive(f"{path}: {size} bytes, {NAME} says {want[0]}")
+    if sha256 != want[1]:
+        raise BadArchive(f"{path}: checksum mismatch: sha256 {sha256}, {NAME} says {want[1]}")
 
-    def __init__(self, handle: IO[bytes]) -> None:
+
+def unlisted(path: str) -> BadArchive:
+    return BadArchive(f"{path}: not listed in {NAME} (or listed once and found twice)")
+
+
+def missing(expected: dict[str, Expected]) -> BadArchive:
+    """The archive ended with these members listed and not found."""
+    return BadArchive(f"{min(expected)}: listed in {NAME} but not in the archive (cut"
+                      f" short?)")
+
+
+class _Hashing:
+    """A member's file object that hashes what is read through it, on `hasher`'s thread
+    while the reader deals with the chunk (writes it, or builds a database from it: hashlib
+    and LevelDB let go of the GIL), a chunk behind at most."""
+
+    def __init__(self, handle: IO[bytes], hasher: ThreadPoolExecutor) -> None:
         self._handle = handle
-        self.sha = hashlib.sha256()
+        self._hasher = hasher
+        self._sha = hashlib.sha256()
+        self._hashing: Future[None] | None = None
         self.size = 0
 
     def read(self, size: int = -1) -> bytes:
         data = self._handle.read(size)
-        self.sha.update(data)
+        if self._hashing is not None:
+            self._hashing.result()
+        self._hashing = self._hasher.submit(self._sha.update, data)
         self.size += len(data)
         return data
+
+    def hexdigest(self) -> str:
+        if self._hashing is not None:
+            self._hashing.result()
+        return self._sha.hexdigest()
 
 
 def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
@@ -199,8 +245,14 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
     to the end first): raises BadArchive naming the first member that is not of its listed
     size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
     members out keeps what it wrote only once the iteration ends without an error."""
+    with ThreadPoolExecutor(1, thread_name_prefix="backup-hash") as hasher:
+        yield from _checked(file, hasher)
+
+
+def _checked(file: IO[bytes], hasher: ThreadPoolExecutor,
+             ) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     manifest: Manifest | None = None
-    expected: dict[str, tuple[int, str]] = {}
+    expected: dict[str, Expected] = {}
     for found, path, handle in members(file):
         if handle is None:
             manifest = found
@@ -209,21 +261,16 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
             continue
         want = expected.pop(path, None)
         if want is None:
-            raise BadArchive(f"{path}: not listed in {NAME} (or listed once and found twice)")
-        hashing = _Hashing(handle)
+            raise unlisted(path)
+        hashing = _Hashing(handle, hasher)
         yield found, path, hashing  # type: ignore[misc]
         while hashing.read(CHUNK):
             pass
-        if hashing.size != want[0]:
-            raise BadArchive(f"{path}: {hashing.size} bytes, {NAME} says {want[0]}")
-        if hashing.sha.hexdigest() != want[1]:
-            raise BadArchive(f"{path}: checksum mismatch: sha256 {hashing.sha.hexdigest()},"
-                             f" {NAME} says {want[1]}")
+        check_member(path, hashing.size, hashing.hexdigest(), want)
     if manifest is None:
         raise BadArchive(f"empty archive: no {NAME}")
     if expected:
-        raise BadArchive(f"{min(expected)}: listed in {NAME} but not in the archive (cut"
-                         f" short?)")
+        raise missing(expected)
 
 
 def verify(file: IO[bytes]) -> Manifest:

@@ -25,17 +25,21 @@ from broker.formats import DATA_DIR, in_tree
 from broker.retainer.store import RetainedStore
 from broker.version import RELEASE
 
-CPU_SHARE: Final = 0.4
+CPU_SHARE: Final = 0.2
 """The share of a core the export's thread may use while the event loop is busy: after each
 chunk it sleeps in proportion to the CPU time the chunk took. The node's event loop, which
 serves the publishers, needs the GIL and a core meanwhile: an export must not take them
 from it (issue 39: the publishers keep 80% of their rate; bench/backup_bench.py)."""
-LOOP_BUSY: Final = 0.1
+LOOP_BUSY: Final = 0.5
 """The event loop's demand for a core (Pace) from which the export paces itself: below it
-the loop has nobody to serve and the export goes at full speed (the archive's bytes are
+the loop has CPU to spare and the export goes at full speed (the archive's bytes are
 mostly tables read and hashed in C), the CPU left to the loop within WINDOW_S of its
-work starting."""
+work growing. Half a core: streaming the archive alone makes the loop demand a tenth or
+more of one on a crowded machine (its writes, and the time it waits for a core), which is
+not a client to make room for; publishers that lose a fifth of their rate to an export
+keep a busy loop well above it (bench/backup_bench.py)."""
 WINDOW_S: Final = 0.1
+OnManifest = Callable[[bytes, int | None], None]
 
 
 _DIGESTS: "OrderedDict[tuple[str, int, int], tuple[int, str]]" = OrderedDict()
@@ -102,12 +106,12 @@ def build_manifest(cut: Cut, members: list[Member], created_us: int,
 
 def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
                   gzip: bool = False, stopped: Callable[[], bool] = lambda: False,
-                  on_manifest: Callable[[bytes], None] = lambda raw: None,
+                  on_manifest: OnManifest = lambda raw, length: None,
                   loop_thread: int | None = None) -> tuple[Manifest, int]:
     """Blocking (a worker thread): both passes; returns the manifest and the bytes written.
-    `on_manifest` gets the manifest before any byte goes to `sink` (an HTTP response sends
-    its checksum as a header); `loop_thread`: the event loop's native thread ID, which the
-    export yields to while it is busy (Pace)."""
+    `on_manifest` gets the manifest and the archive's length (None with `gzip`) before any
+    byte goes to `sink` (an HTTP response sends them as headers); `loop_thread`: the event
+    loop's native thread ID, which the export yields to while it is busy (Pace)."""
     paced = Pace(loop_thread)
     cut.expand_sealed()
     members = []
@@ -122,7 +126,8 @@ def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
     manifest = build_manifest(cut, members, created_us, since_us)
     writer = TarWriter(sink, gzip)
     raw = manifest.encode()
-    on_manifest(raw)
+    on_manifest(raw, None if gzip else writer.length(
+        [(NAME, len(raw)), *((member.path, member.size) for member in members)]))
     writer.add(NAME, len(raw), (raw,))
     for source, member in zip(cut.sources, members, strict=True):
         if stopped():
@@ -134,7 +139,7 @@ def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
 
 async def export(ds: DurableStorage, retainer: RetainedStore | None,
                  groups: Replicated | None, since_us: int | None, sink: Sink,
-                 gzip: bool = False, on_manifest: Callable[[bytes], None] = lambda raw: None,
+                 gzip: bool = False, on_manifest: OnManifest = lambda raw, length: None,
                  ) -> tuple[Manifest, int]:
     """The archive of everything durable, at one cut, to `sink` (called on a worker thread).
     Its own thread: the storage's pool serves the brokers' writes meanwhile. Cancelled, the

@@ -36,7 +36,7 @@ from typing import Any, Final, Protocol
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.backup.archive import BadArchive, read_manifest
+from broker.backup.archive import BadArchive, Opens, read_manifest
 from broker.backup.chain import BadChain, Plan, plan
 from broker.backup.collect import RAFT_META, keep_session_key
 from broker.backup.manifest import Manifest, unreadable_formats
@@ -67,7 +67,7 @@ class ImportRefused(Exception):
         self.code = code
 
 
-def check(archives: Sequence[Path], names: Sequence[str] | None = None,
+def check(archives: Sequence[Opens], names: Sequence[str] | None = None,
           ) -> tuple[Manifest, Plan]:
     """Blocking: the last archive's manifest and where each generation comes from, of
     archives this release can restore: a full one, then its increments, oldest first
@@ -132,11 +132,16 @@ class Target:
 
 
 async def _blocking(call: Callable[..., Any], *args: Any) -> Any:
-    with ThreadPoolExecutor(1, thread_name_prefix="restore") as pool:
+    """`call` on a thread of its own. Cancelled, the loop does not wait for the thread: an
+    unpack reading an upload (pipe.py) waits for the loop to end the upload."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="restore")
+    try:
         return await asyncio.get_running_loop().run_in_executor(pool, call, *args)
+    finally:
+        pool.shutdown(wait=False)
 
 
-async def import_online(archives: Sequence[Path], target: Target,
+async def import_online(archives: Sequence[Opens], target: Target,
                         names: Sequence[str] | None = None) -> dict[str, int]:
     """Checks, then restores into a running empty node (see the module docstring): one full
     archive, or one and its increments, oldest first (`check`); raises ImportRefused with
@@ -231,7 +236,7 @@ async def _load_shard(groups: Loads, shard: int, directory: Path, manifest: Mani
                 chunk, flags = following, 0
 
 
-def _unpack(archives: Sequence[Path], planned: Plan, shard_dir: Callable[[int], Path],
+def _unpack(archives: Sequence[Opens], planned: Plan, shard_dir: Callable[[int], Path],
             sessions: Path, retained: Path, compression: Compression) -> Unpacked:
     try:
         return unpack(archives, planned, shard_dir, sessions, retained, compression)

@@ -14,11 +14,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.backup.archive import BadArchive, checked_members, copy_chunks, decode_pairs
+from broker.backup.archive import (
+    BadArchive,
+    Opens,
+    checked_members,
+    copy_chunks,
+    decode_pairs,
+)
 from broker.backup.chain import Plan
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest
 from broker.ds.bulk import Batches
@@ -30,6 +36,7 @@ _META: Final = b"m"
 # tables to compact. Only while building: the node opens it with its own options.
 _BUILD_BUFFER: Final = 64 << 20
 _SETTLERS: Final = 3  # databases written out as tables at once (`_settle`)
+_PAST_KEYS: Final = b"\xff" * 64  # after every key a database here holds
 
 
 @dataclass(slots=True)
@@ -47,10 +54,11 @@ def own_meta(key: bytes, value: bytes, now: float) -> bytes:
                    disconnected_at=now).to_bytes()
 
 
-def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression = None,
-              sessions: bool = False) -> int:
-    """Blocking: a new LevelDB at `path` holding the member's pairs; their count. Its log
-    (all of it, with the large memtable) is still to be written out as a table: `_settle`."""
+def _build_db(path: Path, pairs: IO[bytes], where: str, settle: Callable[[Any], None],
+              compression: Compression = None, sessions: bool = False) -> int:
+    """Blocking: a new LevelDB at `path` holding the member's pairs; their count. Its
+    memtable (all of it, with the large buffer) is still to be written out as a table:
+    `settle` gets the open database to do so (`_settle`) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
                    compression=compression, write_buffer_size=_BUILD_BUFFER)
@@ -62,20 +70,27 @@ def _build_db(path: Path, pairs: IO[bytes], where: str, compression: Compression
             batches.put(key, own_meta(key, value, now) if sessions else value)
             count += 1
         batches.finish([], sync=False)  # `_settle` makes it durable
-    finally:
+    except BaseException:
         db.close()
+        raise
+    settle(db)
     return count
 
 
-def _settle(path: Path, compression: Compression) -> None:
-    """Blocking: the built database opened once more, so LevelDB writes its log out as a
-    table now, synced (on threads beside the next members' unpacking: LevelDB works without
-    the GIL, and their syncs overlap) rather than at the node's open, on its event loop,
-    tens of milliseconds a shard."""
-    plyvel.DB(str(path), compression=compression).close()
+def _settle(db: Any) -> None:
+    """Blocking: a built database's memtable written out as a table, synced, and the
+    database closed (on threads beside the next members' unpacking: LevelDB works without
+    the GIL, and their syncs overlap), rather than its log replayed at the node's open, on
+    its event loop, tens of milliseconds a shard. LevelDB flushes its memtable before any
+    manual compaction; one of a range past every key compacts nothing else (a reopen, which
+    this replaces, read the log back in and built the memtable again)."""
+    try:
+        db.compact_range(start=_PAST_KEYS, stop=_PAST_KEYS)
+    finally:
+        db.close()
 
 
-def unpack(archives: Sequence[Path], plan: Plan, shard_dir: Callable[[int], Path],
+def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Path],
            sessions: Path, retained: Path, compression: Compression) -> Unpacked:
     """Blocking: every member written out (see the module docstring), checked as it is
     (archive.checked_members: raises BadArchive, and the caller removes what was written,
@@ -90,8 +105,7 @@ def unpack(archives: Sequence[Path], plan: Plan, shard_dir: Callable[[int], Path
             for index, archive in enumerate(archives):
                 _unpack_one(archive, plan.take[index], index == plan.last, shard_dir,
                             (sessions, retained), compression, result, to_seal,
-                            lambda path: settling.append(pool.submit(_settle, path,
-                                                                     compression)))
+                            lambda db: settling.append(pool.submit(_settle, db)))
         finally:
             for done in settling:
                 done.result()
@@ -103,10 +117,10 @@ def unpack(archives: Sequence[Path], plan: Plan, shard_dir: Callable[[int], Path
     return result
 
 
-def _unpack_one(archive: Path, take: frozenset[str], last: bool,
+def _unpack_one(archive: Opens, take: frozenset[str], last: bool,
                 shard_dir: Callable[[int], Path], state: tuple[Path, Path],
                 compression: Compression, result: Unpacked,
-                to_seal: list[tuple[Path, Generation]], settle: Callable[[Path], None],
+                to_seal: list[tuple[Path, Generation]], settle: Callable[[Any], None],
                 ) -> None:
     """One archive of `unpack`'s: the generations in `take`, and with `last` the sessions
     and retained messages (`state`: where they go)."""
@@ -120,9 +134,8 @@ def _unpack_one(archive: Path, take: frozenset[str], last: bool,
                 if last:
                     is_sessions = path == SESSIONS
                     target = state[0] if is_sessions else state[1]
-                    count = _build_db(target, handle, path, sessions=is_sessions)
+                    count = _build_db(target, handle, path, settle, sessions=is_sessions)
                     result.counts["sessions_keys" if is_sessions else "retained"] = count
-                    settle(target)
                 continue
             directory = path.removesuffix(".pairs") if path.endswith(".pairs") else \
                 path.rpartition("/")[0]
@@ -133,8 +146,7 @@ def _unpack_one(archive: Path, take: frozenset[str], last: bool,
                 continue  # a later archive's copy, or one the last cut no longer has
             target = _gen_dir(shard_dir(gen.shard), gen)
             if path.endswith(".pairs"):
-                _build_db(target, handle, path, compression)
-                settle(target)
+                _build_db(target, handle, path, settle, compression)
                 result.counts["generations"] += 1
                 if gen.sealed_at is not None:
                     to_seal.append((target, gen))

@@ -9,8 +9,9 @@
   cluster's effective version does not allow the LOAD commands an import writes).
 
 POSTs, so a viewer key is refused (auth.py). One export or import at a time per node (409
-BUSY): each holds LevelDB snapshots or swaps databases. An import's body goes to files in
-the data dir first: every checksum is checked before anything changes.
+BUSY): each holds LevelDB snapshots or swaps databases. An import's archive is unpacked as
+it arrives (several, or one compressed, go to files in the data dir first) into directories
+nothing uses: every checksum is checked before anything changes.
 """
 
 import asyncio
@@ -28,6 +29,7 @@ from broker.backup.archive import CHUNK, BadArchive
 from broker.backup.collect import ExportFailed, Replicated
 from broker.backup.export import export
 from broker.backup.manifest import parse_time
+from broker.backup.pipe import Pipe
 from broker.backup.restore import ImportRefused, Target, import_online
 from broker.http.common import NODE_KEY
 
@@ -37,6 +39,8 @@ _BUSY_KEY: Final = web.AppKey("backup_busy", asyncio.Lock)
 _STATUS: Final = {"NOT_EMPTY": 409, "BAD_ARCHIVE": 400, "UNAVAILABLE": 503,
                    "CLUSTER_VERSION": 409}
 MANIFEST_HEADER: Final = "X-Backup-Manifest-Sha256"
+_GZIP: Final = b"\x1f\x8b"
+_ONE: Final = "the archive"
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -68,8 +72,10 @@ async def export_data(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
 
-    def on_manifest(raw: bytes) -> None:  # on the export's thread
+    def on_manifest(raw: bytes, length: int | None) -> None:  # on the export's thread
         response.headers[MANIFEST_HEADER] = hashlib.sha256(raw).hexdigest()
+        # Not chunked: the client reads the body as it is, and one cut short is seen so.
+        response.content_length = length
         asyncio.run_coroutine_threadsafe(response.prepare(request), loop).result()
 
     def sink(chunk: bytes) -> None:  # on the export's thread: waits for the client
@@ -96,12 +102,17 @@ async def import_data(request: web.Request) -> web.Response:
         return busy
     async with request.app[_BUSY_KEY]:
         uploads: list[Path] = []
+        target = Target(node.ds, node.retainer, node.retained_writer,
+                        node.restore_durable_sessions, _groups(request),  # type: ignore[arg-type]
+                        request.app[_LOAD_REFUSAL_KEY])  # type: ignore[arg-type]
+        stem = node.ds.root / f"import-{os.getpid()}"
         try:
-            names = await _receive(request, node.ds.root / f"import-{os.getpid()}", uploads)
-            target = Target(node.ds, node.retainer, node.retained_writer,
-                            node.restore_durable_sessions, _groups(request),  # type: ignore[arg-type]
-                            request.app[_LOAD_REFUSAL_KEY])  # type: ignore[arg-type]
-            counts = await import_online(uploads, target, names)
+            if request.content_type.startswith("multipart/"):
+                names = await _receive(request, stem, uploads)
+                counts = await import_online(uploads, target, names)
+            else:
+                counts = await _import_one(request.content.iter_chunked(CHUNK), stem,
+                                           uploads, target)
         except ImportRefused as refused:
             return _error(_STATUS[refused.code], refused.code, str(refused))
         finally:
@@ -111,14 +122,45 @@ async def import_data(request: web.Request) -> web.Response:
     return web.json_response({"restored": counts})
 
 
-async def _receive(request: web.Request, stem: Path, uploads: list[Path]) -> list[str]:
-    """The body's archives to files `stem`-N.tar (appended to `uploads` as each is begun):
-    one (`application/x-tar`), or several (`multipart/mixed`, a part each: a full archive
-    and its increments, oldest first); their names as the client gave them."""
-    if not request.content_type.startswith("multipart/"):
+async def _import_one(chunks: AsyncIterator[bytes], stem: Path, uploads: list[Path],
+                      target: Target) -> dict[str, int]:
+    """One archive, unpacked as it arrives (pipe.py: no copy of it on disk first); one
+    gzip-compressed (its first bytes say) to a file first, which tarfile reads as one."""
+    first = await anext(chunks, b"")
+    if first.startswith(_GZIP):
         uploads.append(stem.with_name(f"{stem.name}-0.tar"))
-        await _write(request.content.iter_chunked(CHUNK), uploads[-1])
-        return ["the archive"]
+        await _write(_after(first, chunks), uploads[-1])
+        return await import_online(uploads, target, [_ONE])
+    pipe = Pipe(asyncio.get_running_loop())
+
+    async def feed() -> None:
+        try:
+            await pipe.put(first)
+            async for piece in chunks:
+                await pipe.put(piece)
+        finally:
+            pipe.end()
+
+    feeding = asyncio.ensure_future(feed())
+    try:
+        return await import_online([pipe], target, [_ONE])
+    finally:
+        pipe.close()  # what is left of the body (after a refusal) is read and dropped
+        pipe.end()
+        await feeding
+
+
+async def _after(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for piece in chunks:
+        yield piece
+
+
+async def _receive(request: web.Request, stem: Path, uploads: list[Path]) -> list[str]:
+    """The archives of a `multipart/mixed` body (a part each: a full archive and its
+    increments, oldest first) to files `stem`-N.tar (appended to `uploads` as each is
+    begun: the chain is checked, every manifest, before any is unpacked); their names as
+    the client gave them."""
     names = []
     reader = await request.multipart()
     while (part := await reader.next()) is not None:

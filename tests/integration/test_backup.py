@@ -190,6 +190,10 @@ def test_export_under_load_verify_corrupt_import_and_offline(
 
     again = ctl("import", str(archive), "--url", url(target), ok=False)
     assert again.returncode == 1 and "409 NOT_EMPTY" in again.stderr
+    compressed = tmp_path / "backup.tar.gz"  # uploaded to a file first, then read as one
+    ctl("export", str(compressed), "--url", url(source))
+    again = ctl("import", str(compressed), "--url", url(target), ok=False)
+    assert again.returncode == 1 and "409 NOT_EMPTY" in again.stderr
 
     running = ctl("import", str(archive), "--force", "--data-dir", str(target.data_dir),
                   ok=False)

@@ -30,6 +30,7 @@ from broker.backup.manifest import (
     parse_time,
     unreadable_formats,
 )
+from broker.backup.stream_check import StreamCheck
 
 DATA = {SESSIONS: b"s" * 1000, RETAINED: b"",
         "messages/shard-000/gen-000001/000005.ldb": bytes(range(256)) * 9,
@@ -56,6 +57,9 @@ def archive(gzip: bool = False, data: dict[str, bytes] = DATA,
         writer.add(path, len(content), [content[:100], content[100:]])
     writer.close()
     assert writer.bytes == len(out.getvalue())
+    if not gzip:  # what an HTTP response announces as its Content-Length
+        assert writer.length([(NAME, len(raw)), *((p, len(c)) for p, c in data.items())]) \
+            == writer.bytes
     return out.getvalue()
 
 
@@ -70,9 +74,24 @@ class _Stream:
         return self._file.read(size)
 
 
-@pytest.fixture(params=["file", "stream"])
-def opened(request: pytest.FixtureRequest) -> Callable[[bytes], IO[bytes]]:
-    return io.BytesIO if request.param == "file" else _Stream  # type: ignore[return-value]
+def _pushed(raw: bytes) -> Manifest:
+    """As `broker ctl data export` checks an archive arriving: pushed in pieces of odd
+    sizes, across headers and members."""
+    check = StreamCheck()
+    for at in range(0, len(raw), 333):
+        check.feed(raw[at:at + 333])
+    return check.finish()
+
+
+@pytest.fixture(params=["file", "stream", "pushed"])
+def checked(request: pytest.FixtureRequest) -> Callable[[bytes], Manifest]:
+    """An archive's bytes checked whole (archive.verify of a file or a stream, or
+    StreamCheck): its manifest, or BadArchive."""
+    if request.param == "pushed":
+        return _pushed
+    opened: Callable[[bytes], IO[bytes]] = (
+        io.BytesIO if request.param == "file" else _Stream)  # type: ignore[assignment]
+    return lambda raw: verify(opened(raw))
 
 
 def test_manifest_round_trip() -> None:
@@ -82,41 +101,45 @@ def test_manifest_round_trip() -> None:
 
 
 @pytest.mark.parametrize("gzip", [False, True])
-def test_archive_is_a_tar_that_verifies(
-        gzip: bool, opened: Callable[[bytes], IO[bytes]]) -> None:
+def test_archive_is_a_tar_that_verifies(gzip: bool) -> None:
     raw = archive(gzip)
-    assert verify(opened(raw)) == manifest()
+    assert verify(io.BytesIO(raw)) == verify(_Stream(raw)) == manifest()
+    if not gzip:  # what a node sends, as `broker ctl data export` checks it arriving
+        assert _pushed(raw) == manifest()
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         assert tar.getnames() == [NAME, *DATA]
         assert tar.extractfile(SESSIONS).read() == DATA[SESSIONS]  # type: ignore[union-attr]
 
 
-def test_a_flipped_byte_names_its_member(opened: Callable[[bytes], IO[bytes]]) -> None:
+def test_a_flipped_byte_names_its_member(checked: Callable[[bytes], Manifest]) -> None:
     raw = bytearray(archive())
     with tarfile.open(fileobj=io.BytesIO(bytes(raw))) as tar:
         offset = tar.getmember("messages/shard-000/gen-000001/000005.ldb").offset_data
     raw[offset + 7] ^= 1
     with pytest.raises(BadArchive, match=r"gen-000001/000005\.ldb: checksum mismatch"):
-        verify(opened(bytes(raw)))
+        checked(bytes(raw))
 
 
 def test_cut_short_missing_and_extra_members_are_refused(
-        opened: Callable[[bytes], IO[bytes]]) -> None:
+        checked: Callable[[bytes], Manifest]) -> None:
     raw = archive()
     with pytest.raises(BadArchive, match="cut short"):
-        verify(opened(raw[:len(raw) // 2]))
+        checked(raw[:len(raw) // 2])
     fewer = {k: v for k, v in DATA.items() if k != RETAINED}
     with pytest.raises(BadArchive, match=r"retained\.pairs: listed .* not in the archive"):
-        verify(opened(archive(data=fewer)))
+        checked(archive(data=fewer))
     more = {**DATA, "messages/shard-000/gen-000003.pairs": b"x"}
     with pytest.raises(BadArchive, match=r"gen-000003\.pairs: not listed"):
-        verify(opened(archive(data=more)))
+        checked(archive(data=more))
+    long = {**DATA, "x" * 150: b"x"}  # its name in a PAX header before its own
+    with pytest.raises(BadArchive, match=r"x{150}: not listed"):
+        checked(archive(data=long))
     with pytest.raises(BadArchive, match="first member"):
         out = io.BytesIO()
         writer = TarWriter(out.write)
         writer.add(SESSIONS, 1, [b"x"])
         writer.close()
-        verify(opened(out.getvalue()))
+        checked(out.getvalue())
 
 
 def test_a_member_that_changes_size_while_written_is_refused() -> None:
