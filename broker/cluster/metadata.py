@@ -395,9 +395,7 @@ class MetadataGroup:
         """The next step of a led group towards the cluster's member list (at most
         `voter_cap` voters, the other members learners) and `target`'s voters."""
         members = self._cluster.membership
-        last = core.log.last_index
-        caught_up = {site for site, pr in core.progress.items()
-                     if pr.match + core.catch_up_entries >= last}
+        caught_up = {site for site, pr in core.progress.items() if core.caught_up(pr)}
         change = group_members.next_change(core.log.config, self.me, set(members.running()),
                                            set(members.members), caught_up, voter_cap,
                                            target)

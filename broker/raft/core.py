@@ -380,10 +380,20 @@ class RaftGroup:
         if node not in config.learners:
             raise ConfigChangeRefused(f"{node} is not a learner")
         pr = self.progress[node]
-        if pr.match + self.catch_up_entries < self.log.last_index:
+        if not self.caught_up(pr):
             raise ConfigChangeRefused(
                 f"{node} has not caught up ({pr.match} of {self.log.last_index})")
         return self._change_config(Config(config.voters | {node}, config.learners - {node}))
+
+    def caught_up(self, pr: Progress) -> bool:
+        """A learner close enough to the log's end to vote: within `catch_up_entries`, and
+        holding something (a new one acknowledged nothing yet, however short the log; one
+        that gets a snapshot, as a new shard replica gets its sealed generations as files,
+        holds nothing until it is installed)."""
+        last = self.log.last_index
+        return (pr.state != SNAPSHOT and (pr.match > 0 or last == 0)
+                and pr.match >= self.log.snapshot_index
+                and pr.match + self.catch_up_entries >= last)
 
     def remove(self, node: str) -> int:
         config = self._config_change_allowed()

@@ -142,6 +142,26 @@ def test_a_learner_is_promoted_only_once_caught_up() -> None:
     assert d.log.last_index == leader.log.last_index
 
 
+def test_a_new_learner_is_not_promoted_before_it_holds_anything_however_short_the_log(
+        ) -> None:
+    cluster = Cluster("a", "b", "c")
+    cluster.cores["d"] = RaftGroup(1, "d", random.Random(4))  # joins empty
+    leader = cluster.elect("a")
+    for i in range(5):  # far fewer entries than catch_up_entries
+        leader.propose(b"%d" % i)
+    cluster.settle()
+    cluster.down.add("d")
+    leader.add_learner("d")
+    cluster.settle()
+    with pytest.raises(ConfigChangeRefused, match="caught up"):
+        leader.promote("d")
+    cluster.down.discard("d")
+    for _ in range(3):
+        leader.tick()
+        cluster.settle()
+    leader.promote("d")
+
+
 def test_one_membership_change_at_a_time_and_a_removed_leader_steps_down() -> None:
     cluster = Cluster("a", "b", "c")
     leader = cluster.elect("a")
