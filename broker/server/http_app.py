@@ -24,9 +24,11 @@ async def start(app: "BrokerApp") -> tuple[Callable[[], asyncio.BaseProtocol],
                                            Callable[[], Awaitable[None]]]:
     """The protocol factory of the API's connections, and what stops it."""
     node, config = app.node, app.config
+    routing, takeover = node.cluster_routing, node.takeover
+    assert routing is not None and takeover is not None  # made with the app
     registry = make_registry(node.stats, node.gauges, node.ds, node.alarms.samples,
-                             app.cluster.metrics, node.cluster_routing.metrics,
-                             node.takeover.metrics, node.security.metrics)
+                             app.cluster.metrics, routing.metrics, takeover.metrics,
+                             node.security.metrics)
     if node.group_views is not None:
         registry.add_rendered(node.group_views.exposition)
     web_app = make_app(node, registry)
