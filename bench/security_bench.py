@@ -219,6 +219,7 @@ def connect_round(name: str, launcher: Callable[[Path], brokers.Launch], connect
                   login: Callable[[str, tuple[str, str]], Login] = PasswordLogin) -> Outcome:
     try:
         with brokers.running(name, launcher=launcher) as broker:
+            brokers.wait_started(broker)  # the CONNECT rate of a broker, not of its start-up
             storm = Storm(broker.port, broker.pid, connects, parallel,
                           max(parallel, connects // 10), users, login)
             ctx = multiprocessing.get_context("fork")

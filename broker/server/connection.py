@@ -114,7 +114,7 @@ class Connection:
         self._flush_pending = False
         # Packets waiting for one that is handled over several loop turns (`hold_input`).
         self._held: list[Packet] | None = None
-        self._loop = asyncio.get_running_loop()
+        self._loop = output.loop
         self._last_rx = self._loop.time()
         # The listener's `messages_rate` / `bytes_rate` buckets (None: no limit, and no
         # cost but one attribute check per read), and the timer that ends a throttling.
@@ -123,7 +123,7 @@ class Connection:
         # Unsent output passed `force_shutdown.max_heap_size` (the transport said so).
         self._backlogged = False
         # The wheel's slot of this connection's deadline: CONNECT in time, then keep-alive.
-        self._due: int | None = wheel().add(self, config["mqtt.idle_timeout"])
+        self._due: int | None = wheel(self._loop).add(self, config["mqtt.idle_timeout"])
         node.connections.add(self)
         self.stats.connections_total += 1
 
@@ -186,6 +186,7 @@ class Connection:
                     return
                 if self._held is not None:
                     self._held.append(packet)
+                    self.pause_input(PAUSE_HOLD)
                     continue
                 # Connected: straight to the handler (a call less per packet on the hot
                 # path); otherwise, or for a type with no handler, `_dispatch` decides.
@@ -205,10 +206,11 @@ class Connection:
 
     def hold_input(self, until: "asyncio.Task[None]") -> None:
         """The packet being handled finishes in later loop turns (a large SUBSCRIBE is
-        applied in slices): the client's next packets wait for it, in order, and reading
-        pauses meanwhile; a failure of `until` ends the connection as a handler's would."""
+        applied in slices, a password is checked): the client's next packets wait for it,
+        in order, and reading pauses once one arrives (most clients send nothing before
+        their CONNACK: a pause and a resume would cost them two epoll changes); a failure
+        of `until` ends the connection as a handler's would."""
         self._held = []
-        self.pause_input(PAUSE_HOLD)
         until.add_done_callback(self._release_held)
 
     def _release_held(self, until: "asyncio.Task[None]") -> None:
@@ -426,7 +428,7 @@ class Connection:
         self.keepalive = keepalive
         self._cancel_timer()
         if keepalive:
-            self._due = wheel().add(self, self._keepalive_limit())
+            self._due = wheel(self._loop).add(self, self._keepalive_limit())
 
     def _keepalive_limit(self) -> float:
         return self.keepalive * self.node.config["mqtt.keepalive_multiplier"]
@@ -446,9 +448,9 @@ class Connection:
         limit = self._keepalive_limit()
         idle = self._loop.time() - self._last_rx
         if idle < limit:
-            self._due = wheel().add(self, limit - idle)
+            self._due = wheel(self._loop).add(self, limit - idle)
         elif self._paused:  # we are the ones not reading: not the client's silence
-            self._due = wheel().add(self, limit)
+            self._due = wheel(self._loop).add(self, limit)
         else:
             self.fail(MQTTError("keepalive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT))
 
@@ -511,7 +513,7 @@ class Connection:
 
     def _cancel_timer(self) -> None:
         if self._due is not None:
-            wheel().discard(self, self._due)
+            wheel(self._loop).discard(self, self._due)
             self._due = None
 
     def _cancel_timers(self) -> None:

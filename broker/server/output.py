@@ -17,22 +17,27 @@ class Flushable(Protocol):
 
 
 class OutputBatch:
-    __slots__ = ("_dirty", "_loop", "_scheduled")
+    __slots__ = ("_dirty", "_scheduled", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop  # the one its connections run on
         self._dirty: list[Flushable] = []
-        self._scheduled = False
+        self._scheduled = False  # a `_flush_later` is coming
 
     def add(self, connection: Flushable) -> None:
-        """The connection has output; it is flushed at the end of the current read."""
+        """The connection has output; it is flushed at the end of the current read, or by
+        the next loop turn when no read is under way. One callback for a turn's reads, not
+        one per read: a read's own `flush` leaves the callback scheduled."""
         self._dirty.append(connection)
         if not self._scheduled:
             self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self.loop.call_soon(self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._scheduled = False
+        self.flush()
 
     def flush(self) -> None:
-        self._scheduled = False
         dirty = self._dirty
         if dirty:
             self._dirty = []

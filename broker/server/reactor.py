@@ -17,10 +17,13 @@ unchanged. TLS listeners keep asyncio's transports.
 
 import asyncio
 import errno
+import fcntl
 import logging
 import os
 import select
 import socket
+import struct
+import termios
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -31,15 +34,16 @@ _WRITE: Final = select.EPOLLOUT
 _MAX_READ: Final = 256 * 1024  # asyncio's max_size for one recv
 _HIGH_WATER: Final = 64 * 1024  # asyncio's default write buffer limits
 _ACCEPT_ERRORS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_NONBLOCKING: Final = struct.pack("i", 1)  # FIONBIO's argument
 
 
 class Reactor:
     """One epoll for the connections of one listener, watched by the event loop."""
 
-    __slots__ = ("_epoll", "_loop", "_retired", "transports")
+    __slots__ = ("_epoll", "_retired", "loop", "transports")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self._epoll = select.epoll()
         self._retired = False
         self.transports: dict[int, StreamTransport] = {}
@@ -66,7 +70,7 @@ class Reactor:
 
     def _close(self) -> None:
         if not self._epoll.closed:
-            self._loop.remove_reader(self._epoll.fileno())
+            self.loop.remove_reader(self._epoll.fileno())
             self._epoll.close()
 
     def _poll(self) -> None:
@@ -264,29 +268,30 @@ class StreamTransport(asyncio.Transport):
             self._protocol_paused = False
             self._protocol.resume_writing()
 
-    def _fatal(self, exc: BaseException) -> None:
+    def _fatal(self, exc: Exception) -> None:
         """The socket failed (reset, broken pipe): closed now, the protocol told soon."""
         self._closing = True
         self._buffer = None
         self._lose(exc)
 
-    def _lose(self, exc: BaseException | None) -> None:
+    def _lose(self, exc: Exception | None) -> None:
+        """No more events: out of the epoll now (its descriptor stays open, so no new
+        connection can take its number meanwhile), the protocol told on the next turn."""
         if self._lost:
             return
         self._lost = True
-        self._reactor.watch(self._fd, 0)
-        asyncio.get_running_loop().call_soon(self._connection_lost, exc)
+        reactor = self._reactor
+        reactor.remove(self._fd)
+        reactor.loop.call_soon(self._connection_lost, exc)
 
-    def _connection_lost(self, exc: BaseException | None) -> None:
-        reactor, fd = self._reactor, self._fd
-        reactor.remove(fd)
+    def _connection_lost(self, exc: Exception | None) -> None:
         try:
             self._protocol.connection_lost(exc)
         finally:
             if self._sock is not None:
                 self._sock.close()
             else:
-                os.close(fd)
+                os.close(self._fd)
             self._sock = None
 
 
@@ -305,9 +310,13 @@ class Server:
             loop.add_reader(sock.fileno(), self._accept, sock)
 
     def _accept(self, listener: socket.socket) -> None:
+        # The descriptor alone (`_accept`, what `accept` wraps): a socket object would cost
+        # a getsockname to check the descriptor, two enum conversions and a detach, per
+        # connection. TCP_NODELAY comes from the listener (`create_server`).
+        accept = listener._accept  # type: ignore[attr-defined]
         for _ in range(self._backlog):
             try:
-                conn, _ = listener.accept()
+                fd, _ = accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
@@ -318,10 +327,7 @@ class Server:
                 self._loop.remove_reader(listener.fileno())
                 self._loop.call_later(1.0, self._resume_accepting, listener)
                 return
-            conn.setblocking(False)
-            if conn.family != socket.AF_UNIX:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            fd = conn.detach()
+            fcntl.ioctl(fd, termios.FIONBIO, _NONBLOCKING)  # one call; os.set_blocking makes two
             protocol = self._factory()
             transport = StreamTransport(self.reactor, fd, protocol)
             self.reactor.add(fd, transport)
@@ -365,6 +371,8 @@ async def create_server(
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:  # as asyncio: IPv4 gets its own socket
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            # Linux copies it to every socket accepted from this one (`Server._accept`).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.bind(address)
             sock.listen(backlog)
             sock.setblocking(False)

@@ -69,12 +69,20 @@ class Wheel:
 
 _WHEELS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Wheel]" = (
     weakref.WeakKeyDictionary())
+_last: Wheel | None = None  # the one found last: a node runs one loop
 
 
-def wheel() -> Wheel:
-    """The running loop's wheel."""
-    loop = asyncio.get_running_loop()
+def wheel(loop: asyncio.AbstractEventLoop | None = None) -> Wheel:
+    """The wheel of `loop`, by default the running one's (asking costs a getpid: a
+    connection, which knows its loop, passes it, three times per connection)."""
+    global _last
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    last = _last
+    if last is not None and last._loop is loop:
+        return last
     found = _WHEELS.get(loop)
     if found is None:
         found = _WHEELS[loop] = Wheel(loop)
+    _last = found
     return found
