@@ -9,10 +9,12 @@ import contextlib
 import gc
 import logging
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from broker import COMPILED_MODULES
 from broker.alarms import DISK_FULL, Alarm
@@ -140,7 +142,7 @@ class BrokerApp:
             # after it come through `durable_state_applied`.
             node.durable_state_applied(node.ds.sessions.raw_items(), True)
         output = OutputBatch(loop)
-        listeners = [
+        listeners: list[tuple[str, Any, Callable[[], asyncio.Protocol], ssl.SSLContext | None]] = [
             ("tcp", config["listeners.tcp.default.bind"],
              partial(MQTTStreamProtocol, node, output, _gate(config, "tcp"),
                      ClientRates.from_config(config, "tcp")), None),
