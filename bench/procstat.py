@@ -19,16 +19,42 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise RuntimeError(f"no {field} for pid {pid}")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time consumed so far by the process (all its threads)."""
+def _stat(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat from field 3 (state) on; None once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             raw = stat.read()
-    except FileNotFoundError:
-        return 0.0
+    except (FileNotFoundError, ProcessLookupError):
+        return None
     # The command name (field 2) may contain spaces: split after its closing parenthesis.
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time consumed so far by the process (all its threads)."""
+    fields = _stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of the process and every descendant, those that exited and
+    were waited for included (each process's cutime and cstime): a Spark session's JVM,
+    its Python workers and the short-lived processes it starts per query. By parent pid
+    from every /proc entry, because a JVM starts processes from any of its threads (and
+    `children` lists only the main thread's)."""
+    by_parent: dict[int, list[tuple[int, list[str]]]] = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None:
+            by_parent.setdefault(int(fields[1]), []).append((int(entry), fields))
+    own = _stat(pid)
+    total = 0 if own is None else sum(int(v) for v in own[11:15])
+    pending = [pid]
+    while pending:
+        for child, fields in by_parent.get(pending.pop(), []):
+            total += sum(int(v) for v in fields[11:15])
+            pending.append(child)
+    return total / _TICKS
 
 
 def machine_busy_seconds() -> float:

@@ -22,6 +22,10 @@ sealed slabs instead: `stats.py` and `export.py` with and without `--stream --ch
 one Trigger.AvailableNow micro-batch), alternately, in one warm local[2] session; the
 ratio is the streaming run's messages/s over the batch run's (median of --repeat each),
 and the marginal ratio leaves out each mode's fixed cost per run (its run over one message).
+The CPU seconds of each run over the N (the session's JVM, its Python workers and the
+processes a streaming query starts) are reported too, with their ratio (batch over
+streaming: messages per CPU second, per core, of the streaming run over the batch run's),
+since the machine is shared and CPU time moves less with other load than wall time.
 Results go to bench/spark_stream_results.json.
 """
 
@@ -41,6 +45,7 @@ from typing import Any
 import plyvel
 from pyspark.sql import SparkSession
 
+from bench import procstat
 from broker.ds import TTV, DurableStorage, Settings, keys
 from broker.ds.manifest import read_manifest
 from broker.ds.storage import MESSAGES
@@ -90,6 +95,14 @@ def timed(job: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def timed_cpu(job: Callable[[], object]) -> tuple[float, float]:
+    """Seconds and CPU seconds of this process's tree (the JVM, its Python workers, the
+    processes a query starts): the CPU moves less with other load than the seconds do."""
+    cpu = procstat.tree_cpu_seconds(os.getpid())
+    seconds = timed(job)
+    return seconds, procstat.tree_cpu_seconds(os.getpid()) - cpu
+
+
 def median_of(repeat: int, job: Callable[[], object]) -> float:
     return statistics.median(timed(job) for _ in range(repeat))
 
@@ -115,11 +128,15 @@ def stream_vs_batch(work: Path, big: Path, tiny: Path, messages: int,
         stream(job, tiny)
         times: dict[str, list[float]] = {"batch": [], "stream": [], "batch_tiny": [],
                                          "stream_tiny": []}
+        cpu: dict[str, list[float]] = {"batch": [], "stream": []}
         for _ in range(repeat):
             for mode, run in (("batch", batch), ("stream", stream)):
-                times[mode].append(timed(lambda job=job, run=run: run(job, big)))
+                seconds, cpu_s = timed_cpu(lambda job=job, run=run: run(job, big))
+                times[mode].append(seconds)
+                cpu[mode].append(cpu_s)
                 times[f"{mode}_tiny"].append(timed(lambda job=job, run=run: run(job, tiny)))
         m = {mode: statistics.median(values) for mode, values in times.items()}
+        c = {mode: statistics.median(values) for mode, values in cpu.items()}
         per = {mode: messages / max(m[mode] - m[f"{mode}_tiny"], 1e-3)
                for mode in ("batch", "stream")}
         results[name] = {
@@ -129,6 +146,8 @@ def stream_vs_batch(work: Path, big: Path, tiny: Path, messages: int,
             "batch_msgs_per_s": round(messages / m["batch"]),
             "stream_msgs_per_s": round(messages / m["stream"]),
             "stream_to_batch": round(m["batch"] / m["stream"], 2),
+            "batch_cpu_s": round(c["batch"], 2), "stream_cpu_s": round(c["stream"], 2),
+            "cpu_stream_to_batch": round(c["batch"] / c["stream"], 2),
             "marginal_stream_to_batch": round(per["stream"] / per["batch"], 2)}
     results["load_after"] = round(os.getloadavg()[0], 2)
     return results

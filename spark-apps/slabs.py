@@ -27,7 +27,6 @@ from typing import Any
 
 import plyvel
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import ttvarrow
 from broker.ds import keys
@@ -333,7 +332,7 @@ def batches(
             if accept is not None:
                 keep = _matching(columns[_TOPIC.name], accept)
                 columns = {name: column.filter(keep) for name, column in columns.items()}
-                n = pc.sum(keep).as_py() or 0
+                n = len(columns[_TOPIC.name])
             if n:
                 yield pa.RecordBatch.from_arrays([
                     columns[f.name] if f.name in columns
