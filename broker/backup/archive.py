@@ -13,7 +13,8 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Final, Protocol
+from contextlib import AbstractContextManager
+from typing import IO, Final, Literal, Protocol
 
 from broker.backup.manifest import NAME, BadManifest, Manifest, parse
 
@@ -25,10 +26,23 @@ Sink = Callable[[bytes], None]
 Expected = tuple[int, str]  # a member's size and SHA-256 hex, as the manifest lists them
 
 
-class Opens(Protocol):
-    """An archive to read from its start: a file's Path, or an upload arriving (pipe.py)."""
+class ArchiveFile(Protocol):
+    """An archive open for reading: a file, an HTTP response, or an upload arriving
+    (pipe.py's reader, which is no IO[bytes]). What tarfile asks of its file object;
+    it never writes to one opened for reading, but wants `write` to exist."""
 
-    def open(self, mode: str = "rb") -> IO[bytes]: ...
+    def read(self, size: int, /) -> bytes: ...
+    def write(self, data: bytes, /) -> object: ...
+    def tell(self) -> int: ...
+    def seek(self, offset: int, /) -> object: ...
+    def close(self) -> object: ...
+
+
+class Opens(Protocol):
+    """An archive to read from its start: a file's Path, or an upload arriving (pipe.py).
+    `mode` is "rb" alone: Path.open without it opens text."""
+
+    def open(self, mode: Literal["rb"]) -> AbstractContextManager[ArchiveFile]: ...
 
 
 class BadArchive(ValueError):
@@ -163,7 +177,7 @@ class _Member:
                              f" {error}") from None
 
 
-def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+def members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
     its file object, to read before the next). Members are not checked here.
 
@@ -171,7 +185,7 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
     (an HTTP response) as a stream (`r|`: tarfile copies what its buffer holds on every read,
     cheap only for reads of CHUNK, which is all a stream's reader does)."""
     seekable = getattr(file, "seekable", None)
-    mode = "r:*" if seekable is not None and seekable() else "r|*"
+    mode: Literal["r:*", "r|*"] = "r:*" if seekable is not None and seekable() else "r|*"
     try:
         with tarfile.open(fileobj=file, mode=mode, bufsize=CHUNK) as tar:
             first = tar.next()
@@ -240,7 +254,7 @@ class _Hashing:
         return self._sha.hexdigest()
 
 
-def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     """`members`, each checked once the caller moves past it (what it did not read is read
     to the end first): raises BadArchive naming the first member that is not of its listed
     size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
@@ -249,7 +263,7 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
         yield from _checked(file, hasher)
 
 
-def _checked(file: IO[bytes], hasher: ThreadPoolExecutor,
+def _checked(file: ArchiveFile, hasher: ThreadPoolExecutor,
              ) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
     manifest: Manifest | None = None
     expected: dict[str, Expected] = {}
@@ -273,7 +287,7 @@ def _checked(file: IO[bytes], hasher: ThreadPoolExecutor,
         raise missing(expected)
 
 
-def verify(file: IO[bytes]) -> Manifest:
+def verify(file: ArchiveFile) -> Manifest:
     """Reads the whole archive, checking every member (`checked_members`)."""
     manifest = None
     for found, _, _ in checked_members(file):
@@ -282,7 +296,7 @@ def verify(file: IO[bytes]) -> Manifest:
     return manifest
 
 
-def read_manifest(file: IO[bytes]) -> Manifest:
+def read_manifest(file: ArchiveFile) -> Manifest:
     """The manifest alone (the first member): what an archive holds, unchecked."""
     for manifest, _, _ in members(file):
         return manifest
