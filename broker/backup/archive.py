@@ -38,6 +38,12 @@ class ArchiveFile(Protocol):
     def close(self) -> object: ...
 
 
+class Member(Protocol):
+    """A member being read from an archive (its reads check or hash it on the way)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class Opens(Protocol):
     """An archive to read from its start: a file's Path, or an upload arriving (pipe.py).
     `mode` is "rb" alone: Path.open without it opens text."""
@@ -65,7 +71,7 @@ def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
         yield b"".join(parts)
 
 
-def decode_pairs(file: IO[bytes], where: str) -> Iterator[tuple[bytes, bytes]]:
+def decode_pairs(file: Member, where: str) -> Iterator[tuple[bytes, bytes]]:
     """The pairs of `encode_pairs`, the member read CHUNK at a time (two reads a pair would
     be two calls through the tar reader's layers, and a stream's copies its buffer on each)."""
     buffer, at = b"", 0
@@ -153,7 +159,7 @@ def digest(chunks: Iterable[bytes]) -> tuple[int, str]:
 
 
 # ---- reading ------------------------------------------------------------------------------
-def _chunks(file: IO[bytes]) -> Iterator[bytes]:
+def _chunks(file: Member) -> Iterator[bytes]:
     while chunk := file.read(CHUNK):
         yield chunk
 
@@ -177,7 +183,7 @@ class _Member:
                              f" {error}") from None
 
 
-def members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+def members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
     """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
     its file object, to read before the next). Members are not checked here.
 
@@ -205,7 +211,7 @@ def members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, IO[bytes] | None
                     raise BadArchive(f"{info.name}: not a regular file")
                 handle = tar.extractfile(info)
                 assert handle is not None
-                yield manifest, info.name, _Member(handle, info.name)  # type: ignore[misc]
+                yield manifest, info.name, _Member(handle, info.name)
     except _DAMAGED as error:
         raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
 
@@ -233,7 +239,7 @@ class _Hashing:
     while the reader deals with the chunk (writes it, or builds a database from it: hashlib
     and LevelDB let go of the GIL), a chunk behind at most."""
 
-    def __init__(self, handle: IO[bytes], hasher: ThreadPoolExecutor) -> None:
+    def __init__(self, handle: Member, hasher: ThreadPoolExecutor) -> None:
         self._handle = handle
         self._hasher = hasher
         self._sha = hashlib.sha256()
@@ -254,7 +260,7 @@ class _Hashing:
         return self._sha.hexdigest()
 
 
-def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
     """`members`, each checked once the caller moves past it (what it did not read is read
     to the end first): raises BadArchive naming the first member that is not of its listed
     size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
@@ -264,7 +270,7 @@ def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, IO[bytes
 
 
 def _checked(file: ArchiveFile, hasher: ThreadPoolExecutor,
-             ) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+             ) -> Iterator[tuple[Manifest, str, Member | None]]:
     manifest: Manifest | None = None
     expected: dict[str, Expected] = {}
     for found, path, handle in members(file):
@@ -277,7 +283,7 @@ def _checked(file: ArchiveFile, hasher: ThreadPoolExecutor,
         if want is None:
             raise unlisted(path)
         hashing = _Hashing(handle, hasher)
-        yield found, path, hashing  # type: ignore[misc]
+        yield found, path, hashing
         while hashing.read(CHUNK):
             pass
         check_member(path, hashing.size, hashing.hexdigest(), want)
@@ -303,6 +309,6 @@ def read_manifest(file: ArchiveFile) -> Manifest:
     raise BadArchive(f"empty archive: no {NAME}")
 
 
-def copy_chunks(file: IO[bytes]) -> Iterator[bytes]:
+def copy_chunks(file: Member) -> Iterator[bytes]:
     """A member's content in chunks (for a caller writing it to a file)."""
     return _chunks(file)
