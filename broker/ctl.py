@@ -214,7 +214,7 @@ def ds_command(args: argparse.Namespace) -> int:
     # second to import, which every other `broker ctl` command (an export) would wait for.
     import asyncio
 
-    import plyvel
+    import plyvel  # type: ignore[import-untyped]
 
     from broker.format_check import FormatRefused
 

@@ -174,11 +174,11 @@ def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, int]:
                            {**args.auth_headers(args), "Content-Type": kind,
                             "Content-Length": str(length)})
         response = connection.getresponse()
-        body = response.read()
+        answer = response.read()
         if response.status != 200:
             raise urllib.error.HTTPError(args.url, response.status, response.reason,
-                                         response.headers, io.BytesIO(body))
-        return json.loads(body)["restored"]  # type: ignore[no-any-return]
+                                         response.headers, io.BytesIO(answer))
+        return json.loads(answer)["restored"]  # type: ignore[no-any-return]
     finally:
         connection.close()
 

@@ -13,7 +13,8 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Final, Protocol
+from contextlib import AbstractContextManager
+from typing import IO, Final, Literal, Protocol
 
 from broker.backup.manifest import NAME, BadManifest, Manifest, parse
 
@@ -25,10 +26,29 @@ Sink = Callable[[bytes], None]
 Expected = tuple[int, str]  # a member's size and SHA-256 hex, as the manifest lists them
 
 
-class Opens(Protocol):
-    """An archive to read from its start: a file's Path, or an upload arriving (pipe.py)."""
+class ArchiveFile(Protocol):
+    """An archive open for reading: a file, an HTTP response, or an upload arriving
+    (pipe.py's reader, which is no IO[bytes]). What tarfile asks of its file object;
+    it never writes to one opened for reading, but wants `write` to exist."""
 
-    def open(self, mode: str = "rb") -> IO[bytes]: ...
+    def read(self, size: int, /) -> bytes: ...
+    def write(self, data: bytes, /) -> object: ...
+    def tell(self) -> int: ...
+    def seek(self, offset: int, /) -> object: ...
+    def close(self) -> object: ...
+
+
+class Member(Protocol):
+    """A member being read from an archive (its reads check or hash it on the way)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+class Opens(Protocol):
+    """An archive to read from its start: a file's Path, or an upload arriving (pipe.py).
+    `mode` is "rb" alone: Path.open without it opens text."""
+
+    def open(self, mode: Literal["rb"]) -> AbstractContextManager[ArchiveFile]: ...
 
 
 class BadArchive(ValueError):
@@ -51,7 +71,7 @@ def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
         yield b"".join(parts)
 
 
-def decode_pairs(file: IO[bytes], where: str) -> Iterator[tuple[bytes, bytes]]:
+def decode_pairs(file: Member, where: str) -> Iterator[tuple[bytes, bytes]]:
     """The pairs of `encode_pairs`, the member read CHUNK at a time (two reads a pair would
     be two calls through the tar reader's layers, and a stream's copies its buffer on each)."""
     buffer, at = b"", 0
@@ -139,7 +159,7 @@ def digest(chunks: Iterable[bytes]) -> tuple[int, str]:
 
 
 # ---- reading ------------------------------------------------------------------------------
-def _chunks(file: IO[bytes]) -> Iterator[bytes]:
+def _chunks(file: Member) -> Iterator[bytes]:
     while chunk := file.read(CHUNK):
         yield chunk
 
@@ -163,7 +183,7 @@ class _Member:
                              f" {error}") from None
 
 
-def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+def members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
     """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
     its file object, to read before the next). Members are not checked here.
 
@@ -171,7 +191,7 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
     (an HTTP response) as a stream (`r|`: tarfile copies what its buffer holds on every read,
     cheap only for reads of CHUNK, which is all a stream's reader does)."""
     seekable = getattr(file, "seekable", None)
-    mode = "r:*" if seekable is not None and seekable() else "r|*"
+    mode: Literal["r:*", "r|*"] = "r:*" if seekable is not None and seekable() else "r|*"
     try:
         with tarfile.open(fileobj=file, mode=mode, bufsize=CHUNK) as tar:
             first = tar.next()
@@ -191,7 +211,7 @@ def members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]
                     raise BadArchive(f"{info.name}: not a regular file")
                 handle = tar.extractfile(info)
                 assert handle is not None
-                yield manifest, info.name, _Member(handle, info.name)  # type: ignore[misc]
+                yield manifest, info.name, _Member(handle, info.name)
     except _DAMAGED as error:
         raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
 
@@ -219,7 +239,7 @@ class _Hashing:
     while the reader deals with the chunk (writes it, or builds a database from it: hashlib
     and LevelDB let go of the GIL), a chunk behind at most."""
 
-    def __init__(self, handle: IO[bytes], hasher: ThreadPoolExecutor) -> None:
+    def __init__(self, handle: Member, hasher: ThreadPoolExecutor) -> None:
         self._handle = handle
         self._hasher = hasher
         self._sha = hashlib.sha256()
@@ -240,7 +260,7 @@ class _Hashing:
         return self._sha.hexdigest()
 
 
-def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
     """`members`, each checked once the caller moves past it (what it did not read is read
     to the end first): raises BadArchive naming the first member that is not of its listed
     size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
@@ -249,8 +269,8 @@ def checked_members(file: IO[bytes]) -> Iterator[tuple[Manifest, str, IO[bytes] 
         yield from _checked(file, hasher)
 
 
-def _checked(file: IO[bytes], hasher: ThreadPoolExecutor,
-             ) -> Iterator[tuple[Manifest, str, IO[bytes] | None]]:
+def _checked(file: ArchiveFile, hasher: ThreadPoolExecutor,
+             ) -> Iterator[tuple[Manifest, str, Member | None]]:
     manifest: Manifest | None = None
     expected: dict[str, Expected] = {}
     for found, path, handle in members(file):
@@ -263,7 +283,7 @@ def _checked(file: IO[bytes], hasher: ThreadPoolExecutor,
         if want is None:
             raise unlisted(path)
         hashing = _Hashing(handle, hasher)
-        yield found, path, hashing  # type: ignore[misc]
+        yield found, path, hashing
         while hashing.read(CHUNK):
             pass
         check_member(path, hashing.size, hashing.hexdigest(), want)
@@ -273,7 +293,7 @@ def _checked(file: IO[bytes], hasher: ThreadPoolExecutor,
         raise missing(expected)
 
 
-def verify(file: IO[bytes]) -> Manifest:
+def verify(file: ArchiveFile) -> Manifest:
     """Reads the whole archive, checking every member (`checked_members`)."""
     manifest = None
     for found, _, _ in checked_members(file):
@@ -282,13 +302,13 @@ def verify(file: IO[bytes]) -> Manifest:
     return manifest
 
 
-def read_manifest(file: IO[bytes]) -> Manifest:
+def read_manifest(file: ArchiveFile) -> Manifest:
     """The manifest alone (the first member): what an archive holds, unchecked."""
     for manifest, _, _ in members(file):
         return manifest
     raise BadArchive(f"empty archive: no {NAME}")
 
 
-def copy_chunks(file: IO[bytes]) -> Iterator[bytes]:
+def copy_chunks(file: Member) -> Iterator[bytes]:
     """A member's content in chunks (for a caller writing it to a file)."""
     return _chunks(file)

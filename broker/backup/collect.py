@@ -16,6 +16,7 @@ chains and serials), sessions' per-node heartbeats, the retained `$SYS` topics (
 own), and `ds/reserve.bin`.
 """
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ _SYS: Final = b"$SYS/"
 _LEVELDB_OWN: Final = frozenset({"LOCK", "LOG", "LOG.old"})  # per process: never copied
 _TABLE_SUFFIXES: Final = (".ldb", ".sst")  # immutable once written
 SESSIONS_GROUP: Final = 1  # broker/cluster/ds_groups.py's (this package imports no cluster)
+# A sealed generation read as its files: (member directory, slab, acquire, release).
+Sealed = tuple[str, Slab, Callable[[Slab], None], Callable[[Slab], None]]
 
 
 class Replicated(Protocol):
@@ -71,8 +74,7 @@ class Cut:
     sources: list[Source]
     cluster: dict[str, Any]
     # Sealed generations to expand into file sources on the thread: (member dir, slab, pin).
-    sealed: list[tuple[str, Slab, Callable[[Slab], None], Callable[[Slab], None]]] = \
-        field(default_factory=list)
+    sealed: list[Sealed] = field(default_factory=list)
     _release: list[Callable[[], None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -107,7 +109,7 @@ def _slab_files(directory: str, path: Path) -> list[Source]:
                                   (str(file), stat.st_size, stat.st_mtime_ns)))
         else:  # CURRENT, MANIFEST-*, *.log, manifest.json: small, and a reopen replaces them
             data = file.read_bytes()
-            sources.append(Source(member, lambda data=data: iter((data,))))
+            sources.append(Source(member, functools.partial(iter, (data,))))
     return sources
 
 
@@ -154,7 +156,7 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
     sources: list[Source] = []
     generations: list[Generation] = []
     release: list[Callable[[], None]] = []
-    sealed = []
+    sealed: list[Sealed] = []
     messages = ds.messages
     open_slabs = messages.open_slabs
     try:
@@ -178,7 +180,7 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
                     continue
                 open_slabs.acquire(slab)  # current, or its seal under way: open and pinned
                 view = slab.db.snapshot()
-                release.append(_closer(view, lambda slab=slab: open_slabs.release(slab)))
+                release.append(_closer(view, functools.partial(open_slabs.release, slab)))
                 sources.append(Source(entry.path + ".pairs",
                                       _pairs_reader(view, _keep_slab_key)))
         sessions_view = ds.sessions.view()

@@ -67,11 +67,11 @@ class StreamCheck:
                     self._head.clear()
 
     def finish(self) -> Manifest:
-        if self._ended and self.manifest is None:
-            raise BadArchive(f"empty archive: no {NAME}")
         if not self._ended:
             where = f" in {self._path}" if self._left or self._skip else ""
             raise BadArchive(f"the archive is cut short{where}: no end of archive")
+        if self.manifest is None:
+            raise BadArchive(f"empty archive: no {NAME}")
         if self._expected:
             raise missing(self._expected)
         return self.manifest

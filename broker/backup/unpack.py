@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
 from broker.backup.archive import (
     BadArchive,
+    Member,
     Opens,
     checked_members,
     copy_chunks,
@@ -54,7 +55,7 @@ def own_meta(key: bytes, value: bytes, now: float) -> bytes:
                    disconnected_at=now).to_bytes()
 
 
-def _build_db(path: Path, pairs: IO[bytes], where: str, settle: Callable[[Any], None],
+def _build_db(path: Path, pairs: Member, where: str, settle: Callable[[Any], None],
               compression: Compression = None, sessions: bool = False) -> int:
     """Blocking: a new LevelDB at `path` holding the member's pairs; their count. Its
     memtable (all of it, with the large buffer) is still to be written out as a table:
