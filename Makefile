@@ -59,6 +59,7 @@ run: install
 
 lint: install
 	$(VENV)/bin/ruff check broker tests bench operator spark-apps tools fuzz
+	$(VENV)/bin/mypy broker
 
 # A real kube-apiserver + controller-manager (built once from Debian's sources, ~7 min, then
 # cached in $(K8S_TESTBED)), plus helm and kubectl, for tests/k8s.
