@@ -58,5 +58,7 @@ class PeersApplied:
         group, index = int(params["group"]), int(params["index"])
         if int(params["epoch"]) != self._metadata.epoch_of(group):
             raise RpcError("another incarnation of the cluster's groups")
+        if self._metadata.core(group) is None:  # joining: it stores nothing yet either
+            raise RpcError(f"not a member of group {group}")
         wait = min(float(params["wait"]), self.bound)
         return await self._metadata.until_applied(group, index, wait)
