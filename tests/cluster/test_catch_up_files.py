@@ -44,6 +44,11 @@ def applied_everything(nodes: list[Node]) -> bool:
                for group, index in commits.items())
 
 
+def votes_everywhere(node: Node) -> bool:
+    raft = http_json(node.http, "/api/v5/raft")
+    return all(raft["site"] in group["voters"] for group in raft["groups"])
+
+
 def installs(node: Node) -> list[tuple[int, int, int]]:
     """(shipped, kept, fetched again) of each shard snapshot the node installed."""
     found = []
@@ -92,6 +97,9 @@ def test_a_new_replica_gets_sealed_generations_as_files_and_resumes_after_kill_9
     assert fetched_again == 1
     assert staged(lost) == []
     wait_until(lambda: applied_everything(nodes), 60, "the new replica caught up")
+    # Promoted once it holds the shard, not before: then the groups have a majority
+    # without the node killed next.
+    wait_until(lambda: votes_everywhere(lost), 30, "the new replica a voter of every group")
 
     # Its replica serves the session: the node that held it dies, it resumes on the new one.
     nodes[0].process.kill()
