@@ -14,13 +14,11 @@ Asked over the RPC channel; a node of 0.1.0 knows no such method and answers at 
 an error, which counts as not waiting for it.
 """
 
-import asyncio
 import logging
 from typing import Any, Final
 
 from broker.cluster.metadata import MetadataGroup
 from broker.cluster.rpc import Rpc, RpcError
-from broker.cluster.service import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +27,7 @@ _MARGIN: Final = 0.5  # the answer's way back, beyond the peer's own wait
 
 
 class PeersApplied:
-    def __init__(self, cluster: Cluster, rpc: Rpc, metadata: MetadataGroup,
-                 bound: float) -> None:
-        self._cluster = cluster
+    def __init__(self, rpc: Rpc, metadata: MetadataGroup, bound: float) -> None:
         self._rpc = rpc
         self._metadata = metadata
         self.bound = bound
@@ -40,15 +36,10 @@ class PeersApplied:
     async def everywhere(self, group: int, index: int) -> None:
         """Returns once every node with a link has applied `index` of `group`, or after
         the bound; never raises (a peer that did not confirm is logged)."""
-        sites = self._cluster.peers()
-        if not sites:
-            return
         params = {"epoch": self._metadata.epoch_of(group), "group": group, "index": index,
                   "wait": self.bound}
-        answers = await asyncio.gather(
-            *(self._rpc.call(site, METHOD, params, self.bound + _MARGIN) for site in sites),
-            return_exceptions=True)
-        behind = [site for site, answer in zip(sites, answers, strict=True)
+        answers = await self._rpc.multicall(METHOD, params, self.bound + _MARGIN)
+        behind = [site for site, answer in answers.items()
                   if not isinstance(answer, int) or answer < index]
         if behind:
             log.info("group %d: index %d not applied on %s within %g s", group, index,

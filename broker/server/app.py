@@ -93,7 +93,7 @@ class BrokerApp:
                                          partial(self.versions.allows, versions.DURABLE_GROUPS),
                                          partial(self.versions.until, versions.DURABLE_GROUPS),
                                          partial(self.ds_groups.sessions_seen, PeersApplied(
-                                             self.cluster, self.rpc, self.metadata,
+                                             self.rpc, self.metadata,
                                              config["durable_storage.raft.election_timeout"])))
             self.node.takeover.replicated = self.ds_groups
             self.versions.on_rise = self._versions_rose
