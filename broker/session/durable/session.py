@@ -15,21 +15,22 @@ PUBREC it had, and reads on from the recorded position. Nothing is held in memor
 the client is offline.
 
 Streams of one shard are read generation by generation, so messages of a topic arrive in
-the order they were stored.
+the order they were stored. A batch record is read back in batches.py; the session's part as
+a member of durable shared-subscription groups is group_member.py.
 """
 
 import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
-from functools import partial
 
 from broker.ds import TTV, Iterator, Stream, now_us
 from broker.mqtt.constants import ReasonCode
 from broker.mqtt.errors import MQTTError
 from broker.mqtt.topic import parse_shared
-from broker.session.durable import group_records as g
+from broker.session.durable import group_member as member
 from broker.session.durable import records as r
+from broker.session.durable.batches import Pending, completion_writes, offset_in, read_window
 from broker.session.durable.context import DurableContext, message_from_ttv
 from broker.session.durable.store import SessionStore, StoredSession, Write
 from broker.session.durable.turn import run_in_slices
@@ -38,27 +39,9 @@ from broker.session.session import Delivery, Session, SubscriptionOptions
 log = logging.getLogger(__name__)
 
 
-class _Pending:
-    """A recorded batch and how many of its deliveries are still unacknowledged."""
-
-    __slots__ = ("record", "remaining")
-
-    def __init__(self, record: r.BatchRecord, remaining: int) -> None:
-        self.record = record
-        self.remaining = remaining
-
-
-def _offset(record: r.BatchRecord, packet_id: int) -> int:
-    return r.offset_of(packet_id, r.packet_id_of(record.first_seqno))
-
-
 async def _then(first: Awaitable[None], then: Callable[[], Awaitable[None]]) -> None:
     await first
     await then()
-
-
-def _taken(taking: set[bytes], key: bytes, _: object) -> None:
-    taking.discard(key)
 
 
 class DurableSession(Session):
@@ -75,7 +58,7 @@ class DurableSession(Session):
         # Filters whose positions are still only in the store (`_positions_of`); None when
         # there are none, as in most sessions: an empty set costs 216 bytes.
         self._stored_positions: set[str] | None = None
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Pending] = {}
         # First sequence numbers of the batches acknowledged this turn: a dict as a set, as
         # empty it costs 64 bytes, not 216.
         self._dirty: dict[int, None] = {}
@@ -83,7 +66,7 @@ class DurableSession(Session):
         self._readers: dict[str, dict[Stream, asyncio.Task[None]]] = {}
         # Per shared subscription, the shards of its group this session reads (and whose
         # group positions `_positions` holds) while connected, with the tenure of its hold
-        # on each (`_sync_shards`).
+        # on each (`group_member.sync_shards`).
         self._group_shards: dict[str, dict[int, int]] = {}
         # Looking for streams to read, every filter, in time slices (`refresh_streams`).
         self._refresh: asyncio.Task[None] | None = None
@@ -91,13 +74,13 @@ class DurableSession(Session):
         # Batches whose record is being written, oldest first: (write, batch, deliveries).
         # A list, not a deque: it holds a batch or two, and an empty deque costs ~600 bytes
         # in every one of possibly many thousands of offline sessions.
-        self._recording: list[tuple[asyncio.Future[None], _Pending | None, list[Delivery]]] = []
+        self._recording: list[tuple[asyncio.Future[None], Pending | None, list[Delivery]]] = []
         self._unsent = 0
         # Shared subscriptions routed live, not a durable group's (`subscribe`): None, as
         # nearly every session has none (created only then, for the reason above).
         self._routed: set[str] | None = None
         # The last batch record being written when the session stopped reading a shard of
-        # its groups: shards it is given are read once that is stored (`_sync_shards`).
+        # its groups: shards it is given are read once that is stored (`group_member.sync_shards`).
         self._settling: asyncio.Future[None] | None = None
         # Set while readers wait for the backlog to shrink (created only then, for the same
         # reason as above).
@@ -147,12 +130,12 @@ class DurableSession(Session):
 
     def _replay(self, record: r.BatchRecord, released: set[int]) -> None:
         options = self.subscriptions.get(record.topic_filter)
-        pending = _Pending(record, 0)
+        pending = Pending(record, 0)
         done = set(record.done)
         first, count = record.first_seqno, record.count
         self._next_seqno = max(self._next_seqno, first + count)
         record.released = [seqno for seqno in released if first <= seqno < first + count]
-        for offset, (ttv, qos) in enumerate(self._read_window(record)):
+        for offset, (ttv, qos) in enumerate(read_window(self._ctx, self.client_id, record)):
             if offset in done:
                 continue
             seqno = first + offset
@@ -173,33 +156,12 @@ class DurableSession(Session):
         if pending.remaining:
             self._pending[first] = pending
         else:  # all acknowledged, or the window's generation was dropped by retention
-            self._ctx.store.write_soon(self._completion_writes(record), sync=False)
-
-    def _read_window(self, record: r.BatchRecord) -> list[tuple[TTV, int]]:
-        """The recorded batch's QoS 1/2 deliveries and their QoS, chosen from its window as
-        `_record_batch` chose them; none once retention dropped the window's generation."""
-        skip_from = self.client_id if record.no_local else None
-        max_qos = record.max_qos
-        found: list[tuple[TTV, int]] = []
-        read_filter = self._ctx.read_filter(record.topic_filter)
-        iterator = Iterator(record.stream, read_filter, record.begin) if read_filter else None
-        while iterator is not None and iterator.position < record.end:
-            iterator, ttvs = self._ctx.ds.next(iterator, self._ctx.batch_size)
-            if not ttvs:
-                break
-            for ttv in ttvs:
-                qos = ttv.qos if ttv.qos < max_qos else max_qos
-                if ttv.timestamp <= record.end and qos and ttv.publisher != skip_from:
-                    found.append((ttv, qos))
-        if found and len(found) != record.count:
-            log.error("durable session %s: batch %d read back as %d deliveries, recorded %d",
-                      self.client_id, record.first_seqno, len(found), record.count)
-        return found[:record.count]
+            self._ctx.store.write_soon(completion_writes(self.client_id, record), sync=False)
 
     def detach(self) -> None:
         """The client left: stop reading. What was fetched stays in memory for a resume
         within this run (a restart rebuilds it from the store)."""
-        self._return_unsent()
+        member.return_unsent(self)
         self._flush_acks()
         self.stop_reading()
 
@@ -214,74 +176,9 @@ class DurableSession(Session):
         batch record holds (a retained message sent on subscribe)."""
         if self._recording or self._routed:
             return False
-        return all(isinstance(delivery.batch, _Pending)
+        return all(isinstance(delivery.batch, Pending)
                    for deliveries in (self.queue, self.inflight.values())
                    for delivery in deliveries)
-
-    def _return_unsent(self, key: str | None = None, shard: int | None = None) -> None:
-        """A group member's client left (or it let go of the share's shard): what was read
-        for its shared subscriptions (that shard's) and never sent goes back to the group,
-        for the shard's next reader, rather than wait for it: it holds back only what was
-        on the wire (MQTT-4.8.2-4). Each batch's returned part is written with the member's
-        record of it as done, in the same commit."""
-        groups = self._ctx.groups
-        if groups is None:
-            return
-        taken = self.take_unsent(key, shard)
-        if not taken:
-            return
-        for returned in taken:
-            self._dirty[returned.first_seqno] = None
-        self._ctx.store.write_soon([self.returned_write(returned, True) for returned in taken])
-        self._flush_acks()
-        groups.returned({(returned.topic_filter, returned.stream.shard) for returned in taken})
-
-    def take_unsent(self, key: str | None = None, shard: int | None = None
-                    ) -> list[r.BatchRecord]:
-        """Takes the deliveries of shared subscriptions (of `key`'s `shard`) that wait in
-        the queue never sent out of it and marks them done in their batches: per batch, the
-        part handed back (a copy of the record whose `done` is all the rest).
-
-        What waits in the queue, and what waits for its batch's record to be written: should
-        that record be refused (replicated: the shard moved meanwhile), its deliveries are
-        the group's already, and the replicas refuse the handing back too (group_fencing.py)."""
-        taken: dict[int, tuple[_Pending, list[int]]] = {}
-
-        def take(delivery: Delivery) -> bool:
-            pending = delivery.batch
-            if (delivery.sent or not isinstance(pending, _Pending)
-                    or not pending.record.topic_filter.startswith("$share/")):
-                return False
-            record = pending.record
-            if key is not None and (record.topic_filter != key or record.stream.shard != shard):
-                return False
-            offsets = taken.setdefault(record.first_seqno, (pending, []))[1]
-            offsets.append(_offset(record, delivery.packet_id))
-            return True
-
-        if self.queued:
-            kept = [delivery for delivery in self.queue if not take(delivery)]
-            self.queue.clear()
-            self.queue.extend(kept)
-        for _, _, deliveries in self._recording:
-            kept = [delivery for delivery in deliveries if not take(delivery)]
-            self._unsent -= len(deliveries) - len(kept)
-            deliveries[:] = kept
-        returned: list[r.BatchRecord] = []
-        for pending, offsets in taken.values():
-            record = pending.record
-            returned.append(r.BatchRecord(
-                record.topic_filter, record.stream, record.begin, record.end,
-                record.first_seqno, record.count, record.max_qos, record.no_local,
-                sorted(set(range(record.count)) - set(offsets))))
-            record.done.extend(offsets)
-            pending.remaining -= len(offsets)
-        return returned
-
-    def returned_write(self, record: r.BatchRecord, unsent: bool) -> Write:
-        """The `x` record handing `record`'s deliveries not done to the group."""
-        return (g.returned_key(record.topic_filter, record.stream.shard, self.client_id,
-                               g.unique_id()), g.returned_to_bytes(record, unsent))
 
     def stop_reading(self) -> None:
         for readers in self._readers.values():
@@ -293,7 +190,7 @@ class DurableSession(Session):
             self._positions.pop(key, None)
         if self._group_shards:
             self._group_shards.clear()
-            self._hold_gains()
+            member.hold_gains(self)
         if self._refresh is not None:
             self._refresh.cancel()
             self._refresh = None
@@ -425,7 +322,7 @@ class DurableSession(Session):
             since = groups.since(topic_filter) or since
         streams = ds.get_streams("messages", read_filter, since, shard)
         if shared:  # only the group's shards this session owns
-            owned = self._sync_shards(topic_filter)
+            owned = member.sync_shards(self, topic_filter)
             streams = [stream for stream in streams if stream.shard in owned]
         if not streams:
             return
@@ -449,48 +346,6 @@ class DurableSession(Session):
             readers[stream] = asyncio.get_running_loop().create_task(
                 self._read(topic_filter, stream, iterator)
             )
-
-    def _sync_shards(self, key: str) -> set[int]:
-        """The shards of the share's group this session owns now: readers of shards it lost
-        stop, the group's positions in shards it gained are read (another member may have
-        read them since this session last did)."""
-        groups = self._ctx.groups
-        owned = groups.readable(key, self) if groups is not None else set()
-        held = self._group_shards.get(key, {})
-        current = set(held)
-        for shard in current - owned:
-            self.stop_shard(key, shard)
-        gained = owned - current
-        if gained and self._settling is not None and not self._settling.done():
-            # What it read of a shard before it stopped reading it is still being recorded:
-            # the group's positions that moves are not stored yet, and read now they would
-            # have it read the same again. Gained once they are (`_settled`).
-            owned -= gained
-            gained = set()
-        self._group_shards[key] = {shard: held[shard] for shard in owned - gained}
-        if gained:
-            assert groups is not None  # (none: no shard is owned)
-            positions = self._positions.setdefault(key, {})
-            for shard in gained:
-                self._group_shards[key][shard] = self._ctx.store.owner_tenure(key, shard)
-                positions.update(self._ctx.store.load_group_positions(key, shard))
-                groups.offer_returned(key, shard)  # what members handed back in it
-        return owned
-
-    def stop_shard(self, key: str, shard: int) -> list[asyncio.Future[None]]:
-        """Stops reading the group's shard (what was read of it and not sent goes back to
-        the group); returns the batch records still being written, which must be stored
-        before another member reads on from the group's position."""
-        self._return_unsent(key, shard)
-        readers = self._readers.get(key, {})
-        for stream in [stream for stream in readers if stream.shard == shard]:
-            readers.pop(stream).cancel()
-        positions = self._positions.get(key, {})
-        for stream in [stream for stream in positions if stream.shard == shard]:
-            del positions[stream]
-        self._group_shards.get(key, {}).pop(shard, None)
-        self._hold_gains()
-        return [written for written, _, _ in self._recording]
 
     def _positions_of(self, topic_filter: str) -> dict[Stream, int | None]:
         """The filter's read positions. Those of a session restored at start-up are read
@@ -559,7 +414,7 @@ class DurableSession(Session):
         seqno = first
         end = 0
         # Filled in below, once the batch's extent is known; its deliveries carry it.
-        pending = _Pending(r.BatchRecord(topic_filter, stream, before.position, 0, first, 0,
+        pending = Pending(r.BatchRecord(topic_filter, stream, before.position, 0, first, 0,
                                          max_qos, options.no_local, expired), 0)
         for ttv in ttvs:  # per message: kept to lookups, this runs for every delivery
             if ttv.publisher == skip_from:
@@ -587,7 +442,7 @@ class DurableSession(Session):
                       self._group_shards.get(topic_filter, {}).get(stream.shard, 0)) if shared
                   else SessionStore.position_write(self.client_id, topic_filter, stream, position)]
         count = seqno - first
-        recorded: _Pending | None = None
+        recorded: Pending | None = None
         if count > len(expired):
             # The window ends at the last delivery: all a replay needs to find them again.
             record = pending.record
@@ -606,71 +461,14 @@ class DurableSession(Session):
         sync = max_qos == 2 or (shared and self._ctx.replicated)
         self._send_once_written(self._ctx.store.write(writes, sync), recorded, deliveries)
 
-    def _send_once_written(self, written: "asyncio.Future[None]", recorded: "_Pending | None",
+    def _send_once_written(self, written: "asyncio.Future[None]", recorded: "Pending | None",
                            deliveries: list[Delivery]) -> None:
         self._recording.append((written, recorded, deliveries))
         self._unsent += len(deliveries)
         self._update_room()
         written.add_done_callback(self._send_recorded)
 
-    # ---- batches a member of this session's group left behind -------------------------
-    def adopt_returned(self, key: str, shard: int,
-                       among: Collection[bytes] | None = None) -> None:
-        """Takes over the deliveries of the group's shard that members handed back (those
-        of `among`, if given: the returned keys this node's replica of the shard is known
-        to hold the messages of, groups.py): they go to this member as new deliveries
-        (DUP 0), each batch under a batch record of this session, written with the returned
-        one's delete, so a restart in between loses nor doubles any. Of those a member's
-        ended session left unacknowledged (maybe sent), QoS 2 ones are dropped: they must
-        not reach another member (MQTT-4.8.2-5)."""
-        store = self._ctx.store
-        written: asyncio.Future[None] | None = None
-        for returned_key, (record, unsent) in store.load_returned(key, shard):
-            if among is not None and returned_key not in among:
-                continue
-            options = self.subscriptions.get(key)
-            if options is None:
-                return
-            ids = (options.identifier,) if options.identifier is not None else ()
-            first = self._next_seqno
-            self._next_seqno += record.count
-            done = set(record.done)
-            adopted = r.BatchRecord(key, record.stream, record.begin, record.end, first,
-                                    record.count, record.max_qos, record.no_local)
-            pending = _Pending(adopted, 0)
-            deliveries: list[Delivery] = []
-            for offset, (ttv, qos) in enumerate(self._read_window(record)):
-                if offset in done:
-                    continue
-                if qos == 2 and not unsent:
-                    done.add(offset)
-                    self._ctx.stats.drop("shared_qos2_member_ended")
-                    continue
-                retain = ttv.retain and options.retain_as_published
-                deliveries.append(Delivery(message_from_ttv(ttv), qos, retain, ids,
-                                           r.packet_id_of(first + offset), pending))
-            adopted.done = sorted(done)
-            writes: list[Write] = [(returned_key, None)]
-            if deliveries:
-                pending.remaining = len(deliveries)
-                self._pending[first] = pending
-                writes.append((r.batch_key(self.client_id, first), adopted.to_bytes()))
-                writes.append((r.acked_key(self.client_id, first),
-                               r.acked_to_bytes(adopted.done, adopted.count)))
-            if not unsent:
-                self._ctx.stats.shared_adopted += len(deliveries)
-            written = store.write(writes, self._ctx.replicated)
-            store.taking.add(returned_key)
-            written.add_done_callback(partial(_taken, store.taking, returned_key))
-            self._send_once_written(written, pending if deliveries else None, deliveries)
-        groups = self._ctx.groups
-        if written is not None and groups is not None:
-            # Refused (the shard moved on while the take was on its way), the batches are
-            # still there, and nothing else would offer them to the shard's owner again.
-            loop = asyncio.get_running_loop()
-            written.add_done_callback(lambda _: loop.call_soon(groups.offer_returned, key,
-                                                               shard))
-
+    # ---- recorded batches go out -------------------------------------------------------
     def _send_recorded(self, _: object = None) -> None:
         recording = self._recording
         connection = self.connection
@@ -692,18 +490,6 @@ class DurableSession(Session):
         if connection is not None:
             connection.flush()
         self._update_room()
-
-    def _hold_gains(self) -> None:
-        """It stops reading a shard of its groups: shards it is given from now on wait for
-        the batch records being written now (`_sync_shards`)."""
-        if self._recording:
-            written = self._settling = self._recording[-1][0]
-            written.add_done_callback(self._settled)
-
-    def _settled(self, written: "asyncio.Future[None]") -> None:
-        if self._settling is written:
-            self._settling = None
-            self.refresh_streams()
 
     def _backlogged(self) -> bool:
         return self.queued + self._unsent > 2 * self._ctx.batch_size
@@ -728,9 +514,9 @@ class DurableSession(Session):
     def completed(self, delivery: Delivery) -> None:
         self.last_ack = time.monotonic()
         pending = delivery.batch
-        if isinstance(pending, _Pending):
+        if isinstance(pending, Pending):
             record = pending.record
-            record.done.append(_offset(record, delivery.packet_id))
+            record.done.append(offset_in(record, delivery.packet_id))
             pending.remaining -= 1
             self._dirty[record.first_seqno] = None
             if not self._flush_scheduled:
@@ -745,10 +531,10 @@ class DurableSession(Session):
         super().released(packet_id)
         delivery = self.inflight.get(packet_id)
         pending = delivery.batch if delivery is not None else None
-        if not isinstance(pending, _Pending):
+        if not isinstance(pending, Pending):
             return None
         record = pending.record
-        seqno = record.first_seqno + _offset(record, packet_id)
+        seqno = record.first_seqno + offset_in(record, packet_id)
         record.released.append(seqno)
         return self._ctx.store.write([(r.released_key(self.client_id, seqno), b"1")])
 
@@ -766,16 +552,10 @@ class DurableSession(Session):
                                r.acked_to_bytes(record.done, record.count)))
             else:
                 del self._pending[first]
-                writes.extend(self._completion_writes(pending.record))
+                writes.extend(completion_writes(self.client_id, pending.record))
         self._dirty.clear()
         if writes:
             self._ctx.store.write_soon(writes, sync=False)
-
-    def _completion_writes(self, record: r.BatchRecord) -> list[Write]:
-        writes: list[Write] = [(r.batch_key(self.client_id, record.first_seqno), None),
-                               (r.acked_key(self.client_id, record.first_seqno), None)]
-        writes.extend((r.released_key(self.client_id, seqno), None) for seqno in record.released)
-        return writes
 
     # ---- incoming QoS 2 ----------------------------------------------------------------
     def rel_awaited(self, packet_id: int) -> Awaitable[None] | None:
@@ -790,30 +570,24 @@ class DurableSession(Session):
         self._ctx.store.write_soon([(r.awaiting_rel_key(self.client_id, packet_id), None)])
         return True
 
-    def stalled_since(self, now: float, timeout: float) -> bool:
-        """Whether the client's window is full and nothing was acknowledged for `timeout`
-        seconds (a group member so stalled holds back only what it has)."""
-        connection = self.connection
-        if connection is None or len(self.inflight) < connection.send_window:
-            return False
-        return now - self.last_ack >= timeout
-
-    def handed_back(self) -> list[tuple[r.BatchRecord, bool]]:
-        """The session ends: what its shared subscriptions' batches hold not acknowledged,
-        per batch, and whether it was never sent (then any QoS goes on to another member;
-        otherwise QoS 1 only). A session restored at start-up whose client did not come back
-        has its batches in the store only, each delivery perhaps sent."""
-        if self.loaded:
-            unsent = self.take_unsent()
-            records = [pending.record for pending in self._pending.values()]
-        else:
-            unsent = []
-            stored = self._ctx.store.load(self.client_id)
-            records = stored.batches if stored is not None else []
-        return [(record, True) for record in unsent] + [
-            (record, False) for record in records
-            if record.topic_filter.startswith("$share/") and len(set(record.done)) < record.count]
-
     def backlog(self) -> int:
         """Deliveries recorded but not yet acknowledged (the checkpoint lag)."""
         return sum(pending.remaining for pending in self._pending.values())
+
+    # ---- as a member of durable groups ------------------------------------------------
+    # What GroupManager asks of a member's session (groups.py), done in group_member.py.
+    def returned_write(self, record: r.BatchRecord, unsent: bool) -> Write:
+        return member.returned_write(self.client_id, record, unsent)
+
+    def stop_shard(self, key: str, shard: int) -> list[asyncio.Future[None]]:
+        return member.stop_shard(self, key, shard)
+
+    def adopt_returned(self, key: str, shard: int,
+                       among: Collection[bytes] | None = None) -> None:
+        member.adopt_returned(self, key, shard, among)
+
+    def stalled_since(self, now: float, timeout: float) -> bool:
+        return member.stalled_since(self, now, timeout)
+
+    def handed_back(self) -> list[tuple[r.BatchRecord, bool]]:
+        return member.handed_back(self)
