@@ -3,7 +3,8 @@ messages; its asyncio shell lives here.
 
 - Bootstrap (broker/cluster/bootstrap.py): `durable_storage.n_sites` running members before
   a group is created, the choice saved in `<data_dir>/raft/metadata.json` (a restart reuses
-  it); the RPCs `raft_prepare`, `raft_decided` and `raft_status` carry the two-phase exchange.
+  it); the RPCs `raft_prepare`, `raft_decided` and `raft_status` carry the two-phase exchange
+  (broker/cluster/bootstrap_exchange.py).
 - Membership (broker/cluster/group_members.py): the leader follows the cluster's member list,
   one change per maintenance round.
 - Writes (broker/cluster/proposer.py): retained messages become batched commands, proposed
@@ -21,22 +22,20 @@ messages; its asyncio shell lives here.
 import asyncio
 import contextlib
 import functools
-import json
 import logging
-import secrets
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from broker.cluster import group_members
-from broker.cluster.bootstrap import MEMBER, UNKNOWN, Attempt, Bootstrap, GroupRecord
+from broker.cluster.bootstrap import GroupRecord
+from broker.cluster.bootstrap_exchange import BootstrapExchange
 from broker.cluster.placement import Target
 from broker.cluster.proposer import Batch, Proposer
 from broker.cluster.raft_transport import RaftTransport
 from broker.cluster.rpc import Rpc, RpcError
 from broker.cluster.service import Cluster
 from broker.config.loader import Config
-from broker.ds.files import write_atomically
 from broker.format_check import trees
 from broker.raft.core import LEADER, ROLE_NAMES, ConfigChangeRefused, NotLeader, RaftGroup
 from broker.raft.host import Sample
@@ -66,8 +65,6 @@ class HostedGroups(Protocol):
 
     def status(self) -> list[dict[str, Any]]:
         """Their entries in `GET /api/v5/raft`."""
-_STATE_FILE: Final = "metadata.json"
-_STATUS_EVERY: Final = 10  # maintenance rounds between asking a coordinator about a promise
 
 
 class MetadataGroup:
@@ -80,7 +77,6 @@ class MetadataGroup:
         self.can_transfer_to = can_transfer_to
         self._rpc = rpc
         self.me = cluster.me.site
-        self._dir = Path(config["node.data_dir"]) / "raft"
         self._wal_dir = trees(config)[1]  # where the start-up format check looked
         self._segment_bytes: int = config["durable_storage.raft.wal_max_size_bytes"]
         self._snapshot_interval: int = config["durable_storage.raft.snapshot_interval"]
@@ -93,7 +89,11 @@ class MetadataGroup:
         self._store = store
         self._refused = refused
         self.machine = RetainedMachine(store, refused)
-        self.bootstrap = self._load(config["durable_storage.n_sites"])
+        self._exchange = BootstrapExchange(
+            cluster, rpc, Path(config["node.data_dir"]) / "raft",
+            config["durable_storage.n_sites"], self._attempt_timeout, self._spawn,
+            self._create, self._created_by_coordinator, self.name_of)
+        self.bootstrap = self._exchange.bootstrap
         self.transport = RaftTransport(cluster, self.epoch_of, self._deliver)
         self.proposer = Proposer(self._submit, config["durable_storage.raft.commit_timeout"])
         self.foreign_frames = 0  # Raft traffic of another incarnation of the group, dropped
@@ -104,9 +104,7 @@ class MetadataGroup:
         self.on_disk: Callable[[BaseException | None], object] = lambda error: None
         self.room: Callable[[], bool] = lambda: True
         self._task: asyncio.Task[None] | None = None
-        self._attempt: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[None]] = set()
-        self._rounds = 0
         self._links_changed = asyncio.Event()
         # More groups on this node's log and links, created with the metadata group
         # (Durable Storage's, broker/cluster/ds_groups.py).
@@ -115,10 +113,7 @@ class MetadataGroup:
         cluster.on_peer_down(self._link_changed)
         cluster.on_peer_closed(self._peer_closed)
         cluster.group_sites = self._group_sites
-        for name, method in (("raft_prepare", self._rpc_prepare),
-                             ("raft_decided", self._rpc_decided),
-                             ("raft_status", self._rpc_status),
-                             ("raft_propose", self._rpc_propose),
+        for name, method in (("raft_propose", self._rpc_propose),
                              ("raft_epoch", self._rpc_epoch),
                              ("raft_voters", self._rpc_voters)):
             rpc.register(name, method)
@@ -320,7 +315,7 @@ class MetadataGroup:
                 log.warning("discarding %d retained messages stored before this node joined"
                             " the group: the group's are the cluster's", len(self._store))
                 self._reset_machine()
-            self._save()
+            self._exchange.save()
             self._host(adopted)
         elif record is not None and record.epoch != epoch:
             self._foreign(site, epoch)
@@ -358,23 +353,11 @@ class MetadataGroup:
                 log.exception("metadata group maintenance failed")
 
     def _round(self) -> None:
-        self._rounds += 1
-        cluster, bootstrap = self._cluster, self.bootstrap
-        promise = bootstrap.promise
-        if self._attempt is None:
-            attempt = bootstrap.attempt(set(cluster.membership.running()), cluster.joined,
-                                        secrets.randbits(63) | 1)
-            if attempt is not None:
-                self._attempt = self._spawn(self._run(attempt))
-        if promise is not None:
-            if bootstrap.release_orphaned(set(cluster.membership.members)):
-                self._save()
-            elif self._rounds % _STATUS_EVERY == 0:
-                self._spawn(self._ask_status(promise.epoch, promise.coordinator))
+        self._exchange.round()
         core = self.core()
         if core is None:
             return
-        if core.role == LEADER and cluster.joined:
+        if core.role == LEADER and self._cluster.joined:
             self.change_membership(core, "metadata")
         for hosted in self.hosted:
             hosted.round()
@@ -415,73 +398,25 @@ class MetadataGroup:
                                            group_members.REMOVE: "removed"}[kind],
                  self.name_of(site))
 
-    # ---- bootstrap exchange --------------------------------------------------------------
-    async def _run(self, attempt: Attempt) -> None:
-        try:
-            params = {"epoch": attempt.epoch, "coordinator": self.me,
-                      "voters": list(attempt.voters)}
-            answers = await asyncio.gather(*(
-                self._rpc.call(peer, "raft_prepare", params, timeout=self._attempt_timeout)
-                for peer in attempt.peers), return_exceptions=True)
-            refusals = {peer: answer for peer, answer in zip(attempt.peers, answers, strict=True)
-                        if answer != ""}
-            record = self.bootstrap.attempt_done(attempt, not refusals)
-            if record is None:
-                log.info("not creating the metadata group yet: %s", ", ".join(
-                    f"{self.name_of(peer)}: {answer}" for peer, answer in refusals.items()))
-            else:
-                self._create(record)
-            await asyncio.gather(*(
-                self._rpc.call(peer, "raft_decided", {"epoch": attempt.epoch,
-                                                      "created": record is not None})
-                for peer in attempt.peers if peer not in refusals), return_exceptions=True)
-        finally:
-            self._attempt = None
-
+    # ---- bootstrap (bootstrap_exchange.py) -----------------------------------------------
     def _create(self, record: GroupRecord) -> None:
         unlogged = self._store.match("#") if self.machine.unlogged() else []
-        self._save()
+        self._exchange.save()
         self._host(record)
         log.info("created the metadata Raft group (epoch %x), voters %s", record.epoch,
                  ", ".join(self.name_of(site) for site in record.voters))
         for message in unlogged:  # what this node retained before: now the group's
             self.write_retained(message)
 
-    def _rpc_prepare(self, params: Any) -> str:
-        refusal = self.bootstrap.prepare(int(params["epoch"]), str(params["coordinator"]),
-                                         tuple(params["voters"]))
-        if not refusal:
-            self._save()
-        return refusal
-
-    def _rpc_decided(self, params: Any) -> None:
-        self._decided(int(params["epoch"]), bool(params["created"]))
-
-    def _rpc_status(self, params: Any) -> str:
-        return self.bootstrap.status(int(params["epoch"]))
+    def _created_by_coordinator(self, record: GroupRecord) -> None:
+        if self.machine.unlogged():
+            self._reset_machine()
+        self._exchange.save()
+        self._host(record)
+        log.info("metadata Raft group created (epoch %x) by its coordinator", record.epoch)
 
     def _rpc_epoch(self, _params: Any) -> int:
         return self.epoch_of(GROUP)
-
-    async def _ask_status(self, epoch: int, coordinator: str) -> None:
-        try:
-            answer = await self._rpc.call(coordinator, "raft_status", {"epoch": epoch})
-        except RpcError:
-            return
-        if answer in (MEMBER, UNKNOWN):
-            self._decided(epoch, answer == MEMBER)
-
-    def _decided(self, epoch: int, created: bool) -> None:
-        had_promise = self.bootstrap.promise is not None
-        record = self.bootstrap.decided(epoch, created)
-        if record is not None:
-            if self.machine.unlogged():
-                self._reset_machine()
-            self._save()
-            self._host(record)
-            log.info("metadata Raft group created (epoch %x) by its coordinator", epoch)
-        elif had_promise and self.bootstrap.promise is None:
-            self._save()
 
     # ---- join --------------------------------------------------------------------------
     async def after_join(self, timeout: float = 5.0) -> None:
@@ -512,7 +447,7 @@ class MetadataGroup:
         if self._raft is not None:
             await self._raft.close()
         self.bootstrap.forget()
-        self._save()
+        self._exchange.save()
         self._reset_machine()
         self._raft = self._open()
         self.proposer = Proposer(self._submit, self.proposer.timeout)
@@ -522,21 +457,6 @@ class MetadataGroup:
         while not self._cluster.peers():
             self._links_changed.clear()
             await self._links_changed.wait()
-
-    # ---- persistence ----------------------------------------------------------------------
-    def _load(self, n_sites: int) -> Bootstrap:
-        try:
-            saved = json.loads((self._dir / _STATE_FILE).read_text())
-        except FileNotFoundError:
-            return Bootstrap(self.me, n_sites)
-        return Bootstrap.from_json(self.me, n_sites, saved)
-
-    def _save(self) -> None:
-        """Durably, before anything it announces happens (a promise answered, a group
-        created or joined): a restart must not forget a promise or a membership."""
-        self._dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(self._dir / _STATE_FILE,
-                         json.dumps(self.bootstrap.to_json(), indent=1).encode())
 
     # ---- observability --------------------------------------------------------------------
     async def leaders_voters(self, groups: list[int]) -> dict[int, frozenset[str]]:
