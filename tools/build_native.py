@@ -41,6 +41,7 @@ MODULES = (
     "broker/routing/router.py", "broker/routing/trie.py",
     "broker/server/ack_order.py", "broker/server/connection.py", "broker/server/delivery.py",
     "broker/server/output.py", "broker/server/reactor.py", "broker/server/transports.py",
+    "broker/server/websocket.py",
     "broker/server/wheel.py", "broker/server/wire.py", "broker/server/handlers/acks.py",
     "broker/server/handlers/connect.py", "broker/server/handlers/disconnect.py",
     "broker/server/handlers/publish.py",

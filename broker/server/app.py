@@ -14,14 +14,12 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker import COMPILED_MODULES
 from broker.alarms import DISK_FULL, Alarm
 from broker.cluster import placement, versions
-from broker.cluster.ds_groups import DsGroups
 from broker.cluster.metadata import MetadataGroup
-from broker.cluster.peer_applied import PeersApplied
 from broker.cluster.routing import ClusterRouting
 from broker.cluster.rpc import Rpc
 from broker.cluster.service import Cluster
@@ -39,11 +37,14 @@ from broker.server.output import OutputBatch
 from broker.server.ratelimit import ClientRates
 from broker.server.reactor import create_server
 from broker.server.tls import CertificateWatch, tls_context
-from broker.server.transports import MQTTStreamProtocol, MQTTWebSocketProtocol, WebSocketOptions
+from broker.server.transports import MQTTStreamProtocol, WebSocketOptions, websocket_protocols
 from broker.session.durable import ownership
 from broker.session.durable.session import DurableSession
 from broker.sys_topics import SysTopics, alarm_message, remove_client_written
 from broker.version import RELEASE
+
+if TYPE_CHECKING:  # imported where configured: a node with local storage does without
+    from broker.cluster.ds_groups import DsGroups
 
 log = logging.getLogger(__name__)
 
@@ -80,29 +81,36 @@ class BrokerApp:
             if self.metadata is None:
                 raise ValueError("durable_storage.messages.backend = builtin_raft needs"
                                  " retainer.enable = true (the metadata Raft group)")
-            assert self.versions is not None
-            # Sealed generations go as files once every node reads such snapshots.
-            self.ds_groups = DsGroups(config, self.node.ds, self.metadata,
-                                      self.node.durable_state_applied, ownership.admitted,
-                                      self.node.durable_writes_refused,
-                                      ownership.sessions_of,
-                                      partial(self.versions.allows, versions.FILE_SNAPSHOTS))
-            self.node.replicate_sessions(partial(self.ds_groups.leads, None),
-                                         self.ds_groups.is_up, self.ds_groups.sessions_barrier,
-                                         self.ds_groups.shard_barrier,
-                                         partial(self.versions.allows, versions.DURABLE_GROUPS),
-                                         partial(self.versions.until, versions.DURABLE_GROUPS),
-                                         partial(self.ds_groups.sessions_seen, PeersApplied(
-                                             self.rpc, self.metadata,
-                                             config["durable_storage.raft.election_timeout"])))
-            self.node.takeover.replicated = self.ds_groups
-            self.versions.on_rise = self._versions_rose
+            self.ds_groups = self._replicate(self.metadata)
         self._servers: list[asyncio.Server] = []
         self._http: HttpListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._placement_seen: tuple[int, ...] | None = None
         self._tls: CertificateWatch | None = None
         self.ports: dict[str, int] = {}
+
+    def _replicate(self, metadata: MetadataGroup) -> "DsGroups":
+        """Durable Storage's Raft groups, and the node's durable sessions through them. Their
+        modules are imported here: a node with local storage starts without them."""
+        from broker.cluster.ds_groups import DsGroups
+        from broker.cluster.peer_applied import PeersApplied
+
+        config, node, keeper = self.config, self.node, self.versions
+        assert node.ds is not None and node.takeover is not None and keeper is not None
+        # Sealed generations go as files once every node reads such snapshots.
+        groups = DsGroups(config, node.ds, metadata, node.durable_state_applied,
+                          ownership.admitted, node.durable_writes_refused, ownership.sessions_of,
+                          partial(keeper.allows, versions.FILE_SNAPSHOTS))
+        node.replicate_sessions(partial(groups.leads, None), groups.is_up,
+                                groups.sessions_barrier, groups.shard_barrier,
+                                partial(keeper.allows, versions.DURABLE_GROUPS),
+                                partial(keeper.until, versions.DURABLE_GROUPS),
+                                partial(groups.sessions_seen, PeersApplied(
+                                    self.rpc, metadata,
+                                    config["durable_storage.raft.election_timeout"])))
+        node.takeover.replicated = groups
+        keeper.on_rise = self._versions_rose
+        return groups
 
     def _versions_rose(self, version: int) -> None:
         if version >= versions.DURABLE_GROUPS:
@@ -147,8 +155,8 @@ class BrokerApp:
              partial(MQTTStreamProtocol, node, output, _gate(config, "tcp"),
                      ClientRates.from_config(config, "tcp")), None),
             ("ws", config["listeners.ws.default.bind"],
-             partial(MQTTWebSocketProtocol, node, output, WebSocketOptions.from_config(config),
-                     _gate(config, "ws"), ClientRates.from_config(config, "ws")),
+             websocket_protocols(node, output, WebSocketOptions.from_config(config),
+                                 _gate(config, "ws"), ClientRates.from_config(config, "ws")),
              None),
         ]
         tls = tls_context(config)
@@ -218,7 +226,7 @@ class BrokerApp:
             await self._http.serve(self)
             log.info("HTTP API on %s:%d", http_bind[0], self.ports["http"])
 
-    def _watch_placement(self, groups: DsGroups, path: Path, n_shards: int) -> None:
+    def _watch_placement(self, groups: "DsGroups", path: Path, n_shards: int) -> None:
         """A stat per poll; the file is read again when it changed (kubelet swaps a
         ConfigMap's files by a symlink, which changes the inode)."""
         try:
@@ -360,10 +368,12 @@ CERTIFICATE_POLL = 1.0  # seconds: two stats, as the password and ACL files' wat
 
 def _tune_collector() -> None:
     """What start-up built (configuration, restored sessions, storage state) lives as long
-    as the process: frozen, so full collections no longer walk it."""
+    as the process: frozen, so full collections no longer walk it. `broker run` started
+    with the collector off (cli.py): it is on from here."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
+    gc.enable()
 
 
 def run(config: Config) -> None:

@@ -7,17 +7,24 @@ bound (a port in use still stops the start) but not listening, the MQTT listener
 the API's modules are imported on a worker thread while the event loop answers CONNECTs;
 then the port listens. A client of the API meanwhile finds it refusing connections, as
 before the process started; the log's "broker ... started" line comes once it listens.
+
+The import starts once the node has answered its first client, or after `IMPORT_DELAY`
+without one: the worker thread holds the GIL for a switch interval (5 ms) each time the
+event loop lets go of it (every system call), so clients that were waiting for the node
+to start would otherwise wait for the import too.
 """
 
 import asyncio
 import importlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from broker.server.app import BrokerApp
 
 _API_MODULE = "broker.server.http_app"
+IMPORT_DELAY: Final = 0.1  # seconds without a client before the API's import starts anyway
+_POLL: Final = 0.005  # seconds: how soon the first answer is seen
 
 
 class HttpListener:
@@ -40,6 +47,11 @@ class HttpListener:
     async def serve(self, app: "BrokerApp") -> None:
         """Imports the API on a worker thread, builds it and starts listening."""
         assert self._server is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + IMPORT_DELAY
+        stats = app.node.stats
+        while not stats.bytes_sent and loop.time() < deadline:  # no client answered yet
+            await asyncio.sleep(_POLL)
         api = await asyncio.to_thread(importlib.import_module, _API_MODULE)
         self._protocols, self._close = await api.start(app)
         await self._server.start_serving()

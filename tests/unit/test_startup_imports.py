@@ -4,7 +4,9 @@
 aiohttp (client and server), prometheus_client, PyJWT with cryptography, dnspython and the
 `broker ctl` module cost more to import than everything else a start does. A node imports
 them only where configured (JWT, HTTP authentication, DNS or k8s discovery) or once its MQTT
-listeners serve (the HTTP API, broker/server/http_listener.py). A fresh interpreter, as
+listeners serve (the HTTP API, broker/server/http_listener.py). wsproto and h11 come with
+the WebSocket listener's first client (broker/server/websocket.py), the replicated storage's
+Raft groups only with `durable_storage.messages.backend = builtin_raft`. A fresh interpreter, as
 `broker run` starts, shows what the command-line module and a node started without the HTTP
 API pulled in: no timing, only the modules' names.
 """
@@ -18,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 DEFERRED = ("aiohttp", "prometheus_client", "jwt", "cryptography", "dns", "broker.ctl",
-            "broker.http", "broker.metrics", "broker.server.http_app")
+            "broker.http", "broker.metrics", "broker.server.http_app", "wsproto", "h11",
+            "broker.server.websocket", "broker.cluster.ds_groups")
 
 _SCRIPT = """
 import asyncio, contextlib, io, json, sys
