@@ -49,7 +49,7 @@ def _refusal(error: urllib.error.HTTPError) -> str:
 def _summary(manifest: Manifest) -> dict[str, Any]:
     return {"created": manifest.created, "release": manifest.release,
             "incremental_since_us": manifest.since_us, "cut": manifest.cut,
-            "members": len(manifest.files) + 1,
+            "members": len(manifest.files) + (1 if manifest.version == 1 else 2),
             "bytes": sum(m.size for m in manifest.files),
             "generations": sum(g.in_archive for g in manifest.generations),
             "shards": manifest.n_shards, "backend": manifest.cluster.get("backend")}
@@ -81,7 +81,7 @@ def export_command(args: argparse.Namespace) -> int:
         part.unlink(missing_ok=True)
         print(f"broker ctl data export: {_refusal(error)}", file=sys.stderr)
         return 1
-    except (OSError, BadArchive) as error:
+    except (OSError, http.client.HTTPException, BadArchive) as error:  # IncompleteRead
         part.unlink(missing_ok=True)
         print(f"broker ctl data export: {error}", file=sys.stderr)
         return 1
@@ -193,8 +193,8 @@ def verify_command(args: argparse.Namespace) -> int:
         return 1
     summary = _summary(manifest)
     print(json.dumps(summary) if args.output == "json" else
-          f"{path}: OK, {summary['members']} members ({NAME} and {summary['bytes']} bytes of"
-          f" data), made {manifest.created} by {manifest.release}")
+          f"{path}: OK, {summary['members']} members ({NAME}, its checksums and"
+          f" {summary['bytes']} bytes of data), made {manifest.created} by {manifest.release}")
     return 0
 
 

@@ -27,7 +27,7 @@ from broker.backup.archive import (
     decode_pairs,
 )
 from broker.backup.chain import Plan
-from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest
+from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest, pairs_of
 from broker.ds.bulk import Batches
 from broker.ds.slab import Compression, Slab
 from broker.session.durable import records
@@ -55,27 +55,39 @@ def own_meta(key: bytes, value: bytes, now: float) -> bytes:
                    disconnected_at=now).to_bytes()
 
 
-def _build_db(path: Path, pairs: Member, where: str, settle: Callable[[Any], None],
-              compression: Compression = None, sessions: bool = False) -> int:
-    """Blocking: a new LevelDB at `path` holding the member's pairs; their count. Its
-    memtable (all of it, with the large buffer) is still to be written out as a table:
-    `settle` gets the open database to do so (`_settle`) and close it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
-                   compression=compression, write_buffer_size=_BUILD_BUFFER)
-    count = 0
-    now = time.time()
-    try:
-        batches = Batches(db)
+class _Build:
+    """A new LevelDB being built from a `.pairs` member, part after part (manifest.py).
+    Its memtable (all of it, with the large buffer) is written out as a table by `settle`
+    (`_settle`), which gets the open database."""
+
+    def __init__(self, path: Path, compression: Compression, sessions: bool) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
+                             compression=compression, write_buffer_size=_BUILD_BUFFER)
+        self._batches = Batches(self._db)
+        self._sessions = sessions
+        self._now = time.time()
+        self.count = 0
+
+    def add(self, pairs: Member, where: str) -> None:
+        """Blocking: a part's pairs."""
+        put, now = self._batches.put, self._now
         for key, value in decode_pairs(pairs, where):
-            batches.put(key, own_meta(key, value, now) if sessions else value)
-            count += 1
-        batches.finish([], sync=False)  # `_settle` makes it durable
-    except BaseException:
-        db.close()
-        raise
-    settle(db)
-    return count
+            put(key, own_meta(key, value, now) if self._sessions else value)
+            self.count += 1
+
+    def finish(self, settle: Callable[[Any], None]) -> int:
+        """Blocking: the rest written (`settle` makes it durable); the pairs' count."""
+        try:
+            self._batches.finish([], sync=False)
+        except BaseException:
+            self.abort()
+            raise
+        settle(self._db)
+        return self.count
+
+    def abort(self) -> None:
+        self._db.close()
 
 
 def _settle(db: Any) -> None:
@@ -126,38 +138,86 @@ def _unpack_one(archive: Opens, take: frozenset[str], last: bool,
     """One archive of `unpack`'s: the generations in `take`, and with `last` the sessions
     and retained messages (`state`: where they go)."""
     by_path: dict[str, Generation] = {}
+    building: tuple[str, _Build | None] | None = None  # a `.pairs` member: its parts come
+    built: set[str] = set()
+
+    def finish() -> None:
+        nonlocal building
+        name, build = building or ("", None)
+        building = None
+        if build is not None:
+            count = build.finish(settle)
+            if name in (SESSIONS, RETAINED):
+                result.counts["sessions_keys" if name == SESSIONS else "retained"] = count
+
     with archive.open("rb") as file:
-        for manifest, path, handle in checked_members(file):
-            if handle is None:
-                by_path = _generations(manifest)
-                continue
-            if path in (SESSIONS, RETAINED):
-                if last:
-                    is_sessions = path == SESSIONS
-                    target = state[0] if is_sessions else state[1]
-                    count = _build_db(target, handle, path, settle, sessions=is_sessions)
-                    result.counts["sessions_keys" if is_sessions else "retained"] = count
-                continue
-            directory = path.removesuffix(".pairs") if path.endswith(".pairs") else \
-                path.rpartition("/")[0]
-            gen = by_path.get(directory)
-            if gen is None:
-                raise BadArchive(f"{path}: no generation {directory} in the manifest")
-            if directory not in take:
-                continue  # a later archive's copy, or one the last cut no longer has
-            target = _gen_dir(shard_dir(gen.shard), gen)
-            if path.endswith(".pairs"):
-                _build_db(target, handle, path, settle, compression)
-                result.counts["generations"] += 1
-                if gen.sealed_at is not None:
-                    to_seal.append((target, gen))
-                continue
-            if not target.exists():
-                target.mkdir(parents=True)
-                result.counts["generations"] += 1
-            with (target / path.rpartition("/")[2]).open("wb") as out:
-                for chunk in copy_chunks(handle):
-                    out.write(chunk)
+        try:
+            for manifest, path, handle in checked_members(file):
+                pairs = pairs_of(path)
+                if building is not None and building[0] != pairs:
+                    finish()
+                if handle is None:
+                    by_path = _generations(manifest)
+                elif pairs is None:
+                    _write_file(path, handle, by_path, take, shard_dir, result)
+                else:
+                    if building is None:
+                        if pairs in built:
+                            raise BadArchive(f"{path}: a part of {pairs} after another member")
+                        built.add(pairs)
+                        building = pairs, _start(pairs, last, by_path, take, shard_dir, state,
+                                                 compression, result, to_seal)
+                    if building[1] is not None:
+                        building[1].add(handle, path)
+            finish()
+        finally:
+            if building is not None and building[1] is not None:
+                building[1].abort()
+
+
+def _start(pairs: str, last: bool, by_path: dict[str, Generation], take: frozenset[str],
+           shard_dir: Callable[[int], Path], state: tuple[Path, Path],
+           compression: Compression, result: Unpacked,
+           to_seal: list[tuple[Path, Generation]]) -> _Build | None:
+    """Where a `.pairs` member goes: a new database, or None (not restored from here)."""
+    if pairs in (SESSIONS, RETAINED):
+        if not last:
+            return None
+        is_sessions = pairs == SESSIONS
+        return _Build(state[0] if is_sessions else state[1], None, is_sessions)
+    gen = _wanted(pairs, pairs.removesuffix(".pairs"), by_path, take)
+    if gen is None:
+        return None
+    target = _gen_dir(shard_dir(gen.shard), gen)
+    result.counts["generations"] += 1
+    if gen.sealed_at is not None:
+        to_seal.append((target, gen))
+    return _Build(target, compression, False)
+
+
+def _wanted(path: str, directory: str, by_path: dict[str, Generation],
+            take: frozenset[str]) -> Generation | None:
+    gen = by_path.get(directory)
+    if gen is None:
+        raise BadArchive(f"{path}: no generation {directory} in the manifest")
+    return gen if directory in take else None  # else a later archive's copy, or one the
+    # last cut no longer has
+
+
+def _write_file(path: str, handle: Member, by_path: dict[str, Generation],
+                take: frozenset[str], shard_dir: Callable[[int], Path],
+                result: Unpacked) -> None:
+    """A sealed generation's file, as it is."""
+    gen = _wanted(path, path.rpartition("/")[0], by_path, take)
+    if gen is None:
+        return
+    target = _gen_dir(shard_dir(gen.shard), gen)
+    if not target.exists():
+        target.mkdir(parents=True)
+        result.counts["generations"] += 1
+    with (target / path.rpartition("/")[2]).open("wb") as out:
+        for chunk in copy_chunks(handle):
+            out.write(chunk)
 
 
 def _generations(manifest: Manifest) -> dict[str, Generation]:

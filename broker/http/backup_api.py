@@ -72,10 +72,10 @@ async def export_data(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
 
-    def on_manifest(raw: bytes, length: int | None) -> None:  # on the export's thread
+    def on_manifest(raw: bytes) -> None:  # on the export's thread
         response.headers[MANIFEST_HEADER] = hashlib.sha256(raw).hexdigest()
-        # Not chunked: the client reads the body as it is, and one cut short is seen so.
-        response.content_length = length
+        # Chunked (the archive's length is known once it is written): a body cut short
+        # lacks its last chunk, and the archive its checksums.json.
         asyncio.run_coroutine_threadsafe(response.prepare(request), loop).result()
 
     def sink(chunk: bytes) -> None:  # on the export's thread: waits for the client
