@@ -20,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -67,12 +68,14 @@ def export_command(args: argparse.Namespace) -> int:
             # The node sends a plain tar; a FILE named .gz gets it compressed as it arrives.
             out = gzip.GzipFile(fileobj=file, mode="wb") if target.name.endswith(".gz") else file
             # Checked as it arrives (the node may fail half way: only a whole archive is
-            # kept), each piece written as it is read.
-            check, buffer = StreamCheck(), memoryview(bytearray(CHUNK))
-            while read := response.readinto(buffer):
-                check.feed(buffer[:read])
-                out.write(buffer[:read])
-            check.finish()
+            # kept), each piece written as it is hashed on a thread of its own.
+            with ThreadPoolExecutor(1, thread_name_prefix="hash") as hasher:
+                check, buffer = StreamCheck(hasher), memoryview(bytearray(CHUNK))
+                while read := response.readinto(buffer):
+                    check.feed(buffer[:read])
+                    out.write(buffer[:read])
+                    check.settle()
+                check.finish()
             if out is not file:
                 out.close()
             file.flush()

@@ -11,6 +11,7 @@ and a PAX header before one whose size or name does not fit); the verdicts are
 
 import hashlib
 import tarfile
+from concurrent.futures import Executor, Future
 from typing import Final
 
 from broker.backup.archive import BadArchive, Ledger
@@ -23,9 +24,15 @@ _PAX_LIMIT: Final = 1 << 20
 
 class StreamCheck:
     """`feed` the archive's bytes in order, then `finish`: raises BadArchive at the first
-    member that is not what the manifest says (or at `finish`, an archive cut short)."""
+    member that is not what the archive lists (or at `finish`, an archive cut short).
 
-    def __init__(self) -> None:
+    With a `hasher` (an executor of one thread) members are hashed there, while the caller
+    writes the piece out (hashlib lets go of the GIL): the caller changes no piece it fed
+    before `settle` returns."""
+
+    def __init__(self, hasher: Executor | None = None) -> None:
+        self._hasher = hasher
+        self._hashing: Future[None] | None = None
         self._ledger: Ledger | None = None
         self._head = bytearray()
         self._kept: bytearray | None = None  # kept: the manifest, checksums, a PAX header
@@ -47,8 +54,10 @@ class StreamCheck:
                 piece = view[at:at + take]
                 if self._kept is not None:
                     self._kept += piece
-                else:
+                elif self._hasher is None:
                     self._sha.update(piece)
+                else:
+                    self._hashing = self._hasher.submit(self._sha.update, piece)
                 self._left -= take
                 at += take
                 if not self._left:
@@ -64,6 +73,12 @@ class StreamCheck:
                 if len(self._head) == _BLOCK:
                     self._header(bytes(self._head))
                     self._head.clear()
+
+    def settle(self) -> None:
+        """Waits until the pieces fed are hashed."""
+        if self._hashing is not None:
+            self._hashing.result()
+            self._hashing = None
 
     def finish(self) -> Manifest:
         if not self._ended:
@@ -120,6 +135,7 @@ class StreamCheck:
         elif self._kept is not None:
             self._ledger.checksums(bytes(self._kept))
         else:
+            self.settle()
             self._ledger.done(self._path, self._size, self._sha.hexdigest())
         self._kept = None
 

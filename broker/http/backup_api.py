@@ -15,6 +15,7 @@ nothing uses: every checksum is checked before anything changes.
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import os
@@ -78,13 +79,20 @@ async def export_data(request: web.Request) -> web.StreamResponse:
         # lacks its last chunk, and the archive its checksums.json.
         asyncio.run_coroutine_threadsafe(response.prepare(request), loop).result()
 
+    writing: list[concurrent.futures.Future[None]] = []
+
     def sink(chunk: bytes) -> None:  # on the export's thread: waits for the client
-        asyncio.run_coroutine_threadsafe(response.write(chunk), loop).result()
+        # A chunk ahead: the thread makes the next while the loop writes this one.
+        if writing:
+            writing.pop().result()
+        writing.append(asyncio.run_coroutine_threadsafe(response.write(chunk), loop))
 
     async with request.app[_BUSY_KEY]:
         try:
             await export(node.ds, node.retainer, _groups(request), since_us, sink,
                          on_manifest=on_manifest)
+            if writing:
+                await asyncio.wrap_future(writing.pop())
         except (ExportFailed, BadArchive) as error:
             if response.prepared:
                 raise  # the client sees an archive cut short, which `verify` refuses

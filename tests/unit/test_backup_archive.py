@@ -6,6 +6,7 @@ import io
 import json
 import tarfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import IO
 
@@ -99,21 +100,26 @@ class _Stream:
         return self._file.read(size)
 
 
-def _pushed(raw: bytes) -> Manifest:
+def _pushed(raw: bytes, hashed_aside: bool = False) -> Manifest:
     """As `broker ctl data export` checks an archive arriving: pushed in pieces of odd
-    sizes, across headers and members."""
-    check = StreamCheck()
-    for at in range(0, len(raw), 333):
-        check.feed(raw[at:at + 333])
-    return check.finish()
+    sizes, across headers and members (with `hashed_aside`, hashed on a thread of its
+    own, each piece a copy the caller drops once hashed)."""
+    with ThreadPoolExecutor(1) as hasher:
+        check = StreamCheck(hasher if hashed_aside else None)
+        for at in range(0, len(raw), 333):
+            piece = bytearray(raw[at:at + 333])
+            check.feed(piece)
+            check.settle()
+            piece[:] = bytes(len(piece))  # what the caller reads next into its buffer
+        return check.finish()
 
 
-@pytest.fixture(params=["file", "stream", "pushed"])
+@pytest.fixture(params=["file", "stream", "pushed", "pushed-hashed-aside"])
 def checked(request: pytest.FixtureRequest) -> Callable[[bytes], Manifest]:
     """An archive's bytes checked whole (archive.verify of a file or a stream, or
     StreamCheck): its manifest, or BadArchive."""
-    if request.param == "pushed":
-        return _pushed
+    if request.param.startswith("pushed"):
+        return lambda raw: _pushed(raw, request.param == "pushed-hashed-aside")
     opened: Callable[[bytes], IO[bytes]] = (
         io.BytesIO if request.param == "file" else _Stream)  # type: ignore[assignment]
     return lambda raw: verify(opened(raw))
