@@ -147,17 +147,17 @@ def complete(head: Manifest, head_raw: bytes, raw: bytes) -> Manifest:
     checked; raises BadManifest."""
     try:
         value = json.loads(raw)
-        if not isinstance(value, dict) or value.get("kind") != KIND:
-            raise BadManifest(f"{CHECKSUMS}: not a backup's checksums")
-        if value.get("manifest_sha256") != hashlib.sha256(head_raw).hexdigest():
-            raise BadManifest(f"{NAME}: checksum mismatch: {CHECKSUMS} lists another"
-                              f" manifest")
-        manifest = replace(head, files=tuple(_member(entry) for entry in value["files"]))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise BadManifest(f"{CHECKSUMS}: not JSON: {error}") from None
+    if not isinstance(value, dict) or value.get("kind") != KIND:
+        raise BadManifest(f"{CHECKSUMS}: not a backup's checksums")
+    if value.get("manifest_sha256") != hashlib.sha256(head_raw).hexdigest():
+        raise BadManifest(f"{NAME}: checksum mismatch: {CHECKSUMS} lists another manifest")
+    try:
+        manifest = replace(head, files=tuple(_member(entry) for entry in value["files"]))
+    except BadManifest:
+        raise
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        if isinstance(error, BadManifest):
-            raise
         raise BadManifest(f"{CHECKSUMS}: missing or malformed field: {error!r}") from None
     check(manifest)
     return manifest

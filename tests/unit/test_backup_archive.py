@@ -158,6 +158,15 @@ def test_a_damaged_manifest_is_found_by_its_checksum(
         checked(bytes(raw))
 
 
+def test_nothing_follows_the_checksums(checked: Callable[[bytes], Manifest]) -> None:
+    whole = archive()
+    end = len(whole) - 1024  # before the two zero blocks that end a tar
+    out = io.BytesIO()
+    TarWriter(out.write).add(SESSIONS, 1, [b"x"])  # a member (and its padding) more
+    with pytest.raises(BadArchive, match=r"sessions\.pairs: after checksums\.json"):
+        checked(whole[:end] + out.getvalue() + bytes(1024))
+
+
 def test_pairs_go_in_parts_of_whole_chunks() -> None:
     chunk = b"x" * (PART_BYTES // 3 + 1)
     assert [len(part) for part in parts([chunk] * 7)] == [3, 3, 1]
