@@ -19,7 +19,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,7 +50,7 @@ def _refusal(error: urllib.error.HTTPError) -> str:
 def _summary(manifest: Manifest) -> dict[str, Any]:
     return {"created": manifest.created, "release": manifest.release,
             "incremental_since_us": manifest.since_us, "cut": manifest.cut,
-            "members": len(manifest.files) + 1,
+            "members": len(manifest.files) + (1 if manifest.version == 1 else 2),
             "bytes": sum(m.size for m in manifest.files),
             "generations": sum(g.in_archive for g in manifest.generations),
             "shards": manifest.n_shards, "backend": manifest.cluster.get("backend")}
@@ -67,12 +68,14 @@ def export_command(args: argparse.Namespace) -> int:
             # The node sends a plain tar; a FILE named .gz gets it compressed as it arrives.
             out = gzip.GzipFile(fileobj=file, mode="wb") if target.name.endswith(".gz") else file
             # Checked as it arrives (the node may fail half way: only a whole archive is
-            # kept), each piece written as it is read.
-            check, buffer = StreamCheck(), memoryview(bytearray(CHUNK))
-            while read := response.readinto(buffer):
-                check.feed(buffer[:read])
-                out.write(buffer[:read])
-            check.finish()
+            # kept), each piece written as it is hashed on a thread of its own.
+            with ThreadPoolExecutor(1, thread_name_prefix="hash") as hasher:
+                check, buffer = StreamCheck(hasher), memoryview(bytearray(CHUNK))
+                while read := response.readinto(buffer):
+                    check.feed(buffer[:read])
+                    out.write(buffer[:read])
+                    check.settle()
+                check.finish()
             if out is not file:
                 out.close()
             file.flush()
@@ -81,7 +84,7 @@ def export_command(args: argparse.Namespace) -> int:
         part.unlink(missing_ok=True)
         print(f"broker ctl data export: {_refusal(error)}", file=sys.stderr)
         return 1
-    except (OSError, BadArchive) as error:
+    except (OSError, http.client.HTTPException, BadArchive) as error:  # IncompleteRead
         part.unlink(missing_ok=True)
         print(f"broker ctl data export: {error}", file=sys.stderr)
         return 1
@@ -131,48 +134,41 @@ def import_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _file_chunks(path: Path) -> Iterator[bytes]:
-    with path.open("rb") as file:
-        while chunk := file.read(CHUNK):
-            yield chunk
-
-
-def _multipart(paths: list[Path]) -> tuple[str, int, Iterator[bytes]]:
-    """(content type, length, body) of `multipart/mixed` holding the archives, a part each
-    (with its length: the node reads it without searching for the boundary)."""
+def _multipart(paths: list[Path]) -> tuple[str, list[bytes | Path]]:
+    """(content type, body) of `multipart/mixed` holding the archives, a part each (with its
+    length: the node reads it without searching for the boundary)."""
     boundary = secrets.token_hex(24)
-    heads = [(f"--{boundary}\r\nContent-Type: application/x-tar\r\nContent-Length:"
-              f" {path.stat().st_size}\r\nContent-Disposition: attachment; filename="
-              f"\"{urllib.parse.quote(path.name)}\"\r\n\r\n").encode() for path in paths]
-    tail = f"--{boundary}--\r\n".encode()
-    length = sum(len(head) + path.stat().st_size + 2
-                 for head, path in zip(heads, paths, strict=True))
-
-    def body() -> Iterator[bytes]:
-        for head, path in zip(heads, paths, strict=True):
-            yield head
-            yield from _file_chunks(path)
-            yield b"\r\n"
-        yield tail
-    return f"multipart/mixed; boundary={boundary}", length + len(tail), body()
+    body: list[bytes | Path] = []
+    for path in paths:
+        body += [(f"--{boundary}\r\nContent-Type: application/x-tar\r\nContent-Length:"
+                  f" {path.stat().st_size}\r\nContent-Disposition: attachment; filename="
+                  f"\"{urllib.parse.quote(path.name)}\"\r\n\r\n").encode(), path, b"\r\n"]
+    return f"multipart/mixed; boundary={boundary}", [*body, f"--{boundary}--\r\n".encode()]
 
 
 def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, int]:
-    """POSTs the archive (several: `_multipart`) in 1 MiB blocks (urllib's are 8 KiB: a
-    Python call each)."""
+    """POSTs the archive (several: `_multipart`), each file sent by the kernel from the page
+    cache (socket.sendfile: no copy through this process; over TLS, read and sent)."""
     where = urllib.parse.urlsplit(args.url)
     make = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
-    connection = make(where.hostname or "127.0.0.1", where.port, timeout=_TIMEOUT,
-                      blocksize=CHUNK)
-    if len(paths) == 1:
-        kind, length, body = ("application/x-tar", paths[0].stat().st_size,
-                              _file_chunks(paths[0]))
-    else:
-        kind, length, body = _multipart(paths)
+    connection = make(where.hostname or "127.0.0.1", where.port, timeout=_TIMEOUT)
+    kind, body = (("application/x-tar", [paths[0]]) if len(paths) == 1 else
+                  _multipart(paths))
+    length = sum(len(piece) if isinstance(piece, bytes) else piece.stat().st_size
+                 for piece in body)
     try:
-        connection.request("POST", where.path.rstrip("/") + "/api/v5/data/import", body,
-                           {**args.auth_headers(args), "Content-Type": kind,
-                            "Content-Length": str(length)})
+        connection.putrequest("POST", where.path.rstrip("/") + "/api/v5/data/import")
+        for name, value in {**args.auth_headers(args), "Content-Type": kind,
+                            "Content-Length": str(length)}.items():
+            connection.putheader(name, value)
+        connection.endheaders()
+        for piece in body:
+            if isinstance(piece, bytes):
+                connection.send(piece)
+                continue
+            assert connection.sock is not None  # (connected by endheaders)
+            with piece.open("rb") as file:
+                connection.sock.sendfile(file)
         response = connection.getresponse()
         answer = response.read()
         if response.status != 200:
@@ -193,8 +189,8 @@ def verify_command(args: argparse.Namespace) -> int:
         return 1
     summary = _summary(manifest)
     print(json.dumps(summary) if args.output == "json" else
-          f"{path}: OK, {summary['members']} members ({NAME} and {summary['bytes']} bytes of"
-          f" data), made {manifest.created} by {manifest.release}")
+          f"{path}: OK, {summary['members']} members ({NAME}, its checksums and"
+          f" {summary['bytes']} bytes of data), made {manifest.created} by {manifest.release}")
     return 0
 
 

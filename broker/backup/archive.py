@@ -1,9 +1,11 @@
 """The archive as bytes: a POSIX tar written as a stream, read as a stream, each member's
-SHA-256 checked against the manifest (first member) as it is read.
+SHA-256 taken as it is read and checked against what the archive lists (its checksums.json,
+the last member; version 1: its manifest, the first).
 
-Nothing here holds a member, or the archive, in memory: members go out in chunks, and a
-reader gets each member as a file object it reads in chunks. `verify` reads a whole archive
-and names the first member that is not what the manifest says.
+Nothing here holds the archive in memory, nor a member but a part of a database read
+through a snapshot (`parts`: its header, which gives its size, goes first): members go out
+in chunks, and a reader gets each member as a file object it reads in chunks. `verify`
+reads a whole archive and names the first member that is not what the archive lists.
 """
 
 import hashlib
@@ -16,7 +18,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import IO, Final, Literal, Protocol
 
-from broker.backup.manifest import NAME, BadManifest, Manifest, parse
+from broker.backup.manifest import (
+    CHECKSUMS,
+    NAME,
+    PART_BYTES,
+    BadManifest,
+    Manifest,
+    complete,
+    parse,
+)
 
 CHUNK: Final = 1 << 20
 _BLOCK: Final = tarfile.BLOCKSIZE
@@ -71,6 +81,22 @@ def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
         yield b"".join(parts)
 
 
+def parts(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """`encode_pairs`' chunks (whole pairs each) grouped into parts of PART_BYTES or a chunk
+    more, the last smaller: a member each (manifest.py). One part, empty, for no chunk."""
+    part: list[bytes] = []
+    size = 0
+    empty = True
+    for chunk in chunks:
+        part.append(chunk)
+        size += len(chunk)
+        if size >= PART_BYTES:
+            yield part
+            part, size, empty = [], 0, False
+    if part or empty:
+        yield part
+
+
 def decode_pairs(file: Member, where: str) -> Iterator[tuple[bytes, bytes]]:
     """The pairs of `encode_pairs`, the member read CHUNK at a time (two reads a pair would
     be two calls through the tar reader's layers, and a stream's copies its buffer on each)."""
@@ -118,12 +144,6 @@ class TarWriter:
         info.size, info.mtime, info.mode = size, self._mtime, 0o644
         return info.tobuf(tarfile.PAX_FORMAT)
 
-    def length(self, members: Iterable[tuple[str, int]]) -> int:
-        """The bytes of an uncompressed archive of these members (path, size), in order,
-        once closed: an HTTP response sends it as its Content-Length."""
-        return sum(len(self._header(path, size)) + size + -size % _BLOCK
-                   for path, size in members) + 2 * _BLOCK
-
     def add(self, path: str, size: int, chunks: Iterable[bytes]) -> None:
         """A member of `size` bytes; raises BadArchive if the chunks add up otherwise (the
         source changed since its checksum was taken)."""
@@ -146,16 +166,6 @@ class TarWriter:
             tail = self._compress.flush()
             self.bytes += len(tail)
             self._sink(tail)
-
-
-def digest(chunks: Iterable[bytes]) -> tuple[int, str]:
-    """(size, SHA-256 hex) of a member's chunks."""
-    sha = hashlib.sha256()
-    size = 0
-    for chunk in chunks:
-        sha.update(chunk)
-        size += len(chunk)
-    return size, sha.hexdigest()
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -183,9 +193,9 @@ class _Member:
                              f" {error}") from None
 
 
-def members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
-    """The manifest and each member after it, as a stream (gzip or not): (manifest, path,
-    its file object, to read before the next). Members are not checked here.
+def _members(file: ArchiveFile) -> Iterator[tuple[str, int, Member]]:
+    """Each member as a stream (gzip or not): (path, size, its file object, to read before
+    the next). Members are not checked here.
 
     A file on disk is read as one (`r:`: a member's reads are reads of the file), a stream
     (an HTTP response) as a stream (`r|`: tarfile copies what its buffer holds on every read,
@@ -194,34 +204,41 @@ def members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
     mode: Literal["r:*", "r|*"] = "r:*" if seekable is not None and seekable() else "r|*"
     try:
         with tarfile.open(fileobj=file, mode=mode, bufsize=CHUNK) as tar:
-            first = tar.next()
-            if first is None or first.name != NAME or not first.isfile():
-                raise BadArchive(f"the first member is not {NAME}")
-            if first.size > _MANIFEST_LIMIT:
-                raise BadArchive(f"{NAME}: {first.size} bytes: not a manifest")
-            handle = tar.extractfile(first)
-            assert handle is not None
-            try:
-                manifest = parse(handle.read())
-            except BadManifest as error:
-                raise BadArchive(str(error)) from None
-            yield manifest, NAME, None
             while (info := tar.next()) is not None:
                 if not info.isfile():
                     raise BadArchive(f"{info.name}: not a regular file")
                 handle = tar.extractfile(info)
                 assert handle is not None
-                yield manifest, info.name, _Member(handle, info.name)
+                yield info.name, info.size, _Member(handle, info.name)
     except _DAMAGED as error:
         raise BadArchive(f"not a tar archive, or damaged or cut short: {error}") from None
 
 
-def check_member(path: str, size: int, sha256: str, want: Expected) -> None:
-    """Raises BadArchive unless a member read whole is of the size and SHA-256 listed."""
+def _whole(path: str, size: int, handle: Member) -> bytes:
+    """The manifest or checksums.json, read whole."""
+    if size > _MANIFEST_LIMIT:
+        raise BadArchive(f"{path}: {size} bytes: not a {path}")
+    return handle.read()
+
+
+def _head(path: str, raw: bytes) -> Manifest:
+    if path != NAME:
+        raise BadArchive(f"the first member is not {NAME}")
+    try:
+        return parse(raw)
+    except BadManifest as error:
+        raise BadArchive(str(error)) from None
+
+
+def check_member(path: str, size: int, sha256: str, want: Expected, lister: str = NAME,
+                 ) -> None:
+    """Raises BadArchive unless a member read whole is of the size and SHA-256 `lister`
+    lists."""
     if size != want[0]:
-        raise BadArchive(f"{path}: {size} bytes, {NAME} says {want[0]}")
+        raise BadArchive(f"{path}: {size} bytes, {lister} says {want[0]}")
     if sha256 != want[1]:
-        raise BadArchive(f"{path}: checksum mismatch: sha256 {sha256}, {NAME} says {want[1]}")
+        raise BadArchive(f"{path}: checksum mismatch: sha256 {sha256}, {lister} says"
+                         f" {want[1]}")
 
 
 def unlisted(path: str) -> BadArchive:
@@ -232,6 +249,70 @@ def missing(expected: dict[str, Expected]) -> BadArchive:
     """The archive ended with these members listed and not found."""
     return BadArchive(f"{min(expected)}: listed in {NAME} but not in the archive (cut"
                       f" short?)")
+
+
+class Ledger:
+    """An archive's members as read, against what it lists (version 2: its checksums.json,
+    the last member; version 1: its manifest, the first): the verdicts of `checked_members`
+    and StreamCheck alike, naming the first member, in the archive's order, that is not of
+    its listed size and SHA-256, not listed, or listed and missing."""
+
+    def __init__(self, manifest: Manifest, raw: bytes) -> None:
+        self.manifest = manifest
+        self._raw = raw
+        self._expected: dict[str, Expected] | None = (
+            _listed(manifest) if manifest.version == 1 else None)
+        self._found: dict[str, Expected] = {}  # version 2: until checksums.json
+        self._ended = False  # version 2: checksums.json was read
+
+    def is_checksums(self, path: str) -> bool:
+        """Whether the member is the archive's checksums.json (to read whole)."""
+        return path == CHECKSUMS and self._expected is None
+
+    def begin(self, path: str) -> None:
+        """A member's header; raises BadArchive if it cannot be one of this archive."""
+        if self._ended:
+            raise BadArchive(f"{path}: after {CHECKSUMS}, which ends an archive")
+        if path in self._found or (self._expected is not None and path not in self._expected):
+            raise unlisted(path)
+
+    def done(self, path: str, size: int, sha256: str) -> None:
+        """The member read whole: its size and SHA-256."""
+        if self._expected is not None:
+            check_member(path, size, sha256, self._expected.pop(path))
+        else:
+            self._found[path] = (size, sha256)
+
+    def checksums(self, raw: bytes) -> Manifest:
+        """checksums.json, read: the manifest with its files; every member found checked."""
+        if self._ended:
+            raise BadArchive(f"{CHECKSUMS} twice")
+        try:
+            self.manifest = complete(self.manifest, self._raw, raw)
+        except BadManifest as error:
+            raise BadArchive(str(error)) from None
+        self._ended = True
+        expected = _listed(self.manifest)
+        for path, (size, sha256) in self._found.items():
+            want = expected.pop(path, None)
+            if want is None:
+                raise unlisted(path)
+            check_member(path, size, sha256, want, CHECKSUMS)
+        if expected:
+            raise missing(expected)
+        return self.manifest
+
+    def finish(self) -> Manifest:
+        """The archive ended: raises BadArchive if it lacks a member (or its checksums)."""
+        if self._expected is None and not self._ended:
+            raise BadArchive(f"no {CHECKSUMS} at the end: the archive is cut short")
+        if self._expected:
+            raise missing(self._expected)
+        return self.manifest
+
+
+def _listed(manifest: Manifest) -> dict[str, Expected]:
+    return {m.path: (m.size, m.sha256) for m in manifest.files}
 
 
 class _Hashing:
@@ -261,9 +342,10 @@ class _Hashing:
 
 
 def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
-    """`members`, each checked once the caller moves past it (what it did not read is read
-    to the end first): raises BadArchive naming the first member that is not of its listed
-    size and SHA-256, not listed, or (at the end) listed and missing. A caller that writes
+    """The archive's members as (manifest, path, file object to read before the next): the
+    manifest and checksums.json (version 2) with None, each read whole here (the manifest
+    given with checksums.json has its files). Each member is hashed as it is read (what the
+    caller did not read is read to the end), and checked (Ledger): a caller that writes
     members out keeps what it wrote only once the iteration ends without an error."""
     with ThreadPoolExecutor(1, thread_name_prefix="backup-hash") as hasher:
         yield from _checked(file, hasher)
@@ -271,26 +353,25 @@ def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member |
 
 def _checked(file: ArchiveFile, hasher: ThreadPoolExecutor,
              ) -> Iterator[tuple[Manifest, str, Member | None]]:
-    manifest: Manifest | None = None
-    expected: dict[str, Expected] = {}
-    for found, path, handle in members(file):
-        if handle is None:
-            manifest = found
-            expected = {m.path: (m.size, m.sha256) for m in found.files}
-            yield found, path, None
+    ledger: Ledger | None = None
+    for path, size, handle in _members(file):
+        if ledger is None:
+            raw = _whole(path, size, handle) if path == NAME else b""
+            ledger = Ledger(_head(path, raw), raw)
+            yield ledger.manifest, path, None
             continue
-        want = expected.pop(path, None)
-        if want is None:
-            raise unlisted(path)
+        if ledger.is_checksums(path):
+            yield ledger.checksums(_whole(path, size, handle)), path, None
+            continue
+        ledger.begin(path)
         hashing = _Hashing(handle, hasher)
-        yield found, path, hashing
+        yield ledger.manifest, path, hashing
         while hashing.read(CHUNK):
             pass
-        check_member(path, hashing.size, hashing.hexdigest(), want)
-    if manifest is None:
+        ledger.done(path, hashing.size, hashing.hexdigest())
+    if ledger is None:
         raise BadArchive(f"empty archive: no {NAME}")
-    if expected:
-        raise missing(expected)
+    ledger.finish()
 
 
 def verify(file: ArchiveFile) -> Manifest:
@@ -303,9 +384,10 @@ def verify(file: ArchiveFile) -> Manifest:
 
 
 def read_manifest(file: ArchiveFile) -> Manifest:
-    """The manifest alone (the first member): what an archive holds, unchecked."""
-    for manifest, _, _ in members(file):
-        return manifest
+    """The manifest alone (the first member): what an archive holds, unchecked (version 2:
+    without its files, which its checksums.json, the last member, lists)."""
+    for path, size, handle in _members(file):
+        return _head(path, _whole(path, size, handle) if path == NAME else b"")
     raise BadArchive(f"empty archive: no {NAME}")
 
 

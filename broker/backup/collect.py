@@ -58,13 +58,12 @@ class ExportFailed(Exception):
 
 @dataclass(slots=True)
 class Source:
-    """A member to be: its path and how to read it, twice (checksum, then the archive),
-    the same bytes both times."""
+    """A member to be: its path, its size (None: a database read through a snapshot, of a
+    size known once read: it goes out in parts, manifest.PART_BYTES) and how to read it."""
 
     path: str
+    size: int | None
     read: Callable[[], Iterator[bytes]]
-    # An immutable file's identity (path, size, mtime): its digest is kept between exports.
-    identity: tuple[str, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -104,12 +103,10 @@ def _slab_files(directory: str, path: Path) -> list[Source]:
             continue
         member = f"{directory}/{file.name}"
         if file.name.endswith(_TABLE_SUFFIXES):
-            stat = file.stat()
-            sources.append(Source(member, _file_reader(file),
-                                  (str(file), stat.st_size, stat.st_mtime_ns)))
+            sources.append(Source(member, file.stat().st_size, _file_reader(file)))
         else:  # CURRENT, MANIFEST-*, *.log, manifest.json: small, and a reopen replaces them
             data = file.read_bytes()
-            sources.append(Source(member, functools.partial(iter, (data,))))
+            sources.append(Source(member, len(data), functools.partial(iter, (data,))))
     return sources
 
 
@@ -181,11 +178,12 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
                 open_slabs.acquire(slab)  # current, or its seal under way: open and pinned
                 view = slab.db.snapshot()
                 release.append(_closer(view, functools.partial(open_slabs.release, slab)))
-                sources.append(Source(entry.path + ".pairs",
+                sources.append(Source(entry.path + ".pairs", None,
                                       _pairs_reader(view, _keep_slab_key)))
         sessions_view = ds.sessions.view()
         release.append(_closer(sessions_view))
-        sources.insert(0, Source(SESSIONS, _pairs_reader(sessions_view, keep_session_key)))
+        sources.insert(0, Source(SESSIONS, None,
+                                 _pairs_reader(sessions_view, keep_session_key)))
         if groups is not None:
             cut["sessions"] = groups.machines[SESSIONS_GROUP].applied_index
         if retainer is not None:
@@ -195,7 +193,7 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
             cut["metadata"] = retainer.applied()[0]
         else:
             reader = lambda: iter(())  # noqa: E731
-        sources.insert(1, Source(RETAINED, reader))
+        sources.insert(1, Source(RETAINED, None, reader))
     except BaseException:
         for undo in release:
             undo()

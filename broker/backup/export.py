@@ -1,6 +1,6 @@
-"""An export: the cut (collect.py), then two passes over it on a worker thread: checksums
-(the manifest goes first in the archive, so it must list them before any data), then the
-archive itself, the same bytes read again (LevelDB snapshots and immutable tables).
+"""An export: the cut (collect.py), then one pass over it on a worker thread: each member
+read once (LevelDB snapshots and immutable tables), hashed as it goes out, the checksums
+listed last (manifest.CHECKSUMS).
 
 The event loop only takes the cut; the thread reads LevelDB, hashes (hashlib releases the
 GIL on large chunks) and hands the archive's chunks to `sink`, which may block (a file) or
@@ -8,18 +8,25 @@ wait for the loop (an HTTP response: backpressure).
 """
 
 import asyncio
+import hashlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from broker.backup.archive import Sink, TarWriter, digest
+from broker.backup.archive import Sink, TarWriter, parts
 from broker.backup.collect import Cut, ExportFailed, Replicated, collect
-from broker.backup.manifest import NAME, Manifest, Member
+from broker.backup.manifest import (
+    CHECKSUMS,
+    NAME,
+    Manifest,
+    Member,
+    encode_checksums,
+    part_path,
+)
 from broker.ds import DurableStorage
 from broker.formats import DATA_DIR, in_tree
 from broker.retainer.store import RetainedStore
@@ -39,20 +46,7 @@ more of one on a crowded machine (its writes, and the time it waits for a core),
 not a client to make room for; publishers that lose a fifth of their rate to an export
 keep a busy loop well above it (bench/backup_bench.py)."""
 WINDOW_S: Final = 0.1
-OnManifest = Callable[[bytes, int | None], None]
-
-
-_DIGESTS: "OrderedDict[tuple[str, int, int], tuple[int, str]]" = OrderedDict()
-"""(size, SHA-256) of sealed generations' tables by (path, size, mtime): they never change,
-so a scheduled export hashes each once (this process's exports; an LRU of _DIGESTS_KEPT)."""
-_DIGESTS_KEPT: Final = 100_000
-
-
-def _remember(identity: tuple[str, int, int], found: tuple[int, str]) -> None:
-    _DIGESTS[identity] = found
-    _DIGESTS.move_to_end(identity)
-    while len(_DIGESTS) > _DIGESTS_KEPT:
-        _DIGESTS.popitem(last=False)
+OnManifest = Callable[[bytes], None]
 
 
 class Pace:
@@ -106,40 +100,49 @@ def build_manifest(cut: Cut, members: list[Member], created_us: int,
 
 def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
                   gzip: bool = False, stopped: Callable[[], bool] = lambda: False,
-                  on_manifest: OnManifest = lambda raw, length: None,
+                  on_manifest: OnManifest = lambda raw: None,
                   loop_thread: int | None = None) -> tuple[Manifest, int]:
-    """Blocking (a worker thread): both passes; returns the manifest and the bytes written.
-    `on_manifest` gets the manifest and the archive's length (None with `gzip`) before any
-    byte goes to `sink` (an HTTP response sends them as headers); `loop_thread`: the event
+    """Blocking (a worker thread): the archive; returns its manifest (with its files) and
+    the bytes written. `on_manifest` gets the manifest member before any byte goes to
+    `sink` (an HTTP response sends its SHA-256 as a header); `loop_thread`: the event
     loop's native thread ID, which the export yields to while it is busy (Pace)."""
     paced = Pace(loop_thread)
     cut.expand_sealed()
-    members = []
+    manifest = build_manifest(cut, [], created_us, since_us)
+    raw = manifest.encode()
+    on_manifest(raw)
+    writer = TarWriter(sink, gzip)
+    writer.add(NAME, len(raw), (raw,))
+    members: list[Member] = []
     for source in cut.sources:
         if stopped():
             raise ExportFailed("the export was cancelled")
-        known = _DIGESTS.get(source.identity) if source.identity else None
-        size, sha = known or digest(paced(source.read()))
-        if source.identity is not None:
-            _remember(source.identity, (size, sha))
-        members.append(Member(source.path, size, sha))
-    manifest = build_manifest(cut, members, created_us, since_us)
-    writer = TarWriter(sink, gzip)
-    raw = manifest.encode()
-    on_manifest(raw, None if gzip else writer.length(
-        [(NAME, len(raw)), *((member.path, member.size) for member in members)]))
-    writer.add(NAME, len(raw), (raw,))
-    for source, member in zip(cut.sources, members, strict=True):
-        if stopped():
-            raise ExportFailed("the export was cancelled")
-        writer.add(member.path, member.size, paced(source.read()))
+        if source.size is not None:
+            members.append(_add(writer, source.path, source.size, paced(source.read())))
+            continue
+        for n, part in enumerate(parts(paced(source.read()))):
+            members.append(_add(writer, part_path(source.path, n), sum(map(len, part)), part))
+    checksums = encode_checksums(members, raw)
+    writer.add(CHECKSUMS, len(checksums), (checksums,))
     writer.close()
-    return manifest, writer.bytes
+    return build_manifest(cut, members, created_us, since_us), writer.bytes
+
+
+def _add(writer: TarWriter, path: str, size: int, chunks: Iterable[bytes]) -> Member:
+    """A member written, hashed on the way."""
+    sha = hashlib.sha256()
+
+    def hashed() -> Iterator[bytes]:
+        for chunk in chunks:
+            sha.update(chunk)
+            yield chunk
+    writer.add(path, size, hashed())
+    return Member(path, size, sha.hexdigest())
 
 
 async def export(ds: DurableStorage, retainer: RetainedStore | None,
                  groups: Replicated | None, since_us: int | None, sink: Sink,
-                 gzip: bool = False, on_manifest: OnManifest = lambda raw, length: None,
+                 gzip: bool = False, on_manifest: OnManifest = lambda raw: None,
                  ) -> tuple[Manifest, int]:
     """The archive of everything durable, at one cut, to `sink` (called on a worker thread).
     Its own thread: the storage's pool serves the brokers' writes meanwhile. Cancelled, the

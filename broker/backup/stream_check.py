@@ -6,14 +6,15 @@ checked as it arrives (bench/backup_bench.py). Here each piece is parsed in plac
 headers of 512 bytes, member data hashed through memoryview slices) and the caller writes
 the same piece out: one pass, no copy. Only what `TarWriter` writes is read (ustar headers,
 and a PAX header before one whose size or name does not fit); the verdicts are
-`archive.check_member`'s, the same as a file's.
+`archive.Ledger`'s, the same as a file's.
 """
 
 import hashlib
 import tarfile
+from concurrent.futures import Executor, Future
 from typing import Final
 
-from broker.backup.archive import BadArchive, Expected, check_member, missing, unlisted
+from broker.backup.archive import BadArchive, Ledger
 from broker.backup.manifest import NAME, BadManifest, Manifest, parse
 
 _BLOCK: Final = tarfile.BLOCKSIZE
@@ -23,13 +24,18 @@ _PAX_LIMIT: Final = 1 << 20
 
 class StreamCheck:
     """`feed` the archive's bytes in order, then `finish`: raises BadArchive at the first
-    member that is not what the manifest says (or at `finish`, an archive cut short)."""
+    member that is not what the archive lists (or at `finish`, an archive cut short).
 
-    def __init__(self) -> None:
-        self.manifest: Manifest | None = None
-        self._expected: dict[str, Expected] = {}
+    With a `hasher` (an executor of one thread) members are hashed there, while the caller
+    writes the piece out (hashlib lets go of the GIL): the caller changes no piece it fed
+    before `settle` returns."""
+
+    def __init__(self, hasher: Executor | None = None) -> None:
+        self._hasher = hasher
+        self._hashing: Future[None] | None = None
+        self._ledger: Ledger | None = None
         self._head = bytearray()
-        self._kept: bytearray | None = None  # a member's data kept: the manifest, a PAX header
+        self._kept: bytearray | None = None  # kept: the manifest, checksums, a PAX header
         self._pax: dict[str, str] = {}
         self._path = ""
         self._kind = b""
@@ -48,8 +54,10 @@ class StreamCheck:
                 piece = view[at:at + take]
                 if self._kept is not None:
                     self._kept += piece
-                else:
+                elif self._hasher is None:
                     self._sha.update(piece)
+                else:
+                    self._hashing = self._hasher.submit(self._sha.update, piece)
                 self._left -= take
                 at += take
                 if not self._left:
@@ -66,15 +74,19 @@ class StreamCheck:
                     self._header(bytes(self._head))
                     self._head.clear()
 
+    def settle(self) -> None:
+        """Waits until the pieces fed are hashed."""
+        if self._hashing is not None:
+            self._hashing.result()
+            self._hashing = None
+
     def finish(self) -> Manifest:
         if not self._ended:
             where = f" in {self._path}" if self._left or self._skip else ""
             raise BadArchive(f"the archive is cut short{where}: no end of archive")
-        if self.manifest is None:
+        if self._ledger is None:
             raise BadArchive(f"empty archive: no {NAME}")
-        if self._expected:
-            raise missing(self._expected)
-        return self.manifest
+        return self._ledger.finish()
 
     def _header(self, block: bytes) -> None:
         if block.count(0) == _BLOCK:
@@ -97,15 +109,14 @@ class StreamCheck:
             self._kept = bytearray()
         elif not info.isfile():
             raise BadArchive(f"{path}: not a regular file")
-        elif self.manifest is None:
-            if path != NAME:
+        elif self._ledger is None or self._ledger.is_checksums(path):
+            if self._ledger is None and path != NAME:
                 raise BadArchive(f"the first member is not {NAME}")
             if size > _MANIFEST_LIMIT:
-                raise BadArchive(f"{NAME}: {size} bytes: not a manifest")
+                raise BadArchive(f"{path}: {size} bytes: not a {path}")
             self._kept = bytearray()
-        elif path not in self._expected:
-            raise unlisted(path)
         else:
+            self._ledger.begin(path)
             self._sha = hashlib.sha256()
         if not size:
             self._member_done()
@@ -114,16 +125,18 @@ class StreamCheck:
         if self._kind == tarfile.XHDTYPE:
             assert self._kept is not None
             self._pax = _pax_records(bytes(self._kept), self._path)
-        elif self.manifest is None:
+        elif self._ledger is None:
             assert self._kept is not None
+            raw = bytes(self._kept)
             try:
-                self.manifest = parse(bytes(self._kept))
+                self._ledger = Ledger(parse(raw), raw)
             except BadManifest as error:
                 raise BadArchive(str(error)) from None
-            self._expected = {m.path: (m.size, m.sha256) for m in self.manifest.files}
+        elif self._kept is not None:
+            self._ledger.checksums(bytes(self._kept))
         else:
-            check_member(self._path, self._size, self._sha.hexdigest(),
-                         self._expected.pop(self._path))
+            self.settle()
+            self._ledger.done(self._path, self._size, self._sha.hexdigest())
         self._kept = None
 
 

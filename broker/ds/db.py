@@ -19,7 +19,7 @@ from typing import Any
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.ds.files import recover_swap, write_atomically
+from broker.ds.files import recover_swap, swap_in, write_atomically
 from broker.ds.iterator import Iterator, Stream, read_plan
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.recent import RecentReads
@@ -97,12 +97,30 @@ class MessagesDB:
 
     def reopen_shard(self, i: int) -> Shard:
         """Blocking: shard `i` again from its directory, with the old one's writer hooks."""
+        return self._install(i, self._load_shard(i))
+
+    def _install(self, i: int, slabs: list[Slab]) -> Shard:
         old = self.shards[i]
-        shard = self.shards[i] = self._shard(i, self._load_shard(i))
+        shard = self.shards[i] = self._shard(i, slabs)
         shard.replication = old.replication
         if old.next.wanted:
             shard.prepare_next()
         return shard
+
+    def replace_shards(self, indexes: Sequence[int]) -> None:
+        """Blocking: shards `indexes` closed, their directories replaced by the ones built
+        beside them (files.swap_in) and opened again, side by side: each swap and open
+        waits on fsyncs, which one shard after the other would wait for in turn."""
+        for i in indexes:
+            self.close_shard_now(i)
+
+        def load(i: int) -> list[Slab]:
+            swap_in(self.path / f"shard-{i:03d}")
+            return self._load_shard(i)
+        with ThreadPoolExecutor(len(indexes), thread_name_prefix=f"{self.name}-open") as pool:
+            loaded = list(pool.map(load, indexes))
+        for i, slabs in zip(indexes, loaded, strict=True):
+            self._install(i, slabs)
 
     def store_batch(self, messages: Sequence[TTV], sync: bool = True) -> Awaitable[None]:
         """Buffers the messages on their publishers' shards; the result resolves once all

@@ -15,6 +15,7 @@ nothing uses: every checksum is checked before anything changes.
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import os
@@ -72,19 +73,26 @@ async def export_data(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
 
-    def on_manifest(raw: bytes, length: int | None) -> None:  # on the export's thread
+    def on_manifest(raw: bytes) -> None:  # on the export's thread
         response.headers[MANIFEST_HEADER] = hashlib.sha256(raw).hexdigest()
-        # Not chunked: the client reads the body as it is, and one cut short is seen so.
-        response.content_length = length
+        # Chunked (the archive's length is known once it is written): a body cut short
+        # lacks its last chunk, and the archive its checksums.json.
         asyncio.run_coroutine_threadsafe(response.prepare(request), loop).result()
 
+    writing: list[concurrent.futures.Future[None]] = []
+
     def sink(chunk: bytes) -> None:  # on the export's thread: waits for the client
-        asyncio.run_coroutine_threadsafe(response.write(chunk), loop).result()
+        # A chunk ahead: the thread makes the next while the loop writes this one.
+        if writing:
+            writing.pop().result()
+        writing.append(asyncio.run_coroutine_threadsafe(response.write(chunk), loop))
 
     async with request.app[_BUSY_KEY]:
         try:
             await export(node.ds, node.retainer, _groups(request), since_us, sink,
                          on_manifest=on_manifest)
+            if writing:
+                await asyncio.wrap_future(writing.pop())
         except (ExportFailed, BadArchive) as error:
             if response.prepared:
                 raise  # the client sees an archive cut short, which `verify` refuses

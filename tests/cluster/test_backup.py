@@ -85,8 +85,9 @@ def test_export_a_cluster_under_load_and_import_it_into_a_fresh_one(
             names = tar.getnames()
         assert any(name.endswith(".ldb") for name in names), names
         bad = tmp_path / "bad.tar"
-        corrupt(archive, "retained.pairs", bad)
-        assert "retained.pairs: checksum mismatch" in ctl("verify", str(bad), ok=False).stderr
+        corrupt(archive, "retained.pairs.000000", bad)
+        assert "retained.pairs.000000: checksum mismatch" in ctl("verify", str(bad),
+                                                                  ok=False).stderr
         for client in clients:
             client.close()
         clients.clear()

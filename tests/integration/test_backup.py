@@ -5,6 +5,8 @@ export began, the retained messages and the shared group; a node holding data is
 a stopped node's data dir is restored offline with --force.
 """
 
+import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from broker.backup.manifest import CHECKSUMS, NAME, pairs_of
 from tests.integration.clients import PahoClient, wait_offline, wait_until
 from tests.support.broker_process import BrokerProcess
 
@@ -122,6 +125,26 @@ def corrupt(archive: Path, member: str, into: Path) -> None:
     into.write_bytes(bytes(data))
 
 
+def as_version_1(archive: Path, into: Path) -> None:
+    """The archive as format version 1 wrote it: the members' checksums in the manifest,
+    the first member; each database read through a snapshot in one member."""
+    data: dict[str, bytes] = {}
+    with tarfile.open(archive) as tar:
+        manifest = json.load(tar.extractfile(NAME))  # type: ignore[arg-type]
+        for info in tar.getmembers():
+            if info.name not in (NAME, CHECKSUMS):
+                name = pairs_of(info.name) or info.name
+                data[name] = data.get(name, b"") + tar.extractfile(info).read()  # type: ignore[union-attr]
+    manifest.update(version=1, files=[
+        {"path": path, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+        for path, content in data.items()])
+    with tarfile.open(into, "w") as tar:
+        for path, content in [(NAME, json.dumps(manifest).encode()), *data.items()]:
+            info = tarfile.TarInfo(path)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+
+
 def test_export_under_load_verify_corrupt_import_and_offline(
         start_broker: Callable[..., Any], tmp_path: Path,
         clients: list[PahoClient]) -> None:
@@ -162,11 +185,13 @@ def test_export_under_load_verify_corrupt_import_and_offline(
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert names[0] == "manifest.json" and any(n.endswith(".ldb") for n in names)
+    assert names[-1] == "checksums.json" and "sessions.pairs.000000" in names
     assert not any("reserve.bin" in n for n in names)
     bad = tmp_path / "bad.tar"
-    corrupt(archive, "sessions.pairs", bad)
+    corrupt(archive, "sessions.pairs.000000", bad)
     refused = ctl("verify", str(bad), ok=False)
-    assert refused.returncode == 1 and "sessions.pairs: checksum mismatch" in refused.stderr
+    assert refused.returncode == 1
+    assert "sessions.pairs.000000: checksum mismatch" in refused.stderr
 
     target: BrokerProcess = start_broker(tmp_path / "target")
     refused = ctl("import", str(bad), "--url", url(target), ok=False)
@@ -201,7 +226,9 @@ def test_export_under_load_verify_corrupt_import_and_offline(
     for client in clients:
         client.close()
     assert target.stop() == 0
-    ctl("import", str(archive), "--force", "--data-dir", str(target.data_dir))
+    old = tmp_path / "version-1.tar"  # an archive of the format before still imports
+    as_version_1(archive, old)
+    ctl("import", str(old), "--force", "--data-dir", str(target.data_dir))
     restarted: BrokerProcess = start_broker(target.data_dir)
     durable = resume(restarted.tcp, "durable-2")
     clients.append(durable)

@@ -1,10 +1,13 @@
 """The pure parts of backups: the manifest (build, parse, check) and the archive's stream
 format (tar members with a SHA-256 each, pairs), read back and checked member by member."""
 
+import hashlib
 import io
 import json
 import tarfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import IO
 
 import pytest
@@ -14,52 +17,75 @@ from broker.backup.archive import (
     BadArchive,
     TarWriter,
     decode_pairs,
-    digest,
     encode_pairs,
+    parts,
     verify,
 )
 from broker.backup.manifest import (
+    CHECKSUMS,
     NAME,
+    PART_BYTES,
     RETAINED,
     SESSIONS,
     BadManifest,
     Generation,
     Manifest,
     Member,
+    encode_checksums,
+    pairs_of,
     parse,
     parse_time,
     unreadable_formats,
 )
 from broker.backup.stream_check import StreamCheck
 
-DATA = {SESSIONS: b"s" * 1000, RETAINED: b"",
+# What an export writes (version 2): a database read through a snapshot in parts.
+DATA = {"sessions.pairs.000000": b"s" * 1000, "retained.pairs.000000": b"",
         "messages/shard-000/gen-000001/000005.ldb": bytes(range(256)) * 9,
-        "messages/shard-000/gen-000002.pairs": b"pairs"}
+        "messages/shard-000/gen-000002.pairs.000000": b"pa",
+        "messages/shard-000/gen-000002.pairs.000001": b"irs"}
+# What version 1 wrote: each in one member.
+DATA_V1 = {SESSIONS: b"s" * 1000, RETAINED: b"",
+           "messages/shard-000/gen-000001/000005.ldb": bytes(range(256)) * 9,
+           "messages/shard-000/gen-000002.pairs": b"pairs"}
 GENERATIONS = (Generation(0, 1, 10, 20, True), Generation(0, 2, 20, None, False))
 
 
+def digest(data: bytes) -> tuple[int, str]:
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def members(data: dict[str, bytes]) -> tuple[Member, ...]:
+    return tuple(Member(path, *digest(content)) for path, content in data.items())
+
+
 def manifest(files: tuple[Member, ...] | None = None, since: int | None = None,
-             generations: tuple[Generation, ...] = GENERATIONS) -> Manifest:
+             generations: tuple[Generation, ...] = GENERATIONS, version: int = 2) -> Manifest:
+    """The manifest of `archive()` (version 2: with the files its checksums.json lists)."""
     if files is None:
-        files = tuple(Member(path, *digest([data])) for path, data in DATA.items())
+        files = members(DATA if version == 2 else DATA_V1)
     return Manifest("0.2.0", "2026-12-06T12:00:00Z", 1, since,
                     {"n_shards": 1, "site": "a"}, {"messages": 1}, {"metadata": 4},
-                    generations, files)
+                    generations, files, version)
 
 
-def archive(gzip: bool = False, data: dict[str, bytes] = DATA,
-            listed: Manifest | None = None) -> bytes:
+def archive(gzip: bool = False, data: dict[str, bytes] | None = None,
+            listed: Manifest | None = None, version: int = 2) -> bytes:
+    """An archive of `data` as `listed` lists it (default: as it is), in `version`'s layout:
+    2, the manifest first and checksums.json last; 1, the manifest with the files first."""
+    data = (DATA if version == 2 else DATA_V1) if data is None else data
+    listed = listed or manifest(members(data), version=version)
     out = io.BytesIO()
     writer = TarWriter(out.write, gzip)
-    raw = (listed or manifest()).encode()
+    raw = listed.encode()
     writer.add(NAME, len(raw), [raw])
     for path, content in data.items():
         writer.add(path, len(content), [content[:100], content[100:]])
+    if version == 2:
+        checksums = encode_checksums(list(listed.files), raw)
+        writer.add(CHECKSUMS, len(checksums), [checksums])
     writer.close()
     assert writer.bytes == len(out.getvalue())
-    if not gzip:  # what an HTTP response announces as its Content-Length
-        assert writer.length([(NAME, len(raw)), *((p, len(c)) for p, c in data.items())]) \
-            == writer.bytes
     return out.getvalue()
 
 
@@ -74,41 +100,81 @@ class _Stream:
         return self._file.read(size)
 
 
-def _pushed(raw: bytes) -> Manifest:
+def _pushed(raw: bytes, hashed_aside: bool = False) -> Manifest:
     """As `broker ctl data export` checks an archive arriving: pushed in pieces of odd
-    sizes, across headers and members."""
-    check = StreamCheck()
-    for at in range(0, len(raw), 333):
-        check.feed(raw[at:at + 333])
-    return check.finish()
+    sizes, across headers and members (with `hashed_aside`, hashed on a thread of its
+    own, each piece a copy the caller drops once hashed)."""
+    with ThreadPoolExecutor(1) as hasher:
+        check = StreamCheck(hasher if hashed_aside else None)
+        for at in range(0, len(raw), 333):
+            piece = bytearray(raw[at:at + 333])
+            check.feed(piece)
+            check.settle()
+            piece[:] = bytes(len(piece))  # what the caller reads next into its buffer
+        return check.finish()
 
 
-@pytest.fixture(params=["file", "stream", "pushed"])
+@pytest.fixture(params=["file", "stream", "pushed", "pushed-hashed-aside"])
 def checked(request: pytest.FixtureRequest) -> Callable[[bytes], Manifest]:
     """An archive's bytes checked whole (archive.verify of a file or a stream, or
     StreamCheck): its manifest, or BadArchive."""
-    if request.param == "pushed":
-        return _pushed
+    if request.param.startswith("pushed"):
+        return lambda raw: _pushed(raw, request.param == "pushed-hashed-aside")
     opened: Callable[[bytes], IO[bytes]] = (
         io.BytesIO if request.param == "file" else _Stream)  # type: ignore[assignment]
     return lambda raw: verify(opened(raw))
 
 
 def test_manifest_round_trip() -> None:
-    made = manifest()
+    made = manifest(version=1)
     assert parse(made.encode()) == made
     assert json.loads(made.encode())["kind"] == "durable-mqtt-backup"
+    head = manifest()  # version 2: the files are in checksums.json, not in the manifest
+    assert parse(head.encode()) == replace(head, files=())
+    assert "files" not in json.loads(head.encode())
 
 
+@pytest.mark.parametrize("version", [2, 1])
 @pytest.mark.parametrize("gzip", [False, True])
-def test_archive_is_a_tar_that_verifies(gzip: bool) -> None:
-    raw = archive(gzip)
-    assert verify(io.BytesIO(raw)) == verify(_Stream(raw)) == manifest()
+def test_archive_is_a_tar_that_verifies(gzip: bool, version: int) -> None:
+    raw = archive(gzip, version=version)
+    made = manifest(version=version)
+    assert verify(io.BytesIO(raw)) == verify(_Stream(raw)) == made
     if not gzip:  # what a node sends, as `broker ctl data export` checks it arriving
-        assert _pushed(raw) == manifest()
+        assert _pushed(raw) == made
+    data = DATA if version == 2 else DATA_V1
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        assert tar.getnames() == [NAME, *DATA]
-        assert tar.extractfile(SESSIONS).read() == DATA[SESSIONS]  # type: ignore[union-attr]
+        assert tar.getnames() == [NAME, *data, *([CHECKSUMS] if version == 2 else [])]
+        first = next(iter(data))
+        assert tar.extractfile(first).read() == data[first]  # type: ignore[union-attr]
+
+
+def test_a_damaged_manifest_is_found_by_its_checksum(
+        checked: Callable[[bytes], Manifest]) -> None:
+    raw = bytearray(archive())
+    at = raw.index(b'"created": "2026') + len(b'"created": "')
+    raw[at] = ord("3")  # still a manifest, but not the one checksums.json was written for
+    with pytest.raises(BadArchive, match=r"manifest\.json: checksum mismatch"):
+        checked(bytes(raw))
+
+
+def test_nothing_follows_the_checksums(checked: Callable[[bytes], Manifest]) -> None:
+    whole = archive()
+    end = len(whole) - 1024  # before the two zero blocks that end a tar
+    out = io.BytesIO()
+    TarWriter(out.write).add(SESSIONS, 1, [b"x"])  # a member (and its padding) more
+    with pytest.raises(BadArchive, match=r"sessions\.pairs: after checksums\.json"):
+        checked(whole[:end] + out.getvalue() + bytes(1024))
+
+
+def test_pairs_go_in_parts_of_whole_chunks() -> None:
+    chunk = b"x" * (PART_BYTES // 3 + 1)
+    assert [len(part) for part in parts([chunk] * 7)] == [3, 3, 1]
+    assert list(parts([])) == [[]]  # an empty database is one empty part
+    assert pairs_of("messages/shard-001/gen-000002.pairs.000003") == \
+        "messages/shard-001/gen-000002.pairs"
+    assert pairs_of(SESSIONS) == SESSIONS
+    assert pairs_of("messages/shard-001/gen-000002/000005.ldb") is None
 
 
 def test_a_flipped_byte_names_its_member(checked: Callable[[bytes], Manifest]) -> None:
@@ -125,15 +191,23 @@ def test_cut_short_missing_and_extra_members_are_refused(
     raw = archive()
     with pytest.raises(BadArchive, match="cut short"):
         checked(raw[:len(raw) // 2])
-    fewer = {k: v for k, v in DATA.items() if k != RETAINED}
-    with pytest.raises(BadArchive, match=r"retained\.pairs: listed .* not in the archive"):
-        checked(archive(data=fewer))
-    more = {**DATA, "messages/shard-000/gen-000003.pairs": b"x"}
-    with pytest.raises(BadArchive, match=r"gen-000003\.pairs: not listed"):
-        checked(archive(data=more))
-    long = {**DATA, "x" * 150: b"x"}  # its name in a PAX header before its own
-    with pytest.raises(BadArchive, match=r"x{150}: not listed"):
-        checked(archive(data=long))
+    for version in (2, 1):
+        data = DATA if version == 2 else DATA_V1
+        listed = manifest(version=version)
+        retained = next(path for path in data if path.startswith(RETAINED))
+        fewer = {k: v for k, v in data.items() if k != retained}
+        with pytest.raises(BadArchive, match=r"retained\.pairs.*: listed .* not in the"):
+            checked(archive(data=fewer, listed=listed, version=version))
+        more = {**data, "messages/shard-000/gen-000003.pairs": b"x"}
+        with pytest.raises(BadArchive, match=r"gen-000003\.pairs: not listed"):
+            checked(archive(data=more, listed=listed, version=version))
+        long = {**data, "x" * 150: b"x"}  # its name in a PAX header before its own
+        with pytest.raises(BadArchive, match=r"x{150}: not listed"):
+            checked(archive(data=long, listed=listed, version=version))
+    whole = archive()
+    without = whole[:whole.rindex(CHECKSUMS.encode())]  # cut short before checksums.json
+    with pytest.raises(BadArchive, match="cut short"):
+        checked(without[:len(without) - len(without) % 512] + bytes(1024))
     with pytest.raises(BadArchive, match="first member"):
         out = io.BytesIO()
         writer = TarWriter(out.write)
@@ -160,7 +234,7 @@ def test_pairs_round_trip_and_cut_short() -> None:
 
 @pytest.mark.parametrize(("change", "error"), [
     (lambda m: m.update(kind="other"), "not a backup manifest"),
-    (lambda m: m.update(version=2), "version 2"),
+    (lambda m: m.update(version=3), "version 3"),
     (lambda m: m.pop("cut"), "missing or malformed"),
     (lambda m: m["files"].append({"path": "../etc/passwd", "size": 1, "sha256": "0" * 64}),
      "not one an archive holds"),
@@ -170,7 +244,7 @@ def test_pairs_round_trip_and_cut_short() -> None:
     (lambda m: m["files"].pop(), "gen-000002.pairs not listed"),
 ])
 def test_bad_manifests_are_named(change, error: str) -> None:  # type: ignore[no-untyped-def]
-    value = manifest().to_json()
+    value = manifest(version=1).to_json()
     change(value)
     with pytest.raises(BadManifest, match=error):
         parse(json.dumps(value).encode())
@@ -180,8 +254,8 @@ def test_bad_manifests_are_named(change, error: str) -> None:  # type: ignore[no
 
 def test_incremental_leaves_sealed_generations_out() -> None:
     gens = (Generation(0, 1, 10, 20, True, in_archive=False), GENERATIONS[1])
-    files = tuple(Member(p, *digest([d])) for p, d in DATA.items() if ".ldb" not in p)
-    made = manifest(files, since=15, generations=gens)
+    files = tuple(Member(p, *digest(d)) for p, d in DATA_V1.items() if ".ldb" not in p)
+    made = manifest(files, since=15, generations=gens, version=1)
     assert parse(made.encode()).since_us == 15
 
 
