@@ -507,8 +507,12 @@ generations, which a new replica gets as their files (broker/ds/shipped.py)."""
 CATCH_UP_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
     ("log", {}),
     ("snapshot", {"durable_storage.raft.snapshot_interval": str(SNAPSHOT_INTERVAL)}),
-    ("files", {"durable_storage.messages.generation_max_size": SEALED_GENERATION}),
+    ("files", {"durable_storage.messages.generation_max_size": SEALED_GENERATION,
+               "durable_storage.raft.snapshot_bytes_rate": "0"}),
+    ("files-throttled", {"durable_storage.messages.generation_max_size": SEALED_GENERATION}),
 )
+"""`files` measures the mechanism (the throttle off: `cp -r` has none), `files-throttled`
+what the default `snapshot_bytes_rate` (256MB/s) costs on top."""
 
 
 def _commits(members: list[Running]) -> dict[int, int]:
