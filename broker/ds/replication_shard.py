@@ -40,10 +40,10 @@ from typing import IO, Any, Final
 
 import plyvel  # type: ignore[import-untyped]
 
+from broker.ds import files
 from broker.ds import replication_layer as cmd
 from broker.ds.bulk import Batches
 from broker.ds.db import MessagesDB
-from broker.ds.files import rebuild
 from broker.ds.kv import KVStore
 from broker.ds.manifest import NAME as MANIFEST
 from broker.ds.open_slabs import OpenSlabs
@@ -59,7 +59,7 @@ from broker.ds.shipped import (
 )
 from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab
 from broker.ds.ttv import TTV
-from broker.raft.host import ApplyFailed
+from broker.raft.host import ApplyFailed, PendingInstall
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.spool import (
@@ -160,7 +160,7 @@ class _Machine:
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
         return self.spool.chunk(self.applied_index, index, offset)
 
-    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | PendingInstall | None:
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
         try:
             installed = self.spool.receive(
@@ -294,7 +294,7 @@ class ShardMachine(_Machine):
             slab.sealed_at is not None and slab is not shard.current
             for slab in shard.slabs.values())
 
-    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | PendingInstall | None:
         """Version 1 through the spool's file; version 2 (its first record says so) through
         a Receiver, which may have the transfer resume elsewhere (shipped.py)."""
         if chunk.offset == 0:
@@ -309,45 +309,76 @@ class ShardMachine(_Machine):
             resume = receiver.feed(chunk.offset, chunk.data)
             if resume is not None or not chunk.done:
                 return resume
-            synced = receiver.synced()
-            self._drop_receiver()
-            self.spool.end_dump()
-            self.spool.drop()
-            meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-            self._install_shipped(receiver, synced, chunk.index, chunk.term, meta)
         except (plyvel.Error, OSError, cmd.BadCommand) as failure:
-            # Kept as it was; the transfer starts over, what was received whole is kept.
             self._drop_receiver()
-            raise ApplyFailed(f"{self.spool.name}: snapshot {chunk.index} at offset"
-                              f" {chunk.offset}: {failure}", failure) from failure
-        self._installed(chunk)
-        return None
+            raise self._failed(chunk, failure) from failure
+        self._receiver = None  # the install's now
+        self.spool.end_dump()
+        self.spool.drop()
+        return self._install_shipped(receiver, chunk)
+
+    def _failed(self, chunk: SnapshotChunk, failure: Exception) -> ApplyFailed:
+        """The shard is kept as it was; the transfer starts over, what was received whole
+        is kept."""
+        return ApplyFailed(f"{self.spool.name}: snapshot {chunk.index} at offset"
+                           f" {chunk.offset}: {failure}", failure)
 
     def _drop_receiver(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
 
-    def _install_shipped(self, receiver: Receiver, synced: set[Path], index: int, term: int,
-                         meta: bytes) -> None:
-        """Blocking: the slabs sent as records built, the files moved in beside them (those
-        not in `synced` synced first), the whole swapped in for the shard's directory."""
+    def _install_shipped(self, receiver: Receiver, chunk: SnapshotChunk) -> PendingInstall:
+        """On a thread of its own (the event loop serves the node's other groups
+        meanwhile; a big current generation takes seconds): the received files synced, the
+        slabs sent as records built and the files moved in beside them, in a directory
+        beside the shard's. Then, on the loop: that directory swapped in."""
         compression = self.shard.compression
         records, staging = receiver.records_path, receiver.staging
+        meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
+        fresh = files.staging(self.shard.path)
+        job: list[concurrent.futures.Future[None]] = []
 
-        def build(fresh: Path) -> None:
-            _build_slabs(fresh, records, self.index, index, term, meta, compression)
-            install_files(fresh, receiver.files, staging, synced)
+        def build() -> None:
+            try:
+                try:
+                    synced = receiver.synced()
+                finally:
+                    receiver.close()  # (its records' file too: read below)
+                shutil.rmtree(fresh, ignore_errors=True)
+                _build_slabs(fresh, records, self.index, chunk.index, chunk.term, meta,
+                             compression)
+                install_files(fresh, receiver.files, staging, synced)
+            except BaseException:
+                shutil.rmtree(fresh, ignore_errors=True)
+                raise
+            finally:
+                records.unlink(missing_ok=True)
 
-        try:
-            rebuild(self.shard.path, build, lambda: self._db.close_shard_now(self.index))
-        finally:
-            records.unlink(missing_ok=True)
-        self._reopen(self.index)
-        shutil.rmtree(staging, ignore_errors=True)
-        log.info("messages shard %d replaced by a snapshot at index %d: %d files shipped,"
-                 " %d kept from an earlier transfer, %d fetched again", self.index, index,
-                 len(receiver.files), receiver.skipped, receiver.refetched)
+        def start(done: Callable[[], object]) -> None:
+            thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="snapshot-install")
+            job.append(thread.submit(build))
+            thread.shutdown(wait=False)
+            job[0].add_done_callback(lambda _: done())
+
+        def finish() -> int | None:
+            try:
+                job[0].result()
+                self._db.close_shard_now(self.index)
+                files.swap_in(self.shard.path)
+            except (plyvel.Error, OSError, cmd.BadCommand) as failure:
+                raise self._failed(chunk, failure) from failure
+            self._reopen(self.index)
+            shutil.rmtree(staging, ignore_errors=True)
+            log.info("messages shard %d replaced by a snapshot at index %d: %d files"
+                     " shipped, %d kept from an earlier transfer, %d fetched again",
+                     self.index, chunk.index, len(receiver.files), receiver.skipped,
+                     receiver.refetched)
+            self._installed(chunk)
+            return None
+
+        return PendingInstall(start, finish)
 
     @property
     def shard(self) -> Shard:
@@ -417,9 +448,10 @@ class ShardMachine(_Machine):
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
         compression = self.shard.compression
-        rebuild(self.shard.path, lambda fresh: _build_slabs(fresh, snapshot, self.index, index,
-                                                            term, meta, compression),
-                lambda: self._db.close_shard_now(self.index))
+        files.rebuild(self.shard.path,
+                      lambda fresh: _build_slabs(fresh, snapshot, self.index, index, term,
+                                                 meta, compression),
+                      lambda: self._db.close_shard_now(self.index))
         self._reopen(self.index)
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
 
