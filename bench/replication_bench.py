@@ -27,8 +27,10 @@ and on ours RF 3 only:
             the node started again: the time until its replica has applied every entry
             committed before (new site, joined as a learner), against `cp -r` of a surviving
             node's data dir; then a session drained from the new replica checks its content.
-            Once with the log kept (`log`) and once with it compacted every SNAPSHOT_INTERVAL
-            entries, so the new replica is sent snapshots (`snapshot`).
+            Once with the log kept (`log`), once with it compacted every SNAPSHOT_INTERVAL
+            entries, so the new replica is sent snapshots (`snapshot`), and twice with most
+            data in sealed generations, shipped as files: the snapshot throttle off
+            (`files`) and at its default (`files-throttled`).
 Writes bench/replication_results.json (every run).
 """
 
@@ -52,7 +54,7 @@ from typing import Any, NamedTuple
 if __package__ in (None, ""):  # run as a script: make `bench` and `broker` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import brokers, cluster_bench, durable_bench, report, wire
+from bench import brokers, cluster_bench, durable_bench, procstat, report, wire
 from bench.brokers import Running
 from bench.cluster_bench import Placement, median_round, metrics
 from bench.scenarios import PAYLOAD, Timing
@@ -507,8 +509,12 @@ generations, which a new replica gets as their files (broker/ds/shipped.py)."""
 CATCH_UP_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
     ("log", {}),
     ("snapshot", {"durable_storage.raft.snapshot_interval": str(SNAPSHOT_INTERVAL)}),
-    ("files", {"durable_storage.messages.generation_max_size": SEALED_GENERATION}),
+    ("files", {"durable_storage.messages.generation_max_size": SEALED_GENERATION,
+               "durable_storage.raft.snapshot_bytes_rate": "0"}),
+    ("files-throttled", {"durable_storage.messages.generation_max_size": SEALED_GENERATION}),
 )
+"""`files` measures the mechanism (the throttle off: `cp -r` has none), `files-throttled`
+what the default `snapshot_bytes_rate` (256MB/s) costs on top."""
 
 
 def _commits(members: list[Running]) -> dict[int, int]:
@@ -576,8 +582,11 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
         started = time.monotonic()
         brokers.respawn(victim)
         up = wait_for(lambda: _answers(victim), members, "the emptied node's HTTP API")
+        cpu = [procstat.cpu_seconds(m.pid) for m in members]
         done = wait_for(lambda: _applied(victim, target), members,
                         "the new replica caught up", 600)
+        cpu = [round(procstat.cpu_seconds(m.pid) - c, 3) for m, c in zip(members, cpu,
+                                                                          strict=True)]
         connack = wait_for(lambda: brokers.probe(victim.port), members, "its first CONNACK")
         copy = victim.tmp.parent / "copy"
         copy_started = time.monotonic()
@@ -587,6 +596,8 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
             "up_s": round(up - started, 3),
             "caught_up_s": round(done - started, 3),
             "transfer_s": round(done - up, 3),
+            # CPU seconds of each node (the new replica last) over `transfer_s`
+            "nodes_cpu_s": cpu,
             "first_connack_s": round(connack - started, 3),
             "catch_up_msgs_per_s": round(messages / max(done - up, POLL)),
             "source_data_mib": round(_size(source.tmp / "data") / 2**20, 1),
@@ -704,6 +715,7 @@ def table(run: dict[str, Any]) -> str:
             f" s) = "
             f"{cu['catch_up_msgs_per_s']:,} msgs/s; cp -r {cu['copy_s']} s = "
             f"{cu['copy_msgs_per_s']:,} msgs/s; ratio {cu['catch_up_over_copy']:.3f}x; "
+            f"CPU of the nodes meanwhile {cu.get('nodes_cpu_s')} s; "
             f"drained from it {cu['drain_delivered']:,} of {cu['messages']:,}")
     return "\n".join(lines)
 

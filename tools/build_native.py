@@ -56,6 +56,7 @@ MODULES = (
     "broker/raft/log.py", "broker/raft/messages.py", "broker/raft/progress.py",
     "broker/raft/ready.py",
     "broker/ds/replication_layer.py", "broker/ds/replication_shard.py",
+    "broker/ds/shard_snapshot.py",
 )
 
 

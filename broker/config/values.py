@@ -52,14 +52,16 @@ Rate = tuple[float, float]
 """(amount, period in seconds): `10/100ms` is (10.0, 0.1)."""
 
 
-def parse_rate(*, sizes: bool) -> Callable[[Any], Rate | None]:
+def parse_rate(*, sizes: bool, zero_unlimited: bool = False
+               ) -> Callable[[Any], Rate | None]:
     """EMQX's rate values: `infinity` (None: no limit) or AMOUNT/PERIOD such as `1000/s`,
     `10/100ms` or `500/10s`; with `sizes`, the amount may carry a size unit (`1MB/s`,
-    `64KB/s`, binary units as in `parse_size`)."""
+    `64KB/s`, binary units as in `parse_size`); with `zero_unlimited`, `0` is no limit too
+    (a throttle turned off, as Mosquitto and RabbitMQ write it)."""
 
     def parse(raw: Any) -> Rate | None:
         text = str(raw).strip()
-        if text.lower() == "infinity":
+        if text.lower() == "infinity" or (zero_unlimited and text == "0"):
             return None
         match = _RATE_RE.match(text)
         if not match or (match.group(2) and not sizes):

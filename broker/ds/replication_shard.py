@@ -34,90 +34,55 @@ import logging
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Final
 
 import plyvel  # type: ignore[import-untyped]
 
+from broker.ds import files
 from broker.ds import replication_layer as cmd
 from broker.ds.bulk import Batches
 from broker.ds.db import MessagesDB
-from broker.ds.files import rebuild
 from broker.ds.kv import KVStore
-from broker.ds.manifest import NAME as MANIFEST
-from broker.ds.open_slabs import OpenSlabs
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
+from broker.ds.shard_snapshot import (
+    PAIR_RECORD,
+    SLAB,
+    SLAB_RECORD,
+    pairs,
+    records,
+    split_pair,
+    write_pairs,
+    write_slabs,
+    write_slabs_and_files,
+)
 from broker.ds.shipped import (
     FORMAT_RECORD,
     Receiver,
-    format_record,
     install_files,
-    link_sealed,
     staging_of,
-    write_files,
 )
 from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab
 from broker.ds.ttv import TTV
-from broker.raft.host import ApplyFailed
+from broker.raft.host import ApplyFailed, PendingInstall
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.spool import (
-    FILE_BUFFER,
-    DumpStopped,
     DumpWriter,
-    Insert,
     Pace,
     SnapshotSpool,
 )
 
 log = logging.getLogger(__name__)
 
-_RECORD: Final = struct.Struct(">BI")
-_SLAB: Final = struct.Struct(">QQQ")
-_U32: Final = struct.Struct(">I")
 _APPLIED: Final = struct.Struct(">QQ")
-_SLAB_RECORD: Final = 1
-_PAIR_RECORD: Final = 2
 APPLIED_KEY: Final = b"A" + b"raft_applied"  # sessions: the last command applied
 SNAPSHOT_KEY: Final = b"A" + b"raft_snapshot"  # (index, term, config) of the last installed
 # Writer -> serial of its last KV command applied: a database key, so snapshots carry it.
 CHAINS_KEY: Final = b"A" + b"raft_kv_chains"
 # A replica's own: the snapshot installed sets them.
 _NOT_DUMPED: Final = frozenset({APPLIED_KEY, SNAPSHOT_KEY})
-
-
-def _record(kind: int, data: bytes) -> bytes:
-    return _RECORD.pack(kind, len(data)) + data
-
-
-def _pair(key: bytes, value: bytes) -> bytes:
-    return _record(_PAIR_RECORD, _U32.pack(len(key)) + key + value)
-
-
-def _records(path: Path) -> Iterator[tuple[int, bytes]]:
-    with path.open("rb", buffering=FILE_BUFFER) as file:
-        while head := file.read(_RECORD.size):
-            if len(head) < _RECORD.size:
-                raise cmd.BadCommand("a snapshot cut short in a record's head")
-            kind, length = _RECORD.unpack(head)
-            body = file.read(length)
-            if len(body) < length:
-                raise cmd.BadCommand("a snapshot cut short in a record")
-            yield kind, body
-
-
-def _split_pair(body: bytes) -> tuple[bytes, bytes]:
-    (klen,) = _U32.unpack_from(body)
-    return body[4:4 + klen], body[4 + klen:]
-
-
-def _pairs(path: Path) -> Iterator[tuple[bytes, bytes]]:
-    """The key/value pairs of a sessions snapshot, read as they are consumed (a generator
-    function: mypyc makes a list of a generator expression passed as an argument)."""
-    for kind, body in _records(path):
-        if kind == _PAIR_RECORD:
-            yield _split_pair(body)
 
 
 class _Machine:
@@ -160,7 +125,7 @@ class _Machine:
     def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool] | None:
         return self.spool.chunk(self.applied_index, index, offset)
 
-    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | PendingInstall | None:
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
         try:
             installed = self.spool.receive(
@@ -216,56 +181,6 @@ def _snapshot_meta(raw: bytes | None) -> SnapshotMeta | None:
     return SnapshotMeta(index, term, Config.decode(raw[_APPLIED.size:]))
 
 
-def _write_slabs(file: IO[bytes], stop: threading.Event, slabs: list[tuple[Slab, int]],
-                 current: Slab, view: Any, open_slabs: OpenSlabs, thresholds: bytes) -> None:
-    for slab, sealed_at in slabs:
-        file.write(_record(_SLAB_RECORD, _SLAB.pack(slab.generation, slab.created,
-                                                     sealed_at) + thresholds))
-        if slab is current:
-            _write_pairs(file, stop, view.iterator())
-            continue
-        open_slabs.acquire(slab)
-        try:
-            _write_pairs(file, stop, slab.db.iterator())
-        finally:
-            open_slabs.release(slab)
-
-
-def _write_slabs_and_files(file: IO[bytes], stop: threading.Event,
-                           slabs: list[tuple[Slab, int]], current: Slab, view: Any,
-                           open_slabs: OpenSlabs, thresholds: bytes, links: Path
-                           ) -> list[Insert]:
-    """Version 2 (shipped.py): the slabs sealed on disk (their manifest written: the seal's
-    compaction is over) as their files, then the others as in version 1."""
-    files: list[tuple[int, str, Path]] = []
-    rest: list[tuple[Slab, int]] = []
-    for slab, sealed_at in slabs:
-        if slab is current or not sealed_at or not (slab.path / MANIFEST).exists():
-            rest.append((slab, sealed_at))
-            continue
-        if stop.is_set():
-            raise DumpStopped
-        with slab.steady():
-            linked = link_sealed(slab.path, links / slab.path.name)
-        files += [(slab.generation, name, path) for name, path in linked]
-    file.write(format_record(len(files)))
-    inserts = write_files(file, files)
-    _write_slabs(file, stop, rest, current, view, open_slabs, thresholds)
-    return inserts
-
-
-def _write_pairs(file: IO[bytes], stop: threading.Event, items: Any,
-                 skip: frozenset[bytes] = frozenset()) -> None:
-    try:
-        for n, (key, value) in enumerate(items):
-            if not n % 1024 and stop.is_set():
-                raise DumpStopped
-            if key not in skip:
-                file.write(_pair(key, value))
-    finally:
-        items.close()
-
-
 def _always() -> bool:
     return True
 
@@ -294,7 +209,7 @@ class ShardMachine(_Machine):
             slab.sealed_at is not None and slab is not shard.current
             for slab in shard.slabs.values())
 
-    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | PendingInstall | None:
         """Version 1 through the spool's file; version 2 (its first record says so) through
         a Receiver, which may have the transfer resume elsewhere (shipped.py)."""
         if chunk.offset == 0:
@@ -309,45 +224,76 @@ class ShardMachine(_Machine):
             resume = receiver.feed(chunk.offset, chunk.data)
             if resume is not None or not chunk.done:
                 return resume
-            synced = receiver.synced()
-            self._drop_receiver()
-            self.spool.end_dump()
-            self.spool.drop()
-            meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-            self._install_shipped(receiver, synced, chunk.index, chunk.term, meta)
         except (plyvel.Error, OSError, cmd.BadCommand) as failure:
-            # Kept as it was; the transfer starts over, what was received whole is kept.
             self._drop_receiver()
-            raise ApplyFailed(f"{self.spool.name}: snapshot {chunk.index} at offset"
-                              f" {chunk.offset}: {failure}", failure) from failure
-        self._installed(chunk)
-        return None
+            raise self._failed(chunk, failure) from failure
+        self._receiver = None  # the install's now
+        self.spool.end_dump()
+        self.spool.drop()
+        return self._install_shipped(receiver, chunk)
+
+    def _failed(self, chunk: SnapshotChunk, failure: Exception) -> ApplyFailed:
+        """The shard is kept as it was; the transfer starts over, what was received whole
+        is kept."""
+        return ApplyFailed(f"{self.spool.name}: snapshot {chunk.index} at offset"
+                           f" {chunk.offset}: {failure}", failure)
 
     def _drop_receiver(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
 
-    def _install_shipped(self, receiver: Receiver, synced: set[Path], index: int, term: int,
-                         meta: bytes) -> None:
-        """Blocking: the slabs sent as records built, the files moved in beside them (those
-        not in `synced` synced first), the whole swapped in for the shard's directory."""
+    def _install_shipped(self, receiver: Receiver, chunk: SnapshotChunk) -> PendingInstall:
+        """On a thread of its own (the event loop serves the node's other groups
+        meanwhile; a big current generation takes seconds): the received files synced, the
+        slabs sent as records built and the files moved in beside them, in a directory
+        beside the shard's. Then, on the loop: that directory swapped in."""
         compression = self.shard.compression
         records, staging = receiver.records_path, receiver.staging
+        meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
+        fresh = files.staging(self.shard.path)
+        job: list[concurrent.futures.Future[None]] = []
 
-        def build(fresh: Path) -> None:
-            _build_slabs(fresh, records, self.index, index, term, meta, compression)
-            install_files(fresh, receiver.files, staging, synced)
+        def build() -> None:
+            try:
+                try:
+                    synced = receiver.synced()
+                finally:
+                    receiver.close()  # (its records' file too: read below)
+                shutil.rmtree(fresh, ignore_errors=True)
+                _build_slabs(fresh, records, self.index, chunk.index, chunk.term, meta,
+                             compression)
+                install_files(fresh, receiver.files, staging, synced)
+            except BaseException:
+                shutil.rmtree(fresh, ignore_errors=True)
+                raise
+            finally:
+                records.unlink(missing_ok=True)
 
-        try:
-            rebuild(self.shard.path, build, lambda: self._db.close_shard_now(self.index))
-        finally:
-            records.unlink(missing_ok=True)
-        self._reopen(self.index)
-        shutil.rmtree(staging, ignore_errors=True)
-        log.info("messages shard %d replaced by a snapshot at index %d: %d files shipped,"
-                 " %d kept from an earlier transfer, %d fetched again", self.index, index,
-                 len(receiver.files), receiver.skipped, receiver.refetched)
+        def start(done: Callable[[], object]) -> None:
+            thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="snapshot-install")
+            job.append(thread.submit(build))
+            thread.shutdown(wait=False)
+            job[0].add_done_callback(lambda _: done())
+
+        def finish() -> int | None:
+            try:
+                job[0].result()
+                self._db.close_shard_now(self.index)
+                files.swap_in(self.shard.path)
+            except (plyvel.Error, OSError, cmd.BadCommand) as failure:
+                raise self._failed(chunk, failure) from failure
+            self._reopen(self.index)
+            shutil.rmtree(staging, ignore_errors=True)
+            log.info("messages shard %d replaced by a snapshot at index %d: %d files"
+                     " shipped, %d kept from an earlier transfer, %d fetched again",
+                     self.index, chunk.index, len(receiver.files), receiver.skipped,
+                     receiver.refetched)
+            self._installed(chunk)
+            return None
+
+        return PendingInstall(start, finish)
 
     @property
     def shard(self) -> Shard:
@@ -408,18 +354,19 @@ class ShardMachine(_Machine):
             open_slabs.release(current)
 
         if self._ship_files():
-            return functools.partial(_write_slabs_and_files, slabs=slabs, current=current,
+            return functools.partial(write_slabs_and_files, slabs=slabs, current=current,
                                      view=view, open_slabs=open_slabs, thresholds=thresholds,
                                      links=self.spool.links), release
-        return functools.partial(_write_slabs, slabs=slabs, current=current, view=view,
+        return functools.partial(write_slabs, slabs=slabs, current=current, view=view,
                                  open_slabs=open_slabs, thresholds=thresholds), release
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
         compression = self.shard.compression
-        rebuild(self.shard.path, lambda fresh: _build_slabs(fresh, snapshot, self.index, index,
-                                                            term, meta, compression),
-                lambda: self._db.close_shard_now(self.index))
+        files.rebuild(self.shard.path,
+                      lambda fresh: _build_slabs(fresh, snapshot, self.index, index, term,
+                                                 meta, compression),
+                      lambda: self._db.close_shard_now(self.index))
         self._reopen(self.index)
         log.info("messages shard %d replaced by a snapshot at index %d", self.index, index)
 
@@ -431,20 +378,20 @@ def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
     sealed: list[tuple[Path, int, int]] = []
     batches: Batches | None = None  # the open slab's
     checkpoint: bytes | None = None  # the last slab's (the current one: see _start_dump)
-    for kind, body in _records(snapshot):
-        if kind == _SLAB_RECORD:
+    for kind, body in records(snapshot):
+        if kind == SLAB_RECORD:
             if batches is not None:
                 batches.finish([])
                 batches.db.close()
             checkpoint = None
-            generation, _created, sealed_at = _SLAB.unpack_from(body)
+            generation, _created, sealed_at = SLAB.unpack_from(body)
             path = generation_dir(fresh, generation)
             batches = Batches(plyvel.DB(str(path), create_if_missing=True,
                                         compression=compression))
             if sealed_at:
                 sealed.append((path, generation, sealed_at))
-        elif kind == _PAIR_RECORD and batches is not None:
-            key, value = _split_pair(body)
+        elif kind == PAIR_RECORD and batches is not None:
+            key, value = split_pair(body)
             batches.put(key, value)
             if key == CHECKPOINT_KEY:
                 checkpoint = value
@@ -576,12 +523,12 @@ class KVMachine(_Machine):
         view = self.kv.view()
 
         def write(file: IO[bytes], stop: threading.Event) -> None:
-            _write_pairs(file, stop, view.iterator(), _NOT_DUMPED)
+            write_pairs(file, stop, view.iterator(), _NOT_DUMPED)
 
         return write, view.close
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
-        self.kv.replace(_pairs(snapshot),
+        self.kv.replace(pairs(snapshot),
                         [(APPLIED_KEY, _APPLIED.pack(index, term)), (SNAPSHOT_KEY, meta)])
         self.chains = _stored_chains(self.kv)
         if self.on_writes is not None:

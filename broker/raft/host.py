@@ -63,11 +63,26 @@ class StateMachine(Protocol):
         while the snapshot is being prepared: the core asks again when its snapshot
         transfer times out."""
 
-    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
+    def install_chunk(self, chunk: SnapshotChunk) -> "int | PendingInstall | None":
         """A received chunk; the one with `done` replaces the state, durably, at
         `chunk.index`. Raises ApplyFailed when its storage fails (the state it had is
         kept; the transfer starts over). Returns None, or the offset the transfer goes on
-        from instead of the chunk's end (RaftGroup.chunk_stored's `resume`)."""
+        from instead of the chunk's end (RaftGroup.chunk_stored's `resume`), or a
+        PendingInstall when the rest of the work runs off the event loop."""
+
+
+class PendingInstall:
+    """An install whose heavy part (rebuilding a database from a snapshot) runs elsewhere,
+    a worker thread, so the event loop goes on serving every other group meanwhile. The
+    shell calls `start(done)`; `done()` comes from any thread once the work is over, and
+    the shell then has the host call `finish()` on the loop: install_chunk's answer (or
+    ApplyFailed). Until then the group's chunk stays unanswered (the core answers a chunk
+    only once stored) and its committed entries wait."""
+
+    def __init__(self, start: Callable[[Callable[[], object]], None],
+                 finish: Callable[[], int | None]) -> None:
+        self.start = start
+        self.finish = finish
 
 
 class Rewindable(Protocol):
@@ -91,11 +106,16 @@ class HostBatch:
 
 
 class _Group:
-    __slots__ = ("core", "last_batch", "machine", "proposals", "reads", "stalled")
+    __slots__ = ("core", "held", "installing", "last_batch", "machine", "proposals", "reads",
+                 "stalled")
 
     def __init__(self, core: RaftGroup, machine: StateMachine) -> None:
         self.core = core
         self.machine = machine
+        # An install running off the loop (its chunk), the chunks received after it and
+        # the entries committed meanwhile: handled once it is over (`RaftHost.installed`).
+        self.installing: tuple[SnapshotChunk, PendingInstall] | None = None
+        self.held: tuple[list[SnapshotChunk], list[Entry]] = ([], [])
         # Committed entries not applied: applying the first raised (`RaftHost.retry`).
         self.stalled: list[Entry] | None = None
         self.last_batch = 0  # entries of this group in the last fsync that had any
@@ -129,6 +149,9 @@ class RaftHost:
         self.messages_received = 0
         # (group, error) of applies and rewinds that raised, for the shell to report.
         self.apply_errors: list[tuple[int, BaseException]] = []
+        # (group, install) started off the loop, for the shell to `start` (see
+        # PendingInstall) and to report back through `installed(group)`.
+        self.installs: list[tuple[int, PendingInstall]] = []
 
     def add_group(self, group: int, machine: StateMachine,
                   recovered: RecoveredGroup | None = None, voters: frozenset[str] = frozenset(),
@@ -246,21 +269,7 @@ class RaftHost:
         core = hosted.core
         ready = core.ready()
         group = core.group
-        stored = True  # after a chunk that failed, the rest of the transfer is not stored
-        moved = False  # the machine moved the transfer elsewhere (its `resume`)
-        for chunk in ready.snapshot_chunks:
-            if moved and chunk.offset:
-                continue  # sent before the leader heard of the move: it sends them again
-            moved = False
-            resume: int | None = None
-            if stored:
-                try:
-                    resume = hosted.machine.install_chunk(chunk)
-                except ApplyFailed as error:
-                    stored = False
-                    self.apply_errors.append((group, error.cause))
-            core.chunk_stored(chunk, stored, resume)
-            moved = resume is not None
+        self._store_chunks(hosted, ready.snapshot_chunks)
         wal = self.wal
         if ready.hard_state is not None:
             wal.hard_state(group, ready.hard_state)
@@ -276,12 +285,73 @@ class RaftHost:
         batch.after_persist.extend(ready.after_persist)
         return ready
 
+    def _store_chunks(self, hosted: "_Group", chunks: list[SnapshotChunk]) -> None:
+        """Hands received chunks to the machine, in order, and tells the core of each;
+        those after an install that goes on off the loop wait for it (`installed`)."""
+        if hosted.installing is not None:
+            hosted.held[0].extend(chunks)
+            return
+        core = hosted.core
+        stored = True  # after a chunk that failed, the rest of the transfer is not stored
+        moved = False  # the machine moved the transfer elsewhere (its `resume`)
+        for position, chunk in enumerate(chunks):
+            if moved and chunk.offset:
+                continue  # sent before the leader heard of the move: it sends them again
+            moved = False
+            resume: int | None = None
+            if stored:
+                try:
+                    answer = hosted.machine.install_chunk(chunk)
+                except ApplyFailed as error:
+                    stored = False
+                    self.apply_errors.append((core.group, error.cause))
+                else:
+                    if isinstance(answer, PendingInstall):
+                        hosted.installing = (chunk, answer)
+                        hosted.held[0].extend(chunks[position + 1:])
+                        self.installs.append((core.group, answer))
+                        return
+                    resume = answer
+            core.chunk_stored(chunk, stored, resume)
+            moved = resume is not None
+
+    def installed(self, group: int) -> None:
+        """The work of the group's PendingInstall is over: the install finished on the loop
+        and the core told; the entries committed meanwhile applied unless the snapshot
+        replaced them (the core hands what follows it again); then the chunks that came
+        meanwhile."""
+        hosted = self.groups.get(group)
+        if hosted is None or hosted.installing is None:
+            return
+        (chunk, pending), (chunks, entries) = hosted.installing, hosted.held
+        hosted.installing, hosted.held = None, ([], [])
+        core = hosted.core
+        stored = True
+        resume: int | None = None
+        try:
+            resume = pending.finish()
+        except ApplyFailed as error:
+            stored = False
+            self.apply_errors.append((group, error.cause))
+        core.chunk_stored(chunk, stored, resume)
+        if not stored or core.applied_index != chunk.index:
+            self._apply(hosted, entries)
+        # A transfer started meanwhile, from its first chunk, of a snapshot past what the
+        # node holds now; what comes before (the installed one's chunks sent again) is
+        # dropped unanswered: the core expects no more of that transfer.
+        first = next((n for n, held in enumerate(chunks)
+                      if held.offset == 0 and held.index > core.commit), len(chunks))
+        self._store_chunks(hosted, chunks[first:])
+
     def _settle(self, hosted: "_Group", ready: Ready) -> None:
         """The rest of a Ready, once its log writes are on their way: committed entries
         applied, reads and snapshot requests answered."""
         core = hosted.core
         if ready.committed:
-            self._apply(hosted, ready.committed)
+            if hosted.installing is not None:
+                hosted.held[1].extend(ready.committed)
+            else:
+                self._apply(hosted, ready.committed)
         for context, index in ready.reads:
             assert callable(context)
             if index <= core.applied_index:

@@ -260,6 +260,8 @@ class RaftNode:
         if self._closed:
             return
         self.host.flush(self._queue)
+        if self.host.installs:
+            self._start_installs()
         if self.host.apply_errors:
             self._stalled()
         if self.host.has_ready():
@@ -274,6 +276,24 @@ class RaftNode:
                     future.set_result(None)
                 else:
                     self._waiters.append((condition, future))
+
+    def _start_installs(self) -> None:
+        """Installs the host handed off the loop: each tells the loop when its work is over
+        (from its thread), and the host finishes it there (`_installed`)."""
+        installs, self.host.installs = self.host.installs, []
+        for group, pending in installs:
+            pending.start(functools.partial(self._loop.call_soon_threadsafe,
+                                            self._installed, group))
+
+    def _installed(self, group: int) -> None:
+        if self._closed:
+            return
+        self.host.installed(group)
+        if self.host.installs:
+            self._start_installs()
+        if self.host.apply_errors:
+            self._stalled()
+        self._schedule_flush()
 
     async def _ticker(self) -> None:
         while True:

@@ -2,6 +2,7 @@
 directories: shard 0 of a `messages` database and the `sessions` database, the replicas of
 the replicated-storage tests."""
 
+import asyncio
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,7 +12,7 @@ from broker.ds import replication_layer as cmd
 from broker.ds.db import MessagesDB
 from broker.ds.replication_shard import Admit, KVMachine, OnWrites, ShardMachine
 from broker.ds.shard import ChangeListener
-from broker.raft.host import StateMachine
+from broker.raft.host import PendingInstall, StateMachine
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk
 from broker.session.durable.ownership import sessions_of
@@ -94,12 +95,25 @@ async def snapshot_chunk(machine: StateMachine, index: int, offset: int
     return answer
 
 
+async def install_chunk(machine: StateMachine, chunk: SnapshotChunk) -> int | None:
+    """The machine's `install_chunk`, run to its end as the node's shell does when the
+    install goes on off the loop (a PendingInstall: awaited, then finished)."""
+    answer = machine.install_chunk(chunk)
+    if not isinstance(answer, PendingInstall):
+        return answer
+    loop = asyncio.get_running_loop()
+    over = loop.create_future()
+    answer.start(lambda: loop.call_soon_threadsafe(over.set_result, None))
+    await over
+    return answer.finish()
+
+
 async def transfer(source: StateMachine, target: StateMachine) -> int:
     """Moves a snapshot chunk by chunk, as the Raft core asks for them; returns its index."""
     index = offset = 0
     while True:
         at, data, done = await snapshot_chunk(source, index, offset)
-        target.install_chunk(SnapshotChunk(at, 1, CONFIG, offset, data, done))
+        await install_chunk(target, SnapshotChunk(at, 1, CONFIG, offset, data, done))
         if done:
             return at
         index, offset = at, offset + len(data)

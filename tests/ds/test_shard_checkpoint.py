@@ -13,7 +13,7 @@ from broker.ds.manifest import NAME as MANIFEST
 from broker.ds.slab import CHECKPOINT_KEY
 from broker.raft.messages import Config
 from broker.raft.ready import SnapshotChunk
-from tests.ds.replicas import Replica, by_generation, snapshot_chunk, stores
+from tests.ds.replicas import Replica, by_generation, install_chunk, snapshot_chunk, stores
 
 
 def test_a_restarted_shard_replays_past_its_checkpoint_to_the_same_keys(
@@ -62,8 +62,8 @@ async def test_a_snapshot_carries_the_writers_of_its_index(
     at, data, done = await snapshot_chunk(source.machine, 0, 0)
     assert (at, done) == (4, True)
     target = Replica(tmp_path / "target", executor)
-    target.machine.install_chunk(SnapshotChunk(4, 1, Config(frozenset({"a", "b", "c"})),
-                                               0, data, True))
+    await install_chunk(target.machine, SnapshotChunk(4, 1, Config(frozenset({"a", "b", "c"})),
+                                                      0, data, True))
     assert target.stored() == source.stored()
     target.apply(5, stores(4, 4)[0])  # the writer's retry of serial 4: skipped
     assert target.machine.shard.duplicates == 1

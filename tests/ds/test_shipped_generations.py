@@ -8,7 +8,7 @@ from pathlib import Path
 from broker.ds.replication_shard import ShardMachine
 from broker.ds.shipped import FILE_RECORD, staging_of
 from broker.raft.ready import SnapshotChunk
-from tests.ds.replicas import CONFIG, Replica, by_generation, snapshot_chunk
+from tests.ds.replicas import CONFIG, Replica, by_generation, install_chunk, snapshot_chunk
 from tests.ds.test_shard_snapshot import PER_STORE, big_stores, filled, held, spooled
 
 
@@ -32,7 +32,7 @@ async def move(source: ShardMachine, target: ShardMachine, *, stop_after: int = 
                 + data[len(data) // 2 + 1:]
         chunks += 1
         sent += len(data)
-        resume = target.install_chunk(SnapshotChunk(at, 1, CONFIG, offset, data, done))
+        resume = await install_chunk(target, SnapshotChunk(at, 1, CONFIG, offset, data, done))
         if resume is None and done:
             return at, sent
         index, offset = at, resume if resume is not None else offset + len(data)

@@ -23,7 +23,9 @@ off or down; or to the one RaftHost chooses), while proposals go on, and sometim
 leader or the target crashes mid-transfer; the same checks hold.
 
 A received snapshot chunk's storage fails now and then (a full disk): the follower keeps the
-state it had, acknowledges nothing of that transfer, and the leader starts it over. Now and
+state it had, acknowledges nothing of that transfer, and the leader starts it over. Half the
+installs go on off the loop for a while (a shard builds its database on a thread): the group
+goes on receiving meanwhile, its chunk unanswered and its committed entries held. Now and
 then the receiving machine asks for the transfer to go on from an earlier offset (a shipped
 file failed its checksum: broker/ds/shipped.py), and some groups' leaders send a new replica
 (an empty log) the snapshot rather than the log, as a shard with sealed generations does.
@@ -31,6 +33,7 @@ file failed its checksum: broker/ds/shipped.py), and some groups' leaders send a
 
 import argparse
 import errno
+import functools
 import hashlib
 import heapq
 import os
@@ -42,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.raft.core import LEADER, ConfigChangeRefused, NotLeader, RaftGroup, TransferRefused
-from broker.raft.host import ApplyFailed, HostBatch, RaftHost
+from broker.raft.host import ApplyFailed, HostBatch, PendingInstall, RaftHost
 from broker.raft.messages import Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.wal import WalBatch, WriteAheadLog
@@ -187,12 +190,16 @@ class SimMachine:
 
     def __init__(self, group: int, node: str, checker: Checker,
                  storage_fails: Callable[[], bool],
-                 rewind: Callable[[int], int | None]) -> None:
+                 rewind: Callable[[int], int | None],
+                 defer: Callable[[], Callable[[Callable[[], object]], None] | None]) -> None:
         self.group = group
         self.node = node
         self.checker = checker
         self.storage_fails = storage_fails
         self.rewind = rewind
+        # Whether an install goes on off the loop: how its work is started (None: not).
+        self.defer = defer
+        self.deferred = 0
         self.storage_failures = 0
         self.rewinds = 0
         self.index = 0
@@ -237,12 +244,9 @@ class SimMachine:
             self.snapshots = {}
         return index, chunk, done
 
-    def install_chunk(self, chunk: SnapshotChunk) -> int | None:
+    def install_chunk(self, chunk: SnapshotChunk) -> int | PendingInstall | None:
         if self.storage_fails():  # what came of the transfer is dropped, the state kept
-            self._receiving.clear()
-            self.storage_failures += 1
-            full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            raise ApplyFailed(f"{self.node}: snapshot chunk at {chunk.offset}: no space", full)
+            self._fail(chunk)
         if chunk.offset == 0:
             self._receiving.clear()
         if chunk.offset != len(self._receiving):
@@ -256,9 +260,33 @@ class SimMachine:
             return back
         if not chunk.done:
             return None
-        (index,) = struct.unpack_from(">Q", self._receiving)
-        digest = bytes(self._receiving[8:16])
-        if index != chunk.index or self._receiving[16:] != digest * 16:
+        received = bytes(self._receiving)
+        self._receiving.clear()
+        start = self.defer()
+        if start is None:
+            self._install(chunk, received)
+            return None
+        # As a shard builds its database on a thread: the state stays as it was until the
+        # shell finishes the install, which may still fail then (the transfer starts over).
+        self.deferred += 1
+
+        def finish() -> None:
+            if self.storage_fails():
+                self._fail(chunk)
+            self._install(chunk, received)
+
+        return PendingInstall(start, finish)
+
+    def _fail(self, chunk: SnapshotChunk) -> None:
+        self._receiving.clear()
+        self.storage_failures += 1
+        full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise ApplyFailed(f"{self.node}: snapshot chunk at {chunk.offset}: no space", full)
+
+    def _install(self, chunk: SnapshotChunk, received: bytes) -> None:
+        (index,) = struct.unpack_from(">Q", received)
+        digest = received[8:16]
+        if index != chunk.index or received[16:] != digest * 16:
             self.checker.fail(f"{self.node}: garbled snapshot at {chunk.index}")
         expected = self.checker.expected_digest(self.group, index)
         if expected != digest:
@@ -268,8 +296,6 @@ class SimMachine:
         self.flushed = (index, digest)  # an installed snapshot is durable before the log
         self.installed = SnapshotMeta(index, chunk.term, chunk.config)
         self.checker.installs += 1
-        self._receiving.clear()
-        return None
 
 
 @dataclass
@@ -296,13 +322,14 @@ class Options:
     chunk_failures: float = 0.1  # share of received snapshot chunks whose storage fails
     chunk_rewinds: float = 0.05  # share after which the machine resumes at an earlier offset
     snapshot_new_replicas: float = 0.5  # share of groups that snapshot an empty follower
+    deferred_installs: float = 0.5  # share of installs that run off the loop, 0.5-6 ticks
 
 
 @dataclass(order=True)
 class _Event:
     time: float
     seq: int
-    action: Callable[[], None] = field(compare=False)
+    action: Callable[[], object] = field(compare=False)
 
 
 class Simulation:
@@ -341,7 +368,7 @@ class Simulation:
 
     # ----------------------------------------------------------------- engine
 
-    def at(self, delay: float, action: Callable[[], None]) -> None:
+    def at(self, delay: float, action: Callable[[], object]) -> None:
         self._seq += 1
         heapq.heappush(self._events, _Event(self.now + delay, self._seq, action))
 
@@ -536,6 +563,10 @@ class Simulation:
         return sum(machine.rewinds for node in self.nodes.values()
                    for machine in node.machines.values())
 
+    def deferred_installs(self) -> int:
+        return sum(machine.deferred for node in self.nodes.values()
+                   for machine in node.machines.values())
+
     def transfers_aborted(self) -> int:
         return sum(node.transfers_aborted + sum(
             node.host.core(group).transfers_aborted for group in node.machines)
@@ -676,7 +707,13 @@ class SimNode:
                 return None
             return sim.rng.randrange(received + 1)
 
-        self.machines = {group: SimMachine(group, node, sim.checker, storage_fails, rewind)
+        def defer() -> Callable[[Callable[[], object]], None] | None:
+            if not sim.faults or sim.rng.random() >= sim.options.deferred_installs:
+                return None
+            return lambda done: sim.at(0.5 + sim.rng.random() * 5.5, done)
+
+        self.machines = {group: SimMachine(group, node, sim.checker, storage_fails, rewind,
+                                           defer)
                          for group in range(1, sim.options.groups + 1)}
         self._written: list[tuple[HostBatch, WalBatch]] = []
         self.syncing = False
@@ -771,6 +808,7 @@ class SimNode:
         commits = {group: host.core(group).commit for group in self.machines}
         batch = host.flush()
         host.apply_errors.clear()  # only snapshot chunks fail here: their transfer starts over
+        self._start_installs()
         for group in self.machines:
             core = host.core(group)
             role = (core.role, core.term)
@@ -785,6 +823,22 @@ class SimNode:
         self._written.append((batch, batch.wal))
         if not self.syncing:
             self._start_sync()
+
+    def _start_installs(self) -> None:
+        """As the shell: each install handed off the loop finishes once its work is over
+        (a crash meanwhile forgets it, as a process's threads die with it)."""
+        installs, self.host.installs = self.host.installs, []
+        incarnation = self.incarnation
+        for group, pending in installs:
+            pending.start(functools.partial(self._installed, group, incarnation))
+
+    def _installed(self, group: int, incarnation: int) -> None:
+        if self.incarnation != incarnation or not self.alive:
+            return
+        self.host.installed(group)
+        self.host.apply_errors.clear()
+        self._start_installs()
+        self.flush()
 
     def _start_sync(self) -> None:
         self.syncing = True
@@ -840,7 +894,7 @@ def main() -> None:
               f"{sim.checker.reads} reads, {sim.crashes} crashes, {sim.partitions} partitions, "
               f"{sim.link_drops} link drops, "
               f"{sim.changes} membership changes, {sim.checker.installs} snapshots installed "
-              f"({sim.chunk_failures()} chunks failed), "
+              f"({sim.chunk_failures()} chunks failed, {sim.deferred_installs()} off the loop), "
               f"{len(sim.transfers)} transfers ({sim.transfers_done()} done, "
               f"{sim.transfers_aborted()} given up), {len(sim.checker.leaders)} leaders: ok")
     print(f"{len(seeds)} seeds, {total} steps in {time.perf_counter() - started:.0f} s: "

@@ -31,6 +31,19 @@ def test_snapshots_reach_followers_whose_storage_fails_now_and_then() -> None:
     assert sum(sim.chunk_failures() for sim in sims) > 0
 
 
+def test_installs_off_the_loop_keep_safety() -> None:
+    """Every install of a whole snapshot goes on off the loop for a while (a shard builds
+    its database on a thread), new replicas get snapshots, storage fails now and then,
+    at the end of an install too: messages, commits and crashes meanwhile; every safety
+    check holds (the machine applies in order, no entry twice) and snapshots get
+    installed."""
+    options = Options(steps=30_000, deferred_installs=1.0, snapshot_new_replicas=1.0,
+                      chunk_failures=0.2)
+    sims = [run(seed, options) for seed in (5, 6)]
+    assert sum(sim.checker.installs for sim in sims) > 0
+    assert sum(sim.deferred_installs() for sim in sims) > 0
+
+
 def test_snapshots_that_resume_elsewhere_and_go_to_new_replicas_keep_safety() -> None:
     """Every group snapshots a follower whose log is empty rather than sending it the log,
     and receivers often have a transfer go on from an earlier offset (a shipped file that

@@ -38,6 +38,16 @@ def test_byte_rates(raw: str, expected: tuple[float, float] | None) -> None:
     assert parse_rate(sizes=True)(raw) == expected
 
 
+def test_zero_is_no_limit_only_where_allowed() -> None:
+    """The snapshot throttle takes `0` as off; elsewhere a rate of 0 is refused."""
+    assert parse_rate(sizes=True, zero_unlimited=True)("0") is None
+    assert parse_rate(sizes=True, zero_unlimited=True)("1MB/s") == (1048576.0, 1.0)
+    assert load_config(None, ["durable_storage.raft.snapshot_bytes_rate=0"])[
+        "durable_storage.raft.snapshot_bytes_rate"] is None
+    with pytest.raises(ValueError, match="rate"):
+        parse_rate(sizes=True)("0")
+
+
 @pytest.mark.parametrize("raw", ["1000", "0/s", "10/0s", "1MB/s", "x/s", "-1/s", "10/s/s", ""])
 def test_bad_message_rates_are_refused(raw: str) -> None:
     with pytest.raises(ValueError, match="rate"):
