@@ -45,6 +45,9 @@ from typing import Any
 import plyvel
 from pyspark.sql import SparkSession
 
+if __package__ in (None, ""):  # run as a script: make `bench` and `broker` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from bench import procstat
 from broker.ds import TTV, DurableStorage, Settings, keys
 from broker.ds.manifest import read_manifest
