@@ -162,6 +162,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--stream", action="store_true",
                         help="the jobs' streaming mode against their batch mode")
+    parser.add_argument("--output", type=Path, help="results JSON path (default: "
+                        "bench/spark_results.json, with --stream spark_stream_results.json)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     try:
@@ -173,7 +175,7 @@ def main() -> None:
         if args.stream:
             streamed = stream_vs_batch(work, big, tiny, args.messages, args.repeat)
             print(json.dumps(streamed, indent=1))
-            (ROOT / "bench" / "spark_stream_results.json").write_text(
+            (args.output or ROOT / "bench" / "spark_stream_results.json").write_text(
                 json.dumps(streamed, indent=1) + "\n")
             return
 
@@ -208,7 +210,8 @@ def main() -> None:
         results["marginal_ratio_to_plyvel"] = round(
             results["marginal_msgs_per_s"] / results["plyvel_msgs_per_s"], 2)
         print(json.dumps(results, indent=1))
-        (ROOT / "bench" / "spark_results.json").write_text(json.dumps(results, indent=1) + "\n")
+        (args.output or ROOT / "bench" / "spark_results.json").write_text(
+            json.dumps(results, indent=1) + "\n")
     finally:
         shutil.rmtree(work)
 
