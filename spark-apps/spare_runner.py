@@ -127,17 +127,24 @@ def listen(path: str) -> socket.socket | None:
 
 
 def serve(listener: socket.socket, jvm: int, module: str) -> None:
-    """The spare's loop: a child per request, until the JVM exits."""
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
+    """The spare's loop: a child per request, until the JVM exits. Children are reaped
+    as they exit, so their CPU time is the spare's children's (as a process tree counts
+    it) and no zombie is left."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in range(_FDS):  # the first runner's pipes to the JVM are not the spare's
         os.dup2(devnull, fd)
     os.close(devnull)
+    exited, wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wakeup)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below
     with listener:
         while True:
-            ready, _, _ = select.select([listener, jvm], [], [])
+            ready, _, _ = select.select([listener, jvm, exited], [], [])
             if jvm in ready:
                 return
+            if exited in ready:
+                _reap(exited)
+                continue
             conn, _ = listener.accept()
             with conn:
                 request = _request(conn)
@@ -148,6 +155,14 @@ def serve(listener: socket.socket, jvm: int, module: str) -> None:
                 if request is not None:
                     for fd in request[0]:
                         os.close(fd)
+
+
+def _reap(exited: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        os.read(exited, 512)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
 def _request(conn: socket.socket) -> tuple[list[int], dict[str, str], str] | None:
@@ -178,6 +193,7 @@ def _child(conn: socket.socket, fds: list[int], env: dict[str, str], cwd: str,
     """A forked child of the spare: becomes the caller's runner, never returns."""
     status = 1
     try:
+        signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
