@@ -38,7 +38,9 @@ async def broker(tmp_path: Path) -> AsyncIterator[app.BrokerApp]:
 
 
 def _connections() -> list[Connection]:
-    return [o for o in gc.get_objects() if isinstance(o, Connection)]
+    """This module's (other tests' may be alive too)."""
+    return [o for o in gc.get_objects()
+            if isinstance(o, Connection) and o.client_id.startswith("release-")]
 
 
 async def _connected(port: int, client_id: str) -> tuple[asyncio.StreamReader,
@@ -52,7 +54,7 @@ async def _connected(port: int, client_id: str) -> tuple[asyncio.StreamReader,
 
 async def test_the_collector_sees_the_connection_referenced_once_by_its_protocol(
         broker: app.BrokerApp) -> None:
-    reader, writer = await _connected(broker.ports["tcp"], "release-traverse")
+    _, writer = await _connected(broker.ports["tcp"], "release-traverse")
     [connection] = _connections()
     holders = gc.get_referrers(connection)
     assert holders, "nothing holds the live connection"
