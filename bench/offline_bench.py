@@ -9,7 +9,8 @@ Per broker, on a fresh process with the durable_bench.py persistent configuratio
   create:  N clients (MQTT 3.1.1, clean session 0) each subscribe to one QoS 1 filter
            (`own`: its own topic `offline/<id>/cmd`; `same`: all to `offline/all`) and leave
            with a DISCONNECT, C handshakes in flight per generator process (storm.py):
-           RSS growth per session once the broker settled.
+           RSS growth per session once the broker settled (VmRSS, and its anonymous
+           part RssAnon: the heap, not the file pages of LevelDB's tables).
   restart: SIGTERM, then a start on the same data: seconds from the new process's start
            to its listener accepting TCP, and to its first CONNACK; RSS per session then.
   storm:   all N clients reconnect at once (C in flight per process, two processes):
@@ -22,6 +23,7 @@ import argparse
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -109,13 +111,20 @@ def _per_session(rss_kib: int, base_kib: int, sessions: int) -> float:
     return round((rss_kib - base_kib) * 1024 / sessions)
 
 
+def _anon(broker: brokers.Running) -> int:
+    """RssAnon, KiB: the heap's part of VmRSS (not the pages of LevelDB's tables)."""
+    return procstat.rss_kib(broker.pid, "RssAnon")
+
+
 def run(name: str, sessions: int, topic: str, concurrency: int) -> dict[str, Any]:
     ids = _ids(sessions)
     with brokers.running(name, persistent=True) as broker:
         base = settled_rss(broker.pid)
+        base_anon = _anon(broker)
         created = _storm(broker, ids, topic, concurrency)
         _offloaded(broker, sessions)
         created_rss = settled_rss(broker.pid)
+        created_anon = _anon(broker)
         restarted = _restart(broker)
         _offloaded(broker, sessions)
         restarted_rss = settled_rss(broker.pid)
@@ -127,6 +136,8 @@ def run(name: str, sessions: int, topic: str, concurrency: int) -> dict[str, Any
         "create": created, "base_rss_kib": base,
         "rss_bytes_per_session": _per_session(created_rss, base, sessions),
         "rss_mib": round(created_rss / 1024, 1),
+        "base_rss_anon_kib": base_anon,
+        "rss_anon_bytes_per_session": _per_session(created_anon, base_anon, sessions),
         "restart": restarted,
         "rss_bytes_per_session_after_restart": _per_session(restarted_rss, base, sessions),
         "storm": stormed,
@@ -145,6 +156,15 @@ def _summary(cell: dict[str, Any]) -> str:
             f" connections/s, {stormed['refused']} refused, {stormed['present']:,} resumed")
 
 
+def _compiled_modules() -> int:
+    """How many of ours' modules its processes load compiled (0: pure Python): what
+    `broker` imports under this environment, outside the repository (as the broker runs:
+    PYTHONPATH may name another tree)."""
+    done = subprocess.run([sys.executable, "-c", "import broker; print(broker.COMPILED_MODULES)"],
+                          cwd="/", capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=100_000)
@@ -160,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         **report.machine(), "broker_versions": versions,
         "broker_cpu_pinned": brokers.BROKER_CPU if brokers.pinned() else None,
         "load_generator_cpus": sorted(brokers.load_cpus()),
+        "ours_compiled_modules": _compiled_modules() if "ours" in names else None,
         "sessions": args.sessions, "topic": TOPICS[args.topic],
         "concurrency_per_process": args.concurrency, "generator_processes": PROCS}
     started = time.monotonic()

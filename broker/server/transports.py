@@ -44,6 +44,9 @@ class OutputBound(asyncio.Protocol):
     """The transport's write flow control, handed to the Connection (`limit_output`)."""
 
     __slots__ = ()
+    # Declared here only. A subclass that declares `_connection` again gets, compiled, a
+    # class whose collector support visits it twice (a mypyc quirk): the Connection then
+    # looks referenced from outside its cycle with the transport and is never freed.
     _connection: Connection | None
     _node: Node
 
@@ -65,7 +68,7 @@ class MQTTStreamProtocol(OutputBound):
         self._output = output
         self._gate = gate
         self._rates = rates
-        self._connection: Connection | None = None
+        self._connection = None  # (declared by OutputBound only: see there)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -79,9 +82,12 @@ class MQTTStreamProtocol(OutputBound):
         self._connection.data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._connection is not None:
+        # Let go of the Connection (it holds the transport, which holds us): without the
+        # cycle, a closed connection is freed at once, not at the next collection.
+        connection, self._connection = self._connection, None
+        if connection is not None:
             self._gate.release()
-            self._connection.connection_lost()
+            connection.connection_lost()
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,7 @@ class MQTTWebSocketProtocol(OutputBound):
         self._admitted = False
         self._ws = WSConnection(ConnectionType.SERVER)
         self._transport: asyncio.Transport | None = None
-        self._connection: Connection | None = None
+        self._connection = None  # (declared by OutputBound only: see there)
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -193,5 +193,6 @@ class MQTTWebSocketProtocol(OutputBound):
         self._cancel_timer()
         if self._admitted:
             self._gate.release()
-        if self._connection is not None:
-            self._connection.connection_lost()
+        connection, self._connection = self._connection, None  # (as MQTTStreamProtocol's)
+        if connection is not None:
+            connection.connection_lost()
