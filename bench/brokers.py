@@ -88,6 +88,7 @@ class Launch:
     credentials: tuple[str, str] | None = None
     """User name and password of the readiness probe, for a broker that refuses anonymous
     clients (security_bench.py)."""
+    env: dict[str, str] | None = None  # None: this process's environment
 
 
 @functools.cache
@@ -117,7 +118,14 @@ def _ours(tmp: Path, settings: dict[str, str] | None = None) -> Launch:
     ]
     for key, value in (settings or {}).items():
         argv += ["--set", f"{key}={value}"]
-    return Launch(argv, port, http_port)
+    return Launch(argv, port, http_port, env=_ours_env())
+
+
+def _ours_env() -> dict[str, str]:
+    """The venv's `broker` imports the editable install's tree, which need not be the tree
+    this bench belongs to (another checkout sharing the venv): ours runs this tree, or the
+    one PYTHONPATH names (a pure-Python copy, say)."""
+    return {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO_DIR)}
 
 
 def _mosquitto_with(tmp: Path, settings: str,
@@ -136,7 +144,7 @@ def ours_with(settings: dict[str, str],
     """A launcher of ours with these settings on top of the benchmark's (`running`)."""
     def launch(tmp: Path) -> Launch:
         plain = _ours(tmp, settings)
-        return Launch(plain.argv, plain.port, plain.http_port, credentials)
+        return Launch(plain.argv, plain.port, plain.http_port, credentials, plain.env)
 
     return launch
 
@@ -409,9 +417,9 @@ def running(name: str, persistent: bool = False,
         launch = (launcher or (PERSISTENT_LAUNCHERS if persistent else LAUNCHERS)[name])(tmp)
         log = tmp / "broker.log"
         spawned = time.monotonic()
-        broker = Running(name, launch.port, _spawn(launch.argv, tmp, log), tmp, log,
-                         launch.argv, http_port=launch.http_port,
-                         credentials=launch.credentials)
+        broker = Running(name, launch.port, _spawn(launch.argv, tmp, log, launch.env), tmp,
+                         log, launch.argv, http_port=launch.http_port,
+                         credentials=launch.credentials, env=launch.env)
         _wait_ready(broker, RESTART_POLL)
         broker.ready_s = time.monotonic() - spawned
         yield broker
@@ -467,9 +475,10 @@ def _ours_cluster(tmp: Path, nodes: int, members: list[Running],
             "cluster.static.seeds": seeds, **settings,
         })
         log = node_tmp / "broker.log"
-        members.append(Running("ours", launch.port, _spawn(launch.argv, node_tmp, log),
-                               node_tmp, log, launch.argv, http_port=launch.http_port,
-                               node=name))
+        members.append(Running("ours", launch.port,
+                               _spawn(launch.argv, node_tmp, log, launch.env), node_tmp, log,
+                               launch.argv, http_port=launch.http_port, node=name,
+                               env=launch.env))
     deadline = time.monotonic() + CLUSTER_READY_TIMEOUT
 
     for member in members:
