@@ -32,9 +32,17 @@ def staging(path: Path) -> Path:
 
 
 def rebuild(path: Path, build: Callable[[Path], None], close: Callable[[], None]) -> None:
-    """Blocking: `build(staging(path))` makes the new content beside `path`; once `close()`
-    closed what is in use, it is swapped in. If building fails (a garbled snapshot), what is
-    in use stays as it was and the staged part goes."""
+    """Blocking: `build_staged`, then once `close()` closed what is in use, the new content
+    swapped in."""
+    build_staged(path, build)
+    close()
+    swap_in(path)
+
+
+def build_staged(path: Path, build: Callable[[Path], None]) -> None:
+    """Blocking: `build(staging(path))` makes the new content beside `path`, from nothing.
+    If building fails (a garbled snapshot), what is in use stays as it was and the staged
+    part goes."""
     fresh = staging(path)
     shutil.rmtree(fresh, ignore_errors=True)
     try:
@@ -42,8 +50,6 @@ def rebuild(path: Path, build: Callable[[Path], None], close: Callable[[], None]
     except BaseException:
         shutil.rmtree(fresh, ignore_errors=True)
         raise
-    close()
-    swap_in(path)
 
 
 def swap_in(path: Path) -> None:

@@ -251,7 +251,6 @@ class ShardMachine(_Machine):
         compression = self.shard.compression
         records, staging = receiver.records_path, receiver.staging
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
-        fresh = files.staging(self.shard.path)
         job: list[concurrent.futures.Future[None]] = []
 
         def build() -> None:
@@ -260,13 +259,13 @@ class ShardMachine(_Machine):
                     synced = receiver.synced()
                 finally:
                     receiver.close()  # (its records' file too: read below)
-                shutil.rmtree(fresh, ignore_errors=True)
-                _build_slabs(fresh, records, self.index, chunk.index, chunk.term, meta,
-                             compression)
-                install_files(fresh, receiver.files, staging, synced)
-            except BaseException:
-                shutil.rmtree(fresh, ignore_errors=True)
-                raise
+
+                def fill(fresh: Path) -> None:
+                    _build_slabs(fresh, records, self.index, chunk.index, chunk.term, meta,
+                                 compression)
+                    install_files(fresh, receiver.files, staging, synced)
+
+                files.build_staged(self.shard.path, fill)
             finally:
                 records.unlink(missing_ok=True)
 
