@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,26 @@ def wait_for(done: Callable[[], bool], members: list[Running], what: str,
             raise TimeoutError(f"no {what} within {timeout:.0f}s")
         time.sleep(POLL)
     return time.monotonic()
+
+
+def driving_first(members: list[Running]) -> list[Running]:
+    """The members with the one the round drives from first: node 1, unless elections left
+    it leading no shard (then no publisher there could write to its own log), in which case
+    the first node that leads one. Every node hosts every shard, so the rounds are alike
+    from any of them; what each node saw is printed to tell a quirk of elections from a
+    node missing from the groups."""
+    if members[0].name != "ours" or len(members) == 1:
+        return members
+    seen = [(m, raft_status(m)["site"], shard_leaders(m)) for m in members]
+    leading = [m for m, site, leaders in seen if site in leaders.values()]
+    if members[0] in leading:
+        return members
+    print(f"  {members[0].node} leads no shard; groups led per site, as each node sees them: "
+          + "; ".join(f"{m.node} ({site}): {dict(Counter(map(str, leaders.values())))}"
+                      for m, site, leaders in seen), flush=True)
+    if not leading:
+        raise RuntimeError("no node leads a shard of its own site")
+    return [leading[0], *(m for m in members if m is not leading[0])]
 
 
 def client_led_by(members: list[Running], node: Running, candidates: Iterable[str]) -> str:
@@ -295,6 +316,7 @@ class Window:
 
 def throughput_round(pl: Placement, members: list[Running], timing: Timing,
                      label: str) -> dict[str, Any]:
+    members = driving_first(members)
     node = members[0]
     probes = (f"bench-probe-{label}-{i}" for i in range(200))
     if pl.publishers == 1:  # ours RF 3: a publisher on its shard leader's node (see above)

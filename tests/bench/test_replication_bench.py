@@ -81,3 +81,23 @@ def test_percentile_is_a_measured_value() -> None:
     assert replication_bench.percentile(values, 99) == 99.0
     assert replication_bench.percentile(values, 100) == 100.0
     assert replication_bench.percentile([3.0], 99) == 3.0
+
+
+def test_rounds_drive_from_a_node_that_leads_a_shard(monkeypatch: Any) -> None:
+    """Elections may leave node 1 leading no shard (CI saw it once): the round then drives
+    from a node that leads one instead of failing, and says what each node saw."""
+    class Member:
+        name = "ours"
+
+        def __init__(self, node: str) -> None:
+            self.node = node
+
+    members: list[Any] = [Member("n1"), Member("n2"), Member("n3")]
+    groups = [{"name": f"messages shard {i}", "leader": "s3" if i % 2 else "s2"}
+              for i in range(replication_bench.N_SHARDS)]
+    sites = {"n1": "s1", "n2": "s2", "n3": "s3"}
+    monkeypatch.setattr(replication_bench, "raft_status",
+                        lambda m: {"site": sites[m.node], "groups": groups})
+    assert [m.node for m in replication_bench.driving_first(members)] == ["n2", "n1", "n3"]
+    groups[0]["leader"] = "s1"
+    assert replication_bench.driving_first(members) == members
