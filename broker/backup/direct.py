@@ -7,8 +7,8 @@ kernel copying the archive into page-cache pages (perf; on a VM that gives freed
 to its host every page of a new file is also a fault there), pages that then push the
 node's own data out of the cache. With O_DIRECT the device reads the data from this
 module's aligned buffer. Where the file system refuses O_DIRECT (tmpfs), or for the tail
-that does not fill a block, the file is written the ordinary way. `close` syncs the file:
-what it wrote is on the device once it returns.
+that does not fill a block, the file is written the ordinary way. `close` syncs the file
+(unless made with `sync=False`): what it wrote is on the device once it returns.
 """
 
 import errno
@@ -28,7 +28,8 @@ class DirectFile:
     calling `commit` (a reader's `readinto`: no copy), then `close`d (or, on an error, left
     by the `with` block unsynced, for the caller to remove)."""
 
-    def __init__(self, path: Path, buffer: int = BUFFER) -> None:
+    def __init__(self, path: Path, sync: bool = True, buffer: int = BUFFER) -> None:
+        self._sync = sync
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
             self._fd = os.open(path, flags | _DIRECT, 0o644)
@@ -76,7 +77,7 @@ class DirectFile:
 
     def close(self) -> None:
         """The rest written (the last partial block through the page cache: O_DIRECT writes
-        whole blocks only), the file synced and closed (once: again does nothing)."""
+        whole blocks only), the file synced (`sync`) and closed (once: again does nothing)."""
         if self._fd < 0:
             return
         try:
@@ -86,7 +87,8 @@ class DirectFile:
                                 fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~_DIRECT)
                 self._write(self._view[:self._fill])
                 self._fill = 0
-            os.fsync(self._fd)
+            if self._sync:
+                os.fsync(self._fd)
         finally:
             self._release()
 
