@@ -12,7 +12,6 @@ import gzip
 import http.client
 import io
 import json
-import os
 import secrets
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from broker.backup.archive import CHUNK, BadArchive, verify
+from broker.backup.direct import DirectFile
 from broker.backup.manifest import NAME, Manifest, parse_time
 from broker.backup.stream_check import StreamCheck
 
@@ -56,6 +56,29 @@ def _summary(manifest: Manifest) -> dict[str, Any]:
             "shards": manifest.n_shards, "backend": manifest.cluster.get("backend")}
 
 
+def _receive(response: Any, check: StreamCheck, out: Any) -> None:
+    """The archive checked, and written to `out` (a compressing file) as it comes."""
+    buffer = memoryview(bytearray(CHUNK))
+    while read := response.readinto(buffer):
+        check.feed(buffer[:read])
+        out.write(buffer[:read])
+        check.settle()
+
+
+def _receive_into(response: Any, check: StreamCheck, file: DirectFile) -> None:
+    """The archive read straight into the file's buffer, a CHUNK at most at a time, checked
+    there, written from it. The hasher may lag until the buffer, written whole, is filled
+    again."""
+    space = file.space()[:CHUNK]
+    while read := response.readinto(space):
+        check.feed(space[:read])
+        wraps = read == len(file.space())
+        file.commit(read)
+        if wraps:
+            check.settle()
+        space = file.space()[:CHUNK]
+
+
 def export_command(args: argparse.Namespace) -> int:
     target = Path(args.file)
     part = target.with_name(target.name + ".part")
@@ -63,23 +86,19 @@ def export_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         with _request(args, "/api/v5/data/export" + query) as response, \
-                part.open("wb") as file:
+                DirectFile(part) as file:
             sha = response.headers.get("X-Backup-Manifest-Sha256", "")
-            # The node sends a plain tar; a FILE named .gz gets it compressed as it arrives.
-            out = gzip.GzipFile(fileobj=file, mode="wb") if target.name.endswith(".gz") else file
             # Checked as it arrives (the node may fail half way: only a whole archive is
-            # kept), each piece written as it is hashed on a thread of its own.
+            # kept), hashed on a thread of its own while the next piece is read.
             with ThreadPoolExecutor(1, thread_name_prefix="hash") as hasher:
-                check, buffer = StreamCheck(hasher), memoryview(bytearray(CHUNK))
-                while read := response.readinto(buffer):
-                    check.feed(buffer[:read])
-                    out.write(buffer[:read])
-                    check.settle()
+                check = StreamCheck(hasher)
+                if target.name.endswith(".gz"):  # the node sends a plain tar: compressed here
+                    with gzip.GzipFile(fileobj=file, mode="wb") as out:
+                        _receive(response, check, out)
+                else:
+                    _receive_into(response, check, file)
                 check.finish()
-            if out is not file:
-                out.close()
-            file.flush()
-            os.fsync(file.fileno())
+            file.close()
     except urllib.error.HTTPError as error:
         part.unlink(missing_ok=True)
         print(f"broker ctl data export: {_refusal(error)}", file=sys.stderr)

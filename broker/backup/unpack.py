@@ -27,6 +27,7 @@ from broker.backup.archive import (
     decode_pairs,
 )
 from broker.backup.chain import Plan
+from broker.backup.direct import DirectFile
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest, pairs_of
 from broker.ds.bulk import Batches
 from broker.ds.slab import Compression, Slab
@@ -195,7 +196,8 @@ class _Targets:
         if not target.exists():
             target.mkdir(parents=True)
             self._result.counts["generations"] += 1
-        with (target / path.rpartition("/")[2]).open("wb") as out:
+        # Past the page cache (direct.py); not synced here, as before.
+        with DirectFile(target / path.rpartition("/")[2], sync=False) as out:
             for chunk in copy_chunks(handle):
                 out.write(chunk)
 
