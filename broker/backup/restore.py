@@ -44,7 +44,7 @@ from broker.backup.unpack import Unpacked, remove, unpack
 from broker.ds import DurableStorage
 from broker.ds import replication_layer as cmd
 from broker.ds.db import DB_FILE
-from broker.ds.files import recover_swap, staging, swap_in, write_atomically
+from broker.ds.files import recover_swap, staging, swap_in, sync_tree, write_atomically
 from broker.ds.settings import Settings
 from broker.ds.slab import Compression
 from broker.formats import DATA_DIR, in_tree
@@ -179,6 +179,7 @@ async def import_online(archives: Sequence[Opens], target: Target,
             work / "retained", ds.settings.leveldb_compression)
         log.info("import: checked and unpacked in %.1f s", time.monotonic() - started)
         if groups is None:
+            await _blocking(sync_tree, *shard_dirs)
             for first in range(0, messages.n_shards, _SWAPPED_AT_ONCE):
                 messages.replace_shards(
                     range(first, min(first + _SWAPPED_AT_ONCE, messages.n_shards)))
@@ -322,6 +323,7 @@ def import_offline(archives: Sequence[Path], data_dir: Path, wal_dir: Path) -> d
                            fresh["retained"], Settings().leveldb_compression)
         write_atomically(fresh["messages"] / DB_FILE,
                          json.dumps({"n_shards": manifest.n_shards, "format": 1}).encode())
+        sync_tree(*fresh.values())
         for root in roots.values():
             swap_in(root)
     finally:

@@ -196,7 +196,8 @@ class _Targets:
         if not target.exists():
             target.mkdir(parents=True)
             self._result.counts["generations"] += 1
-        # Past the page cache (direct.py); not synced here, as before.
+        # Past the page cache (direct.py); synced with the whole tree before it is swapped
+        # in (restore.py: files.sync_tree, the syncs side by side).
         with DirectFile(target / path.rpartition("/")[2], sync=False) as out:
             for chunk in copy_chunks(handle):
                 out.write(chunk)

@@ -8,6 +8,7 @@ a stopped node's data dir is restored offline with --force.
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from broker.backup import restore
 from broker.backup.manifest import CHECKSUMS, NAME, pairs_of
 from tests.integration.clients import PahoClient, wait_offline, wait_until
 from tests.support.broker_process import BrokerProcess
@@ -234,6 +236,40 @@ def test_export_under_load_verify_corrupt_import_and_offline(
     clients.append(durable)
     receives_all(durable, before_cut)
     assert retained_on(restarted.tcp) == RETAINED
+
+
+def test_an_offline_import_syncs_every_file_before_swapping_it_in(
+        start_broker: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        clients: list[PahoClient]) -> None:
+    """The sealed tables an import writes go past the page cache without a sync each: the
+    whole tree is synced before the rename that makes it the node's data, or a power loss
+    after the import could leave tables cut short where the old data was."""
+    source: BrokerProcess = start_broker(tmp_path / "source")
+    sub = PahoClient(source.tcp, "durable-1")
+    clients.append(sub)
+    sub.connect(clean_start=False, session_expiry=EXPIRY)
+    assert sub.subscribe([("data/#", 1)]) == [1]
+    sub.disconnect()
+    published(source.tcp, clients, "synced")
+    seal(source)
+    archive = tmp_path / "backup.tar"
+    ctl("export", str(archive), "--url", url(source))
+    synced: set[tuple[int, int]] = set()
+    fsync = os.fsync
+
+    def recorded(handle: int) -> None:
+        status = os.fstat(handle)
+        synced.add((status.st_dev, status.st_ino))
+        fsync(handle)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    offline = tmp_path / "offline"
+    restore.import_offline([archive], offline, offline / "raft" / "wal")
+    tree = offline / "ds" / "messages"
+    files = [path for path in (tree, *tree.rglob("*"))]
+    assert any(path.suffix == ".ldb" for path in files)
+    assert [path for path in files
+            if (path.stat().st_dev, path.stat().st_ino) not in synced] == []
 
 
 def published(port: int, clients: list[PahoClient], tag: str, count: int = 30) -> list[bytes]:
