@@ -88,7 +88,7 @@ def _stream_partials(spark: SparkSession, args: Namespace) -> tuple[dict[str, An
     spans runs still counts each publisher once."""
     path = f"{args.output}/partials"
     stream = streamjob.read(spark, args, ("hourly.partials", hourly.READS, hourly.SCHEMA))
-    summary = streamjob.run(stream.writeStream.format("parquet"), args.checkpoint, path)
+    summary = streamjob.run(spark, stream.writeStream.format("parquet"), args.checkpoint, path)
     if Path(path, "_spark_metadata").is_dir():  # the schema given: no job to infer it
         return summary, spark.read.schema(from_arrow_schema(hourly.SCHEMA)).parquet(path)
     # nothing sealed yet: no batch ran, so no table exists
