@@ -42,6 +42,7 @@ FROM partials
 GROUP BY GROUPING SETS ((hour_us, topic), (hour_us, structure))
 """
 _METRICS = ["messages", "bytes", "publishers", "qos0", "qos1", "qos2"]
+LEAN_JVM = True  # the rows are added up in Python: the JVM only plans and writes a few
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", help="directory for by_topic/ and by_stream/")
     parser.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
     args = slabframe.parse(parser, argv)
-    with slabframe.job_session("mqtt-stats", args.master, lean_jvm=True) as spark:
+    with slabframe.job_session("mqtt-stats", args.master, lean_jvm=LEAN_JVM) as spark:
         if args.stream:
             summary, partials = _stream_partials(spark, args)
         else:
