@@ -19,7 +19,8 @@ Results go to bench/spark_results.json.
 With --stream, the streaming mode of the jobs against their batch mode over the same four
 sealed slabs instead: `stats.py` and `export.py` with and without `--stream --checkpoint`
 (each streaming run with a fresh checkpoint and output, so it reads every generation, in
-one Trigger.AvailableNow micro-batch), alternately, in one warm local[2] session; the
+one Trigger.AvailableNow micro-batch), alternately, in one warm local[2] session per job
+(in a process of its own, with the JVM the job's main starts: lean for stats); the
 ratio is the streaming run's messages/s over the batch run's (median of --repeat each),
 and the marginal ratio leaves out each mode's fixed cost per run (its run over one message).
 The CPU seconds of each run over the N (the session's JVM, its Python workers and the
@@ -33,6 +34,7 @@ import argparse
 import asyncio
 import ctypes
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -40,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -123,49 +126,61 @@ def median_of(repeat: int, job: Callable[[], object]) -> float:
 
 def stream_vs_batch(work: Path, big: Path, tiny: Path, messages: int,
                     repeat: int) -> dict[str, Any]:
-    """Each job's streaming mode against its batch mode over the same slabs, alternately."""
-    adopt_orphans()
-    slabframe.session("bench", "local[2]")
-    runs = iter(range(1_000_000))
-
-    def batch(job: Any, data: Path) -> None:
-        job.main([str(data), "--output", str(work / f"out-{next(runs)}")])
-
-    def stream(job: Any, data: Path) -> None:
-        run = next(runs)
-        job.main([str(data), "--stream", "--checkpoint", str(work / f"ck-{run}"),
-                  "--output", str(work / f"out-{run}")])
-
+    """Each job's streaming mode against its batch mode over the same slabs, alternately,
+    in a process of its own: a local session's JVM options are fixed when it starts, and
+    each job is measured in the JVM its main starts for itself (stats: slabframe's lean
+    JVM, stats.LEAN_JVM; export: the default one)."""
     results: dict[str, Any] = {"messages": messages, "cores": os.cpu_count(),
                                "repeat": repeat, "load_before": round(os.getloadavg()[0], 2)}
-    for name, job in (("stats", stats), ("export", export)):
-        batch(job, tiny)  # the first job of each kind pays for class loading and JIT
-        stream(job, tiny)
-        times: dict[str, list[float]] = {"batch": [], "stream": [], "batch_tiny": [],
-                                         "stream_tiny": []}
-        cpu: dict[str, list[float]] = {"batch": [], "stream": []}
-        for _ in range(repeat):
-            for mode, run in (("batch", batch), ("stream", stream)):
-                seconds, cpu_s = timed_cpu(lambda job=job, run=run: run(job, big))
-                times[mode].append(seconds)
-                cpu[mode].append(cpu_s)
-                times[f"{mode}_tiny"].append(timed(lambda job=job, run=run: run(job, tiny)))
-        m = {mode: statistics.median(values) for mode, values in times.items()}
-        c = {mode: statistics.median(values) for mode, values in cpu.items()}
-        per = {mode: messages / max(m[mode] - m[f"{mode}_tiny"], 1e-3)
-               for mode in ("batch", "stream")}
-        results[name] = {
-            "batch_s": round(m["batch"], 2), "stream_s": round(m["stream"], 2),
-            "batch_per_run_s": round(m["batch_tiny"], 2),
-            "stream_per_run_s": round(m["stream_tiny"], 2),
-            "batch_msgs_per_s": round(messages / m["batch"]),
-            "stream_msgs_per_s": round(messages / m["stream"]),
-            "stream_to_batch": round(m["batch"] / m["stream"], 2),
-            "batch_cpu_s": round(c["batch"], 2), "stream_cpu_s": round(c["stream"], 2),
-            "cpu_stream_to_batch": round(c["batch"] / c["stream"], 2),
-            "marginal_stream_to_batch": round(per["stream"] / per["batch"], 2)}
+    spawn = multiprocessing.get_context("spawn")
+    for name in ("stats", "export"):
+        with ProcessPoolExecutor(1, mp_context=spawn) as process:
+            results[name] = process.submit(
+                _job_stream_vs_batch, name, work, big, tiny, messages, repeat).result()
     results["load_after"] = round(os.getloadavg()[0], 2)
     return results
+
+
+def _job_stream_vs_batch(name: str, work: Path, big: Path, tiny: Path, messages: int,
+                         repeat: int) -> dict[str, Any]:
+    adopt_orphans()
+    job: Any = {"stats": stats, "export": export}[name]
+    slabframe.session("bench", "local[2]", lean_jvm=getattr(job, "LEAN_JVM", False))
+    runs = iter(range(1_000_000))
+
+    def batch(data: Path) -> None:
+        job.main([str(data), "--output", str(work / f"{name}-out-{next(runs)}")])
+
+    def stream(data: Path) -> None:
+        run = next(runs)
+        job.main([str(data), "--stream", "--checkpoint", str(work / f"{name}-ck-{run}"),
+                  "--output", str(work / f"{name}-out-{run}")])
+
+    batch(tiny)  # the first job of each kind pays for class loading and JIT
+    stream(tiny)
+    times: dict[str, list[float]] = {"batch": [], "stream": [], "batch_tiny": [],
+                                     "stream_tiny": []}
+    cpu: dict[str, list[float]] = {"batch": [], "stream": []}
+    for _ in range(repeat):
+        for mode, run in (("batch", batch), ("stream", stream)):
+            seconds, cpu_s = timed_cpu(lambda run=run: run(big))
+            times[mode].append(seconds)
+            cpu[mode].append(cpu_s)
+            times[f"{mode}_tiny"].append(timed(lambda run=run: run(tiny)))
+    m = {mode: statistics.median(values) for mode, values in times.items()}
+    c = {mode: statistics.median(values) for mode, values in cpu.items()}
+    per = {mode: messages / max(m[mode] - m[f"{mode}_tiny"], 1e-3)
+           for mode in ("batch", "stream")}
+    return {
+        "batch_s": round(m["batch"], 2), "stream_s": round(m["stream"], 2),
+        "batch_per_run_s": round(m["batch_tiny"], 2),
+        "stream_per_run_s": round(m["stream_tiny"], 2),
+        "batch_msgs_per_s": round(messages / m["batch"]),
+        "stream_msgs_per_s": round(messages / m["stream"]),
+        "stream_to_batch": round(m["batch"] / m["stream"], 2),
+        "batch_cpu_s": round(c["batch"], 2), "stream_cpu_s": round(c["stream"], 2),
+        "cpu_stream_to_batch": round(c["batch"] / c["stream"], 2),
+        "marginal_stream_to_batch": round(per["stream"] / per["batch"], 2)}
 
 
 def main() -> None:

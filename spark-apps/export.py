@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.stream:
             stream = streamjob.read(spark, args).withColumn("date", F.to_date("timestamp"))
             writer = stream.writeStream.format("parquet").partitionBy(*PARTITIONS)
-            return {"job": "export", **streamjob.run(writer, args.checkpoint, args.output)}
+            return {"job": "export", **streamjob.run(spark, writer, args.checkpoint, args.output)}
         messages, report = slabframe.read_messages(
             spark, args.data, args.selection, args.strict)
         (messages.withColumn("date", F.to_date("timestamp"))

@@ -42,6 +42,7 @@ FROM partials
 GROUP BY GROUPING SETS ((hour_us, topic), (hour_us, structure))
 """
 _METRICS = ["messages", "bytes", "publishers", "qos0", "qos1", "qos2"]
+LEAN_JVM = True  # the rows are added up in Python: the JVM only plans and writes a few
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", help="directory for by_topic/ and by_stream/")
     parser.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
     args = slabframe.parse(parser, argv)
-    with slabframe.job_session("mqtt-stats", args.master, lean_jvm=True) as spark:
+    with slabframe.job_session("mqtt-stats", args.master, lean_jvm=LEAN_JVM) as spark:
         if args.stream:
             summary, partials = _stream_partials(spark, args)
         else:
@@ -88,7 +89,7 @@ def _stream_partials(spark: SparkSession, args: Namespace) -> tuple[dict[str, An
     spans runs still counts each publisher once."""
     path = f"{args.output}/partials"
     stream = streamjob.read(spark, args, ("hourly.partials", hourly.READS, hourly.SCHEMA))
-    summary = streamjob.run(stream.writeStream.format("parquet"), args.checkpoint, path)
+    summary = streamjob.run(spark, stream.writeStream.format("parquet"), args.checkpoint, path)
     if Path(path, "_spark_metadata").is_dir():  # the schema given: no job to infer it
         return summary, spark.read.schema(from_arrow_schema(hourly.SCHEMA)).parquet(path)
     # nothing sealed yet: no batch ran, so no table exists

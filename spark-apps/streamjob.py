@@ -9,8 +9,11 @@ appear once. The operator's interval jobs are such runs.
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -20,6 +23,16 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 import generations
 import mqtt_ds
 import slabs
+
+# Spark's default checkpoint file manager renames through Hadoop's FileContext, which on a
+# local file system, without Hadoop's native library (pyspark ships none), asks a `readlink`
+# child process about both names at every step of every rename: 32 processes a run (the
+# offset, commit and sink logs, the checkpoint's metadata), ~0.2 CPU-s that a batch run does
+# not pay. The FileSystem-based manager checks the same (the target must not exist yet, then
+# rename) inside the JVM; on a local file system both check, then rename.
+_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+_FILE_SYSTEM_MANAGER = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                        "FileSystemBasedCheckpointFileManager")
 
 
 def read(spark: SparkSession, args: argparse.Namespace,
@@ -47,12 +60,14 @@ def iso(us: int | None) -> str | None:
     return datetime.fromtimestamp(seconds, UTC).replace(microsecond=micros).isoformat()
 
 
-def run(writer: DataStreamWriter, checkpoint: str, path: str) -> dict[str, Any]:
+def run(spark: SparkSession, writer: DataStreamWriter, checkpoint: str,
+        path: str) -> dict[str, Any]:
     """Runs the query until everything sealed when it started is in `path`; the summary
     counts its micro-batches, rows and slabs, and the offset it reached."""
-    query = (writer.option("checkpointLocation", checkpoint).trigger(availableNow=True)
-             .start(path))
-    query.awaitTermination()
+    with _checkpoint_manager(spark, checkpoint, path):
+        query = (writer.option("checkpointLocation", checkpoint).trigger(availableNow=True)
+                 .start(path))
+        query.awaitTermination()
     offsets, rows = [], 0
     for progress in query.recentProgress:  # the last 100 batches (Spark keeps no more)
         source = progress["sources"][0] if progress["sources"] else None
@@ -62,6 +77,21 @@ def run(writer: DataStreamWriter, checkpoint: str, path: str) -> dict[str, Any]:
     return {"stream": True, "batches": len(offsets), "input_rows": rows,
             "slabs_read": generations.slab_count(offsets),
             "offset": offsets[-1][1] if offsets else None}
+
+
+@contextmanager
+def _checkpoint_manager(spark: SparkSession, *paths: str) -> Iterator[None]:
+    """The FileSystem-based manager for a query whose logs are all on local files, unless
+    the session names a manager of its own; the session's setting is restored after."""
+    if spark.conf.get(_MANAGER, None) is not None or any(
+            urlparse(path).scheme not in ("", "file") for path in paths):
+        yield
+        return
+    spark.conf.set(_MANAGER, _FILE_SYSTEM_MANAGER)
+    try:
+        yield
+    finally:
+        spark.conf.unset(_MANAGER)
 
 
 def _offset(text: str | None) -> dict[str, Any] | None:

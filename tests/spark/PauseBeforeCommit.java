@@ -1,16 +1,17 @@
 // A checkpoint file manager for the exactly-once test: it stops the streaming query's
 // thread just before the commit log records batch $PAUSE_BEFORE_COMMIT (after the sink
 // wrote the batch), writes the file $PAUSE_MARKER and never returns, so the test can kill
-// the driver at exactly that point. Everything else is Spark's own manager.
+// the driver at exactly that point. Everything else is the manager the jobs use on local
+// files (streamjob.py): Spark's FileSystem-based one.
 import java.nio.file.Files;
 import java.nio.file.Paths;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager;
-import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager;
+import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager;
 
-public class PauseBeforeCommit extends FileContextBasedCheckpointFileManager {
+public class PauseBeforeCommit extends FileSystemBasedCheckpointFileManager {
     public PauseBeforeCommit(Path path, Configuration conf) {
         super(path, conf);
     }
