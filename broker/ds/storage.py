@@ -158,8 +158,7 @@ class DurableStorage:
         the running loop)."""
         settings = self.settings
         self.space.keep_reserve()  # (a node's, not an offline reader's: see space.py)
-        for shard in self.messages.shards:
-            shard.prepare_next()  # each next generation made ahead, off the event loop
+        self.messages.make_spares()  # each next generation made ahead, off the event loop
         self._tasks.append(asyncio.create_task(every(SPACE_POLL, self.watch_space)))
         self._tasks.append(asyncio.create_task(
             every(settings.generation_interval, lambda: self.messages.rotate(timer=True))
