@@ -6,6 +6,7 @@ reaches more than one client goes through `publish`.
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -83,18 +84,22 @@ class Node:
             space.release_reserve_if_short(Path(config["node.data_dir"]) / "ds")
         # Set by the app: retained messages are written through the metadata Raft group.
         self.retained_writer: Callable[[Message], Awaitable[None]] | None = None
-        if config["retainer.enable"]:
-            self.retainer = RetainedStore(
-                Path(config["node.data_dir"]) / "retained",
-                config["retainer.max_retained_messages"],
-                config["retainer.max_payload_size"],
-                config["retainer.expiry_interval"],
-            )
-        # Durable Storage: opened here, its timers started and its buffers flushed by BrokerApp.
+        # Durable Storage: opened here, its timers started and its buffers flushed by BrokerApp;
+        # the retained messages' store meanwhile on a thread of its own (each LevelDB's
+        # creation waits on fsyncs, which the other's need not wait for).
         self.ds: DurableStorage | None = None
-        if config["durable_sessions.enable"]:
-            self.ds = DurableStorage(Path(config["node.data_dir"]), Settings.from_config(config),
-                                     stored_message)
+        retained: Future[RetainedStore] | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="retained-open") as opening:
+            if config["retainer.enable"]:
+                retained = opening.submit(
+                    RetainedStore, Path(config["node.data_dir"]) / "retained",
+                    config["retainer.max_retained_messages"],
+                    config["retainer.max_payload_size"], config["retainer.expiry_interval"])
+            if config["durable_sessions.enable"]:
+                self.ds = DurableStorage(Path(config["node.data_dir"]),
+                                         Settings.from_config(config), stored_message)
+        if retained is not None:
+            self.retainer = retained.result()
         self.durable: DurableContext | None = None
         self.persister: MessagePersister | None = None
         if self.ds is not None:

@@ -145,7 +145,9 @@ def _keep_retained_key(key: bytes) -> bool:
 
 async def collect(ds: DurableStorage, retainer: RetainedStore | None,
                   groups: Replicated | None, since_us: int | None) -> Cut:
-    """On the loop: the barrier (replicated), then the cut, in one turn from there."""
+    """On the loop: the barrier (replicated), then the cut, in one turn from there. Every
+    shard has a current generation in the archive: those never written are created first."""
+    await ds.messages.create_async()
     if groups is not None and not await groups.sync():
         raise ExportFailed("a Raft group did not commit a barrier in time: this node may be"
                            " cut off from a majority; export from another node")

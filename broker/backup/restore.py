@@ -170,8 +170,8 @@ async def import_online(archives: Sequence[Opens], target: Target,
                             f" an empty node, or --force --data-dir into a stopped one")
     work = ds.root / "import.staging"
     messages = ds.messages
-    shard_dirs = [staging(shard.path) if groups is None else work / f"shard-{shard.index:03d}"
-                  for shard in messages.shards]
+    shard_dirs = [staging(messages.shard_path(i)) if groups is None else work / f"shard-{i:03d}"
+                  for i in range(messages.n_shards)]
     await _blocking(remove, work, *shard_dirs)
     try:
         unpacked = await _blocking(

@@ -85,6 +85,7 @@ class DsGroups:
         self._sessions = KVMachine(ds.sessions, on_session_writes, admit, self.me, on_refused,
                                    sessions_of, pace)
         self.machines: dict[int, Machine] = {SESSIONS_GROUP: self._sessions}
+        ds.messages.create()  # side by side, before each machine needs its own
         for shard in ds.messages.shards:
             self.machines[shard_group(shard.index)] = ShardMachine(
                 ds.messages, shard.index, ds.messages.reopen_shard, ship_files, pace)

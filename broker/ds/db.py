@@ -7,19 +7,26 @@ per-shard ordering an iterator relies on would break.
 
 Every read pins its slab in `open_slabs` (a sealed one is opened if the LRU closed it), so
 at most `max_open_slabs` LevelDBs are open whatever the number of generations.
+
+A shard is created on its first write, not with the database: creating one costs a dozen
+fsyncs, and a node started on an empty data dir would wait for all of them (16 shards, some
+150 fsyncs) before its first client, where no client needs a shard to connect. A shard that
+was never written holds nothing, so reads need none; the shards on disk open with the
+database, side by side. Writes that arrive while their shard is being made wait for it and
+are handed to its buffer in arrival order, in one step, so no later write overtakes them.
 """
 
 import asyncio
 import json
 import zlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import plyvel  # type: ignore[import-untyped]
 
-from broker.ds.files import recover_swap, swap_in, write_atomically
+from broker.ds.files import fsync_dir, recover_swap, staging, swap_in, write_atomically
 from broker.ds.iterator import Iterator, Stream, read_plan
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.recent import RecentReads
@@ -65,32 +72,127 @@ class MessagesDB:
         self._settings = settings
         self._executor = executor
         self._on_change = on_change
-        # Side by side: each shard's LevelDB open and creation waits on fsyncs (a dozen
-        # for a new shard), and one shard after the other would wait for all of them in turn.
-        with ThreadPoolExecutor(min(_OPENING_THREADS, self.n_shards),
-                                thread_name_prefix=f"{name}-open") as opening:
-            loaded = list(opening.map(self._load_shard, range(self.n_shards)))
-        self.shards = [self._shard(i, slabs) for i, slabs in enumerate(loaded)]
+        self._spares = False  # each shard's next generation made ahead (`make_spares`)
+        # Shard i, None until it is created (module docstring); the shards being created,
+        # and the writes waiting for each (messages, sync, the caller's future).
+        self._by_index: list[Shard | None] = [None] * self.n_shards
+        self._making: dict[int, asyncio.Task[Shard]] = {}
+        self._waiting: dict[int, list[tuple[list[TTV], bool, asyncio.Future[None]]]] = {}
+        self._side_by_side(self._load_shard, [i for i in range(self.n_shards) if self._on_disk(i)])
+
+    def _side_by_side(self, load: Callable[[int], list[Slab]], indexes: list[int]) -> None:
+        """Blocking: shards `indexes` opened or created (`load`) on threads side by side:
+        each LevelDB open and creation waits on fsyncs (a dozen for a new shard), and one
+        shard after the other would wait for all of them in turn."""
+        with ThreadPoolExecutor(_OPENING_THREADS, thread_name_prefix=f"{self.name}-open") as pool:
+            loaded = list(pool.map(load, indexes))
+        for i, slabs in zip(indexes, loaded, strict=True):
+            self._by_index[i] = self._shard(i, slabs)
+
+    def shard_path(self, i: int) -> Path:
+        return self.path / f"shard-{i:03d}"
+
+    def _on_disk(self, i: int) -> bool:
+        """Whether shard `i` was created (or a swap a crash cut short left it staged)."""
+        path = self.shard_path(i)
+        return path.exists() or staging(path).exists()
+
+    @property
+    def shards(self) -> list[Shard]:
+        """The shards created so far, in index order: the others hold nothing."""
+        return [shard for shard in self._by_index if shard is not None]
+
+    def shard(self, i: int) -> Shard:
+        """Shard `i`, which must have been created (`create`)."""
+        shard = self._by_index[i]
+        if shard is None:
+            raise LookupError(f"{self.name} shard {i} was never written: not created")
+        return shard
+
+    def create(self, indexes: Sequence[int] | None = None) -> None:
+        """Blocking: the shards `indexes` (all by default) not created yet, now, side by
+        side (a replicated node's Raft groups each apply to one, written or not)."""
+        self._side_by_side(self._make_shard, [i for i in range(self.n_shards) if self._by_index[i]
+                                              is None and (indexes is None or i in indexes)])
+
+    async def create_async(self) -> None:
+        """`create` of every shard, on worker threads (an export's cut lists each
+        shard's current generation)."""
+        # Shielded: a creation cut short would leave its LevelDB open (and locked) unused.
+        await asyncio.gather(*(asyncio.shield(self._create(i))
+                               for i, shard in enumerate(self._by_index) if shard is None))
+
+    def _make_shard(self, i: int) -> list[Slab]:
+        """Blocking: `_load_shard` of a shard not created yet, its directory made durable
+        first (the first write's acknowledgement relies on it; again if an attempt failed)."""
+        self.shard_path(i).mkdir(exist_ok=True)
+        fsync_dir(self.path)
+        return self._load_shard(i)
 
     def _load_shard(self, i: int) -> list[Slab]:
         """Blocking: shard `i`'s slabs (shard.load_slabs), on any thread."""
         settings = self._settings
-        path = self.path / f"shard-{i:03d}"
+        path = self.shard_path(i)
         recover_swap(path)  # a snapshot install a crash cut short
         return load_slabs(i, path, settings.wildcard_thresholds, settings.generation_max_size,
                           settings.leveldb_compression)
 
     def _shard(self, i: int, slabs: list[Slab]) -> Shard:
         settings = self._settings
-        return Shard(i, self.path / f"shard-{i:03d}", slabs, settings.wildcard_thresholds,
+        return Shard(i, self.shard_path(i), slabs, settings.wildcard_thresholds,
                      self._executor, self._on_change, settings.buffer,
                      settings.generation_max_size, self.open_slabs, settings.leveldb_compression)
+
+    def _create(self, i: int) -> "asyncio.Task[Shard]":
+        """The creation of shard `i` on a worker thread, started unless under way."""
+        making = self._making.get(i)
+        if making is None:
+            making = self._making[i] = asyncio.ensure_future(self._made(i))
+            # A failure reaches the writes waiting (and `create_async`), not the log.
+            making.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return making
+
+    async def _made(self, i: int) -> Shard:
+        loop = asyncio.get_running_loop()
+        try:
+            slabs = await loop.run_in_executor(self._executor, self._make_shard, i)
+        except Exception as error:  # (never cancelled: nothing cancels the task)
+            for _, _, waiter in self._waiting.pop(i, []):
+                if not waiter.done():
+                    waiter.set_exception(error)
+            raise
+        finally:
+            del self._making[i]
+        shard = self._install(i, slabs)
+        for messages, sync, waiter in self._waiting.pop(i, []):  # in one step: in order
+            _chain(shard.buffer.add(messages, sync), waiter)
+        return shard
+
+    def _add(self, i: int, messages: list[TTV], sync: bool) -> "asyncio.Future[None]":
+        """`messages` buffered on shard `i`, once it exists."""
+        shard = self._by_index[i]
+        if shard is not None:
+            return shard.buffer.add(messages, sync)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(i, []).append((messages, sync, waiter))
+        self._create(i)
+        return waiter
+
+    def make_spares(self) -> None:
+        """From now on each shard has its next generation made ahead (shard.prepare_next),
+        a shard created later too."""
+        self._spares = True
+        for shard in self.shards:
+            shard.prepare_next()
 
     def close_shard_now(self, i: int) -> None:
         """Blocking: closes shard `i`'s slabs, whatever is in flight (a snapshot is about
         to replace its directory; readers find its generations gone)."""
-        self.shards[i].next.discard()
-        for slab in self.shards[i].slabs.values():
+        shard = self._by_index[i]
+        if shard is None:
+            return
+        shard.next.discard()
+        for slab in shard.slabs.values():
             self.open_slabs.drop(slab)
             slab.close()
             self._on_change(i, slab.generation, None)
@@ -100,22 +202,24 @@ class MessagesDB:
         return self._install(i, self._load_shard(i))
 
     def _install(self, i: int, slabs: list[Slab]) -> Shard:
-        old = self.shards[i]
-        shard = self.shards[i] = self._shard(i, slabs)
-        shard.replication = old.replication
-        if old.next.wanted:
+        old = self._by_index[i]
+        shard = self._by_index[i] = self._shard(i, slabs)
+        if old is not None:
+            shard.replication = old.replication
+        if self._spares if old is None else old.next.wanted:
             shard.prepare_next()
         return shard
 
     def replace_shards(self, indexes: Sequence[int]) -> None:
         """Blocking: shards `indexes` closed, their directories replaced by the ones built
-        beside them (files.swap_in) and opened again, side by side: each swap and open
-        waits on fsyncs, which one shard after the other would wait for in turn."""
+        beside them (files.swap_in; a shard not created yet is created so) and opened again,
+        side by side: each swap and open waits on fsyncs, which one shard after the other
+        would wait for in turn."""
         for i in indexes:
             self.close_shard_now(i)
 
         def load(i: int) -> list[Slab]:
-            swap_in(self.path / f"shard-{i:03d}")
+            swap_in(self.shard_path(i))
             return self._load_shard(i)
         with ThreadPoolExecutor(len(indexes), thread_name_prefix=f"{self.name}-open") as pool:
             loaded = list(pool.map(load, indexes))
@@ -123,8 +227,9 @@ class MessagesDB:
             self._install(i, slabs)
 
     def store_batch(self, messages: Sequence[TTV], sync: bool = True) -> Awaitable[None]:
-        """Buffers the messages on their publishers' shards; the result resolves once all
-        of them are written (and fsynced, with `sync`)."""
+        """Buffers the messages on their publishers' shards (creating a shard on its first
+        write); the result resolves once all of them are written (and fsynced, with
+        `sync`)."""
         by_shard: dict[int, list[TTV]] = {}
         by_publisher: dict[str, list[TTV]] = {}  # a batch usually has one publisher
         n = self.n_shards
@@ -134,7 +239,7 @@ class MessagesDB:
             if group is None:
                 group = by_publisher[publisher] = by_shard.setdefault(shard_of(publisher, n), [])
             group.append(message)
-        futures = [self.shards[i].buffer.add(batch, sync) for i, batch in by_shard.items()]
+        futures = [self._add(i, batch, sync) for i, batch in by_shard.items()]
         if len(futures) == 1:
             return futures[0]
         return asyncio.gather(*futures)  # type: ignore[return-value]  # only its completion counts
@@ -145,8 +250,11 @@ class MessagesDB:
         after `start_time` (microseconds), oldest generation first; of one shard's only when
         given (a reader that finished a stream looks for what follows it in its shard)."""
         streams: list[Stream] = []
-        shards = self.shards if shard_index is None else self.shards[shard_index:shard_index + 1]
+        by_index = self._by_index
+        shards = by_index if shard_index is None else by_index[shard_index:shard_index + 1]
         for shard in shards:
+            if shard is None:
+                continue
             for slab in shard.slabs.values():
                 if slab.sealed and slab.stats.max_timestamp < start_time:
                     continue
@@ -161,7 +269,8 @@ class MessagesDB:
         return Iterator(stream, topic_filter, max(start_time - 1, 0))
 
     def _slab(self, stream: Stream) -> Slab | None:
-        return self.shards[stream.shard].slabs.get(stream.generation)
+        shard = self._by_index[stream.shard]
+        return None if shard is None else shard.slabs.get(stream.generation)
 
     def next(self, iterator: Iterator, batch_size: int) -> tuple[Iterator | None, list[TTV]]:
         """Up to `batch_size` messages after the iterator's position. The iterator returned
@@ -241,6 +350,7 @@ class MessagesDB:
         return dropped
 
     async def close(self) -> None:
+        await asyncio.gather(*self._making.values(), return_exceptions=True)
         for shard in self.shards:
             await shard.close()
         await self.open_slabs.close()
@@ -248,3 +358,17 @@ class MessagesDB:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "n_shards": self.n_shards,
                 "shards": [shard.info() for shard in self.shards]}
+
+
+def _chain(source: "asyncio.Future[None]", waiter: "asyncio.Future[None]") -> None:
+    """`waiter` resolves as `source` does (unless its caller gave up on it)."""
+    def copy(done: "asyncio.Future[None]") -> None:
+        if waiter.done():
+            return
+        if done.cancelled():
+            waiter.cancel()
+        elif (error := done.exception()) is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(None)
+    source.add_done_callback(copy)

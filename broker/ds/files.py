@@ -74,14 +74,18 @@ def build_staged(path: Path, build: Callable[[Path], None]) -> None:
 
 
 def swap_in(path: Path) -> None:
-    """Blocking: the complete database built at `staging(path)` replaces `path`. Two
-    renames: a crash between them leaves no `path`, and `recover_swap` finishes the swap."""
+    """Blocking: the complete database built at `staging(path)` replaces `path` (or takes
+    its place: a shard not created yet). Two renames: a crash between them leaves no
+    `path`, and `recover_swap` finishes the swap."""
     fresh, retired = staging(path), _retired(path)
     shutil.rmtree(retired, ignore_errors=True)
-    path.rename(retired)
+    replaced = path.exists()
+    if replaced:
+        path.rename(retired)
     fresh.rename(path)
     fsync_dir(path.parent)
-    shutil.rmtree(retired)
+    if replaced:
+        shutil.rmtree(retired)
 
 
 def recover_swap(path: Path) -> None:

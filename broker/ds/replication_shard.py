@@ -198,6 +198,7 @@ class ShardMachine(_Machine):
         self._reopen = reopen
         self._ship_files = ship_files
         self._receiver: Receiver | None = None  # a version 2 snapshot being received
+        db.create([index])  # a group applies to its shard, written or not
         super().__init__(self.shard.applied(), self.shard.path, f"messages shard {index}",
                          pace)
 
@@ -296,7 +297,7 @@ class ShardMachine(_Machine):
 
     @property
     def shard(self) -> Shard:
-        return self._db.shards[self.index]
+        return self._db.shard(self.index)
 
     def snapshot(self) -> SnapshotMeta | None:
         return _snapshot_meta(self.shard.current.db.get(SNAPSHOT_KEY))

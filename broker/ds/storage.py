@@ -40,13 +40,17 @@ class DurableStorage:
         messages are read back as `make` makes them (TTVs by default)."""
         self.root = Path(data_dir) / "ds"
         self.settings = settings
-        self.site_id = ensure_site_id(self.root, settings.site_id)
         self._executor = ThreadPoolExecutor(
             max_workers=min(_MAX_THREADS, settings.n_shards + 1), thread_name_prefix="ds"
         )
+        # On a worker meanwhile: a LevelDB's creation waits on fsyncs, which the site ID's
+        # and the messages database's need not wait for.
+        sessions = self._executor.submit(KVStore, SESSIONS, self.root / SESSIONS,
+                                         self._executor, settings.buffer)
+        self.site_id = ensure_site_id(self.root, settings.site_id)
         self.messages = MessagesDB(MESSAGES, self.root / MESSAGES, settings, self._executor,
                                    self._on_change, make)
-        self.sessions = KVStore(SESSIONS, self.root / SESSIONS, self._executor, settings.buffer)
+        self.sessions = sessions.result()
         # Lack of space and the storage quota: durable writes refused meanwhile (space.py).
         self.space = SpaceGuard(self.root)
         self.sessions.on_error = self.space.failed
@@ -158,8 +162,7 @@ class DurableStorage:
         the running loop)."""
         settings = self.settings
         self.space.keep_reserve()  # (a node's, not an offline reader's: see space.py)
-        for shard in self.messages.shards:
-            shard.prepare_next()  # each next generation made ahead, off the event loop
+        self.messages.make_spares()  # each next generation made ahead, off the event loop
         self._tasks.append(asyncio.create_task(every(SPACE_POLL, self.watch_space)))
         self._tasks.append(asyncio.create_task(
             every(settings.generation_interval, lambda: self.messages.rotate(timer=True))

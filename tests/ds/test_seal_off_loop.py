@@ -139,7 +139,8 @@ async def test_a_replicated_rotation_leaves_the_disk_to_worker_threads(
 async def test_a_local_seal_leaves_the_disk_to_worker_threads(
         open_storage: Any, calls: Calls) -> None:
     storage = open_storage(n_shards=1, max_open_slabs=1)
-    shard: Shard = storage.messages.shards[0]
+    await storage.store_batch(MESSAGES, [message("t/first")])  # made by its first write
+    shard: Shard = storage.messages.shard(0)
     _watch_spares(shard, calls)
     storage.start()
     for round_ in range(3):  # the first rotation finds its spare made at the start
