@@ -42,7 +42,7 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import files
 from broker.ds import replication_layer as cmd
-from broker.ds.bulk import Batches
+from broker.ds.bulk import BUILD_BUFFER, Batches, write_out
 from broker.ds.db import MessagesDB
 from broker.ds.kv import KVStore
 from broker.ds.shard import Shard, checkpoint_at, generation_dir
@@ -372,21 +372,25 @@ class ShardMachine(_Machine):
 
 def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
                  meta: bytes, compression: Compression) -> None:
-    """A shard snapshot's slabs written into `fresh`, the sealed ones sealed once written."""
+    """A shard snapshot's slabs written into `fresh`, the sealed ones sealed once written.
+    Each is written out as tables, synced, before it is closed (bulk.write_out): the shard's
+    reopen, on the event loop once the install swaps it in, then has no log to read back
+    (the current generation's, up to `generation_max_size`), and its log needs no sync."""
     fresh.mkdir(parents=True)
     sealed: list[tuple[Path, int, int]] = []
     batches: Batches | None = None  # the open slab's
+    path = fresh
     checkpoint: bytes | None = None  # the last slab's (the current one: see _start_dump)
     for kind, body in records(snapshot):
         if kind == SLAB_RECORD:
             if batches is not None:
-                batches.finish([])
-                batches.db.close()
+                _written(batches, path, [])
             checkpoint = None
             generation, _created, sealed_at = SLAB.unpack_from(body)
             path = generation_dir(fresh, generation)
             batches = Batches(plyvel.DB(str(path), create_if_missing=True,
-                                        compression=compression))
+                                        compression=compression,
+                                        write_buffer_size=BUILD_BUFFER))
             if sealed_at:
                 sealed.append((path, generation, sealed_at))
         elif kind == PAIR_RECORD and batches is not None:
@@ -398,13 +402,21 @@ def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
             raise cmd.BadCommand(f"record kind {kind} out of place in a shard snapshot")
     if batches is None:  # a shard always has a current generation: this one is garbled
         raise cmd.BadCommand("a shard snapshot without a generation")
-    batches.finish([(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term)),
-                    (SNAPSHOT_KEY, meta)])
-    batches.db.close()
+    _written(batches, path, [(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term)),
+                       (SNAPSHOT_KEY, meta)])
     for slab_path, generation, until in sealed:
         slab = Slab.open(slab_path, generation, compression)
         slab.seal(until, shard)
         slab.close()
+
+
+def _written(batches: Batches, path: Path, last: list[tuple[bytes, bytes]]) -> None:
+    """Blocking: the rest of a slab built from a snapshot, `last` after it, on disk as
+    tables (LevelDB syncs the tables and the manifest it writes; its directory's entries
+    synced here), and the slab closed."""
+    batches.finish(last, sync=False)
+    write_out(batches.db)
+    files.fsync_dir(path)
 
 
 # (writer, writes, stored value of a key, the command's serial) -> (the admitted writes,
