@@ -72,6 +72,7 @@ from broker.raft.spool import (
     DumpWriter,
     Pace,
     SnapshotSpool,
+    Splice,
 )
 
 log = logging.getLogger(__name__)
@@ -356,8 +357,10 @@ class ShardMachine(_Machine):
             return functools.partial(write_slabs_and_files, slabs=slabs, current=current,
                                      view=view, open_slabs=open_slabs, thresholds=thresholds,
                                      links=self.spool.links), release
-        return functools.partial(write_slabs, slabs=slabs, current=current, view=view,
-                                 open_slabs=open_slabs, thresholds=thresholds), release
+        def write(file: IO[bytes], stop: threading.Event, _splice: Splice) -> None:
+            write_slabs(file, stop, slabs, current, view, open_slabs, thresholds)
+
+        return write, release
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
@@ -533,7 +536,7 @@ class KVMachine(_Machine):
     def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
         view = self.kv.view()
 
-        def write(file: IO[bytes], stop: threading.Event) -> None:
+        def write(file: IO[bytes], stop: threading.Event, _splice: Splice) -> None:
             write_pairs(file, stop, view.iterator(), _NOT_DUMPED)
 
         return write, view.close

@@ -15,7 +15,7 @@ from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import BadCommand
 from broker.ds.shipped import format_record, link_sealed, write_files
 from broker.ds.slab import Slab
-from broker.raft.spool import FILE_BUFFER, DumpStopped, Insert
+from broker.raft.spool import FILE_BUFFER, DumpStopped, Insert, Splice
 
 _RECORD: Final = struct.Struct(">BI")
 SLAB: Final = struct.Struct(">QQQ")
@@ -72,12 +72,13 @@ def write_slabs(file: IO[bytes], stop: threading.Event, slabs: list[tuple[Slab, 
             open_slabs.release(slab)
 
 
-def write_slabs_and_files(file: IO[bytes], stop: threading.Event,
+def write_slabs_and_files(file: IO[bytes], stop: threading.Event, splice: Splice,
                            slabs: list[tuple[Slab, int]], current: Slab, view: Any,
                            open_slabs: OpenSlabs, thresholds: bytes, links: Path
                            ) -> list[Insert]:
     """Version 2 (shipped.py): the slabs sealed on disk (their manifest written: the seal's
-    compaction is over) as their files, then the others as in version 1."""
+    compaction is over) as their files, then the others as in version 1. The files are
+    spliced in before the others are written: they leave while those are dumped."""
     files: list[tuple[int, str, Path]] = []
     rest: list[tuple[Slab, int]] = []
     for slab, sealed_at in slabs:
@@ -91,6 +92,8 @@ def write_slabs_and_files(file: IO[bytes], stop: threading.Event,
         files += [(slab.generation, name, path) for name, path in linked]
     file.write(format_record(len(files)))
     inserts = write_files(file, files)
+    if inserts:
+        splice(inserts)
     write_slabs(file, stop, rest, current, view, open_slabs, thresholds)
     return inserts
 
