@@ -306,12 +306,6 @@ class SnapshotSpool:
             path.unlink()
         return True
 
-    @property
-    def incoming(self) -> Path:
-        """Where received chunks are appended (a machine that takes them itself: its
-        records' file)."""
-        return self._incoming_path
-
     def kept(self) -> list[int]:
         """The indexes of the snapshots being sent or prepared: the log keeps what follows."""
         kept = [] if self._outgoing is None else [self._outgoing[0]]
