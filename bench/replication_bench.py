@@ -556,6 +556,16 @@ def _answers(member: Running) -> bool:
     return True
 
 
+def _joined(survivors: list[Running], old: set[str]) -> bool:
+    """Whether a survivor has the new site (one not in `old`) in a group's configuration:
+    a group's leader added it as a learner."""
+    for member in survivors:
+        for group in raft_status(member)["groups"]:
+            if {*group["voters"], *group["learners"]} - old:
+                return True
+    return False
+
+
 def _applied(member: Running, target: dict[int, int]) -> bool:
     try:
         groups = {g["id"]: g["applied"] for g in raft_status(member)["groups"]}
@@ -581,9 +591,12 @@ def _size(path: Path) -> int:
 def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str, Any]:
     """A fresh 3-node cluster; one offline session, `messages` stored for it; once every
     node applied them, node 3 is killed, its data dir emptied and the node started again:
-    seconds until it applied everything committed before, from its start and from its first
-    CONNACK; `cp -r` of node 2's data dir for comparison; then the session, resumed on node
-    3, must get every message from the new replica."""
+    seconds until it applied everything committed before, from its start, from its HTTP
+    API's first answer (`transfer_s`: the node serves it last, once it is in the cluster, so
+    the join and, on a slow start, part of the transfer come before) and from the first
+    group that took it as a learner (`from_join_s`: the whole mechanism); `cp -r` of node
+    2's data dir for comparison; then the session, resumed on node 3, must get every message
+    from the new replica."""
     out: dict[str, Any] = {"variant": variant, "messages": messages}
     print(f"  catch-up ({variant}): {messages} messages", end=" ", flush=True)
     with brokers.running_cluster("ours", 3, {**REPLICATED, **settings}) as members:
@@ -596,6 +609,7 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
                  "every node applied the messages")
         victim, source = members[2], members[1]
         old_site = raft_status(victim)["site"]
+        old = {raft_status(m)["site"] for m in members}
         os.kill(victim.pid, signal.SIGKILL)
         victim.proc.wait()
         data = victim.tmp / "data"
@@ -603,6 +617,8 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
         data.mkdir()
         started = time.monotonic()
         brokers.respawn(victim)
+        joined = wait_for(lambda: _joined(members[:2], old), members,
+                          "the new site added to a group")
         up = wait_for(lambda: _answers(victim), members, "the emptied node's HTTP API")
         cpu = [procstat.cpu_seconds(m.pid) for m in members]
         done = wait_for(lambda: _applied(victim, target), members,
@@ -618,6 +634,8 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
             "up_s": round(up - started, 3),
             "caught_up_s": round(done - started, 3),
             "transfer_s": round(done - up, 3),
+            "joined_s": round(joined - started, 3),
+            "from_join_s": round(done - joined, 3),
             # CPU seconds of each node (the new replica last) over `transfer_s`
             "nodes_cpu_s": cpu,
             "first_connack_s": round(connack - started, 3),
@@ -634,8 +652,10 @@ def catch_up(variant: str, settings: dict[str, str], messages: int) -> dict[str,
         out.update({"drain_" + k.removeprefix("drain_"): v for k, v in drained.items()})
         out.update(_membership(victim, old_site))
         out["catch_up_over_copy"] = round(out["catch_up_msgs_per_s"] / out["copy_msgs_per_s"], 4)
+        out["from_join_over_copy"] = round(copy_s / max(done - joined, POLL), 4)
     print(f"-> {out['transfer_s']} s from its HTTP API's first answer "
-          f"({out['catch_up_msgs_per_s']:,} msgs/s); cp -r {out['copy_s']} s; "
+          f"({out['catch_up_msgs_per_s']:,} msgs/s), {out['from_join_s']} s from its join; "
+          f"cp -r {out['copy_s']} s; "
           f"drained {out['drain_delivered']} of {messages}", flush=True)
     return out
 
@@ -737,6 +757,9 @@ def table(run: dict[str, Any]) -> str:
             f" s) = "
             f"{cu['catch_up_msgs_per_s']:,} msgs/s; cp -r {cu['copy_s']} s = "
             f"{cu['copy_msgs_per_s']:,} msgs/s; ratio {cu['catch_up_over_copy']:.3f}x; "
+            + (f"from the new site's join ({cu['joined_s']} s after start) "
+               f"{cu['from_join_s']} s, ratio {cu['from_join_over_copy']:.3f}x; "
+               if "from_join_s" in cu else "") +
             f"CPU of the nodes meanwhile {cu.get('nodes_cpu_s')} s; "
             f"drained from it {cu['drain_delivered']:,} of {cu['messages']:,}")
     return "\n".join(lines)

@@ -29,17 +29,13 @@ from broker.backup.archive import (
 from broker.backup.chain import Plan
 from broker.backup.direct import DirectFile
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest, pairs_of
-from broker.ds.bulk import Batches
+from broker.ds.bulk import BUILD_BUFFER, Batches, write_out
 from broker.ds.slab import Compression, Slab
 from broker.session.durable import records
 
 _META: Final = b"m"
-# LevelDB's memtable while a database is built (its default is 4 MiB): fewer, larger level-0
-# tables to compact. Only while building: the node opens it with its own options.
-_BUILD_BUFFER: Final = 64 << 20
-_SETTLERS: Final = 3  # databases written out as tables at once (`_settle`)
+_SETTLERS: Final = 3  # databases written out as tables at once (`bulk.write_out`)
 _CREATORS: Final = 8  # databases created at once (`_Targets`)
-_PAST_KEYS: Final = b"\xff" * 64  # after every key a database here holds
 
 
 @dataclass(slots=True)
@@ -60,12 +56,12 @@ def own_meta(key: bytes, value: bytes, now: float) -> bytes:
 class _Build:
     """A new LevelDB being built from a `.pairs` member, part after part (manifest.py).
     Its memtable (all of it, with the large buffer) is written out as a table by `settle`
-    (`_settle`), which gets the open database."""
+    (`bulk.write_out`), which gets the open database."""
 
     def __init__(self, path: Path, compression: Compression, sessions: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
-                             compression=compression, write_buffer_size=_BUILD_BUFFER)
+                             compression=compression, write_buffer_size=BUILD_BUFFER)
         self._batches = Batches(self._db)
         self._sessions = sessions
         self._now = time.time()
@@ -92,19 +88,6 @@ class _Build:
         self._db.close()
 
 
-def _settle(db: Any) -> None:
-    """Blocking: a built database's memtable written out as a table, synced, and the
-    database closed (on threads beside the next members' unpacking: LevelDB works without
-    the GIL, and their syncs overlap), rather than its log replayed at the node's open, on
-    its event loop, tens of milliseconds a shard. LevelDB flushes its memtable before any
-    manual compaction; one of a range past every key compacts nothing else (a reopen, which
-    this replaces, read the log back in and built the memtable again)."""
-    try:
-        db.compact_range(start=_PAST_KEYS, stop=_PAST_KEYS)
-    finally:
-        db.close()
-
-
 def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Path],
            sessions: Path, retained: Path, compression: Compression) -> Unpacked:
     """Blocking: every member written out (see the module docstring), checked as it is
@@ -124,7 +107,7 @@ def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Pat
                                    creators)
                 try:
                     _unpack_one(archive, targets,
-                                lambda db: settling.append(settlers.submit(_settle, db)))
+                                lambda db: settling.append(settlers.submit(write_out, db)))
                 finally:
                     targets.close()
         finally:

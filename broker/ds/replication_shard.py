@@ -31,6 +31,7 @@ import concurrent.futures
 import functools
 import json
 import logging
+import os
 import shutil
 import struct
 import threading
@@ -42,17 +43,12 @@ import plyvel  # type: ignore[import-untyped]
 
 from broker.ds import files
 from broker.ds import replication_layer as cmd
-from broker.ds.bulk import Batches
 from broker.ds.db import MessagesDB
 from broker.ds.kv import KVStore
-from broker.ds.shard import Shard, checkpoint_at, generation_dir
+from broker.ds.shard import Shard
 from broker.ds.shard_snapshot import (
-    PAIR_RECORD,
-    SLAB,
-    SLAB_RECORD,
+    SlabBuilder,
     pairs,
-    records,
-    split_pair,
     write_pairs,
     write_slabs,
     write_slabs_and_files,
@@ -63,15 +59,17 @@ from broker.ds.shipped import (
     install_files,
     staging_of,
 )
-from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab
+from broker.ds.slab import Compression
 from broker.ds.ttv import TTV
 from broker.raft.host import ApplyFailed, PendingInstall
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
 from broker.raft.spool import (
+    FILE_BUFFER,
     DumpWriter,
     Pace,
     SnapshotSpool,
+    Splice,
 )
 
 log = logging.getLogger(__name__)
@@ -197,7 +195,8 @@ class ShardMachine(_Machine):
         self.index = index
         self._reopen = reopen
         self._ship_files = ship_files
-        self._receiver: Receiver | None = None  # a version 2 snapshot being received
+        # A version 2 snapshot being received.
+        self._receiver: Receiver[SlabBuilder] | None = None
         db.create([index])  # a group applies to its shard, written or not
         super().__init__(self.shard.applied(), self.shard.path, f"messages shard {index}",
                          pace)
@@ -216,8 +215,11 @@ class ShardMachine(_Machine):
         if chunk.offset == 0:
             self._drop_receiver()
             if chunk.data[:1] == bytes((FORMAT_RECORD,)):
-                self._receiver = Receiver(staging_of(self.shard.path), self.spool.incoming,
-                                          self.shard.executor)
+                compression = self.shard.compression
+                self._receiver = Receiver(
+                    staging_of(self.shard.path),
+                    lambda directory: SlabBuilder(directory, compression),
+                    self.shard.executor)
         receiver = self._receiver
         if receiver is None:
             return super().install_chunk(chunk)
@@ -244,31 +246,34 @@ class ShardMachine(_Machine):
             self._receiver.close()
             self._receiver = None
 
-    def _install_shipped(self, receiver: Receiver, chunk: SnapshotChunk) -> PendingInstall:
+    def _install_shipped(self, receiver: Receiver[SlabBuilder], chunk: SnapshotChunk
+                         ) -> PendingInstall:
         """On a thread of its own (the event loop serves the node's other groups
-        meanwhile; a big current generation takes seconds): the received files synced, the
-        slabs sent as records built and the files moved in beside them, in a directory
-        beside the shard's. Then, on the loop: that directory swapped in."""
-        compression = self.shard.compression
-        records, staging = receiver.records_path, receiver.staging
+        meanwhile): the received files synced, the slabs sent as records (built as they
+        came) finished and moved, with the files, into a directory beside the shard's.
+        Then, on the loop: that directory swapped in."""
+        staging = receiver.staging
         meta = _APPLIED.pack(chunk.index, chunk.term) + chunk.config.encode()
         job: list[concurrent.futures.Future[None]] = []
 
         def build() -> None:
             try:
-                try:
-                    synced = receiver.synced()
-                finally:
-                    receiver.close()  # (its records' file too: read below)
-
+                synced = receiver.synced()
+                builder = receiver.take_records()
+            finally:
+                receiver.close()
+            try:
                 def fill(fresh: Path) -> None:
-                    _build_slabs(fresh, records, self.index, chunk.index, chunk.term, meta,
-                                 compression)
+                    builder.finish(self.index, chunk.index, chunk.term, [(SNAPSHOT_KEY, meta)])
+                    fresh.mkdir(parents=True)
+                    for built in builder.directory.iterdir():
+                        os.replace(built, fresh / built.name)
+                    files.fsync_dir(fresh)
                     install_files(fresh, receiver.files, staging, synced)
 
                 files.build_staged(self.shard.path, fill)
             finally:
-                records.unlink(missing_ok=True)
+                builder.close()
 
         def start(done: Callable[[], object]) -> None:
             thread = concurrent.futures.ThreadPoolExecutor(
@@ -357,8 +362,10 @@ class ShardMachine(_Machine):
             return functools.partial(write_slabs_and_files, slabs=slabs, current=current,
                                      view=view, open_slabs=open_slabs, thresholds=thresholds,
                                      links=self.spool.links), release
-        return functools.partial(write_slabs, slabs=slabs, current=current, view=view,
-                                 open_slabs=open_slabs, thresholds=thresholds), release
+        def write(file: IO[bytes], stop: threading.Event, _splice: Splice) -> None:
+            write_slabs(file, stop, slabs, current, view, open_slabs, thresholds)
+
+        return write, release
 
     def _install(self, snapshot: Path, index: int, term: int, meta: bytes) -> None:
         """Blocking: builds the shard's slabs in a new directory, then swaps it in."""
@@ -374,38 +381,15 @@ class ShardMachine(_Machine):
 def _build_slabs(fresh: Path, snapshot: Path, shard: int, index: int, term: int,
                  meta: bytes, compression: Compression) -> None:
     """A shard snapshot's slabs written into `fresh`, the sealed ones sealed once written."""
-    fresh.mkdir(parents=True)
-    sealed: list[tuple[Path, int, int]] = []
-    batches: Batches | None = None  # the open slab's
-    checkpoint: bytes | None = None  # the last slab's (the current one: see _start_dump)
-    for kind, body in records(snapshot):
-        if kind == SLAB_RECORD:
-            if batches is not None:
-                batches.finish([])
-                batches.db.close()
-            checkpoint = None
-            generation, _created, sealed_at = SLAB.unpack_from(body)
-            path = generation_dir(fresh, generation)
-            batches = Batches(plyvel.DB(str(path), create_if_missing=True,
-                                        compression=compression))
-            if sealed_at:
-                sealed.append((path, generation, sealed_at))
-        elif kind == PAIR_RECORD and batches is not None:
-            key, value = split_pair(body)
-            batches.put(key, value)
-            if key == CHECKPOINT_KEY:
-                checkpoint = value
-        else:
-            raise cmd.BadCommand(f"record kind {kind} out of place in a shard snapshot")
-    if batches is None:  # a shard always has a current generation: this one is garbled
-        raise cmd.BadCommand("a shard snapshot without a generation")
-    batches.finish([(CHECKPOINT_KEY, checkpoint_at(checkpoint, index, term)),
-                    (SNAPSHOT_KEY, meta)])
-    batches.db.close()
-    for slab_path, generation, until in sealed:
-        slab = Slab.open(slab_path, generation, compression)
-        slab.seal(until, shard)
-        slab.close()
+    builder = SlabBuilder(fresh, compression)
+    try:
+        with snapshot.open("rb") as file:
+            while data := file.read(FILE_BUFFER):
+                builder.feed(data)
+        builder.finish(shard, index, term, [(SNAPSHOT_KEY, meta)])
+    except BaseException:
+        builder.close()
+        raise
 
 
 # (writer, writes, stored value of a key, the command's serial) -> (the admitted writes,
@@ -522,7 +506,7 @@ class KVMachine(_Machine):
     def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
         view = self.kv.view()
 
-        def write(file: IO[bytes], stop: threading.Event) -> None:
+        def write(file: IO[bytes], stop: threading.Event, _splice: Splice) -> None:
             write_pairs(file, stop, view.iterator(), _NOT_DUMPED)
 
         return write, view.close

@@ -29,8 +29,9 @@ included): a later transfer that lists a file again skips it if it is whole and 
 asks for the next one it lacks (the core resumes there), and a resumed transfer sends
 nothing twice. A file whose
 CRC does not match is removed and fetched again (the core resumes at its first byte); it
-is never installed. The records go to the spool's incoming file, read by the version 1
-installer.
+is never installed. The records are handed, as they come, to what builds the slabs they
+hold (`Records`: shard_snapshot.SlabBuilder), on the writer's thread: the current
+generation is written while its records arrive, not after the last one.
 """
 
 import collections
@@ -42,7 +43,7 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Final, NamedTuple
+from typing import IO, Final, Generic, NamedTuple, Protocol, TypeVar
 
 import plyvel  # type: ignore[import-untyped]
 
@@ -60,10 +61,24 @@ _FORMAT: Final = struct.Struct(">BI")
 _PART: Final = ".part"
 # LevelDB's own files that are not data: its lock, its info log.
 _NOT_SHIPPED: Final = frozenset({"LOCK", "LOG", "LOG.old"})
+_RECORDS: Final = "records"  # in the staging folder, beside the files' `gen-N` folders
 _LINK_ATTEMPTS: Final = 5
 # Bytes handed to the writer thread and not yet written, past which the loop waits for it
 # (a disk slower than the link, or a file creation held by the journal): two chunks.
 _WRITE_AHEAD: Final = 2 << 20
+
+
+class Records(Protocol):
+    """What takes a version 2 stream's records, in pieces cut anywhere, on the receiver's
+    writer thread (blocking)."""
+
+    def feed(self, data: bytes | memoryview) -> None: ...
+
+    def close(self) -> None:
+        """Given up (the transfer starts over, or the receiver closes): what it wrote goes."""
+
+
+R = TypeVar("R", bound=Records)
 
 
 class Shipped(NamedTuple):
@@ -173,6 +188,11 @@ class _Writer:
     def discard(self, part: Path) -> None:
         self._submit(self._discard, part)
 
+    def records(self, records: Records, data: memoryview) -> None:
+        self._submit(records.feed, data, size=len(data))
+        while self._queued > _WRITE_AHEAD:
+            self._settle(self._jobs[0])
+
     def check(self) -> None:
         """Raises what failed among the jobs done."""
         while self._jobs and self._jobs[0][0].done():
@@ -229,18 +249,20 @@ class _Writer:
             self._file = None
 
 
-class Receiver:
+class Receiver(Generic[R]):
     """Takes a version 2 stream chunk by chunk: files into `staging` (written on a thread of
-    their own, `_Writer`), the records into `records`. `feed` answers None (go
-    on after the chunk) or the offset to go on from."""
+    their own, `_Writer`), the records, on that thread too, into `records(a folder in
+    staging)`, made anew for each transfer. `feed` answers None (go on after the chunk) or
+    the offset to go on from."""
 
-    def __init__(self, staging: Path, records: Path, executor: Executor) -> None:
+    def __init__(self, staging: Path, records: Callable[[Path], R], executor: Executor
+                 ) -> None:
         self.staging = staging
-        self.records_path = records
+        self._make_records = records
         self._executor = executor  # where each file received whole is synced
         self.refetched = 0  # files whose CRC did not match
         self.skipped = 0  # files (and parts) a previous transfer left, not sent again
-        self._records: IO[bytes] | None = None
+        self.records: R | None = None
         self._writer: _Writer | None = None
         self._reset()
 
@@ -262,21 +284,31 @@ class Receiver:
         self._kept: set[Path] = set()  # the files in the staging folders when the list came
         self._synced: set[Path] = set()  # the files this transfer wrote whole
         self.staging.mkdir(parents=True, exist_ok=True)
-        self._records = self.records_path.open("wb")
+        self.records = self._make_records(self.staging / _RECORDS)
         self._writer = _Writer(self._executor)
 
     def close(self) -> None:
+        """Blocking: the writer's jobs end; the records' builder is given up unless it was
+        taken (`take_records`)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self._records is not None:
-            self._records.close()
-            self._records = None
+        if self.records is not None:
+            self.records.close()
+            self.records = None
+
+    def take_records(self) -> R:
+        """Blocking, once the stream is whole: what took its records, every piece fed (the
+        install finishes it)."""
+        assert self._writer is not None and self.records is not None
+        self._writer.drain()
+        records, self.records = self.records, None
+        return records
 
     def feed(self, offset: int, data: bytes) -> int | None:
         if offset == 0:
             self._reset()
-        if offset != self._at or self._records is None or self._writer is None:
+        if offset != self._at or self.records is None or self._writer is None:
             raise BadCommand(f"snapshot chunk at {offset}, expected {self._at}")
         self._writer.check()
         view = memoryview(data)
@@ -292,8 +324,8 @@ class Receiver:
                     break  # the rest comes with the next chunk
                 resume = self._complete(offset + i)
             elif self._mode == _REST:
-                # The records, after the files: copied as they are, read by the install.
-                self._records.write(view[i:])
+                # The records, after the files: built into slabs as they come.
+                self._writer.records(self.records, view[i:])
                 break
             else:
                 take = min(self._remaining, len(view) - i)

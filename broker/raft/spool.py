@@ -21,7 +21,9 @@ it. So:
   linked on the thread into `<dir>.snapshot-links` so nothing removes it meanwhile. The
   snapshot sent is then the spool file with each such file's bytes, and their CRC-32 (4
   bytes, big-endian), spliced in at its point: the file is read chunk by chunk at its
-  link, never copied on the sender.
+  link, never copied on the sender. A dump that names them before it writes the rest (its
+  `splice`) has the stream up to their end leave meanwhile: the files do not wait for
+  the records dumped after them.
 - Chunks leave at most at the node's `Pace` (`durable_storage.raft.snapshot_bytes_rate`,
   all groups together): past it `chunk` answers None and `on_dumped` has the core ask again
   once the rate allows, so a replica catching up never takes the links from client traffic.
@@ -62,9 +64,12 @@ class Insert(NamedTuple):
     size: int
 
 
+# Called by a dump's writer, on its thread, with the files it splices in, once the spool
+# file holds everything up to their point: the stream up to their end may leave meanwhile.
+Splice = Callable[[list[Insert]], None]
 # Writes a snapshot into the file, on a worker thread; ends soon (DumpStopped) once the event
-# is set. Returns the files to splice into it (None: none).
-DumpWriter = Callable[[IO[bytes], threading.Event], list[Insert] | None]
+# is set. Returns the files to splice into it (None: none), the ones it gave `splice` if any.
+DumpWriter = Callable[[IO[bytes], threading.Event, Splice], list[Insert] | None]
 # On the loop: fixes what a dump reads; returns what writes it (on the worker thread) and
 # what releases what was fixed.
 StartDump = Callable[[], tuple[DumpWriter, Callable[[], None]]]
@@ -75,25 +80,36 @@ class DumpStopped(Exception):
 
 
 class _Dump:
-    """A dump under way: its thread's job, and what releases what the loop fixed for it."""
+    """A dump under way: its thread's job, what releases what the loop fixed for it, and
+    the stream its splice made (sent before the dump ends)."""
 
-    __slots__ = ("done", "index", "job", "release", "stop")
+    __slots__ = ("done", "index", "job", "release", "stop", "stream")
 
-    def __init__(self, index: int, job: "concurrent.futures.Future[_Stream]",
-                 stop: threading.Event, release: Callable[[], None],
+    def __init__(self, index: int, stop: threading.Event, release: Callable[[], None],
                  done: "asyncio.Future[None]") -> None:
         self.index = index
-        self.job = job
+        self.job: concurrent.futures.Future[tuple[_Stream, int]] | None = None
         self.stop = stop
         self.release = release
         self.done = done
+        self.stream: _Stream | None = None
 
 
-def _write_dump(path: Path, write: DumpWriter, stop: threading.Event) -> "_Stream":
-    """On a worker thread: the snapshot into `path`; returns how it is sent."""
+def _write_dump(path: Path, write: DumpWriter, stop: threading.Event,
+                spliced: Callable[["_Stream"], None]) -> "tuple[_Stream, int]":
+    """On a worker thread: the snapshot into `path`; returns how it is sent (the stream
+    given to `spliced` if the writer spliced files in early) and the file's size."""
+    early: list[_Stream] = []
+
+    def splice(inserts: list[Insert]) -> None:
+        file.flush()  # what the stream reads of the spool file before the files' end
+        early.append(_Stream(path, inserts))
+        spliced(early[0])
+
     with path.open("wb", buffering=FILE_BUFFER) as file:
-        inserts = write(file, stop) or []
-        return _Stream(path, file.tell(), inserts)
+        inserts = write(file, stop, splice) or []
+        size = file.tell()
+    return (early[0] if early else _Stream(path, inserts)), size
 
 
 class Pace:
@@ -123,9 +139,11 @@ class Pace:
 class _Stream:
     """A spooled snapshot as sent: the spool file with the inserted files spliced in.
     `starts[i]` is where part i begins in the stream; a part is a slice of the spool file
-    (kind 0, its offset there), a file (kind 1) or a file's CRC (kind 2)."""
+    (kind 0, its offset there), a file (kind 1) or a file's CRC (kind 2). Until `finish`
+    gives the spool file's size, the stream ends after the last file's CRC (the dump is
+    still writing what follows)."""
 
-    def __init__(self, spool: Path, spool_size: int, inserts: list[Insert]) -> None:
+    def __init__(self, spool: Path, inserts: list[Insert]) -> None:
         self.spool = spool
         self.files = [insert.path for insert in inserts]
         self.parts: list[tuple[int, int, int, int]] = []  # kind, ref, offset in it, length
@@ -135,14 +153,23 @@ class _Stream:
             self.parts.append((1, number, 0, insert.size))
             self.parts.append((2, number, 0, CRC.size))
             position = insert.at
-        self.parts.append((0, 0, position, spool_size - position))
+        self._tail = position  # where the rest of the spool file starts
         self.starts: list[int] = []
         total = 0
         for part in self.parts:
             self.starts.append(total)
             total += part[3]
         self.size = total
+        self.complete = False
         self._crc: dict[int, tuple[int, int]] = {}  # file -> (bytes summed, CRC of them)
+
+    def finish(self, spool_size: int) -> None:
+        """The dump is over: the rest of the spool file ends the stream."""
+        if not self.complete:
+            self.parts.append((0, 0, self._tail, spool_size - self._tail))
+            self.starts.append(self.size)
+            self.size += spool_size - self._tail
+            self.complete = True
 
     def read(self, offset: int, limit: int) -> bytes:
         out: list[bytes] = []
@@ -227,13 +254,15 @@ class SnapshotSpool:
             return None
         if index not in (0, outgoing[0]):
             return None  # one no longer kept: the core starts over, and gets the one spooled
+        at, stream = outgoing
+        if offset >= stream.size and not stream.complete:
+            return None  # the dump is still writing it: `on_dumped` once it is over
         if self._pace_wait():
             return None
-        at, stream = outgoing
         data = stream.read(offset, CHUNK_BYTES)
         if self.pace is not None:
             self.pace.spend(len(data))
-        done = offset + len(data) >= stream.size
+        done = stream.complete and offset + len(data) >= stream.size
         self._used = time.monotonic()
         if done:
             self.drop()
@@ -277,12 +306,6 @@ class SnapshotSpool:
             path.unlink()
         return True
 
-    @property
-    def incoming(self) -> Path:
-        """Where received chunks are appended (a machine that takes them itself: its
-        records' file)."""
-        return self._incoming_path
-
     def kept(self) -> list[int]:
         """The indexes of the snapshots being sent or prepared: the log keeps what follows."""
         kept = [] if self._outgoing is None else [self._outgoing[0]]
@@ -291,7 +314,8 @@ class SnapshotSpool:
     def drop_idle(self) -> None:
         """Removes a spooled snapshot no transfer read for `idle` seconds: its transfers
         were given up (a follower that asks again gets a new one)."""
-        if self._outgoing is not None and time.monotonic() - self._used > self.idle:
+        if (self._outgoing is not None and self._dumping is None
+                and time.monotonic() - self._used > self.idle):
             self.drop()
 
     def drop(self) -> None:
@@ -307,7 +331,8 @@ class SnapshotSpool:
         if dump is None:
             return
         dump.stop.set()
-        concurrent.futures.wait([dump.job])
+        if dump.job is not None:
+            concurrent.futures.wait([dump.job])
         self._dumped(dump)
 
     def _dump(self, applied: int) -> None:
@@ -315,15 +340,29 @@ class SnapshotSpool:
             return
         write, release = self._start_dump()
         loop = asyncio.get_running_loop()
-        stop = threading.Event()
+        dump = _Dump(applied, threading.Event(), release, loop.create_future())
+
+        def spliced(stream: _Stream) -> None:
+            loop.call_soon_threadsafe(self._spliced, dump, stream)
+
         try:
-            job = self._executor().submit(_write_dump, self._outgoing_path, write, stop)
+            job = dump.job = self._executor().submit(
+                _write_dump, self._outgoing_path, write, dump.stop, spliced)
         except BaseException:
             release()
             raise
-        dump = self._dumping = _Dump(applied, job, stop, release, loop.create_future())
+        self._dumping = dump
         self.dumped = dump.done
         job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._dumped, dump))
+
+    def _spliced(self, dump: _Dump, stream: _Stream) -> None:
+        """On the loop: the dump's files may leave (the stream up to their end)."""
+        if self._dumping is dump and self._outgoing is None:
+            dump.stream = stream
+            self._outgoing = (dump.index, stream)
+            self._used = time.monotonic()
+            if self.on_dumped is not None:
+                self.on_dumped()
 
     def _dumped(self, dump: _Dump) -> None:
         """On the loop, once the dump's thread ended (or at once, by `end_dump`)."""
@@ -332,14 +371,19 @@ class SnapshotSpool:
         self._dumping = None
         dump.release()
         job = dump.job
+        assert job is not None
         if job.cancelled() or job.exception() is not None:
             if not dump.stop.is_set():
                 log.warning("snapshot of %s at index %d failed: %r", self.name, dump.index,
                             job.exception())
+            if self._outgoing is not None and self._outgoing[1] is dump.stream:
+                self._outgoing = None  # its transfers start over
             self._outgoing_path.unlink(missing_ok=True)
             shutil.rmtree(self.links, ignore_errors=True)
         else:
-            self._outgoing = (dump.index, job.result())
+            stream, size = job.result()
+            stream.finish(size)
+            self._outgoing = (dump.index, stream)
             self._used = time.monotonic()
             if self.on_dumped is not None:
                 self.on_dumped()

@@ -36,7 +36,7 @@ import plyvel  # type: ignore[import-untyped]
 from broker.raft.host import ApplyFailed
 from broker.raft.messages import NORMAL, Config, Entry
 from broker.raft.ready import SnapshotChunk, SnapshotMeta
-from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool
+from broker.raft.spool import FILE_BUFFER, DumpStopped, DumpWriter, SnapshotSpool, Splice
 from broker.retainer.store import CLUSTER_VERSION_KEY, RetainedStore, decode_record
 from broker.session.message import Message
 
@@ -236,7 +236,7 @@ class RetainedMachine:
     def _start_dump(self) -> tuple[DumpWriter, Callable[[], None]]:
         view = self.store.view()
 
-        def write(file: IO[bytes], stop: threading.Event) -> None:
+        def write(file: IO[bytes], stop: threading.Event, _splice: Splice) -> None:
             _write_snapshot(file, stop, view.iterator())
 
         return write, view.close

@@ -50,6 +50,7 @@ def test_quick_run_verifies_throughput_failover_and_catch_up(tmp_path: Path) -> 
         assert cu["drain_delivered"] == MESSAGES and cu["drain_sessions_present"] == 1, cu
         assert cu["replica_data_mib"] > 0 and cu["copy_s"] > 0
         assert 0 < cu["up_s"] <= cu["caught_up_s"] and cu["transfer_s"] >= 0
+        assert cu["joined_s"] > 0 and cu["from_join_s"] >= cu["transfer_s"]
         assert cu["groups"] == 2 + replication_bench.N_SHARDS  # it hosts every group
     assert run["catch_up"][1]["snapshot_indexes"] > 0  # its logs were compacted
     assert "ours3/ours1" in replication_bench.table(run)

@@ -2,9 +2,15 @@
 LevelDB files they are, checksummed, and a transfer that breaks off (a lost link, a restart
 of the receiver) or brings a damaged file resumes without installing anything wrong."""
 
+import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from broker.ds import shard_snapshot
 from broker.ds.replication_shard import ShardMachine
 from broker.ds.shipped import FILE_RECORD, staging_of
 from broker.raft.ready import SnapshotChunk
@@ -38,6 +44,49 @@ async def move(source: ShardMachine, target: ShardMachine, *, stop_after: int = 
         index, offset = at, resume if resume is not None else offset + len(data)
         if stop_after and chunks >= stop_after:
             return 0, sent
+
+
+async def test_the_files_leave_while_the_rest_is_dumped(
+        tmp_path: Path, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sealed generations' files do not wait for the current one's records: the
+    stream up to their end is sent while the dump writes those, the rest once it is over."""
+    source = await sealed_source(tmp_path, executor)
+    records_held = threading.Event()
+    write_slabs = shard_snapshot.write_slabs
+
+    def held_back(*args: Any, **kwargs: Any) -> None:
+        assert records_held.wait(10)
+        write_slabs(*args, **kwargs)
+
+    monkeypatch.setattr(shard_snapshot, "write_slabs", held_back)
+    ready = asyncio.Event()
+    source.machine.spool.on_dumped = ready.set
+    assert source.machine.snapshot_chunk(0, 0) is None  # the dump starts
+    await asyncio.wait_for(ready.wait(), 10)  # its files are spliced in
+    target = Replica(tmp_path / "target", executor)
+    index = offset = 0
+    while (answer := source.machine.snapshot_chunk(index, offset)) is not None:
+        index, data, done = answer
+        assert not done
+        assert await install_chunk(target.machine, SnapshotChunk(index, 1, CONFIG, offset,
+                                                                 data, done)) is None
+        offset += len(data)
+    dumped = source.machine.spool.dumped
+    assert dumped is not None and not dumped.done()  # sent before the records are written
+    sealed = [slab for slab in source.machine.shard.slabs.values() if slab.sealed]
+    assert offset > sum(f.stat().st_size for slab in sealed for f in slab.path.glob("*.ldb"))
+    records_held.set()
+    await dumped
+    while True:
+        index, data, done = await snapshot_chunk(source.machine, index, offset)
+        assert await install_chunk(target.machine, SnapshotChunk(index, 1, CONFIG, offset,
+                                                                 data, done)) is None
+        offset += len(data)
+        if done:
+            break
+    assert index == 60
+    assert by_generation(target) == by_generation(source)
+    assert held(target) == 60 * PER_STORE
 
 
 def shipped_dirs(replica: Replica) -> list[str]:
