@@ -12,6 +12,7 @@ import logging
 import socket
 import struct
 from collections.abc import Awaitable
+from time import monotonic
 from typing import Any, Final
 
 from broker.auth.acl import Access
@@ -115,7 +116,9 @@ class Connection:
         # Packets waiting for one that is handled over several loop turns (`hold_input`).
         self._held: list[Packet] | None = None
         self._loop = output.loop
-        self._last_rx = self._loop.time()
+        # Times are time.monotonic(), the loop's clock (asyncio's `time()`, uvloop's too)
+        # without a Python call per read to ask the loop for it.
+        self._last_rx = monotonic()
         # The listener's `messages_rate` / `bytes_rate` buckets (None: no limit, and no
         # cost but one attribute check per read), and the timer that ends a throttling.
         self._rates = rates.limiter(self._last_rx) if rates is not None else None
@@ -141,10 +144,10 @@ class Connection:
         if packets:
             # Only whole packets are activity (MQTT-3.1.2-22: "a Control Packet"): a byte
             # now and then must not keep a connection alive.
-            now = self._last_rx = self._loop.time()
+            now = self._last_rx = monotonic()
             self._partial_since = now if decoder.partial else 0.0
         elif not self._partial_since and decoder.partial:
-            self._partial_since = self._loop.time()
+            self._partial_since = monotonic()
         if self._partial_since and self._packet_timer is None and self._packet_timeout:
             self._packet_timer = self._loop.call_later(
                 self._packet_timeout, self._check_packet_arrival)
@@ -163,7 +166,7 @@ class Connection:
             for packet in packets:
                 if packet.type == _PUBLISH:
                     messages += 1
-        wait, limit = rates.charge(self._loop.time(), messages, size)
+        wait, limit = rates.charge(monotonic(), messages, size)
         if wait <= 0.0 or self.closed:
             return
         if self._rate_timer is not None:
@@ -248,7 +251,7 @@ class Connection:
         self.transport.resume_reading()
         # What the client sent meanwhile was not read yet: neither its keep-alive nor the
         # arrival of a packet it was in the middle of may count the pause against it.
-        now = self._last_rx = self._loop.time()
+        now = self._last_rx = monotonic()
         if self._partial_since:
             self._partial_since = now
 
@@ -260,7 +263,7 @@ class Connection:
         since = self._partial_since
         if not since or self.closed:
             return
-        late, limit = self._loop.time() - since, self._packet_timeout
+        late, limit = monotonic() - since, self._packet_timeout
         if late < limit or self._paused:
             self._packet_timer = self._loop.call_later(
                 limit - late if late < limit else limit, self._check_packet_arrival)
@@ -446,7 +449,7 @@ class Connection:
         if not self.keepalive:
             return
         limit = self._keepalive_limit()
-        idle = self._loop.time() - self._last_rx
+        idle = monotonic() - self._last_rx
         if idle < limit:
             self._due = wheel(self._loop).add(self, limit - idle)
         elif self._paused:  # we are the ones not reading: not the client's silence

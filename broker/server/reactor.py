@@ -40,13 +40,19 @@ _NONBLOCKING: Final = struct.pack("i", 1)  # FIONBIO's argument
 class Reactor:
     """One epoll for the connections of one listener, watched by the event loop."""
 
-    __slots__ = ("_epoll", "_retired", "loop", "transports")
+    __slots__ = ("_epoll", "_lost", "_lost_scheduled", "_polling", "_retired", "loop",
+                 "transports")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._epoll = select.epoll()
         self._retired = False
         self.transports: dict[int, StreamTransport] = {}
+        # Transports whose connection_lost is due (`lost`), and whether a pass of `_poll`
+        # is under way (it tells them at its end) or a loop callback is to come.
+        self._lost: list[StreamTransport] = []
+        self._polling = False
+        self._lost_scheduled = False
         loop.add_reader(self._epoll.fileno(), self._poll)
 
     def add(self, fd: int, transport: "StreamTransport") -> None:
@@ -73,21 +79,46 @@ class Reactor:
             self.loop.remove_reader(self._epoll.fileno())
             self._epoll.close()
 
+    def lost(self, transport: "StreamTransport") -> None:
+        """`transport`'s connection_lost is due: called at the end of this pass over the
+        ready sockets, or by one loop callback for all those lost outside a pass (a timer's
+        close). Not a `call_soon` each: a Handle, a Context copy and a loop turn's share per
+        connection, for the one call every connection ends with."""
+        self._lost.append(transport)
+        if not self._polling and not self._lost_scheduled:
+            self._lost_scheduled = True
+            self.loop.call_soon(self._tell_lost)
+
+    def _tell_lost(self) -> None:
+        self._lost_scheduled = False
+        lost, self._lost = self._lost, []
+        for transport in lost:
+            try:
+                transport.finish()
+            except Exception:  # as the loop would for its callback: logged, the others told
+                log.exception("connection_lost of a transport failed")
+
     def _poll(self) -> None:
         transports = self.transports
-        for fd, events in self._epoll.poll(0):
-            transport = transports.get(fd)
-            if transport is None:
-                continue
-            if events & _WRITE:
-                transport.write_ready()
-            if events & ~_WRITE:  # readable, or hung up / in error: a read tells which
-                transport.read_ready()
+        self._polling = True
+        try:
+            for fd, events in self._epoll.poll(0):
+                transport = transports.get(fd)
+                if transport is None:
+                    continue
+                if events & _WRITE:
+                    transport.write_ready()
+                if events & ~_WRITE:  # readable, or hung up / in error: a read tells which
+                    transport.read_ready()
+        finally:
+            self._polling = False
+        if self._lost:
+            self._tell_lost()
 
 
 class StreamTransport(asyncio.Transport):
-    __slots__ = ("_buffer", "_closing", "_eof", "_fd", "_high", "_lost", "_low", "_protocol",
-                 "_protocol_paused", "_reactor", "_reading", "_sock")
+    __slots__ = ("_buffer", "_closing", "_eof", "_error", "_fd", "_high", "_lost", "_low",
+                 "_protocol", "_protocol_paused", "_reactor", "_reading", "_sock")
 
     def __init__(self, reactor: Reactor, fd: int, protocol: asyncio.Protocol) -> None:
         # No BaseTransport.__init__: its `extra` dict per connection is what this avoids.
@@ -101,6 +132,7 @@ class StreamTransport(asyncio.Transport):
         self._reading = True
         self._closing = False  # close/abort called or the socket failed: no more I/O
         self._lost = False  # connection_lost is scheduled
+        self._error: Exception | None = None  # what connection_lost is to be given
         self._eof = False  # write_eof called: shut down once the buffer is sent
         self._sock: socket.socket | None = None  # made on demand (options, shutdown)
 
@@ -276,15 +308,19 @@ class StreamTransport(asyncio.Transport):
 
     def _lose(self, exc: Exception | None) -> None:
         """No more events: out of the epoll now (its descriptor stays open, so no new
-        connection can take its number meanwhile), the protocol told on the next turn."""
+        connection can take its number meanwhile), the protocol told soon after
+        (`Reactor.lost`), never inside the caller's frame."""
         if self._lost:
             return
         self._lost = True
+        self._error = exc
         reactor = self._reactor
         reactor.remove(self._fd)
-        reactor.loop.call_soon(self._connection_lost, exc)
+        reactor.lost(self)
 
-    def _connection_lost(self, exc: Exception | None) -> None:
+    def finish(self) -> None:
+        """The reactor's call, once: the protocol told, the descriptor closed."""
+        exc, self._error = self._error, None
         try:
             self._protocol.connection_lost(exc)
         finally:

@@ -11,6 +11,7 @@ that has come is told (`timer_due`), at most RESOLUTION late.
 import asyncio
 import math
 import weakref
+from time import monotonic  # the loop's clock, without a Python call (connection.py)
 from typing import Final, Protocol
 
 RESOLUTION: Final = 0.25  # seconds
@@ -33,7 +34,7 @@ class Wheel:
     def add(self, owner: Due, delay: float) -> int:
         """`owner.timer_due()` in `delay` seconds (up to RESOLUTION later); returns the slot,
         for `discard`."""
-        slot = math.ceil((self._loop.time() + delay) / RESOLUTION)
+        slot = math.ceil((monotonic() + delay) / RESOLUTION)
         bucket = self._slots.get(slot)
         if bucket is None:
             bucket = self._slots[slot] = {}
@@ -59,7 +60,7 @@ class Wheel:
         self._handle = None
         # call_at may run a callback up to the clock's resolution early: a slot counts as
         # come from a microsecond before its time.
-        now = math.floor((self._loop.time() + 1e-6) / RESOLUTION)
+        now = math.floor((monotonic() + 1e-6) / RESOLUTION)
         for slot in sorted(s for s in self._slots if s <= now):
             for owner in self._slots.pop(slot):
                 owner.timer_due()

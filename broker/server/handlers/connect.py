@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.auth.authorization import Verdict
@@ -119,16 +118,20 @@ def proceed(conn: "Connection", accept: "Accept", authenticate: bool) -> None:
         _open(conn, accept)
 
 
-@dataclass(frozen=True, slots=True)
 class Accept:
-    """What CONNECT decided, carried to the CONNACK across the asynchronous steps."""
+    """What CONNECT decided, carried to the CONNACK across the asynchronous steps. A plain
+    class: a dataclass's generated `__init__` would be interpreted (~0.5 us a connection)."""
 
-    packet: Connect
-    expiry: int
-    granted: int
-    keepalive: int
-    server_keepalive: int
-    assigned: bool
+    __slots__ = ("assigned", "expiry", "granted", "keepalive", "packet", "server_keepalive")
+
+    def __init__(self, packet: Connect, expiry: int, granted: int, keepalive: int,
+                 server_keepalive: int, assigned: bool) -> None:
+        self.packet = packet
+        self.expiry = expiry
+        self.granted = granted
+        self.keepalive = keepalive
+        self.server_keepalive = server_keepalive
+        self.assigned = assigned
 
 
 async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
