@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import itertools
 import os
 import random
 import re
@@ -44,10 +45,19 @@ from pathlib import Path
 from typing import Final
 
 from bench.procstat import rss_kib
+from broker.ds.db import read_db_file, shard_of
 from broker.mqtt.codec import Decoder
 from broker.mqtt.constants import MQTT_5
+from broker.mqtt.constants import PropertyId as P
 from broker.mqtt.errors import MQTTError
-from broker.mqtt.packets import Disconnect, Puback, Publish
+from broker.mqtt.packets import (
+    Disconnect,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+)
 from fuzz.good import GoodClient, GoodStats
 from fuzz.streams import PERSISTENT_IDS, TOPICS, Conversation, conversation
 from tests.protocol.rawclient import RawClient
@@ -310,6 +320,38 @@ def _end_sessions(broker: BrokerProcess, timeout: float) -> None:
     raw.close()
 
 
+def _create_every_shard(broker: BrokerProcess, timeout: float) -> None:
+    """One stored message in each shard of the messages database, so that the descriptors
+    taken after the warm-up hold every shard's files: a shard is created on its first
+    write, and the run's shards opened later are storage the clients asked for, not a leak.
+    A durable session subscribes, a publisher per shard (a client ID hashed to it) sends it
+    a QoS 1 message, and the session is ended."""
+    found = read_db_file(broker.data_dir / "ds" / "messages")
+    if found is None:  # durable sessions off: no shards
+        return
+    n_shards: int = found["n_shards"]
+    raw = RawClient(broker.tcp, MQTT_5, timeout)
+    raw.connect("fz-shards", clean_start=True, properties={P.SESSION_EXPIRY_INTERVAL: 60})
+    raw.send(Subscribe(1, [Subscription("fz/shards/#", 1)]))
+    assert isinstance(raw.recv(), Suback)
+    ids = (f"fz-shard-{n}" for n in itertools.count())
+    for shard in range(n_shards):
+        client_id = next(c for c in ids if shard_of(c, n_shards) == shard)
+        publisher = RawClient(broker.tcp, MQTT_5, timeout)
+        publisher.connect(client_id)
+        publisher.send(Publish(f"fz/shards/{shard}", b"", 1, False, False, 1))
+        assert isinstance(publisher.recv(), Puback)
+        publisher.send(Disconnect())
+        publisher.closed_by_broker()
+        publisher.close()
+    raw.close()
+    ended = RawClient(broker.tcp, MQTT_5, timeout)
+    ended.connect("fz-shards", clean_start=True)
+    ended.send(Disconnect())
+    ended.closed_by_broker()
+    ended.close()
+
+
 def _log_barrier(broker: BrokerProcess, timeout: float) -> None:
     """Returns once every line the broker logged before now has been read from its pipe:
     a connection it must log ("no CONNECT": a PUBLISH first) is made, and its line awaited."""
@@ -383,6 +425,8 @@ def run(broker: BrokerProcess, seed: int, packets: int, *, connections: int = 32
             report.held += traffic.held
             report.packets += traffic.packets
             sent += traffic.packets
+        if phase == "warm":
+            _create_every_shard(broker, bounds.settle_s)
         if not _settle(broker, len(good), bounds.settle_s):
             break
         _end_sessions(broker, bounds.settle_s)
