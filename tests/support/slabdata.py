@@ -46,7 +46,7 @@ def expected_rows(storage: DurableStorage) -> list[dict[str, Any]]:
     rows = []
     for topic_filter in ("#", "$SYS/#"):
         for stream in storage.get_streams(MESSAGES, topic_filter):
-            slab = storage.messages.shards[stream.shard].slabs[stream.generation]
+            slab = storage.messages.shard(stream.shard).slabs[stream.generation]
             structure = "/".join(slab.lts.structure(stream.id))
             for ttv in drain(storage, stream, topic_filter):
                 p = ttv.properties
