@@ -60,7 +60,7 @@ def slab_batches(storage: DurableStorage) -> list[list[tuple[bytes, bytes]]]:
     """Our slab's data keys and values in the order and batches we wrote them: by timestamp
     (one per message), master key first, BATCH messages a batch. LevelDB is faster at keys
     that arrive sorted, so the order matters for a fair comparison."""
-    slab = storage.messages.shards[0].current
+    slab = storage.messages.created_shards[0].current
     entries = sorted(slab.db.iterator(prefix=DATA), key=lambda e: (timestamp_of(e[0]), e[0][5]))
     batches: list[list[tuple[bytes, bytes]]] = []
     messages_in_batch = BATCH
@@ -125,7 +125,7 @@ def wildcard(storage: DurableStorage) -> dict[str, Any]:
     before = storage.messages.keys_visited()
     count = read_filter(storage, "bench/dev42/#")
     visited = storage.messages.keys_visited() - before
-    stream_size = storage.messages.shards[0].current.stats.messages
+    stream_size = storage.messages.created_shards[0].current.stats.messages
     return {"matches": count, "keys_visited": visited, "raw_full_scan_keys": stream_size,
             "ratio": round(visited / stream_size, 5)}
 

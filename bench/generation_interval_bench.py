@@ -66,7 +66,7 @@ def _storage(data_dir: Path) -> DurableStorage:
     """Opened as a node opens it, each next generation made ahead (DurableStorage.start,
     without its timers)."""
     storage = DurableStorage(data_dir, Settings(n_shards=4, generation_max_size=1 << 40))
-    for shard in storage.messages.shards:
+    for shard in storage.messages.created_shards:
         shard.prepare_next()
     return storage
 
@@ -129,13 +129,13 @@ def replicated_rotations(data_dir: Path, messages: int, rotations: int) -> dict[
         for minute in range(rotations):
             for stored in _minute(storage, minute * per_minute, per_minute):
                 await stored
-            for shard in storage.messages.shards:
+            for shard in storage.messages.created_shards:
                 await asyncio.sleep(0.05)  # the spare made after the last rotation is ready
                 index += 1
                 began = time.perf_counter()
                 shard.apply_rotate(shard.cooker.last_timestamp, index, 1)
                 held.append(time.perf_counter() - began)
-        for shard in storage.messages.shards:
+        for shard in storage.messages.created_shards:
             await shard.wait_sealed()
         await storage.close()
 

@@ -159,7 +159,7 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
     messages = ds.messages
     open_slabs = messages.open_slabs
     try:
-        for shard in messages.shards:
+        for shard in messages.created_shards:
             cut[f"messages/shard-{shard.index:03d}"] = (
                 shard.applied()[0] if groups is not None else None)
             for generation, slab in sorted(shard.slabs.items()):

@@ -99,7 +99,7 @@ def check(archives: Sequence[Opens], names: Sequence[str] | None = None,
 
 def emptiness(ds: DurableStorage, retainer: RetainedStore | None) -> str | None:
     """Why the node holds data (None: it holds none)."""
-    for shard in ds.messages.shards:
+    for shard in ds.messages.created_shards:
         stored = sum(slab.stats.messages for slab in shard.slabs.values())
         if stored:
             return f"messages shard {shard.index} holds {stored} messages"

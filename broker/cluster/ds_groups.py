@@ -86,7 +86,7 @@ class DsGroups:
                                    sessions_of, pace)
         self.machines: dict[int, Machine] = {SESSIONS_GROUP: self._sessions}
         ds.messages.create()  # side by side, before each machine needs its own
-        for shard in ds.messages.shards:
+        for shard in ds.messages.created_shards:
             self.machines[shard_group(shard.index)] = ShardMachine(
                 ds.messages, shard.index, ds.messages.reopen_shard, ship_files, pace)
             shard.replication = self

@@ -98,8 +98,9 @@ class MessagesDB:
         return path.exists() or staging(path).exists()
 
     @property
-    def shards(self) -> list[Shard]:
-        """The shards created so far, in index order: the others hold nothing."""
+    def created_shards(self) -> list[Shard]:
+        """The shards created so far, in index order (the others hold nothing): a position in
+        this list is not a shard number; `shard(i)` looks one up."""
         return [shard for shard in self._by_index if shard is not None]
 
     def shard(self, i: int) -> Shard:
@@ -182,7 +183,7 @@ class MessagesDB:
         """From now on each shard has its next generation made ahead (shard.prepare_next),
         a shard created later too."""
         self._spares = True
-        for shard in self.shards:
+        for shard in self.created_shards:
             shard.prepare_next()
 
     def close_shard_now(self, i: int) -> None:
@@ -324,7 +325,7 @@ class MessagesDB:
         return Iterator(stream, topic_filter, position), messages
 
     def keys_visited(self) -> int:
-        return sum(slab.keys_visited for s in self.shards for slab in s.slabs.values())
+        return sum(slab.keys_visited for s in self.created_shards for slab in s.slabs.values())
 
     def _timed(self, shards: list[Shard], timer: bool) -> list[Shard]:
         """Replicated shards' timers act on the shard's leader only: every node runs them,
@@ -335,7 +336,7 @@ class MessagesDB:
     async def rotate(self, timer: bool = False) -> int:
         """Seals every shard's current generation that holds data (the admin "seal now" and
         the generation timer; an empty one stays current) and returns how many it sealed."""
-        sealed = [shard for shard in self._timed(self.shards, timer)
+        sealed = [shard for shard in self._timed(self.created_shards, timer)
                   if shard.current.stats.messages]
         for shard in sealed:
             await shard.rotate()
@@ -345,19 +346,19 @@ class MessagesDB:
 
     async def drop_older_than(self, cutoff: int, timer: bool = False) -> int:
         dropped = 0
-        for shard in self._timed(self.shards, timer):
+        for shard in self._timed(self.created_shards, timer):
             dropped += len(await shard.drop_older_than(cutoff))
         return dropped
 
     async def close(self) -> None:
         await asyncio.gather(*self._making.values(), return_exceptions=True)
-        for shard in self.shards:
+        for shard in self.created_shards:
             await shard.close()
         await self.open_slabs.close()
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "n_shards": self.n_shards,
-                "shards": [shard.info() for shard in self.shards]}
+                "shards": [shard.info() for shard in self.created_shards]}
 
 
 def _chain(source: "asyncio.Future[None]", waiter: "asyncio.Future[None]") -> None:

@@ -137,7 +137,7 @@ class DurableStorage:
         if space.reason(DISK_FULL) and (not room or space.held):
             return  # opening a LevelDB writes: not on a full volume
         recovered = self.sessions.recover()
-        for shard in self.messages.shards:
+        for shard in self.messages.created_shards:
             recovered = await shard.recover() and recovered
         if recovered:
             space.allow(DISK_FULL)
@@ -186,7 +186,7 @@ class DurableStorage:
 
     def metrics(self) -> list[tuple[str, str, str, float]]:
         """(name, "counter" or "gauge", help, value) for /metrics; read on scrape only."""
-        shards = self.messages.shards
+        shards = self.messages.created_shards
         slabs = [slab for shard in shards for slab in shard.slabs.values()]
         return [
             ("ds_batches", "counter", "Batches written to the messages database",

@@ -54,6 +54,6 @@ async def test_durable_batches_survive_kill_9(tmp_path: Path, kill_after: int) -
             batches[batch] = batches.get(batch, 0) + 1
         assert set(batches.values()) == {crash_writer.PER_BATCH}
         if kill_after >= 40:  # small generations: the kill came after rotations
-            assert any(len(s.slabs) > 1 for s in storage.messages.shards)
+            assert any(len(s.slabs) > 1 for s in storage.messages.created_shards)
     finally:
         await storage.close()

@@ -20,7 +20,7 @@ def shard_dir(root: Path, shard: int = 0) -> Path:
 async def test_seal_writes_a_manifest_an_offline_reader_can_use(open_storage, tmp_path) -> None:
     storage = open_storage(n_shards=1, wildcard_thresholds=(1,))
     await storage.store_batch(MESSAGES, [message(f"m/{i}/x") for i in range(30)])
-    shard = storage.messages.shards[0]
+    shard = storage.messages.created_shards[0]
     stats = shard.current.stats
     assert await storage.seal() == 1
     manifest = read_manifest(generation_dir(shard_dir(tmp_path), 1))
@@ -39,8 +39,8 @@ async def test_size_limit_starts_a_new_generation(open_storage) -> None:
     for i in range(10):
         await storage.store_batch(MESSAGES, [message("big", payload=bytes(900), publisher="p")])
         assert len(read_all(storage, "big")) == i + 1
-    await storage.messages.shards[0].wait_sealed()
-    generations = storage.messages.shards[0].info()["generations"]
+    await storage.messages.created_shards[0].wait_sealed()
+    generations = storage.messages.created_shards[0].info()["generations"]
     assert len(generations) >= 3
     assert all(g["bytes"] < 4000 + 1000 for g in generations)
     assert sum(g["messages"] for g in generations) == 10
@@ -52,12 +52,12 @@ async def test_retention_drops_old_generations_and_iterators_move_on(open_storag
     (old_stream,) = storage.get_streams(MESSAGES, "r")
     iterator = storage.make_iterator(old_stream, "r")
     assert await storage.apply_retention() == 0
-    assert len(storage.messages.shards[0].slabs) == 1
+    assert len(storage.messages.created_shards[0].slabs) == 1
     # a minute later every generation is too old: the current one is sealed first (a new
     # one takes the writes) and then dropped whole
     assert await storage.apply_retention(now_us() + 61 * 10**6) == 1
     assert not generation_dir(shard_dir(storage.root.parent), 1).exists()
-    assert list(storage.messages.shards[0].slabs) == [2]
+    assert list(storage.messages.created_shards[0].slabs) == [2]
     await storage.store_batch(MESSAGES, [message("r", payload=b"new")])
     assert storage.next(iterator, 10) == (None, [])
     assert [m.payload for m in read_all(storage, "r")] == [b"new"]
@@ -76,7 +76,7 @@ async def test_open_finishes_a_seal_a_crash_interrupted(open_storage, tmp_path) 
     storage = open_storage(n_shards=1)
     assert json.loads((first / "manifest.json").read_text())["messages"] == 1
     assert not leftover.exists()
-    assert [g["state"] for g in storage.messages.shards[0].info()["generations"]] == [
+    assert [g["state"] for g in storage.messages.created_shards[0].info()["generations"]] == [
         "sealed", "current"]
     assert len(read_all(storage, "c")) == 1
     await storage.close()
@@ -93,7 +93,7 @@ async def test_generation_timer_seals_and_subscribers_see_the_end(open_storage) 
     assert [m.topic for m in first] == ["tick"]
     storage.start()
     assert await subscription.next() == (None, [])  # woken by the seal, not by polling
-    assert storage.messages.shards[0].slabs[1].sealed
+    assert storage.messages.created_shards[0].slabs[1].sealed
 
 
 def _tables_bytes(generation: Path) -> int:
@@ -112,7 +112,7 @@ async def test_compression_setting_decides_how_the_tables_are_written(
                  for i in range(3000)]
         await storage.store_batch(MESSAGES, batch)
         assert await storage.seal() == 1
-        await storage.messages.shards[0].wait_sealed()
+        await storage.messages.created_shards[0].wait_sealed()
         assert len(read_all(storage, "dev/+/t")) == 3000
         sizes[compression] = _tables_bytes(generation_dir(shard_dir(root), 1))
     assert sizes["none"] > 3000 * 8 * 27  # every payload byte on disk

@@ -21,7 +21,7 @@ async def sealed_generations(storage, count: int, topic: str = "g") -> None:
 
 
 def slabs(storage) -> list[Slab]:
-    return list(storage.messages.shards[0].slabs.values())
+    return list(storage.messages.created_shards[0].slabs.values())
 
 
 def open_count(storage) -> int:

@@ -21,9 +21,9 @@ async def test_one_host_among_ten_thousand_visits_a_ten_thousandth(open_storage)
     storage = open_storage(n_shards=1)
     await store(storage, [message(f"metrics/host{h}/cpu") for _ in range(per_host)
                           for h in range(hosts)])
-    lts = storage.messages.shards[0].current.lts
+    lts = storage.messages.created_shards[0].current.lts
     assert "metrics/+/cpu" in {"/".join(lts.structure(s)) for s in lts.streams()}
-    stored = storage.messages.shards[0].current.stats.messages
+    stored = storage.messages.created_shards[0].current.stats.messages
     assert stored == hosts * per_host
 
     found, visited = visits(storage, "metrics/host7777/#")  # in the `metrics/+/cpu` stream

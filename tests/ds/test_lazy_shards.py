@@ -30,13 +30,13 @@ def publisher_of(shard: int, n_shards: int) -> str:
 async def test_an_empty_data_dir_gets_no_shard_until_a_write(open_storage: Open) -> None:
     storage = open_storage(n_shards=4)
     storage.start()
-    assert shard_dirs(storage) == [] and storage.messages.shards == []
+    assert shard_dirs(storage) == [] and storage.messages.created_shards == []
     assert read_all(storage, "#") == [] and storage.get_streams(MESSAGES, "#", shard=2) == []
     assert storage.messages.info()["shards"] == [] and storage.metrics()
     assert await storage.seal() == 0 and await storage.apply_retention() == 0
     await storage.store_batch(MESSAGES, [message("t", publisher=publisher_of(2, 4))])
     assert shard_dirs(storage) == ["shard-002"]
-    assert [shard.index for shard in storage.messages.shards] == [2]
+    assert [shard.index for shard in storage.messages.created_shards] == [2]
     assert [m.payload for m in read_all(storage, "t")] == [b"t"]
     # made ahead as for the shards opened at the start (storage.start)
     await asyncio.wrap_future(storage.messages.shard(2).prepare_next())
@@ -51,11 +51,11 @@ async def test_writes_waiting_for_their_shard_keep_their_order(
     written.append(storage.store_batch(
         MESSAGES, [message("o", publisher=first, payload=b"20"),
                    message("o", publisher=second, payload=b"x")]))
-    assert storage.messages.shards == []  # made on a worker thread: not yet
+    assert storage.messages.created_shards == []  # made on a worker thread: not yet
     await asyncio.gather(*written)
     await storage.close()
     again = open_storage(tmp_path)  # both opened with the database, everything on disk
-    assert [shard.index for shard in again.messages.shards] == [0, 1]
+    assert [shard.index for shard in again.messages.created_shards] == [0, 1]
     by_shard = {shard: [m.payload for m in read_all(again, "o") if shard_of(m.publisher, 2)
                         == shard] for shard in (0, 1)}
     assert by_shard == {0: [b"%d" % i for i in range(21)], 1: [b"x"]}
@@ -78,7 +78,7 @@ async def test_a_failed_creation_fails_its_writes_and_the_next_write_tries_again
     failed = [storage.store_batch(MESSAGES, [message("f", payload=b"%d" % i)]) for i in range(2)]
     for write in failed:
         assert isinstance((await asyncio.gather(write, return_exceptions=True))[0], OSError)
-    assert storage.messages.shards == []
+    assert storage.messages.created_shards == []
     in_the_way.unlink()
     await storage.store_batch(MESSAGES, [message("f", payload=b"again")])
     assert [m.payload for m in read_all(storage, "f")] == [b"again"]
@@ -99,7 +99,7 @@ async def test_create_makes_the_shards_not_made_yet(open_storage: Open) -> None:
 async def test_create_async_makes_the_rest_off_the_loop(open_storage: Open) -> None:
     storage = open_storage(n_shards=3)
     await storage.messages.create_async()
-    assert [shard.index for shard in storage.messages.shards] == [0, 1, 2]
+    assert [shard.index for shard in storage.messages.created_shards] == [0, 1, 2]
     await storage.messages.create_async()  # nothing left to make
 
 
