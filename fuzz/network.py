@@ -305,19 +305,13 @@ def _end_sessions(broker: BrokerProcess, timeout: float) -> None:
     afterwards is only what it should not: their queues and stored messages are state the
     clients asked for, not a leak."""
     for number in range(PERSISTENT_IDS):
-        raw = RawClient(broker.tcp, MQTT_5, timeout)
-        raw.connect(f"fzp{number}", clean_start=True)
-        raw.send(Disconnect())
-        raw.closed_by_broker()
-        raw.close()
+        _end_session(broker, f"fzp{number}", timeout)
     raw = RawClient(broker.tcp, MQTT_5, timeout)
     raw.connect("fz-cleanup")
     for packet_id, topic in enumerate(TOPICS, 1):
         raw.send(Publish(topic, b"", 1, True, False, packet_id))
         assert isinstance(raw.recv(), Puback)
-    raw.send(Disconnect())
-    raw.closed_by_broker()
-    raw.close()
+    _disconnect(raw)
 
 
 def _create_every_shard(broker: BrokerProcess, timeout: float) -> None:
@@ -341,15 +335,23 @@ def _create_every_shard(broker: BrokerProcess, timeout: float) -> None:
         publisher.connect(client_id)
         publisher.send(Publish(f"fz/shards/{shard}", b"", 1, False, False, 1))
         assert isinstance(publisher.recv(), Puback)
-        publisher.send(Disconnect())
-        publisher.closed_by_broker()
-        publisher.close()
+        _disconnect(publisher)
     raw.close()
-    ended = RawClient(broker.tcp, MQTT_5, timeout)
-    ended.connect("fz-shards", clean_start=True)
-    ended.send(Disconnect())
-    ended.closed_by_broker()
-    ended.close()
+    _end_session(broker, "fz-shards", timeout)
+
+
+def _end_session(broker: BrokerProcess, client_id: str, timeout: float) -> None:
+    """`client_id`'s session ended: a clean start, then a DISCONNECT (expiry 0)."""
+    raw = RawClient(broker.tcp, MQTT_5, timeout)
+    raw.connect(client_id, clean_start=True)
+    _disconnect(raw)
+
+
+def _disconnect(raw: RawClient) -> None:
+    """A normal DISCONNECT, and the broker's close of the connection awaited."""
+    raw.send(Disconnect())
+    raw.closed_by_broker()
+    raw.close()
 
 
 def _log_barrier(broker: BrokerProcess, timeout: float) -> None:
