@@ -50,9 +50,10 @@ def records(path: Path) -> Iterator[tuple[int, bytes]]:
             yield kind, body
 
 
-def split_pair(body: bytes) -> tuple[bytes, bytes]:
+def split_pair(body: bytes | memoryview) -> tuple[bytes, bytes]:
+    """A pair record's key and value (as bytes: `bytes` of a bytes slice copies nothing)."""
     (klen,) = _U32.unpack_from(body)
-    return body[4:4 + klen], body[4 + klen:]
+    return bytes(body[4:4 + klen]), bytes(body[4 + klen:])
 
 
 def pairs(path: Path) -> Iterator[tuple[bytes, bytes]]:
@@ -99,9 +100,7 @@ class SlabBuilder:
 
     def _record(self, kind: int, view: memoryview, at: int, stop: int) -> None:
         if kind == PAIR_RECORD and self._batches is not None:
-            (klen,) = _U32.unpack_from(view, at)
-            key = bytes(view[at + 4:at + 4 + klen])
-            value = bytes(view[at + 4 + klen:stop])
+            key, value = split_pair(view[at:stop])
             self._batches.put(key, value)
             if key == CHECKPOINT_KEY:
                 self._checkpoint = value
