@@ -115,12 +115,25 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def import_command(args: argparse.Namespace) -> int:
-    # Here, not at the top: Durable Storage's modules, which an export does not need, cost
-    # a fifth of a second to import (tests/unit/test_startup_imports.py).
+def _import_offline(args: argparse.Namespace, paths: list[Path]) -> dict[str, int] | None:
+    """`import --force --data-dir`: the counts restored, or None (the refusal printed)."""
+    # Here, not at the top: Durable Storage's modules, which an export and an import over
+    # HTTP do not need, cost a fifth of a second to import (half the CLI's start;
+    # tests/unit/test_startup_imports.py), before an online import's first byte goes out.
     from broker.backup.restore import ImportRefused, import_offline
     from broker.format_check import FormatRefused, inspect, wal_dir_of
 
+    data_dir = Path(args.data_dir)
+    wal_dir = Path(args.wal_dir) if args.wal_dir else wal_dir_of(data_dir)
+    try:
+        inspect(data_dir, wal_dir)  # a dir a newer release wrote is left alone
+        return import_offline(paths, data_dir, wal_dir)
+    except (ImportRefused, FormatRefused, OSError) as error:
+        print(f"broker ctl data import: {error}", file=sys.stderr)
+        return None
+
+
+def import_command(args: argparse.Namespace) -> int:
     paths = [Path(file) for file in args.files]
     if args.data_dir or args.force:
         if not (args.data_dir and args.force):
@@ -128,14 +141,10 @@ def import_command(args: argparse.Namespace) -> int:
                   " state: give --force with it (and --force only with --data-dir)",
                   file=sys.stderr)
             return 2
-        data_dir = Path(args.data_dir)
-        wal_dir = Path(args.wal_dir) if args.wal_dir else wal_dir_of(data_dir)
-        try:
-            inspect(data_dir, wal_dir)  # a dir a newer release wrote is left alone
-            counts = import_offline(paths, data_dir, wal_dir)
-        except (ImportRefused, FormatRefused, OSError) as error:
-            print(f"broker ctl data import: {error}", file=sys.stderr)
+        offline = _import_offline(args, paths)
+        if offline is None:
             return 1
+        counts = offline
     else:
         try:
             counts = _upload(args, paths)
