@@ -8,6 +8,7 @@ next takes it, ownership.py), disconnected now, so the expiry interval counts fr
 restore rather than from a disconnection the archive may be weeks old by.
 """
 
+import mmap
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from broker.backup.archive import (
     decode_pairs,
 )
 from broker.backup.chain import Plan
-from broker.backup.direct import DirectFile
+from broker.backup.direct import DirectFile, aligned_buffer
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest, pairs_of
 from broker.ds.bulk import BUILD_BUFFER, Batches, write_out
 from broker.ds.slab import Compression, Slab
@@ -136,6 +137,7 @@ class _Targets:
         self._compression, self._result, self._to_seal = compression, result, to_seal
         self._creators = creators
         self._created: dict[str, Future[_Build]] | None = None
+        self._buffer: mmap.mmap | None = None  # the sealed files' (write_file: one at a time)
         self.by_path: dict[str, Generation] = {}
 
     def manifest(self, manifest: Manifest) -> None:
@@ -181,7 +183,9 @@ class _Targets:
             self._result.counts["generations"] += 1
         # Past the page cache (direct.py); synced with the whole tree before it is swapped
         # in (restore.py: files.sync_tree, the syncs side by side).
-        with DirectFile(target / path.rpartition("/")[2], sync=False) as out:
+        if self._buffer is None:
+            self._buffer = aligned_buffer()
+        with DirectFile(target / path.rpartition("/")[2], sync=False, buffer=self._buffer) as out:
             for chunk in copy_chunks(handle):
                 out.write(chunk)
 
