@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import IO, Final, Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from broker.backup.manifest import (
     CHECKSUMS,
@@ -99,25 +99,43 @@ def parts(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
 
 def decode_pairs(file: Member, where: str) -> Iterator[tuple[bytes, bytes]]:
     """The pairs of `encode_pairs`, the member read CHUNK at a time (two reads a pair would
-    be two calls through the tar reader's layers, and a stream's copies its buffer on each)."""
-    buffer, at = b"", 0
-    while True:
-        if len(buffer) - at < _PAIR.size:
-            buffer, at = buffer[at:] + file.read(CHUNK), 0
-            if not buffer:
-                return
-            if len(buffer) < _PAIR.size:
-                raise BadArchive(f"{where}: cut short in a pair's head")
-        klen, vlen = _PAIR.unpack_from(buffer, at)
-        end = at + _PAIR.size + klen + vlen
-        while len(buffer) < end:
-            more = file.read(max(CHUNK, end - len(buffer)))
-            if not more:
-                raise BadArchive(f"{where}: cut short in a pair")
-            buffer, end, at = buffer[at:] + more, end - at, 0
-        key_end = at + _PAIR.size + klen
-        yield buffer[at + _PAIR.size:key_end], buffer[key_end:end]
-        at = end
+    be two calls through the tar reader's layers, and a stream's copies its buffer on each;
+    a read may return less). Pairs are cut from the chunk read; only a pair the chunk's end
+    cuts is put together from its parts (joining the rest of a chunk to the next copied
+    every byte once more)."""
+    cut: list[bytes] = []  # the parts of a pair the reads so far cut
+    cut_size = whole = 0  # their size; the pair's, once its head is read (0: not yet)
+    while chunk := file.read(CHUNK):
+        at = 0
+        if cut:
+            if not whole:  # (cut_size < _PAIR.size)
+                head = b"".join(cut) + chunk[:_PAIR.size - cut_size]
+                whole = _PAIR.size + sum(_PAIR.unpack(head)) if len(head) == _PAIR.size else 0
+            if not whole or whole - cut_size > len(chunk):
+                cut.append(chunk)
+                cut_size += len(chunk)
+                continue
+            at = whole - cut_size
+            pair = b"".join([*cut, chunk[:at]])
+            cut, cut_size, whole = [], 0, 0
+            key_end = _PAIR.size + _PAIR.unpack_from(pair)[0]
+            yield pair[_PAIR.size:key_end], pair[key_end:]
+        size = len(chunk)
+        while size - at >= _PAIR.size:
+            klen, vlen = _PAIR.unpack_from(chunk, at)
+            end = at + _PAIR.size + klen + vlen
+            if end > size:
+                whole = end - at
+                break
+            key_end = at + _PAIR.size + klen
+            yield chunk[at + _PAIR.size:key_end], chunk[key_end:end]
+            at = end
+        if at < size:
+            cut, cut_size = [chunk[at:]], size - at
+    if cut_size < _PAIR.size and cut_size:
+        raise BadArchive(f"{where}: cut short in a pair's head")
+    if cut_size:
+        raise BadArchive(f"{where}: cut short in a pair")
 
 
 # ---- writing ------------------------------------------------------------------------------
@@ -181,7 +199,7 @@ class _Member:
     """A member's file object whose read errors (the archive cut short or damaged in it)
     are BadArchive naming it."""
 
-    def __init__(self, handle: IO[bytes], name: str) -> None:
+    def __init__(self, handle: Member, name: str) -> None:
         self._handle = handle
         self._name = name
 
@@ -193,13 +211,41 @@ class _Member:
                              f" {error}") from None
 
 
+class _Span:
+    """A member's data read from the archive's file object itself, each read a read of it
+    (`read1` where it has one: an upload arriving hands over its pieces as they came,
+    pipe.py), up to what is left of the member. tarfile's own reader copies every byte
+    once more (its buffered reader's result, filled from what the file returned)."""
+
+    def __init__(self, file: ArchiveFile, offset: int, size: int) -> None:
+        self._file = file
+        self._read = getattr(file, "read1", file.read)
+        self._at, self._left = offset, size
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            return b"".join(iter(lambda: self.read(CHUNK), b""))
+        size = min(size, self._left)
+        if size <= 0:
+            return b""
+        if self._file.tell() != self._at:
+            self._file.seek(self._at)
+        data = self._read(size)
+        if not data:
+            raise EOFError("unexpected end of data")
+        self._at += len(data)
+        self._left -= len(data)
+        return data
+
+
 def _members(file: ArchiveFile) -> Iterator[tuple[str, int, Member]]:
     """Each member as a stream (gzip or not): (path, size, its file object, to read before
     the next). Members are not checked here.
 
-    A file on disk is read as one (`r:`: a member's reads are reads of the file), a stream
-    (an HTTP response) as a stream (`r|`: tarfile copies what its buffer holds on every read,
-    cheap only for reads of CHUNK, which is all a stream's reader does)."""
+    A file on disk, or an upload arriving, is read as one (`r:`: a member's reads are reads
+    of the file, `_Span`), a stream (an HTTP response) as a stream (`r|`: tarfile copies
+    what its buffer holds on every read, cheap only for reads of CHUNK, which is all a
+    stream's reader does)."""
     seekable = getattr(file, "seekable", None)
     mode: Literal["r:*", "r|*"] = "r:*" if seekable is not None and seekable() else "r|*"
     try:
@@ -207,7 +253,11 @@ def _members(file: ArchiveFile) -> Iterator[tuple[str, int, Member]]:
             while (info := tar.next()) is not None:
                 if not info.isfile():
                     raise BadArchive(f"{info.name}: not a regular file")
-                handle = tar.extractfile(info)
+                handle: Member | None
+                if mode == "r:*" and info.sparse is None:
+                    handle = _Span(tar.fileobj, info.offset_data, info.size)
+                else:
+                    handle = tar.extractfile(info)
                 assert handle is not None
                 yield info.name, info.size, _Member(handle, info.name)
     except _DAMAGED as error:

@@ -6,7 +6,9 @@ backpressure reaches the client); the thread `open`s it as a file: reads block u
 bytes they ask for are there (or the body ended), as a file's do, so `tarfile` reads it as
 one, whose seeks (forward only, to where it reads next) skip. An import reads an archive
 twice: its manifest (restore.check), then all of it; the first opening's bytes are kept
-and the second begins with them, after which nothing is kept.
+and the second begins with them, after which nothing is kept. A member's data is read with
+`read1`, a piece (or what is left of one) at a time, as the loop received it: joining the
+pieces into the sizes the reader asks for was a copy of every byte.
 """
 
 import asyncio
@@ -63,11 +65,13 @@ class Pipe:
         self._room.set()
 
     # ---- the thread's side ------------------------------------------------------------
-    def take(self, size: int, keep: bool) -> bytes:
-        """Blocking: `size` bytes, fewer only at the end; `keep`: for the second opening."""
-        parts = []
+    def take(self, size: int, keep: bool, partial: bool = False) -> bytes:
+        """Blocking: `size` bytes, fewer only at the end; `keep`: for the second opening.
+        `partial`: what the first piece holds, up to `size` (a member's data, read as it
+        came: no join of pieces)."""
+        parts: list[bytes] = []
         with self._ready:
-            while size > 0:
+            while size > 0 and not (partial and parts):
                 while not self._pieces and not self._ended:
                     self._ready.wait()
                 if not self._pieces:
@@ -129,6 +133,14 @@ class _Reader(io.RawIOBase):
         if len(data) < size:
             more = self._pipe.take(size - len(data), self._keep)
             data = data + more if data else more
+        self._at += len(data)
+        return data
+
+    def read1(self, size: int = -1) -> bytes:
+        """Up to `size` bytes, as they came (a member's data: archive.py reads it so)."""
+        if size is None or size < 0 or self._at < len(self._replay):
+            return self.read(size)
+        data = self._pipe.take(size, self._keep, partial=True)
         self._at += len(data)
         return data
 

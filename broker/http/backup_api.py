@@ -119,8 +119,9 @@ async def import_data(request: web.Request) -> web.Response:
                 names = await _receive(request, stem, uploads)
                 counts = await import_online(uploads, target, names)
             else:
-                counts = await _import_one(request.content.iter_chunked(CHUNK), stem,
-                                           uploads, target)
+                # Pieces as the socket gave them (no join into larger ones on the loop:
+                # the import's thread reads a member's data a piece at a time, pipe.py).
+                counts = await _import_one(request.content.iter_any(), stem, uploads, target)
         except ImportRefused as refused:
             return _error(_STATUS[refused.code], refused.code, str(refused))
         finally:

@@ -232,6 +232,28 @@ def test_pairs_round_trip_and_cut_short() -> None:
             list(decode_pairs(io.BytesIO(encoded[:cut]), "x"))
 
 
+class _Pieces:
+    """A member whose reads return at most `piece` bytes, as an upload's do (pipe.py)."""
+
+    def __init__(self, data: bytes, piece: int) -> None:
+        self._file, self._piece = io.BytesIO(data), piece
+
+    def read(self, size: int = -1) -> bytes:
+        return self._file.read(min(size, self._piece))
+
+
+@pytest.mark.parametrize("piece", [1, 5, 8, 9, 4099, 65536])
+def test_pairs_decode_from_short_reads_that_cut_heads_and_pairs_anywhere(piece: int) -> None:
+    pairs = [(b"k%d" % n, b"v" * (n * 37 % 5000)) for n in range(400)]
+    pairs.append((b"big", b"b" * (CHUNK + 3)))
+    encoded = b"".join(encode_pairs(pairs))
+    assert list(decode_pairs(_Pieces(encoded, piece), "x")) == pairs
+    with pytest.raises(BadArchive, match="x: cut short in a pair's head"):
+        list(decode_pairs(_Pieces(encoded[:len(encoded) - len(pairs[-1][1]) - 9], piece), "x"))
+    with pytest.raises(BadArchive, match=r"x: cut short in a pair$"):
+        list(decode_pairs(_Pieces(encoded[:-1], piece), "x"))
+
+
 @pytest.mark.parametrize(("change", "error"), [
     (lambda m: m.update(kind="other"), "not a backup manifest"),
     (lambda m: m.update(version=3), "version 3"),
