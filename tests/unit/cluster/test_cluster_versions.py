@@ -136,3 +136,29 @@ def test_other_code_asks_what_a_linked_peer_speaks(tmp_path: Path) -> None:
     assert cluster.supports("NEW", versions.TIMEOUT_NOW)
     assert not cluster.supports("OLD", versions.TIMEOUT_NOW)
     assert cluster.speaks("DOWN") is None and not cluster.supports("DOWN", 0)
+
+
+@pytest.mark.parametrize("side", ["listener", "dialer"])
+def test_a_peer_speaking_a_newer_handshake_is_refused_naming_it_and_what_to_run(
+        side: str) -> None:
+    """A later release whose handshake is no longer version 1: refused on either side of
+    the link, the log naming the node, its release and both versions; the peer is told the
+    reason."""
+    def newer(payload: bytes) -> bytes:
+        return json.dumps({**json.loads(payload), "v": 2, "release": "1.0.0",
+                           "cluster_version": [3, 4]}).encode()
+
+    ours = Handshake(Role.LISTENER if side == "listener" else Role.DIALER, B, "c", "s")
+    theirs = Handshake(Role.DIALER if side == "listener" else Role.LISTENER, A, "c", "s")
+    with pytest.raises(Refused) as refused:
+        if side == "listener":
+            ours.receive(newer(theirs.start()))
+        else:
+            ours.receive(newer(theirs.receive(ours.start())[0]))
+    assert refused.value.reason == "version mismatch" in REASONS
+    assert str(refused.value) == (
+        f"version mismatch: a@h, release 1.0.0 speaks handshake version 2, this release"
+        f" ({RELEASE}) speaks 1: upgrade through a release that speaks both")
+    assert json.loads(Handshake.refusal(refused.value)) == {"type": "refused",
+                                                            "reason": "version mismatch"}
+    assert not ours.done and ours.peer_speaks is None
