@@ -33,8 +33,8 @@ from broker.version import RELEASE
 LOWEST: Final = 0  # the lowest cluster version this code can run
 HIGHEST: Final = 2  # the highest
 # The first cluster version of each feature whose commands or messages older code cannot
-# take: proposed (or sent to a peer) only at this version or above.
-VERSION_COMMAND: Final = 1
+# take: proposed (or sent to a peer) only at this version or above. (The version command
+# needs no gate: it is proposed only to rise to a version every member runs.)
 DURABLE_GROUPS: Final = 1
 TIMEOUT_NOW: Final = 1
 LOAD: Final = 1
