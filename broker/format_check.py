@@ -59,8 +59,9 @@ def inspect(data_dir: Path, wal_dir: Path) -> list[Found]:
         versions = _read_stamp(root / STAMP, tree)
         found += [Found(fmt, versions.get(fmt.name, 0), root / STAMP) for fmt in in_tree(tree)]
         for fmt in in_tree(tree):
-            for name in fmt.files:
-                _check_file(root / name, fmt)
+            for pattern in fmt.files:
+                for path in sorted(root.glob(pattern)):
+                    _check_file(path, fmt)
     wal_stamp = next(item for item in found if item.fmt is WAL)
     _check_segments(wal_dir, wal_stamp)
     return found

@@ -194,7 +194,7 @@ def _truncate_first_segment(data_dir: Path) -> Path:
 
 @pytest.mark.parametrize("damage", ["garbage-stamp", "foreign-json-stamp",
                                     "truncated-segment-header", "binary-site-id",
-                                    "foreign-metadata-json"])
+                                    "foreign-metadata-json", "truncated-slab-manifest"])
 def test_a_damaged_or_foreign_file_is_refused_naming_it(
         data_dir: Path, node: BrokerProcess, damage: str) -> None:
     if damage == "garbage-stamp":
@@ -212,9 +212,13 @@ def test_a_damaged_or_foreign_file_is_refused_naming_it(
         bad = data_dir / "ds" / "site_id"
         bad.write_bytes(b"\xfe\xed\xfa\xce")
         reason = "not the file of format site this broker writes ('utf-8' codec"
-    else:
+    elif damage == "foreign-metadata-json":
         bad = data_dir / "raft" / "metadata.json"
         bad.write_text('["not", "ours"]')
         reason = "not the file of format raft-metadata this broker writes (not a JSON object"
+    else:  # the sealed generation's: read when its shard opens, after other stores
+        bad = sorted(data_dir.glob("ds/messages/shard-*/gen-*/manifest.json"))[0]
+        bad.write_bytes(bad.read_bytes()[:-40])
+        reason = "not the file of format messages this broker writes (Expecting"
     message = _refused_twice_untouched(data_dir, node)
     assert f"{bad}: {reason}" in message

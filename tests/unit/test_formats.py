@@ -241,6 +241,8 @@ def test_ctl_ds_info_refuses_to_open_a_newer_data_dir(
     ("raft/metadata.json", b"\x00\x00\x00", "Expecting value"),
     ("cluster/members.json", "{\"members\": []}".encode("utf-16"), "can't decode"),
     ("cluster/cookie", b"one\ntwo\n", "not one line of text"),
+    ("ds/messages/shard-003/gen-000002/manifest.json", b'{"format": 1, "shard": 3, "gen',
+     "Unterminated string"),
 ])
 def test_a_small_file_that_is_not_ours_is_refused_naming_it(
         tmp_path: Path, name: str, content: bytes, reason: str) -> None:
@@ -258,7 +260,11 @@ def test_a_small_file_that_is_not_ours_is_refused_naming_it(
 def test_the_small_files_a_node_writes_pass(tmp_path: Path) -> None:
     data_dir, _ = _trees(tmp_path)
     for name, content in [("ds/site_id", "5c6028d6ce9459c7\n"), ("cluster/cookie", "c\n"),
-                          ("ds/messages/db.json", '{"n_shards": 16, "format": 1}')]:
+                          ("ds/messages/db.json", '{"n_shards": 16, "format": 1}'),
+                          ("ds/messages/shard-000/gen-000001/manifest.json", '{"format": 1}'),
+                          # A replica's received files: not a slab's manifest.
+                          ("ds/messages/shard-000.snapshot-files/gen-1/0001-manifest.json",
+                           "half a fi")]:
         (data_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (data_dir / name).write_text(content)
     assert _open(tmp_path)[0][0] == data_dir / STAMP
