@@ -40,6 +40,10 @@ TIMEOUT_NOW: Final = 1
 LOAD: Final = 1
 FILE_SNAPSHOTS: Final = 2
 
+# RUN_BY[v]: the first release that runs cluster version v (a data dir records the version
+# its cluster runs, broker/format_check.py: older code refuses it naming this release).
+RUN_BY: Final = ("0.1.0", "0.2.0", "0.2.0")
+
 TOO_OLD: Final = "too old"  # handshake refusal reasons (handshake.REASONS)
 TOO_NEW: Final = "too new"
 LEGACY_RELEASE: Final = "0.1.0"  # a peer that announces no release (RELEASES' first)

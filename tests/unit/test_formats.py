@@ -12,7 +12,8 @@ import pytest
 
 from broker import format_check
 from broker.cli import main as broker_main
-from broker.format_check import FormatRefused, inspect, upgrade
+from broker.cluster import versions
+from broker.format_check import FormatRefused, inspect, record_cluster_version, upgrade
 from broker.formats import (
     BY_NAME,
     DATA_DIR,
@@ -186,6 +187,54 @@ def test_a_stamp_of_an_older_version_is_brought_up_to_this_release(tmp_path: Pat
     assert _open(tmp_path) == [(data_dir / STAMP, "sessions 0->1, api-key 0->1"),
                                (_trees(tmp_path)[1] / STAMP, "wal 0->1")]
     assert len(in_tree(DATA_DIR)) == len(json.loads((data_dir / STAMP).read_text())["formats"])
+
+
+def test_the_cluster_version_is_recorded_kept_and_refused_when_this_code_cannot_run_it(
+        tmp_path: Path) -> None:
+    """A node whose cluster rose beyond the versions this code runs (a downgrade after a
+    rise) is refused at start-up, before it replays a log with entries it would skip."""
+    data_dir, _ = _trees(tmp_path)
+    _open(tmp_path)
+    record_cluster_version(data_dir, 0)  # nothing above what is recorded (none: 0)
+    assert "cluster" not in json.loads((data_dir / STAMP).read_text())
+    record_cluster_version(data_dir, versions.HIGHEST)
+    record_cluster_version(data_dir, 1)  # never lower
+    doc = json.loads((data_dir / STAMP).read_text())
+    assert doc == {**stamp_of(DATA_DIR), "cluster": {
+        "version": versions.HIGHEST, "run_by": versions.RUN_BY[versions.HIGHEST]}}
+    assert _open(tmp_path) == []  # this code runs it
+    # A later release bumps a format: its stamp keeps the version.
+    doc["formats"]["sessions"]["version"] = 0
+    _stamp(data_dir, doc)
+    _open(tmp_path)
+    assert json.loads((data_dir / STAMP).read_text())["cluster"] == doc["cluster"]
+
+    doc["cluster"] = {"version": versions.HIGHEST + 1, "run_by": "0.4.0"}
+    _stamp(data_dir, doc)
+    before = state(tmp_path)
+    with pytest.raises(FormatRefused) as refused:
+        _open(tmp_path)
+    assert str(refused.value) == (
+        f"{data_dir / STAMP}: this node's cluster runs cluster version {versions.HIGHEST + 1},"
+        f" which release 0.4.0 and later run; this is release {RELEASE}, which runs up to"
+        f" version {versions.HIGHEST} (a cluster's version never falls). Run release 0.4.0"
+        f" or later on this data dir; nothing was changed")
+    assert state(tmp_path) == before
+
+
+def test_every_cluster_version_names_the_first_release_that_runs_it() -> None:
+    assert len(versions.RUN_BY) == versions.HIGHEST + 1
+    assert set(versions.RUN_BY) <= {*releases(), RELEASE}
+
+
+@pytest.mark.parametrize("cluster", [{"version": "2", "run_by": "0.2.0"}, {"version": 1},
+                                     [1, "0.2.0"], {"version": -1, "run_by": "0.2.0"}])
+def test_a_stamp_whose_cluster_version_is_not_ours_is_refused(
+        tmp_path: Path, cluster: object) -> None:
+    data_dir, _ = _trees(tmp_path)
+    _stamp(data_dir, {**stamp_of(DATA_DIR), "cluster": cluster})
+    with pytest.raises(FormatRefused, match=r'not a format stamp of this broker .*"cluster"'):
+        _open(tmp_path)
 
 
 def test_an_unreadable_stamp_is_refused_not_replaced(tmp_path: Path) -> None:
