@@ -1,14 +1,16 @@
 """The start-up check of a node's formats, before anything is opened for writing.
 
 `inspect` reads every stamp (broker/formats.py) and the head of every write-ahead log
-segment, and changes nothing: a format newer than this release reads, a stamp that is not
-ours, or a segment that is not one is refused with `FormatRefused`, naming the file, the
-version and the release that reads it. Only then does `upgrade` bring older trees to this
-release's versions. Today that is the migration 0 -> 1 of a 0.1.0 tree, which only writes
-its stamp; a migration that rewrites data would run before the stamp it leads to is
-written, so a crash at any point leaves the old stamp and the migration runs again (it must
-be idempotent). Each stamp is written to a temporary file, fsync'd and renamed, so a crash
-leaves the old stamp (or none) or the new one, never half of one.
+segment, and changes nothing: a format newer than this release reads, a cluster version
+this code does not run (the data dir's stamp records the one its cluster rose to:
+`record_cluster_version`), a stamp that is not ours, or a segment that is not one is
+refused with `FormatRefused`, naming the file, the version and the release that reads it.
+Only then does `upgrade` bring older trees to this release's versions. Today that is the
+migration 0 -> 1 of a 0.1.0 tree, which only writes its stamp; a migration that rewrites
+data would run before the stamp it leads to is written, so a crash at any point leaves the
+old stamp and the migration runs again (it must be idempotent). Each stamp is written to a
+temporary file, fsync'd and renamed, so a crash leaves the old stamp (or none) or the new
+one, never half of one.
 """
 
 import json
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from broker.cluster import versions as cluster_versions
 from broker.config.loader import Config
 from broker.ds.files import write_atomically
 from broker.formats import (
@@ -59,8 +62,9 @@ def inspect(data_dir: Path, wal_dir: Path) -> list[Found]:
         versions = _read_stamp(root / STAMP, tree)
         found += [Found(fmt, versions.get(fmt.name, 0), root / STAMP) for fmt in in_tree(tree)]
         for fmt in in_tree(tree):
-            for name in fmt.files:
-                _check_file(root / name, fmt)
+            for pattern in fmt.files:
+                for path in sorted(root.glob(pattern)):
+                    _check_file(path, fmt)
     wal_stamp = next(item for item in found if item.fmt is WAL)
     _check_segments(wal_dir, wal_stamp)
     return found
@@ -76,7 +80,7 @@ def upgrade(data_dir: Path, wal_dir: Path, found: list[Found]) -> list[tuple[Pat
         if not old:
             continue
         root.mkdir(parents=True, exist_ok=True)
-        write_atomically(root / STAMP, json.dumps(stamp_of(tree), indent=1).encode())
+        _write_stamp(root / STAMP, {**stamp_of(tree), **_cluster_entry(root / STAMP)})
         done.append((root / STAMP, ", ".join(
             f"{item.fmt.name} {item.version}->{item.fmt.version}" for item in old)))
     return done
@@ -87,6 +91,34 @@ def open_formats(config: Config) -> None:
     data_dir, wal_dir = trees(config)
     for stamp, changes in upgrade(data_dir, wal_dir, inspect(data_dir, wal_dir)):
         log.info("formats upgraded to release %s (%s): %s", RELEASE, stamp, changes)
+
+
+def record_cluster_version(data_dir: Path, version: int) -> None:
+    """Blocking: the cluster's effective version, once it rose above the one the data dir's
+    stamp records, written into that stamp. The version never falls, so code that cannot
+    run it must not run on this data dir: it would skip the entries of the kinds the
+    version introduced as it replays them; `inspect` refuses it before then. (A crash
+    between applying a rise and recording it leaves the older version, until this code
+    starts again and records it.)"""
+    path = data_dir / STAMP
+    doc = json.loads(path.read_bytes()) if path.exists() else stamp_of(DATA_DIR)
+    if doc.get("cluster", {}).get("version", 0) >= version:
+        return
+    doc["cluster"] = {"version": version, "run_by": cluster_versions.RUN_BY[version]}
+    _write_stamp(path, doc)
+
+
+def _cluster_entry(path: Path) -> dict[str, Any]:
+    """{"cluster": ...} of a stamp (checked by `inspect`) that records one, else {}."""
+    try:
+        cluster = json.loads(path.read_bytes()).get("cluster")
+    except FileNotFoundError:
+        return {}
+    return {"cluster": cluster} if cluster is not None else {}
+
+
+def _write_stamp(path: Path, doc: dict[str, Any]) -> None:
+    write_atomically(path, json.dumps(doc, indent=1).encode())
 
 
 def trees(config: Config) -> tuple[Path, Path]:
@@ -109,6 +141,7 @@ def _read_stamp(path: Path, tree: str) -> dict[str, int]:
     except OSError as error:
         raise FormatRefused(f"{path}: cannot read the format stamp: {error.strerror}") from None
     doc = _parse_stamp(path, raw)
+    _check_cluster_version(path, doc, tree)
     known = {fmt.name: fmt for fmt in in_tree(tree)}
     versions = {}
     for name, entry in doc["formats"].items():
@@ -124,6 +157,20 @@ def _read_stamp(path: Path, tree: str) -> dict[str, int]:
                 + f". Run release {read_by} or later on this {tree}; nothing was changed")
         versions[name] = version
     return versions
+
+
+def _check_cluster_version(path: Path, doc: dict[str, Any], tree: str) -> None:
+    """Refuses a data dir whose cluster runs a version this code cannot run
+    (`record_cluster_version`)."""
+    cluster = doc.get("cluster")
+    if cluster is None or cluster["version"] <= cluster_versions.HIGHEST:
+        return
+    run_by = cluster["run_by"]
+    raise FormatRefused(
+        f"{path}: this node's cluster runs cluster version {cluster['version']}, which"
+        f" release {run_by} and later run; this is release {RELEASE}, which runs up to"
+        f" version {cluster_versions.HIGHEST} (a cluster's version never falls). Run release"
+        f" {run_by} or later on this {tree}; nothing was changed")
 
 
 def _parse_stamp(path: Path, raw: bytes) -> dict[str, Any]:
@@ -147,6 +194,10 @@ def _parse_stamp(path: Path, raw: bytes) -> dict[str, Any]:
             and entry["version"] >= 0 and isinstance(entry.get("read_by"), str)
             for entry in formats.values()):
         raise foreign("\"formats\" is not a map of {\"version\": int, \"read_by\": release}")
+    cluster = doc.get("cluster", {"version": 0, "run_by": ""})
+    if not (isinstance(cluster, dict) and type(cluster.get("version")) is int
+            and cluster["version"] >= 0 and isinstance(cluster.get("run_by"), str)):
+        raise foreign("\"cluster\" is not {\"version\": int, \"run_by\": release}")
     return doc
 
 

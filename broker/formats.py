@@ -39,9 +39,9 @@ class Format:
     # read_by[v]: the oldest release that reads version v; the last one is the version this
     # release writes. Version 0 is a tree without a stamp (0.1.0).
     read_by: tuple[str, ...]
-    # Small files of it that start-up reads whole: the check refuses one that is not ours
-    # (`.json`: a JSON object; else one line of text) naming it, before the code that reads
-    # it fails on it with less to say.
+    # Small files of it that start-up reads whole (glob patterns): the check refuses one that
+    # is not ours (`.json`: a JSON object; else one line of text) naming it, before the code
+    # that reads it fails on it with less to say, other stores already opened (written).
     files: tuple[str, ...] = ()
 
     @property
@@ -59,7 +59,7 @@ FORMATS: Final = (
     Format("messages", "ds/messages/: db.json, shard-NNN/gen-NNNNNN LevelDB slabs (TTV values"
            " carry their own version byte), a sealed slab's manifest.json, replica indexes,"
            " shard-NNN.snapshot-files/ (sealed generations' files received so far)",
-           DATA_DIR, _FIRST, ("ds/messages/db.json",)),
+           DATA_DIR, _FIRST, ("ds/messages/db.json", "ds/messages/shard-*/gen-*/manifest.json")),
     Format("sessions", "ds/sessions/: LevelDB of durable sessions (records.py)", DATA_DIR,
            _FIRST),
     Format("retained", "retained/: LevelDB of retained messages (a format byte per record)",

@@ -103,6 +103,19 @@ def _identity(message: dict[str, Any]) -> Identity:
     return identity
 
 
+def _other_handshake(message: dict[str, Any]) -> str:
+    """Why a peer whose handshake is not version 1 is refused, for the log of the node that
+    refuses it: which node and release, and what to run (a later release that dropped
+    version 1 cannot join a cluster of this one: roll through a release that speaks both)."""
+    spoken, release = message.get("v"), message.get("release")
+    who = f"{str(message.get('node'))[:64]}" + (
+        f", release {release[:64]}" if isinstance(release, str) else "")
+    newer = type(spoken) is int and spoken > VERSION
+    return (f"{who} speaks handshake version {str(spoken)[:16]}, this release"
+            f" ({versions.MINE.release}) speaks {VERSION}"
+            + (": upgrade through a release that speaks both" if newer else ""))
+
+
 class Handshake:
     """Feed it the peer's handshake payloads; it answers with the payloads to send back
     and, once `done`, names the authenticated peer."""
@@ -179,7 +192,7 @@ class Handshake:
 
     def _check_cluster(self, message: dict[str, Any]) -> Identity:
         if message.get("v") != VERSION:
-            raise Refused("version mismatch", f"peer speaks {message.get('v')!r}")
+            raise Refused("version mismatch", _other_handshake(message))
         if message.get("cluster") != self.cluster:
             raise Refused("cluster name mismatch",
                           f"peer is in {str(message.get('cluster'))[:64]!r}")

@@ -5,8 +5,10 @@ machine.py), once every member of the cluster and of its Raft groups (voters and
 is linked to it running code that supports a higher one; every node applies the entry and
 stores the version with the retained messages, so a restart reads it back and a snapshot
 carries it. Each node then drops its links to peers whose code cannot run it (they are
-refused at their next handshake). One raise at a time; a failed one is tried again at a
-later round.
+refused at their next handshake), and records it in its data dir's format stamp, where
+older code refuses it at start-up before it replays a log it cannot apply
+(broker/format_check.py). One raise at a time; a failed one is tried again at a later
+round.
 """
 
 import asyncio
@@ -30,11 +32,16 @@ RISE_WAIT: Final = 5.0
 
 
 class VersionKeeper:
-    def __init__(self, metadata: MetadataGroup, cluster: Cluster) -> None:
+    def __init__(self, metadata: MetadataGroup, cluster: Cluster,
+                 record: Callable[[int], None]) -> None:
+        """`record`: writes the version the cluster runs where start-up checks it (blocking,
+        once per rise: format_check.record_cluster_version)."""
         self._metadata = metadata
         self._cluster = cluster
+        self._record = record
         self._raising: asyncio.Task[None] | None = None
         self._seen = self.effective()
+        record(self._seen)  # a rise a crash kept from being recorded, or one before 0.2.0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         # What a rise applied here changes on this node (durable groups: Node).
         self.on_rise: Callable[[int], None] = lambda version: None
@@ -84,6 +91,7 @@ class VersionKeeper:
         if effective > self._seen:
             log.info("the cluster's effective version rose to %d", effective)
             self._seen = effective
+            self._record(effective)
             self._cluster.refuse_older(effective)
             self.on_rise(effective)
         if self._waiters:

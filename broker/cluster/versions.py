@@ -33,12 +33,16 @@ from broker.version import RELEASE
 LOWEST: Final = 0  # the lowest cluster version this code can run
 HIGHEST: Final = 2  # the highest
 # The first cluster version of each feature whose commands or messages older code cannot
-# take: proposed (or sent to a peer) only at this version or above.
-VERSION_COMMAND: Final = 1
+# take: proposed (or sent to a peer) only at this version or above. (The version command
+# needs no gate: it is proposed only to rise to a version every member runs.)
 DURABLE_GROUPS: Final = 1
 TIMEOUT_NOW: Final = 1
 LOAD: Final = 1
 FILE_SNAPSHOTS: Final = 2
+
+# RUN_BY[v]: the first release that runs cluster version v (a data dir records the version
+# its cluster runs, broker/format_check.py: older code refuses it naming this release).
+RUN_BY: Final = ("0.1.0", "0.2.0", "0.2.0")
 
 TOO_OLD: Final = "too old"  # handshake refusal reasons (handshake.REASONS)
 TOO_NEW: Final = "too new"

@@ -28,6 +28,7 @@ from broker.cluster.version_keeper import VersionKeeper
 from broker.config.loader import Config
 from broker.config.values import split_node_name
 from broker.ds.space import out_of_space
+from broker.format_check import record_cluster_version
 from broker.mqtt.constants import ReasonCode
 from broker.node import Node
 from broker.periodic import every
@@ -74,7 +75,8 @@ class BrokerApp:
         # The cluster's effective version, kept in the metadata group.
         self.versions: VersionKeeper | None = None
         if self.metadata is not None:
-            self.versions = VersionKeeper(self.metadata, self.cluster)
+            self.versions = VersionKeeper(self.metadata, self.cluster, partial(
+                record_cluster_version, Path(config["node.data_dir"])))
         # Replicated Durable Storage: its Raft groups live next to the metadata group.
         self.ds_groups: DsGroups | None = None
         if config["durable_storage.messages.backend"] == "builtin_raft" and self.node.ds:

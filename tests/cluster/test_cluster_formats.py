@@ -7,10 +7,11 @@ for it and the retained message are all there (docs/formats.md)."""
 import json
 from pathlib import Path
 
+from broker.cluster import versions
 from broker.formats import DATA_DIR, STAMP, WAL_DIR, stamp_of
 from tests.cluster.conftest import Cluster
 from tests.cluster.test_replicated_ds import REPLICATED, _filters_everywhere, _groups_led
-from tests.integration.clients import NO_MATCHING_SUBSCRIBERS, PahoClient, unique
+from tests.integration.clients import NO_MATCHING_SUBSCRIBERS, PahoClient, unique, wait_until
 from tests.support import releases
 
 
@@ -49,9 +50,14 @@ def test_a_cluster_of_release_0_1_0_restarts_on_this_release_with_everything(
         node.start()
     cluster.all_running(nodes)
     _groups_led(nodes, 1 + 1 + 4)
+    cluster.wait_version(nodes, versions.HIGHEST)
     for node in nodes:
         data_dir = node.process.data_dir
-        assert json.loads((data_dir / STAMP).read_text()) == stamp_of(DATA_DIR)
+        # Stamped, and the version the cluster rose to recorded (0.1.0 refused from now on).
+        wait_until(lambda d=data_dir: json.loads((d / STAMP).read_text()) == {
+            **stamp_of(DATA_DIR), "cluster": {"version": versions.HIGHEST,
+                                              "run_by": versions.RUN_BY[-1]}}, 10,
+            f"{node.name}'s stamp recording the cluster version")
         assert json.loads((data_dir / "raft" / "wal" / STAMP).read_text()) == stamp_of(WAL_DIR)
     resumed = PahoClient(nodes[2].process.tcp, client_id)
     clients.append(resumed)

@@ -6,10 +6,10 @@ Present 1) and runs cluster version 0: durable shared subscriptions, whose write
 replicas would admit unfenced, are routed live as 0.1.0 did. Once that node runs this tree
 (same data dir) the cluster rises to version 1 and a durable shared group is made. Then
 0.1.0 on that node again is refused by its peers at the handshake ("too old": 0.1.0 cannot
-check versions, the refusal is the new nodes'), and the other two go on. A backup imported
-while the cluster runs version 0 is refused with the reason (0.1.0 would skip its LOAD
-commands) before anything is proposed; at version 1 the gate lets it through to the next
-check (the cluster holds data).
+check versions, the refusal is the new nodes'), and the other two go on; this tree back on
+that data dir rejoins with everything. A backup imported while the cluster runs version 0
+is refused with the reason (0.1.0 would skip its LOAD commands) before anything is
+proposed; at version 1 the gate lets it through to the next check (the cluster holds data).
 """
 
 from collections.abc import Iterator
@@ -194,3 +194,14 @@ def test_a_0_1_0_node_runs_with_this_tree_until_upgraded_and_is_refused_after(
     for node in new:
         assert node.cluster_version() == versions.HIGHEST  # never falls
     _durable_round_trip(clients, new[0], new[1], new[1])
+
+    # This tree again on the data dir 0.1.0 ran on while refused: it rejoins, its replicas
+    # catch up (the durable group, the session above), and sessions resume through it.
+    upgraded.process.stop()
+    upgraded.process.code = None
+    upgraded.start()
+    cluster.all_running(nodes)
+    _groups_led(nodes, 1 + 1 + 4)
+    assert upgraded.cluster_version() == versions.HIGHEST
+    wait_until(lambda: share in _groups(upgraded), 15, "the durable group on the rejoined node")
+    _durable_round_trip(clients, upgraded, new[0], upgraded)

@@ -6,7 +6,7 @@ generation, and its retained message are all there, and it is stamped; a kill -9
 the two stamps restarts cleanly. One from a newer release, or with a damaged stamp or
 write-ahead log segment, or a site ID or JSON file not ours, is refused at start with a
 message naming the file, and the refusal changes nothing, however often the node is started
-again.
+again; so is one whose cluster rose to a version this code does not run.
 """
 
 import json
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.cluster import versions
 from broker.formats import DATA_DIR, STAMP, WAL_DIR, stamp_of
 from broker.version import RELEASE
 from tests.integration.clients import NO_MATCHING_SUBSCRIBERS, PahoClient, wait_until
@@ -109,8 +110,14 @@ def _everything_kept(node: BrokerProcess, clients: list[PahoClient],
 
 
 def _stamps(data_dir: Path) -> tuple[object, object]:
-    return (json.loads((data_dir / STAMP).read_text()),
-            json.loads((data_dir / "raft" / "wal" / STAMP).read_text()))
+    """The stamps' formats (the data dir's also records the cluster's version once risen)."""
+    data = json.loads((data_dir / STAMP).read_text())
+    data.pop("cluster", None)
+    return data, json.loads((data_dir / "raft" / "wal" / STAMP).read_text())
+
+
+def _recorded_cluster_version(data_dir: Path) -> object:
+    return json.loads((data_dir / STAMP).read_text()).get("cluster", {}).get("version")
 
 
 def test_a_data_dir_of_release_0_1_0_opens_with_everything_and_is_stamped(
@@ -118,6 +125,9 @@ def test_a_data_dir_of_release_0_1_0_opens_with_everything_and_is_stamped(
     node.start()
     assert "formats upgraded to release" in node.log_text()
     assert _stamps(data_dir) == (stamp_of(DATA_DIR), stamp_of(WAL_DIR))
+    # Its only member runs this tree: the cluster's version rises, and is recorded.
+    wait_until(lambda: _recorded_cluster_version(data_dir) == versions.HIGHEST, 10,
+               "the cluster version in the data dir's stamp")
     _everything_kept(node, clients)
     assert node.stop() == 0
     node.log_lines.clear()
@@ -171,14 +181,23 @@ def _refused_twice_untouched(data_dir: Path, node: BrokerProcess) -> str:
     return message
 
 
+@pytest.mark.parametrize("newer", ["format", "cluster-version"])
 def test_a_data_dir_of_a_newer_release_is_refused_and_left_untouched(
-        data_dir: Path, node: BrokerProcess) -> None:
-    newer = stamp_of(DATA_DIR)
-    newer["formats"]["sessions"] = {"version": 2, "read_by": "0.3.0"}
-    (data_dir / STAMP).write_text(json.dumps(newer))
+        data_dir: Path, node: BrokerProcess, newer: str) -> None:
+    """A newer format, or a cluster that rose to a version this code does not run (a
+    downgrade: it would skip the log entries of that version's kinds)."""
+    doc = stamp_of(DATA_DIR)
+    if newer == "format":
+        doc["formats"]["sessions"] = {"version": 2, "read_by": "0.3.0"}
+        what, version = "format sessions", 2
+    else:
+        version = versions.HIGHEST + 1
+        doc["cluster"] = {"version": version, "run_by": "0.3.0"}
+        what = "this node's cluster runs cluster version"
+    (data_dir / STAMP).write_text(json.dumps(doc))
     message = _refused_twice_untouched(data_dir, node)
-    assert str(data_dir / STAMP) in message and "format sessions" in message
-    assert "version 2" in message and "release 0.3.0" in message
+    assert str(data_dir / STAMP) in message and what in message
+    assert f"version {version}" in message and "release 0.3.0" in message
     assert f"this is release {RELEASE}" in message
 
 
@@ -194,7 +213,7 @@ def _truncate_first_segment(data_dir: Path) -> Path:
 
 @pytest.mark.parametrize("damage", ["garbage-stamp", "foreign-json-stamp",
                                     "truncated-segment-header", "binary-site-id",
-                                    "foreign-metadata-json"])
+                                    "foreign-metadata-json", "truncated-slab-manifest"])
 def test_a_damaged_or_foreign_file_is_refused_naming_it(
         data_dir: Path, node: BrokerProcess, damage: str) -> None:
     if damage == "garbage-stamp":
@@ -212,9 +231,13 @@ def test_a_damaged_or_foreign_file_is_refused_naming_it(
         bad = data_dir / "ds" / "site_id"
         bad.write_bytes(b"\xfe\xed\xfa\xce")
         reason = "not the file of format site this broker writes ('utf-8' codec"
-    else:
+    elif damage == "foreign-metadata-json":
         bad = data_dir / "raft" / "metadata.json"
         bad.write_text('["not", "ours"]')
         reason = "not the file of format raft-metadata this broker writes (not a JSON object"
+    else:  # the sealed generation's: read when its shard opens, after other stores
+        bad = sorted(data_dir.glob("ds/messages/shard-*/gen-*/manifest.json"))[0]
+        bad.write_bytes(bad.read_bytes()[:-40])
+        reason = "not the file of format messages this broker writes (Expecting"
     message = _refused_twice_untouched(data_dir, node)
     assert f"{bad}: {reason}" in message

@@ -12,7 +12,8 @@ import pytest
 
 from broker import format_check
 from broker.cli import main as broker_main
-from broker.format_check import FormatRefused, inspect, upgrade
+from broker.cluster import versions
+from broker.format_check import FormatRefused, inspect, record_cluster_version, upgrade
 from broker.formats import (
     BY_NAME,
     DATA_DIR,
@@ -188,6 +189,54 @@ def test_a_stamp_of_an_older_version_is_brought_up_to_this_release(tmp_path: Pat
     assert len(in_tree(DATA_DIR)) == len(json.loads((data_dir / STAMP).read_text())["formats"])
 
 
+def test_the_cluster_version_is_recorded_kept_and_refused_when_this_code_cannot_run_it(
+        tmp_path: Path) -> None:
+    """A node whose cluster rose beyond the versions this code runs (a downgrade after a
+    rise) is refused at start-up, before it replays a log with entries it would skip."""
+    data_dir, _ = _trees(tmp_path)
+    _open(tmp_path)
+    record_cluster_version(data_dir, 0)  # nothing above what is recorded (none: 0)
+    assert "cluster" not in json.loads((data_dir / STAMP).read_text())
+    record_cluster_version(data_dir, versions.HIGHEST)
+    record_cluster_version(data_dir, 1)  # never lower
+    doc = json.loads((data_dir / STAMP).read_text())
+    assert doc == {**stamp_of(DATA_DIR), "cluster": {
+        "version": versions.HIGHEST, "run_by": versions.RUN_BY[versions.HIGHEST]}}
+    assert _open(tmp_path) == []  # this code runs it
+    # A later release bumps a format: its stamp keeps the version.
+    doc["formats"]["sessions"]["version"] = 0
+    _stamp(data_dir, doc)
+    _open(tmp_path)
+    assert json.loads((data_dir / STAMP).read_text())["cluster"] == doc["cluster"]
+
+    doc["cluster"] = {"version": versions.HIGHEST + 1, "run_by": "0.4.0"}
+    _stamp(data_dir, doc)
+    before = state(tmp_path)
+    with pytest.raises(FormatRefused) as refused:
+        _open(tmp_path)
+    assert str(refused.value) == (
+        f"{data_dir / STAMP}: this node's cluster runs cluster version {versions.HIGHEST + 1},"
+        f" which release 0.4.0 and later run; this is release {RELEASE}, which runs up to"
+        f" version {versions.HIGHEST} (a cluster's version never falls). Run release 0.4.0"
+        f" or later on this data dir; nothing was changed")
+    assert state(tmp_path) == before
+
+
+def test_every_cluster_version_names_the_first_release_that_runs_it() -> None:
+    assert len(versions.RUN_BY) == versions.HIGHEST + 1
+    assert set(versions.RUN_BY) <= {*releases(), RELEASE}
+
+
+@pytest.mark.parametrize("cluster", [{"version": "2", "run_by": "0.2.0"}, {"version": 1},
+                                     [1, "0.2.0"], {"version": -1, "run_by": "0.2.0"}])
+def test_a_stamp_whose_cluster_version_is_not_ours_is_refused(
+        tmp_path: Path, cluster: object) -> None:
+    data_dir, _ = _trees(tmp_path)
+    _stamp(data_dir, {**stamp_of(DATA_DIR), "cluster": cluster})
+    with pytest.raises(FormatRefused, match=r'not a format stamp of this broker .*"cluster"'):
+        _open(tmp_path)
+
+
 def test_an_unreadable_stamp_is_refused_not_replaced(tmp_path: Path) -> None:
     data_dir, _ = _trees(tmp_path)
     (data_dir / STAMP).mkdir(parents=True)  # a directory where the file should be
@@ -241,6 +290,8 @@ def test_ctl_ds_info_refuses_to_open_a_newer_data_dir(
     ("raft/metadata.json", b"\x00\x00\x00", "Expecting value"),
     ("cluster/members.json", "{\"members\": []}".encode("utf-16"), "can't decode"),
     ("cluster/cookie", b"one\ntwo\n", "not one line of text"),
+    ("ds/messages/shard-003/gen-000002/manifest.json", b'{"format": 1, "shard": 3, "gen',
+     "Unterminated string"),
 ])
 def test_a_small_file_that_is_not_ours_is_refused_naming_it(
         tmp_path: Path, name: str, content: bytes, reason: str) -> None:
@@ -258,7 +309,11 @@ def test_a_small_file_that_is_not_ours_is_refused_naming_it(
 def test_the_small_files_a_node_writes_pass(tmp_path: Path) -> None:
     data_dir, _ = _trees(tmp_path)
     for name, content in [("ds/site_id", "5c6028d6ce9459c7\n"), ("cluster/cookie", "c\n"),
-                          ("ds/messages/db.json", '{"n_shards": 16, "format": 1}')]:
+                          ("ds/messages/db.json", '{"n_shards": 16, "format": 1}'),
+                          ("ds/messages/shard-000/gen-000001/manifest.json", '{"format": 1}'),
+                          # A replica's received files: not a slab's manifest.
+                          ("ds/messages/shard-000.snapshot-files/gen-1/0001-manifest.json",
+                           "half a fi")]:
         (data_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (data_dir / name).write_text(content)
     assert _open(tmp_path)[0][0] == data_dir / STAMP

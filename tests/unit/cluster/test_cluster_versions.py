@@ -2,6 +2,7 @@
 effective version rises (broker/cluster/versions.py, broker/cluster/handshake.py)."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,21 +59,28 @@ def test_a_peer_without_the_fields_is_release_0_1_0_at_cluster_version_0() -> No
     assert listener.peer_speaks == LEGACY == Speaks("0.1.0", 0, 0)
 
 
+def _refused_by(side: str, rewrite: Callable[[bytes], bytes], cluster_version: int = 0
+                ) -> tuple[Handshake, Refused]:
+    """This tree's handshake on `side` of a link, refusing the first message of its peer
+    (A) as `rewrite` makes it; the handshake and its refusal."""
+    ours = Handshake(Role.LISTENER if side == "listener" else Role.DIALER, B, "c", "s",
+                     cluster_version=cluster_version)
+    theirs = Handshake(Role.DIALER if side == "listener" else Role.LISTENER, A, "c", "s")
+    with pytest.raises(Refused) as refused:
+        if side == "listener":
+            ours.receive(rewrite(theirs.start()))
+        else:
+            ours.receive(rewrite(theirs.receive(ours.start())[0]))
+    return ours, refused.value
+
+
 @pytest.mark.parametrize("side", ["listener", "dialer"])
 def test_a_0_1_0_peer_is_refused_once_the_cluster_runs_version_1(side: str) -> None:
     """Whichever side of the link runs this tree refuses it: release 0.1.0 checks nothing."""
-    new = Handshake(Role.LISTENER if side == "listener" else Role.DIALER, B, "c", "s",
-                    cluster_version=1)
-    old = Handshake(Role.DIALER if side == "listener" else Role.LISTENER, A, "c", "s")
-    with pytest.raises(Refused) as refused:
-        if side == "listener":
-            new.receive(_legacy(old.start()))
-        else:
-            new.receive(_legacy(old.receive(new.start())[0]))
-    assert refused.value.reason == versions.TOO_OLD in REASONS
-    assert "release 0.1.0" in str(refused.value) and "a@h" in str(refused.value)
-    assert json.loads(Handshake.refusal(refused.value)) == {"type": "refused",
-                                                            "reason": "too old"}
+    _, refused = _refused_by(side, _legacy, cluster_version=1)
+    assert refused.reason == versions.TOO_OLD in REASONS
+    assert "release 0.1.0" in str(refused) and "a@h" in str(refused)
+    assert json.loads(Handshake.refusal(refused)) == {"type": "refused", "reason": "too old"}
 
 
 def test_this_tree_is_refused_by_a_cluster_beyond_what_it_runs() -> None:
@@ -136,3 +144,23 @@ def test_other_code_asks_what_a_linked_peer_speaks(tmp_path: Path) -> None:
     assert cluster.supports("NEW", versions.TIMEOUT_NOW)
     assert not cluster.supports("OLD", versions.TIMEOUT_NOW)
     assert cluster.speaks("DOWN") is None and not cluster.supports("DOWN", 0)
+
+
+@pytest.mark.parametrize("side", ["listener", "dialer"])
+def test_a_peer_speaking_a_newer_handshake_is_refused_naming_it_and_what_to_run(
+        side: str) -> None:
+    """A later release whose handshake is no longer version 1: refused on either side of
+    the link, the log naming the node, its release and both versions; the peer is told the
+    reason."""
+    def newer(payload: bytes) -> bytes:
+        return json.dumps({**json.loads(payload), "v": 2, "release": "1.0.0",
+                           "cluster_version": [3, 4]}).encode()
+
+    ours, refused = _refused_by(side, newer)
+    assert refused.reason == "version mismatch" in REASONS
+    assert str(refused) == (
+        f"version mismatch: a@h, release 1.0.0 speaks handshake version 2, this release"
+        f" ({RELEASE}) speaks 1: upgrade through a release that speaks both")
+    assert json.loads(Handshake.refusal(refused)) == {"type": "refused",
+                                                      "reason": "version mismatch"}
+    assert not ours.done and ours.peer_speaks is None

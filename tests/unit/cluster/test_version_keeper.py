@@ -27,11 +27,26 @@ class _Cluster:
         pass
 
 
-def _keeper(speaks: dict[str, versions.Speaks | None]) -> tuple[VersionKeeper, Any]:
+def _keeper(speaks: dict[str, versions.Speaks | None],
+            recorded: list[int] | None = None) -> tuple[VersionKeeper, Any]:
     machine = SimpleNamespace(cluster_version=0)
     metadata = SimpleNamespace(machine=machine, member_sites=lambda: set(speaks),
                                core=lambda: None)  # not the leader: nothing proposed here
-    return VersionKeeper(metadata, _Cluster(speaks)), machine  # type: ignore[arg-type]
+    record = recorded.append if recorded is not None else lambda version: None
+    return VersionKeeper(metadata, _Cluster(speaks), record), machine  # type: ignore[arg-type]
+
+
+def test_the_version_is_recorded_at_start_and_at_each_rise() -> None:
+    """Where start-up refuses code that cannot run it (format_check.record_cluster_version,
+    which writes only a version above the one recorded)."""
+    recorded: list[int] = []
+    keeper, machine = _keeper({"a": versions.MINE}, recorded)
+    assert recorded == [0]
+    keeper.round()
+    machine.cluster_version = versions.HIGHEST  # the rise, applied here
+    keeper.round()
+    keeper.round()
+    assert recorded == [0, versions.HIGHEST]
 
 
 def test_a_rise_every_member_is_ready_for_is_waited_for() -> None:
