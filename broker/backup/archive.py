@@ -32,7 +32,7 @@ CHUNK: Final = 1 << 20
 _BLOCK: Final = tarfile.BLOCKSIZE
 _PAIR: Final = struct.Struct(">II")
 _MANIFEST_LIMIT: Final = 64 << 20  # a manifest lists files: far below this
-Sink = Callable[[bytes], None]
+Sink = Callable[[bytes | memoryview], None]
 Expected = tuple[int, str]  # a member's size and SHA-256 hex, as the manifest lists them
 
 
@@ -149,7 +149,7 @@ class TarWriter:
         self._mtime = int(time.time())
         self.bytes = 0
 
-    def _out(self, data: bytes) -> None:
+    def _out(self, data: bytes | memoryview) -> None:
         if self._compress is not None:
             data = self._compress.compress(data)
             if not data:
@@ -162,7 +162,7 @@ class TarWriter:
         info.size, info.mtime, info.mode = size, self._mtime, 0o644
         return info.tobuf(tarfile.PAX_FORMAT)
 
-    def add(self, path: str, size: int, chunks: Iterable[bytes]) -> None:
+    def add(self, path: str, size: int, chunks: Iterable[bytes | memoryview]) -> None:
         """A member of `size` bytes; raises BadArchive if the chunks add up otherwise (the
         source changed since its checksum was taken)."""
         self._out(self._header(path, size))
@@ -172,6 +172,22 @@ class TarWriter:
             if written > size:
                 break
             self._out(chunk)
+        self._end(path, size, written)
+
+    def add_sent(self, path: str, size: int, sent: Iterable[int]) -> None:
+        """A member whose bytes the caller sends to the sink itself (a file by `sendfile`),
+        `sent` sending them and yielding each piece's length: its header and padding go
+        from here, around them. Not for a compressed stream."""
+        if self._compress is not None:
+            raise ValueError("a compressed archive's members go through its compressor")
+        self._out(self._header(path, size))
+        written = 0
+        for piece in sent:
+            written += piece
+            self.bytes += piece
+        self._end(path, size, written)
+
+    def _end(self, path: str, size: int, written: int) -> None:
         if written != size:
             raise BadArchive(f"{path}: {written} bytes read, {size} expected (it changed"
                              f" during the export)")

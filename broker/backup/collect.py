@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from broker.backup.archive import CHUNK, encode_pairs
+from broker.backup.archive import encode_pairs
 from broker.backup.manifest import RETAINED, SESSIONS, Generation
 from broker.ds import DurableStorage
 from broker.ds import keys as ds_keys
@@ -67,10 +67,20 @@ class Source:
 
 
 @dataclass(slots=True)
+class Table:
+    """A member to be that is a sealed generation's table: a file that never changes (its
+    checksum is kept between exports, export.py)."""
+
+    path: str
+    size: int
+    file: Path
+
+
+@dataclass(slots=True)
 class Cut:
     cut: dict[str, int | None]
     generations: list[Generation]
-    sources: list[Source]
+    sources: list[Source | Table]
     cluster: dict[str, Any]
     # Sealed generations to expand into file sources on the thread: (member dir, slab, pin).
     sealed: list[Sealed] = field(default_factory=list)
@@ -96,30 +106,18 @@ class Cut:
             self._release.clear()
 
 
-def _slab_files(directory: str, path: Path) -> list[Source]:
-    sources = []
+def _slab_files(directory: str, path: Path) -> list[Source | Table]:
+    sources: list[Source | Table] = []
     for file in sorted(path.iterdir()):
         if file.name in _LEVELDB_OWN or not file.is_file():
             continue
         member = f"{directory}/{file.name}"
         if file.name.endswith(_TABLE_SUFFIXES):
-            sources.append(Source(member, file.stat().st_size, _file_reader(file)))
+            sources.append(Table(member, file.stat().st_size, file))
         else:  # CURRENT, MANIFEST-*, *.log, manifest.json: small, and a reopen replaces them
             data = file.read_bytes()
             sources.append(Source(member, len(data), functools.partial(iter, (data,))))
     return sources
-
-
-def _file_reader(path: Path) -> Callable[[], Iterator[bytes]]:
-    def read() -> Iterator[bytes]:
-        try:
-            with path.open("rb") as file:
-                while chunk := file.read(CHUNK):
-                    yield chunk
-        except FileNotFoundError:
-            raise ExportFailed(f"{path} went away during the export (retention dropped its"
-                               f" generation?): export again") from None
-    return read
 
 
 def _pairs_reader(view: Any, keep: Callable[[bytes], bool]) -> Callable[[], Iterator[bytes]]:
@@ -152,7 +150,7 @@ async def collect(ds: DurableStorage, retainer: RetainedStore | None,
         raise ExportFailed("a Raft group did not commit a barrier in time: this node may be"
                            " cut off from a majority; export from another node")
     cut: dict[str, int | None] = {}
-    sources: list[Source] = []
+    sources: list[Source | Table] = []
     generations: list[Generation] = []
     release: list[Callable[[], None]] = []
     sealed: list[Sealed] = []

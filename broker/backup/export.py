@@ -3,22 +3,31 @@ read once (LevelDB snapshots and immutable tables), hashed as it goes out, the c
 listed last (manifest.CHECKSUMS).
 
 The event loop only takes the cut; the thread reads LevelDB, hashes (hashlib releases the
-GIL on large chunks) and hands the archive's chunks to `sink`, which may block (a file) or
-wait for the loop (an HTTP response: backpressure).
+GIL on large chunks) and writes the archive to a `Body`: the client's socket itself, or the
+loop's HTTP response where the thread cannot write the socket (body.py). A sealed table
+whose checksum an earlier export of this process took is not read at all: it goes from the
+page cache to the socket (`sendfile`), its kept checksum listed (tables never change; one
+that did on disk, damaged, no longer matches its listed checksum, and the archive's check
+fails rather than keep the damage).
 """
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from io import FileIO
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
-from broker.backup.archive import Sink, TarWriter, parts
-from broker.backup.collect import Cut, ExportFailed, Replicated, collect
+from broker.backup.archive import CHUNK, TarWriter, parts
+from broker.backup.body import Body, SendsFiles
+from broker.backup.collect import Cut, ExportFailed, Replicated, Table, collect
 from broker.backup.manifest import (
     CHECKSUMS,
     NAME,
@@ -32,21 +41,61 @@ from broker.formats import DATA_DIR, in_tree
 from broker.retainer.store import RetainedStore
 from broker.version import RELEASE
 
-CPU_SHARE: Final = 0.2
-"""The share of a core the export's thread may use while the event loop is busy: after each
-chunk it sleeps in proportion to the CPU time the chunk took. The node's event loop, which
+CPU_SHARE: Final = 0.1
+"""The share of a core an export may take while the event loop is busy, its client's work
+on the bytes counted (CLIENT_CPU_PER_MIB): after each chunk the thread sleeps in proportion
+to the CPU time the chunk took, its own and its client's. The node's event loop, which
 serves the publishers, needs the GIL and a core meanwhile: an export must not take them
-from it (issue 39: the publishers keep 80% of their rate; bench/backup_bench.py)."""
+from it (issue 39: the publishers keep 80% of their rate; bench/backup_bench.py). At 0.2
+of a core for the thread alone, its client's work not counted, the publishers kept
+0.60-0.85 of their rate (side by side on a crowded 2-core machine, load 6-8), at 0.1
+with it counted 0.77-0.93 (bench/README.md, "Backup benchmark")."""
+CLIENT_CPU_PER_MIB: Final = 0.002
+"""CPU-seconds a client on this machine spends on each MiB it receives: `ctl data export`
+checks it (SHA-256) and writes it, 1.8-2.1 ms per MiB measured (its start included, on the
+benchmark's machine). On a shared machine (a scheduled export's pod may land on the
+node's) that CPU comes from the cores the loop needs; the node cannot measure it, so it
+counts it as this."""
 LOOP_BUSY: Final = 0.5
 """The event loop's demand for a core (Pace) from which the export paces itself: below it
-the loop has CPU to spare and the export goes at full speed (the archive's bytes are
-mostly tables read and hashed in C), the CPU left to the loop within WINDOW_S of its
-work growing. Half a core: streaming the archive alone makes the loop demand a tenth or
-more of one on a crowded machine (its writes, and the time it waits for a core), which is
-not a client to make room for; publishers that lose a fifth of their rate to an export
-keep a busy loop well above it (bench/backup_bench.py)."""
+the loop has CPU to spare and the export goes at full speed (sealed tables sent by the
+kernel, current generations read and hashed mostly in C), the CPU left to the loop within
+WINDOW_S of its work growing. Half a core: publishers that lose a fifth of their rate to
+an export keep a busy loop well above it (bench/backup_bench.py), and an idle loop on a
+crowded machine (its timers, and the time it waits for a core) well below it."""
 WINDOW_S: Final = 0.1
-OnManifest = Callable[[bytes], None]
+DIGESTS_KEPT: Final = 100_000  # sealed tables whose checksums a node keeps (LRU)
+OpenBody = Callable[[bytes, Callable[[], bool]], Body]
+"""(the manifest member, whether the export was cancelled) -> where the archive goes; called
+on the export's thread before any byte goes out (an HTTP response sends the manifest's
+SHA-256 as a header)."""
+T = TypeVar("T")
+Identity = tuple[int, int, int, int]  # a file's device, inode, size, modification time
+
+
+class _Digests:
+    """The SHA-256 of sealed tables this process has exported, by file identity (tables
+    never change: a scheduled export reads only those sealed since the last)."""
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[Identity, str] = OrderedDict()
+        self._lock = threading.Lock()  # (exports of several nodes in one process: tests)
+
+    def get(self, identity: Identity) -> str | None:
+        with self._lock:
+            sha = self._known.get(identity)
+            if sha is not None:
+                self._known.move_to_end(identity)
+            return sha
+
+    def keep(self, identity: Identity, sha: str) -> None:
+        with self._lock:
+            self._known[identity] = sha
+            while len(self._known) > DIGESTS_KEPT:
+                self._known.popitem(last=False)
+
+
+_DIGESTS: Final = _Digests()
 
 
 class Pace:
@@ -80,13 +129,16 @@ class Pace:
             self._since = (wall, demand)
         return self._busy
 
-    def __call__(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+    def __call__(self, chunks: Iterable[T], size: Callable[[T], int]) -> Iterator[T]:
+        """`chunks` as they come, the thread sleeping after each while the loop is busy;
+        `size`: the bytes a chunk holds (its client's share of the work)."""
         worked = time.thread_time()
         for chunk in chunks:
             yield chunk
             now = time.thread_time()
             if self._loop_busy():
-                time.sleep((now - worked) * (1 / CPU_SHARE - 1))
+                cost = now - worked + size(chunk) * CLIENT_CPU_PER_MIB / (1 << 20)
+                time.sleep(cost * (1 / CPU_SHARE - 1))
             worked = time.thread_time()
 
 
@@ -98,41 +150,82 @@ def build_manifest(cut: Cut, members: list[Member], created_us: int,
                     tuple(cut.generations), tuple(members))
 
 
-def write_archive(cut: Cut, sink: Sink, created_us: int, since_us: int | None,
+def write_archive(cut: Cut, open_body: OpenBody, created_us: int, since_us: int | None,
                   gzip: bool = False, stopped: Callable[[], bool] = lambda: False,
-                  on_manifest: OnManifest = lambda raw: None,
                   loop_thread: int | None = None) -> tuple[Manifest, int]:
     """Blocking (a worker thread): the archive; returns its manifest (with its files) and
-    the bytes written. `on_manifest` gets the manifest member before any byte goes to
-    `sink` (an HTTP response sends its SHA-256 as a header); `loop_thread`: the event
-    loop's native thread ID, which the export yields to while it is busy (Pace)."""
+    the bytes written. `loop_thread`: the event loop's native thread ID, which the export
+    yields to while it is busy (Pace)."""
     paced = Pace(loop_thread)
     cut.expand_sealed()
     manifest = build_manifest(cut, [], created_us, since_us)
     raw = manifest.encode()
-    on_manifest(raw)
-    writer = TarWriter(sink, gzip)
-    writer.add(NAME, len(raw), (raw,))
-    members: list[Member] = []
-    for source in cut.sources:
-        if stopped():
-            raise ExportFailed("the export was cancelled")
-        if source.size is not None:
-            members.append(_add(writer, source.path, source.size, paced(source.read())))
-            continue
-        for n, part in enumerate(parts(paced(source.read()))):
-            members.append(_add(writer, part_path(source.path, n), sum(map(len, part)), part))
-    checksums = encode_checksums(members, raw)
-    writer.add(CHECKSUMS, len(checksums), (checksums,))
-    writer.close()
+    body = open_body(raw, stopped)
+    try:
+        writer = TarWriter(body.write, gzip)
+        writer.add(NAME, len(raw), (raw,))
+        files = body if isinstance(body, SendsFiles) and not gzip else None
+        members: list[Member] = []
+        for source in cut.sources:
+            if stopped():
+                raise ExportFailed("the export was cancelled")
+            if isinstance(source, Table):
+                members.append(_add_table(writer, source, files, paced))
+            elif source.size is not None:
+                members.append(_add(writer, source.path, source.size,
+                                    paced(source.read(), len)))
+            else:
+                for n, part in enumerate(parts(paced(source.read(), len))):
+                    members.append(_add(writer, part_path(source.path, n),
+                                        sum(map(len, part)), part))
+        checksums = encode_checksums(members, raw)
+        writer.add(CHECKSUMS, len(checksums), (checksums,))
+        writer.close()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error says why: not the body's echo of it
+            body.close()
+        raise
+    body.close()
     return build_manifest(cut, members, created_us, since_us), writer.bytes
 
 
-def _add(writer: TarWriter, path: str, size: int, chunks: Iterable[bytes]) -> Member:
+def _add_table(writer: TarWriter, table: Table, files: SendsFiles | None,
+               paced: Pace) -> Member:
+    """A sealed table, from the file opened once (retention may unlink it meanwhile: what is
+    open stays readable): sent by `files` from the page cache if its checksum is kept, else
+    read, hashed and written, and its checksum kept."""
+    try:
+        file = FileIO(table.file, "r")
+    except FileNotFoundError:
+        raise ExportFailed(f"{table.file} went away during the export (retention dropped its"
+                           f" generation?): export again") from None
+    with file:
+        stat = os.fstat(file.fileno())
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        sha = _DIGESTS.get(identity)
+        if sha is not None and files is not None:
+            writer.add_sent(table.path, table.size,
+                            paced(files.send_file(file.fileno(), table.size), int))
+            return Member(table.path, table.size, sha)
+        member = _add(writer, table.path, table.size, paced(_read(file), len))
+    _DIGESTS.keep(identity, member.sha256)
+    return member
+
+
+def _read(file: FileIO) -> Iterator[memoryview]:
+    """The file a CHUNK at a time into one buffer: each piece is hashed and written (a body
+    that keeps it copies it) before the next is read."""
+    buffer = memoryview(bytearray(CHUNK))
+    while read := file.readinto(buffer):
+        yield buffer[:read]
+
+
+def _add(writer: TarWriter, path: str, size: int,
+         chunks: Iterable[bytes | memoryview]) -> Member:
     """A member written, hashed on the way."""
     sha = hashlib.sha256()
 
-    def hashed() -> Iterator[bytes]:
+    def hashed() -> Iterator[bytes | memoryview]:
         for chunk in chunks:
             sha.update(chunk)
             yield chunk
@@ -141,20 +234,20 @@ def _add(writer: TarWriter, path: str, size: int, chunks: Iterable[bytes]) -> Me
 
 
 async def export(ds: DurableStorage, retainer: RetainedStore | None,
-                 groups: Replicated | None, since_us: int | None, sink: Sink,
-                 gzip: bool = False, on_manifest: OnManifest = lambda raw: None,
-                 ) -> tuple[Manifest, int]:
-    """The archive of everything durable, at one cut, to `sink` (called on a worker thread).
-    Its own thread: the storage's pool serves the brokers' writes meanwhile. Cancelled, the
-    thread stops at its next member; the cut's snapshots are released once it has."""
+                 groups: Replicated | None, since_us: int | None, open_body: OpenBody,
+                 gzip: bool = False) -> tuple[Manifest, int]:
+    """The archive of everything durable, at one cut, to the body `open_body` gives (called
+    on a worker thread). Its own thread: the storage's pool serves the brokers' writes
+    meanwhile. Cancelled, the thread stops at its next member (or wait for room in the
+    socket); the cut's snapshots are released once it has."""
     cut = await collect(ds, retainer, groups, since_us)
     created_us = time.time_ns() // 1000
     stop = threading.Event()
     pool = ThreadPoolExecutor(1, thread_name_prefix="backup")
     try:
         done = asyncio.get_running_loop().run_in_executor(
-            pool, write_archive, cut, sink, created_us, since_us, gzip, stop.is_set,
-            on_manifest, threading.get_native_id())
+            pool, write_archive, cut, open_body, created_us, since_us, gzip, stop.is_set,
+            threading.get_native_id())
     except BaseException:
         cut.release()
         raise

@@ -27,6 +27,7 @@ from typing import Any, Final
 from aiohttp import BodyPartReader, web
 
 from broker.backup.archive import CHUNK, BadArchive
+from broker.backup.body import Body, SocketBody, socket_fd
 from broker.backup.collect import ExportFailed, Replicated
 from broker.backup.export import export
 from broker.backup.manifest import parse_time
@@ -73,32 +74,56 @@ async def export_data(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
 
-    def on_manifest(raw: bytes) -> None:  # on the export's thread
+    def open_body(raw: bytes, stopped: Callable[[], bool]) -> Body:  # on the export's thread
         response.headers[MANIFEST_HEADER] = hashlib.sha256(raw).hexdigest()
-        # Chunked (the archive's length is known once it is written): a body cut short
-        # lacks its last chunk, and the archive its checksums.json.
-        asyncio.run_coroutine_threadsafe(response.prepare(request), loop).result()
-
-    writing: list[concurrent.futures.Future[None]] = []
-
-    def sink(chunk: bytes) -> None:  # on the export's thread: waits for the client
-        # A chunk ahead: the thread makes the next while the loop writes this one.
-        if writing:
-            writing.pop().result()
-        writing.append(asyncio.run_coroutine_threadsafe(response.write(chunk), loop))
+        return asyncio.run_coroutine_threadsafe(
+            _open_body(request, response, stopped), loop).result()
 
     async with request.app[_BUSY_KEY]:
         try:
-            await export(node.ds, node.retainer, _groups(request), since_us, sink,
-                         on_manifest=on_manifest)
-            if writing:
-                await asyncio.wrap_future(writing.pop())
+            await export(node.ds, node.retainer, _groups(request), since_us, open_body)
         except (ExportFailed, BadArchive) as error:
             if response.prepared:
                 raise  # the client sees an archive cut short, which `verify` refuses
             return _error(503, "EXPORT_FAILED", str(error))
     await response.write_eof()
     return response
+
+
+async def _open_body(request: web.Request, response: web.StreamResponse,
+                     stopped: Callable[[], bool]) -> Body:
+    """The response's headers sent and its body handed to the export's thread: the socket
+    itself, or the response written by the loop where the thread cannot write to it.
+    Chunked (the archive's length is known once it is written): a body cut short lacks
+    its last chunk, and the archive its checksums.json."""
+    await response.prepare(request)
+    fd = socket_fd(request.transport)
+    if fd is None:
+        return _LoopBody(response, asyncio.get_running_loop())
+    chunked = response.headers.get("Transfer-Encoding") == "chunked"  # (not HTTP/1.0)
+    return SocketBody(fd, chunked, stopped)
+
+
+class _LoopBody:
+    """The archive written by the event loop (`response.write`), a chunk ahead: the thread
+    makes the next while the loop writes one."""
+
+    def __init__(self, response: web.StreamResponse, loop: asyncio.AbstractEventLoop) -> None:
+        self._response = response
+        self._loop = loop
+        self._writing: concurrent.futures.Future[None] | None = None
+
+    def write(self, data: bytes | memoryview) -> None:
+        chunk = bytes(data)  # (a view of the thread's buffer, which it fills again)
+        self.close()
+        self._writing = asyncio.run_coroutine_threadsafe(self._response.write(chunk),
+                                                         self._loop)
+
+    def close(self) -> None:
+        """Once the last chunk is written."""
+        if self._writing is not None:
+            self._writing.result()
+            self._writing = None
 
 
 async def import_data(request: web.Request) -> web.Response:
