@@ -59,20 +59,23 @@ class _NotifyingTransport(RecordingTransport):
 def _pair(node: Node, sub_t: RecordingTransport, qos: int,
           clean: bool = True) -> tuple[Connection, Connection, RecordingTransport]:
     """A subscriber to bench/t on `sub_t` and a publisher, both connected through real
-    `Connection`s sharing one output batch; what the handshakes wrote is cleared."""
+    `Connection`s sharing one output batch; the subscriber's CONNACK and SUBACK are left for
+    `_suback`, the publisher's CONNACK is cleared."""
     output = OutputBatch(asyncio.get_running_loop())
     pub_t = RecordingTransport()
     sub, pub = Connection(node, sub_t, output), Connection(node, pub_t, output)
     sub.data_received(wire.connect("sub", clean=clean) + wire.subscribe("bench/t", qos))
     pub.data_received(wire.connect("pub"))
-    sub_t.writes.clear()
+    pub_t.writes.clear()
     return sub, pub, pub_t
 
 
 async def _suback(sub_t: _NotifyingTransport) -> None:
-    """Waits for a durable subscription's SUBACK, which comes once the subscription is
-    stored, and clears it: it would otherwise share a write with the first deliveries and
-    shift every packet the harness acknowledges by its 5 bytes (then nothing more comes)."""
+    """Waits for the subscriber's SUBACK and clears what came up to it. A durable
+    subscription's comes once it is stored; any comes after the CONNACK, which a CONNECT
+    may send on a later loop turn (its held input, the SUBSCRIBE, waits for it). Left in
+    place, it would share a write with the first deliveries and shift every packet the
+    harness acknowledges by its 5 bytes (then nothing more comes)."""
     while True:
         data, at = b"".join(sub_t.writes), 0
         while at + 1 < len(data):  # small packets: a one-byte remaining length
@@ -130,8 +133,9 @@ async def measure(qos: int, messages: int, batch: int, settings: Sequence[str] =
         config = load_config(None, [f"node.data_dir={data_dir}", "retainer.enable=false",
                                     *settings])
         node = Node(config)
-        sub_t = RecordingTransport()
+        sub_t = _NotifyingTransport()
         sub, pub, pub_t = _pair(node, sub_t, qos)
+        await _suback(sub_t)
         payload = bytes(100)
         chunk = b"".join(
             wire.publish("bench/t", payload, qos, (i % 65535) + 1) for i in range(batch)
@@ -144,6 +148,8 @@ async def measure(qos: int, messages: int, batch: int, settings: Sequence[str] =
         while delivered < messages:
             pub.data_received(chunk)
             got = _count_publishes(sub_t.writes, publish_size)
+            if not got:  # the loop never yields: a stalled path would spin here for ever
+                raise RuntimeError(f"a batch of {batch} PUBLISHes delivered nothing")
             sub_t.writes.clear()
             pub_t.writes.clear()
             delivered += got
