@@ -15,9 +15,8 @@ one, never half of one.
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from broker.cluster import versions as cluster_versions
 from broker.config.loader import Config
@@ -45,8 +44,7 @@ class FormatRefused(Exception):
     """The node cannot run on these files: nothing was changed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
+class Found(NamedTuple):
     """A format as a tree's stamp records it (version 0: the tree has no stamp)."""
 
     fmt: Format

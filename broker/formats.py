@@ -12,8 +12,7 @@ This module is a leaf (it imports nothing of the broker but the release), so the
 the start-up check and the tests all read the one list.
 """
 
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from broker.version import RELEASE
 
@@ -31,8 +30,7 @@ WAL_DIR: Final = "write-ahead log dir"
 WAL_SEGMENT_MAGIC: Final = b"RAFTWAL"
 
 
-@dataclass(frozen=True, slots=True)
-class Format:
+class Format(NamedTuple):
     name: str
     where: str  # relative to its tree, for people
     tree: str  # DATA_DIR or WAL_DIR: the stamp that records it

@@ -4,14 +4,15 @@ Why: the durable QoS 1 path spends ~80% of its CPU in the Python interpreter (pr
 bench/README.md). mypyc turns these type-annotated modules into C extensions: the same
 source, no second implementation, 30-50% less CPU per message. An extension module shadows
 its `.py` file, so a stale one would run old code: the build writes `broker/native.json`
-(each compiled source's SHA-256) and `broker/__init__.py` refuses to start when a compiled
-source changed since (see `broker.native`).
+(each compiled source's SHA-256, size and mtime) and `broker/__init__.py` refuses to start
+when a compiled source changed since (see `broker.native`).
 
 Usage: python tools/build_native.py [build|clean]   (build is a no-op when up to date)
 """
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,19 @@ def digests() -> dict[str, str]:
     return {path: hashlib.sha256((ROOT / path).read_bytes()).hexdigest() for path in MODULES}
 
 
+def stats() -> dict[str, list[int]]:
+    """Each source's [size, mtime in ns], as `broker.native` compares them (the build cannot
+    import it: `broker` refuses to import while a compiled source is stale). Taken before
+    the sources are hashed and compiled: a source edited meanwhile then differs from its
+    stat, so the start-up check hashes it and finds that it is not what was compiled."""
+    return {path: [(stat := os.stat(ROOT / path)).st_size, stat.st_mtime_ns]
+            for path in MODULES}
+
+
+def _write_manifest(wanted: dict[str, object], seen: dict[str, list[int]]) -> None:
+    MANIFEST.write_text(json.dumps({**wanted, "stats": seen}, indent=1) + "\n")
+
+
 def clean() -> None:
     MANIFEST.unlink(missing_ok=True)
     for extension in PACKAGE.rglob("*.so"):
@@ -81,10 +95,14 @@ def clean() -> None:
 
 
 def build() -> int:
+    seen = stats()
     wanted = {"group": GROUP, "modules": digests()}
-    if MANIFEST.exists() and json.loads(MANIFEST.read_text()) == wanted:
-        print("native modules up to date")
-        return 0
+    if MANIFEST.exists():
+        built = json.loads(MANIFEST.read_text())
+        if {key: built.get(key) for key in wanted} == wanted:
+            _write_manifest(wanted, seen)  # sources touched since: hashed at each start till now
+            print("native modules up to date")
+            return 0
     clean()  # no manifest while extensions are half built: the guard then refuses them
     done = subprocess.run([sys.executable, "-c", _SETUP], cwd=ROOT, check=False,
                           stdout=subprocess.DEVNULL)
@@ -92,7 +110,7 @@ def build() -> int:
         clean()
         print("mypyc failed (see above); no native modules built", file=sys.stderr)
         return done.returncode
-    MANIFEST.write_text(json.dumps(wanted, indent=1) + "\n")
+    _write_manifest(wanted, seen)
     print(f"compiled {len(MODULES)} modules")
     return 0
 

@@ -23,7 +23,7 @@ user named above them; `pattern` lines apply to everyone wherever they stand, wi
 
 from dataclasses import dataclass, field
 from enum import IntFlag
-from typing import Final
+from typing import Final, NamedTuple
 
 from broker.mqtt.errors import MQTTError
 from broker.mqtt.topic import topic_matches, validate_topic_filter
@@ -43,8 +43,7 @@ class AclFileError(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(NamedTuple):
     access: Access
     filter: str
 

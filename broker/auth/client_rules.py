@@ -10,8 +10,7 @@ written `eq t/#` matches only that exact filter. The first rule that matches dec
 none does, the next source (the ACL file) is asked, as EMQX's client-info source passes on.
 """
 
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from broker.auth.acl import Access
 from broker.mqtt.topic import topic_matches
@@ -26,8 +25,7 @@ class ClientRulesError(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class ClientRule:
+class ClientRule(NamedTuple):
     allow: bool
     access: Access
     topic: str

@@ -11,7 +11,6 @@ is remembered as the service being unavailable.
 """
 
 import json
-from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from broker.auth.client_rules import ClientRule, ClientRulesError, parse_client_rules
@@ -19,8 +18,7 @@ from broker.auth.client_rules import ClientRule, ClientRulesError, parse_client_
 _MAX_ANSWER: Final = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class RequestTemplate:
+class RequestTemplate(NamedTuple):
     url: str
     method: str  # "post" or "get"
     headers: dict[str, str]

@@ -21,8 +21,7 @@ import binascii
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 # MQTT Authentication Method -> hashlib name (RFC 7677 and its SHA-512 sibling).
 METHODS: Final = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
@@ -40,8 +39,7 @@ class ScramError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Credential:
+class Credential(NamedTuple):
     salt: bytes
     iterations: int
     stored_key: bytes
@@ -58,8 +56,7 @@ def make_credential(password: bytes, algorithm: str, iterations: int = DEFAULT_I
                       hmac.digest(salted, b"Server Key", algorithm))
 
 
-@dataclass(frozen=True, slots=True)
-class ClientFirst:
+class ClientFirst(NamedTuple):
     gs2_header: str
     bare: str
     username: str

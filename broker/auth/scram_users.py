@@ -18,8 +18,7 @@ import base64
 import binascii
 import json
 import secrets
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from broker.auth.scram import MAX_ITERATIONS, METHODS, Credential, make_credential
 
@@ -31,8 +30,7 @@ class ScramFileError(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class ScramUser:
+class ScramUser(NamedTuple):
     user_id: str
     is_superuser: bool
     credentials: dict[str, Credential]  # hashlib name -> credential

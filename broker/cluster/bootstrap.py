@@ -24,8 +24,7 @@ sends it Raft traffic (a leader adding it as a learner, or the coordinator's cam
 promised to it); a blank node with a promise adopts only that promise's epoch.
 """
 
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 VOTER_CAP: Final = 5
 
@@ -34,8 +33,7 @@ PENDING: Final = "pending"
 UNKNOWN: Final = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
-class GroupRecord:
+class GroupRecord(NamedTuple):
     """This node is a member of the group incarnation `epoch`; `voters` are the initial
     voters it bootstraps with (empty when it adopted the group from a leader's traffic)."""
 
@@ -43,15 +41,13 @@ class GroupRecord:
     voters: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Promise:
+class Promise(NamedTuple):
     epoch: int
     coordinator: str
     voters: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):
     epoch: int
     voters: tuple[str, ...]
     peers: tuple[str, ...]  # every running peer: each must promise

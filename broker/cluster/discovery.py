@@ -16,9 +16,8 @@ would cost every other node a third of a second of start-up.
 import logging
 import os
 import ssl
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.config.loader import Config
 from broker.config.values import split_node_name
@@ -36,8 +35,7 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RPC_PORT_NAME = "rpc"
 
 
-@dataclass(frozen=True, slots=True)
-class Discovery:
+class Discovery(NamedTuple):
     strategy: str
     static_seeds: tuple[tuple[str, int | None], ...] = ()
     dns_name: str = ""
@@ -97,8 +95,7 @@ class Discovery:
         return sorted(addresses)
 
 
-@dataclass(frozen=True, slots=True)
-class K8sEndpoints:
+class K8sEndpoints(NamedTuple):
     """The peers in the Endpoints of `cluster.k8s.service_name`, as EMQX's `k8s` strategy
     finds them: every address of every subset, ready or not (a peer is not Ready before it
     has joined, so a Service without `publishNotReadyAddresses` still lists it under

@@ -33,10 +33,9 @@ import hmac
 import json
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import Enum
 from hashlib import sha256
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.cluster import versions
 from broker.cluster.versions import Speaks
@@ -47,8 +46,7 @@ REASONS = frozenset({"bad cookie", "cluster name mismatch", "version mismatch", 
                      versions.TOO_NEW})
 
 
-@dataclass(frozen=True, slots=True)
-class Identity:
+class Identity(NamedTuple):
     """Who a node is (its site ID, stable across restarts and pod IPs), where it listens, and
     which data dir it runs on (its incarnation: "" from a node that predates it)."""
 

@@ -14,25 +14,22 @@ upper case, a broker that made its own writes them in lower case.
 """
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class PlacementError(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
+class Target(NamedTuple):
     """What a group's leader steers towards: `voters` None leaves the choice to it."""
 
     voters: frozenset[str] | None = None
-    excluded: frozenset[str] = field(default_factory=frozenset)
+    excluded: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
     revision: int
     n_shards: int
     shards: dict[int, frozenset[str]]  # lower-case sites

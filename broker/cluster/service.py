@@ -15,7 +15,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,14 +44,17 @@ _DIAL_TIMEOUT: Final = 5.0
 Handler = Callable[[str, bytes], None]
 
 
-@dataclass(slots=True)
 class ClusterStats:
-    """Counters for /metrics; per-peer byte counts live on the links themselves."""
+    """Counters for /metrics; per-peer byte counts live on the links themselves. (A plain
+    class: a dataclass costs a start ~0.7 ms to build, issue 42.)"""
 
-    refused: dict[str, int] = field(default_factory=dict)
-    link_ups: dict[str, int] = field(default_factory=dict)
-    frames_dropped: int = 0
-    dial_failures: int = 0
+    __slots__ = ("dial_failures", "frames_dropped", "link_ups", "refused")
+
+    def __init__(self) -> None:
+        self.refused: dict[str, int] = {}
+        self.link_ups: dict[str, int] = {}
+        self.frames_dropped = 0
+        self.dial_failures = 0
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -216,7 +218,7 @@ class Cluster:
         )
         if self._port == 0:  # any free port (tests): advertise the one we got
             self._port = self._server.sockets[0].getsockname()[1]
-            self.me = self.membership.me = replace(self.me, port=self._port)
+            self.me = self.membership.me = self.me._replace(port=self._port)
         log.info("cluster %s: node %s, site %s", self.name, self.me.node, self.me.site)
         log.info("listener cluster on %s:%d", self._listen, self._port)
         self._task = asyncio.create_task(self._run())

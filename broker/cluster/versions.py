@@ -25,8 +25,7 @@ Cluster versions, and what each introduced:
 """
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from broker.version import RELEASE
 
@@ -49,8 +48,7 @@ TOO_NEW: Final = "too new"
 LEGACY_RELEASE: Final = "0.1.0"  # a peer that announces no release (RELEASES' first)
 
 
-@dataclass(frozen=True, slots=True)
-class Speaks:
+class Speaks(NamedTuple):
     """A node's release and the cluster versions its code can run."""
 
     release: str

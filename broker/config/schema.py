@@ -7,8 +7,7 @@ Names follow EMQX where EMQX has the setting, so EMQX users can carry their know
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.config.values import _string_items as string_items
 from broker.config.values import (
@@ -27,8 +26,7 @@ from broker.config.values import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Setting:
+class Setting(NamedTuple):
     key: str
     default: Any
     parse: Callable[[Any], Any]

@@ -5,12 +5,10 @@ offline `ctl ds info`, benchmarks, tests) can open a storage without a broker ar
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
+class Settings(NamedTuple):
     n_shards: int = 16
     replication_factor: int = 3
     wildcard_thresholds: tuple[int, ...] = (100, 10)

@@ -2,7 +2,6 @@
 retention are dropped first (and then nothing is refused if that is enough); still over, durable
 writes are refused (StorageRefused, reason db_storage_quota_exceeded) until it is back under."""
 
-import dataclasses
 
 import pytest
 
@@ -31,7 +30,7 @@ async def test_generations_past_retention_go_before_writes_are_refused(open_stor
     await _fill(storage, 50)
     await storage.seal()
     sealed_bytes = tree_bytes(storage.messages.path)
-    storage.settings = dataclasses.replace(storage.settings, storage_quota=sealed_bytes // 2)
+    storage.settings = storage.settings._replace(storage_quota=sealed_bytes // 2)
     events = _listen(storage)
     await storage.watch_space()
     assert [g["state"] for g in storage.info()["databases"][0]["shards"][0]["generations"]] \
@@ -51,7 +50,7 @@ async def test_over_the_quota_durable_writes_are_refused_until_back_under(
     with pytest.raises(StorageRefused, match="storage_quota") as refused:
         storage.store_batch(MESSAGES, [message("refused", payload=b"x")])
     assert refused.value.reason == QUOTA
-    storage.settings = dataclasses.replace(storage.settings, storage_quota=64 << 20)
+    storage.settings = storage.settings._replace(storage_quota=64 << 20)
     await storage.watch_space()
     assert events == [(QUOTA, True), (QUOTA, False)]
     await storage.store_batch(MESSAGES, [message("accepted", payload=b"x")])

@@ -24,8 +24,7 @@ Values are JSON, like every other record of the database.
 
 import struct
 import time
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from broker.ds import Stream
 from broker.session.durable.records import SEP, BatchRecord, dumps, loads
@@ -70,8 +69,7 @@ def shard_of_key(key: bytes) -> int:
     return _SHARD.unpack(key[-_SHARD.size:])[0]  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True, slots=True)
-class Owner:
+class Owner(NamedTuple):
     """Who reads a shard for the group. `client` is None when the shard is free."""
 
     client: str | None

@@ -20,8 +20,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from broker.ds import DurableStorage, now_us
 from broker.mqtt.constants import ReasonCode
@@ -45,8 +44,7 @@ class StreamError(ValueError):
         self.conflict = conflict
 
 
-@dataclass(frozen=True, slots=True)
-class StreamDef:
+class StreamDef(NamedTuple):
     name: str
     topic_filter: str
     since: int  # created at, microseconds: stored from then on
