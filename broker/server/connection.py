@@ -207,19 +207,25 @@ class Connection:
             self.fail(error)
         self._output.flush()
 
-    def hold_input(self, until: "asyncio.Task[None]") -> None:
+    def hold_input(self, until: "asyncio.Task[None] | None" = None) -> None:
         """The packet being handled finishes in later loop turns (a large SUBSCRIBE is
         applied in slices, a password is checked): the client's next packets wait for it,
         in order, and reading pauses once one arrives (most clients send nothing before
-        their CONNACK: a pause and a resume would cost them two epoll changes); a failure
-        of `until` ends the connection as a handler's would."""
-        self._held = []
-        until.add_done_callback(self._release_held)
+        their CONNACK: a pause and a resume would cost them two epoll changes). They wait
+        until `until` ends, or (None) until `release_input`; a held connection's task may
+        take the hold over. A failure ends the connection as a handler's would."""
+        if self._held is None:
+            self._held = []
+        if until is not None:
+            until.add_done_callback(self._release_held)
 
     def _release_held(self, until: "asyncio.Task[None]") -> None:
         # Retrieved first, also for a connection closed meanwhile: a task whose exception is
         # never read is logged by asyncio as an error with its traceback.
-        error = None if until.cancelled() else until.exception()
+        self.release_input(None if until.cancelled() else until.exception())
+
+    def release_input(self, error: BaseException | None) -> None:
+        """The held packet is done (`error`: it failed): the packets held behind it go on."""
         held, self._held = self._held or [], None
         if self.closed:
             return

@@ -12,8 +12,22 @@ from pathlib import Path
 import pytest
 
 from broker.mqtt.codec import encode
-from broker.mqtt.packets import Connect
+from broker.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+    Will,
+)
 from tests.integration.clients import PahoClient, unique, wait_until
+from tests.protocol.rawclient import RawClient
 from tests.support.broker_process import BrokerProcess
 
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -85,6 +99,55 @@ def test_connack_codes_for_good_bad_and_missing_credentials(
     assert broker.metric("mqtt_auth_failures_total", reason="anonymous") == 2
     log = broker.log_text()
     assert "wrong" not in log and "refused: BAD_USER_NAME_OR_PASSWORD" in log
+
+
+def _until_closed(raw: RawClient, *packets: Packet) -> list[Packet]:
+    """Sends `packets` in one write, so the broker reads them while the CONNECT's password
+    is still being checked, and returns all it answers until it closes."""
+    raw.send_raw(b"".join(encode(packet, raw.version) for packet in packets))
+    answers = []
+    while True:
+        try:
+            answers.append(raw.recv())
+        except (ConnectionError, OSError):
+            return answers
+
+
+def test_packets_behind_a_connect_wait_for_its_password_check(
+        secured: Callable[..., BrokerProcess]) -> None:
+    broker = secured()
+    topic = unique("held/t")
+    raw = RawClient(broker.tcp)
+    try:
+        answers = _until_closed(
+            raw, Connect(unique("held"), username="alice", password=b"wonder:land",
+                         will=Will("will/alice", b"gone")),
+            Subscribe(1, [Subscription(topic, 1)]), Publish(topic, b"m", 1, packet_id=2),
+            Pingreq(), Disconnect())
+    finally:
+        raw.close()
+    assert isinstance(answers[0], Connack) and answers[0].reason_code == 0
+    assert isinstance(answers[1], Suback) and answers[1].reason_codes == [1]
+    assert {type(a) for a in answers[2:4]} == {Puback, Publish}  # its own message back
+    assert isinstance(answers[4], Pingresp) and len(answers) == 5
+
+
+def test_a_refused_password_drops_the_packets_behind_it(
+        secured: Callable[..., BrokerProcess], clients: list[PahoClient]) -> None:
+    broker = secured()
+    watcher = _connect(clients, broker.tcp, "alice", "wonder:land")
+    watcher.subscribe("will/alice", qos=1)
+    raw = RawClient(broker.tcp)
+    try:
+        answers = _until_closed(
+            raw, Connect(unique("held"), username="alice", password=b"wrong"),
+            Publish("will/alice", b"never", 1, packet_id=1), Pingreq())
+    finally:
+        raw.close()
+    assert [(type(a), getattr(a, "reason_code", None)) for a in answers] == [(Connack, 0x86)]
+    watcher.publish("will/alice", "after", qos=1)  # after "never", had it been routed
+    assert [m.payload for m in watcher.wait_messages(1)] == [b"after"]
+    assert broker.metric("mqtt_auth_failures_total", reason="bad_password") == 1
 
 
 def _v3_return_code(port: int, fields: dict[str, object]) -> int:

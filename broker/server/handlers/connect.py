@@ -2,9 +2,12 @@
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from broker.auth.authorization import Verdict
+from broker.auth.security import Outcome
 from broker.mqtt.constants import MQTT_5, PropertyId, ReasonCode
 from broker.mqtt.errors import MQTTError, ProtocolError
 from broker.mqtt.packets import Connack, Connect
@@ -101,21 +104,67 @@ def handle_connect(conn: "Connection", packet: Connect) -> None:
 
 
 def proceed(conn: "Connection", accept: "Accept", authenticate: bool) -> None:
-    """CONNECT once the client is known, or with its password still to check."""
+    """CONNECT once the client is known, or with its credentials still to check."""
+    if authenticate:
+        security = conn.node.security
+        if not security.answers_now:  # the HTTP service is asked in a coroutine
+            _hold_for(conn, _accept_later(conn, accept, True))
+            return
+        packet = accept.packet
+        outcome = security.authenticate_now(conn.client_id, packet.username, packet.password,
+                                            partial(_checked, conn, accept))
+        if outcome is None:
+            # The password is checked off the loop: the client's next packets wait, in
+            # order, for the CONNACK (`hold_input`) and `_checked` goes on.
+            conn.hold_input()
+            return
+        if not _authenticated(conn, outcome):
+            return
+    _admit(conn, accept)
+
+
+def _checked(conn: "Connection", accept: "Accept", outcome: Outcome | BaseException) -> None:
+    """The password's answer, in the loop turn that brings it."""
+    error = None
+    try:
+        if isinstance(outcome, BaseException):
+            error = outcome
+        elif not conn.closed and _authenticated(conn, outcome) and _admit(conn, accept):
+            return  # a Task took the hold over
+    except Exception as exc:  # the connection ends as on a handler's failure
+        error = exc
+    conn.release_input(error)
+
+
+def _authenticated(conn: "Connection", outcome: Outcome) -> bool:
+    if outcome.code != ReasonCode.SUCCESS:
+        log.info("CONNECT of %s (user %s) from %s refused: %s", conn.client_id,
+                 conn.username, conn.peer, outcome.code.name)
+        _refuse(conn, outcome.code)
+        return False
+    apply_outcome(conn, outcome)
+    return True
+
+
+def _admit(conn: "Connection", accept: "Accept") -> bool:
+    """The authenticated CONNECT: its will authorized, its client ID claimed, then the
+    CONNACK, at once unless other nodes or the HTTP authorization service are to be asked.
+    True: a Task goes on, holding the client's next packets (`hold_input`)."""
     takeover = conn.node.takeover
     claim = takeover is not None and takeover.needed()
-    will = None if authenticate or claim else _will_now(conn)
+    will = None if claim else _will_now(conn)
     if will is None:
-        # A password to check off the loop, other nodes that may hold the ID, or the HTTP
-        # authorization service to ask about the will: the client's next packets wait, in
-        # order, for the CONNACK (`hold_input`).
-        conn.hold_input(asyncio.get_running_loop().create_task(
-            _accept_later(conn, accept, authenticate, claim)))
-        return
+        _hold_for(conn, _accept_later(conn, accept, False))
+        return True
     if takeover is not None:
         conn.claim_stamp = takeover.stamp()
     if _will_allowed(conn, will):
         _open(conn, accept)
+    return False
+
+
+def _hold_for(conn: "Connection", rest: Coroutine[Any, Any, None]) -> None:
+    conn.hold_input(asyncio.get_running_loop().create_task(rest))
 
 
 class Accept:
@@ -134,19 +183,13 @@ class Accept:
         self.assigned = assigned
 
 
-async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
-                        claim: bool) -> None:
+async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool) -> None:
     packet = accept.packet
     if authenticate:
         verdict = await conn.node.security.authenticate(conn.client_id, packet.username,
                                                         packet.password, lambda: conn.peer)
-        if conn.closed:
+        if conn.closed or not _authenticated(conn, verdict):
             return
-        if verdict.code != ReasonCode.SUCCESS:
-            log.info("CONNECT of %s (user %s) from %s refused: %s", conn.client_id,
-                     packet.username, conn.peer, verdict.code.name)
-            return _refuse(conn, verdict.code)
-        apply_outcome(conn, verdict)
     will = _will_now(conn)
     if will is None:
         assert conn.will is not None
@@ -155,7 +198,7 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool,
     if conn.closed or not _will_allowed(conn, will):
         return
     takeover = conn.node.takeover
-    if not claim or takeover is None:
+    if takeover is None or not takeover.needed():
         if takeover is not None:
             conn.claim_stamp = takeover.stamp()
         return _open(conn, accept)
