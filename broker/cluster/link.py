@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Final, Protocol, cast
 
-from broker.cluster.frames import Channel, FrameDecoder, FrameError, encode_frame
+from broker.cluster.frames import Channel, FrameDecoder, FrameError, encode_frame, frame_head
 from broker.cluster.handshake import Handshake, Identity, Refused, Role
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,9 @@ class PeerLink(asyncio.Protocol):
         (or at the sender's `flush`)."""
         if self.closed or not self.established:
             return
-        self._out.append(encode_frame(channel, payload))
+        # Header and payload apart: the flush's join copies them once (a snapshot chunk's
+        # MiB was copied into its frame first).
+        self._out += (frame_head(channel, len(payload)), payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)

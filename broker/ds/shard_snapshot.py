@@ -7,7 +7,7 @@ back by an install (the format: broker/ds/replication_shard.py's docstring).
 import shutil
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -26,42 +26,100 @@ from broker.raft.spool import FILE_BUFFER, DumpStopped, Insert, Splice
 _RECORD: Final = struct.Struct(">BI")
 SLAB: Final = struct.Struct(">QQQ")
 _U32: Final = struct.Struct(">I")
+_PAIR_HEAD: Final = struct.Struct(">BII")  # a pair record's head and its key's length
 SLAB_RECORD: Final = 1
 PAIR_RECORD: Final = 2
+
+# (kind, data, start, stop): a whole record whose body is data[start:stop]
+Take = Callable[[int, bytes, int, int], None]
 
 
 def _record(kind: int, data: bytes) -> bytes:
     return _RECORD.pack(kind, len(data)) + data
 
 
-def _pair(key: bytes, value: bytes) -> bytes:
-    return _record(PAIR_RECORD, _U32.pack(len(key)) + key + value)
+class Framing:
+    """The one reader of the record framing: records in pieces cut anywhere (a transfer's
+    chunks, a file's reads) handed whole to `take` where they lie in the piece; only a
+    record a piece's end cuts is put together (copying every byte into a buffer first, then
+    out of it, cost the receiver's writer thread a copy of each chunk and a move of its
+    rest)."""
+
+    def __init__(self, take: Take) -> None:
+        self._take = take
+        self._cut = bytearray()  # a record's start that the last piece's end cut off
+        self._whole = 0  # that record's size, once its head is in `_cut` (0: not yet)
+
+    def feed(self, data: bytes) -> None:
+        at = 0
+        size = len(data)
+        if self._cut:
+            at = self._join(data)
+            if at < 0:
+                return
+        take = self._take
+        while size - at >= _RECORD.size:
+            kind, length = _RECORD.unpack_from(data, at)
+            stop = at + _RECORD.size + length
+            if stop > size:
+                break
+            take(kind, data, at + _RECORD.size, stop)
+            at = stop
+        if at < size:
+            self._cut += data[at:]
+            self._whole = 0
+
+    def _join(self, data: bytes) -> int:
+        """The cut record completed from `data`'s start and handed over: returns where in
+        `data` the next one starts (-1: `data` ends before the record does)."""
+        cut = self._cut
+        at = 0
+        if not self._whole:
+            if len(cut) < _RECORD.size:
+                at = _RECORD.size - len(cut)
+                cut += data[:at]
+                if len(cut) < _RECORD.size:
+                    return -1
+            self._whole = _RECORD.size + _RECORD.unpack_from(cut)[1]
+        rest = self._whole - len(cut)
+        if rest > len(data) - at:
+            cut += data[at:]
+            return -1
+        cut += data[at:at + rest]
+        record = bytes(cut)
+        cut.clear()
+        self._whole = 0
+        self._take(record[0], record, _RECORD.size, len(record))
+        return at + rest
+
+    def end(self) -> None:
+        """Raises BadCommand if the stream ended inside a record."""
+        if self._cut:
+            raise BadCommand("a snapshot cut short in a record")
 
 
-def records(path: Path) -> Iterator[tuple[int, bytes]]:
-    with path.open("rb", buffering=FILE_BUFFER) as file:
-        while head := file.read(_RECORD.size):
-            if len(head) < _RECORD.size:
-                raise BadCommand("a snapshot cut short in a record's head")
-            kind, length = _RECORD.unpack(head)
-            body = file.read(length)
-            if len(body) < length:
-                raise BadCommand("a snapshot cut short in a record")
-            yield kind, body
-
-
-def split_pair(body: bytes | memoryview) -> tuple[bytes, bytes]:
-    """A pair record's key and value (as bytes: `bytes` of a bytes slice copies nothing)."""
-    (klen,) = _U32.unpack_from(body)
-    return bytes(body[4:4 + klen]), bytes(body[4 + klen:])
+def split_pair(data: bytes, start: int, stop: int) -> tuple[bytes, bytes]:
+    """A pair record's key and value, its body data[start:stop]."""
+    (klen,) = _U32.unpack_from(data, start)
+    return data[start + 4:start + 4 + klen], data[start + 4 + klen:stop]
 
 
 def pairs(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """The key/value pairs of a sessions snapshot, read as they are consumed (a generator
     function: mypyc makes a list of a generator expression passed as an argument)."""
-    for kind, body in records(path):
+    read: list[tuple[bytes, bytes]] = []
+
+    def take(kind: int, data: bytes, start: int, stop: int) -> None:
         if kind == PAIR_RECORD:
-            yield split_pair(body)
+            read.append(split_pair(data, start, stop))
+
+    framing = Framing(take)
+    with path.open("rb", buffering=0) as file:
+        while piece := file.read(FILE_BUFFER):
+            framing.feed(piece)
+            yield from read
+            read.clear()
+    framing.end()
 
 
 class SlabBuilder:
@@ -78,29 +136,18 @@ class SlabBuilder:
         self._compression = compression
         shutil.rmtree(directory, ignore_errors=True)  # an earlier transfer's
         directory.mkdir(parents=True)
-        self._buffer = bytearray()  # a record not whole yet
+        self._framing = Framing(self._record)
         self._batches: Batches | None = None  # the open slab's
         self._path = directory  # the open slab's
         self._checkpoint: bytes | None = None  # the last slab's (the current one)
         self._sealed: list[tuple[Path, int, int]] = []
 
-    def feed(self, data: bytes | memoryview) -> None:
-        buffer = self._buffer
-        buffer += data
-        at, end = 0, len(buffer)
-        with memoryview(buffer) as view:
-            while end - at >= _RECORD.size:
-                kind, length = _RECORD.unpack_from(view, at)
-                stop = at + _RECORD.size + length
-                if stop > end:
-                    break
-                self._record(kind, view, at + _RECORD.size, stop)
-                at = stop
-        del buffer[:at]
+    def feed(self, data: bytes) -> None:
+        self._framing.feed(data)
 
-    def _record(self, kind: int, view: memoryview, at: int, stop: int) -> None:
+    def _record(self, kind: int, data: bytes, start: int, stop: int) -> None:
         if kind == PAIR_RECORD and self._batches is not None:
-            key, value = split_pair(view[at:stop])
+            key, value = split_pair(data, start, stop)
             self._batches.put(key, value)
             if key == CHECKPOINT_KEY:
                 self._checkpoint = value
@@ -108,7 +155,7 @@ class SlabBuilder:
             if self._batches is not None:
                 self._written([])
             self._checkpoint = None
-            generation, _created, sealed_at = SLAB.unpack_from(view, at)
+            generation, _created, sealed_at = SLAB.unpack_from(data, start)
             self._path = generation_dir(self.directory, generation)
             self._batches = Batches(plyvel.DB(str(self._path), create_if_missing=True,
                                               compression=self._compression,
@@ -122,8 +169,7 @@ class SlabBuilder:
                ) -> None:
         """The last slab's checkpoint (at `index`, `term`) and `last` written, every slab
         closed, the sealed ones sealed."""
-        if self._buffer:
-            raise BadCommand("a snapshot cut short in a record")
+        self._framing.end()
         if self._batches is None:  # a shard always has a current generation
             raise BadCommand("a shard snapshot without a generation")
         self._written([(CHECKPOINT_KEY, checkpoint_at(self._checkpoint, index, term)), *last])
@@ -190,11 +236,22 @@ def write_slabs_and_files(file: IO[bytes], stop: threading.Event, splice: Splice
 
 def write_pairs(file: IO[bytes], stop: threading.Event, items: Any,
                  skip: frozenset[bytes] = frozenset()) -> None:
+    """The pairs as records, gathered FILE_BUFFER at a time (a record and its head made and
+    joined as bytes objects per pair, then copied into the file's buffer, held the leader's
+    interpreter lock three times as long as the loop's chunks wait for it)."""
+    out = bytearray()
+    pack = _PAIR_HEAD.pack
     try:
         for n, (key, value) in enumerate(items):
             if not n % 1024 and stop.is_set():
                 raise DumpStopped
             if key not in skip:
-                file.write(_pair(key, value))
+                out += pack(PAIR_RECORD, _U32.size + len(key) + len(value), len(key))
+                out += key
+                out += value
+                if len(out) >= FILE_BUFFER:
+                    file.write(out)
+                    out.clear()
+        file.write(out)
     finally:
         items.close()

@@ -72,7 +72,7 @@ class Records(Protocol):
     """What takes a version 2 stream's records, in pieces cut anywhere, on the receiver's
     writer thread (blocking)."""
 
-    def feed(self, data: bytes | memoryview) -> None: ...
+    def feed(self, data: bytes) -> None: ...
 
     def close(self) -> None:
         """Given up (the transfer starts over, or the receiver closes): what it wrote goes."""
@@ -188,7 +188,7 @@ class _Writer:
     def discard(self, part: Path) -> None:
         self._submit(self._discard, part)
 
-    def records(self, records: Records, data: memoryview) -> None:
+    def records(self, records: Records, data: bytes) -> None:
         self._submit(records.feed, data, size=len(data))
         while self._queued > _WRITE_AHEAD:
             self._settle(self._jobs[0])
@@ -324,8 +324,9 @@ class Receiver(Generic[R]):
                     break  # the rest comes with the next chunk
                 resume = self._complete(offset + i)
             elif self._mode == _REST:
-                # The records, after the files: built into slabs as they come.
-                self._writer.records(self.records, view[i:])
+                # The records, after the files: built into slabs as they come, from the
+                # chunk itself (cut from it where they lie) but in the one chunk they start.
+                self._writer.records(self.records, data[i:] if i else data)
                 break
             else:
                 take = min(self._remaining, len(view) - i)

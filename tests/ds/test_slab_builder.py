@@ -46,7 +46,7 @@ def test_records_cut_anywhere_build_the_same_slab(tmp_path: Path) -> None:
     at = 0
     while at < len(data):  # pieces of 1 to 700 bytes: heads and pairs split anywhere
         step = rng.randint(1, 700)
-        builder.feed(memoryview(data)[at:at + step])
+        builder.feed(data[at:at + step])
         at += step
     builder.finish(0, 42, 3, [(b"last", b"meta")])
     slab = built(builder.directory)
