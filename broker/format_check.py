@@ -20,7 +20,7 @@ from typing import Any, Final, NamedTuple
 
 from broker.cluster import versions as cluster_versions
 from broker.config.loader import Config
-from broker.ds.files import write_atomically
+from broker.ds.files import write_all_atomically, write_atomically
 from broker.formats import (
     DATA_DIR,
     STAMP,
@@ -71,16 +71,19 @@ def inspect(data_dir: Path, wal_dir: Path) -> list[Found]:
 def upgrade(data_dir: Path, wal_dir: Path, found: list[Found]) -> list[tuple[Path, str]]:
     """Brings every tree older than this release up to it (stamps it); returns what it did
     (stamp, formats), for the log. `found` is what `inspect` answered."""
-    done = []
+    done, stamps = [], {}
     for tree, root in ((DATA_DIR, data_dir), (WAL_DIR, wal_dir)):
         old = [item for item in found if item.fmt.tree == tree
                and item.version < item.fmt.version]
         if not old:
             continue
         root.mkdir(parents=True, exist_ok=True)
-        _write_stamp(root / STAMP, {**stamp_of(tree), **_cluster_entry(root / STAMP)})
+        stamps[root / STAMP] = _stamp_bytes({**stamp_of(tree), **_cluster_entry(root / STAMP)})
         done.append((root / STAMP, ", ".join(
             f"{item.fmt.name} {item.version}->{item.fmt.version}" for item in old)))
+    # Both trees' stamps side by side (the first start of a node writes both): each is
+    # whole or absent after a crash, and a tree left unstamped is stamped at the next start.
+    write_all_atomically(stamps)
     return done
 
 
@@ -103,7 +106,7 @@ def record_cluster_version(data_dir: Path, version: int) -> None:
     if doc.get("cluster", {}).get("version", 0) >= version:
         return
     doc["cluster"] = {"version": version, "run_by": cluster_versions.RUN_BY[version]}
-    _write_stamp(path, doc)
+    write_atomically(path, _stamp_bytes(doc))
 
 
 def _cluster_entry(path: Path) -> dict[str, Any]:
@@ -115,8 +118,8 @@ def _cluster_entry(path: Path) -> dict[str, Any]:
     return {"cluster": cluster} if cluster is not None else {}
 
 
-def _write_stamp(path: Path, doc: dict[str, Any]) -> None:
-    write_atomically(path, json.dumps(doc, indent=1).encode())
+def _stamp_bytes(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, indent=1).encode()
 
 
 def trees(config: Config) -> tuple[Path, Path]:

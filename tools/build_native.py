@@ -34,7 +34,7 @@ GROUP = "broker.native_lib"
 MODULES = (
     "broker/mqtt/codec.py", "broker/mqtt/constants.py", "broker/mqtt/decode.py",
     "broker/mqtt/encode.py", "broker/mqtt/packets.py", "broker/mqtt/properties.py",
-    "broker/mqtt/topic.py",
+    "broker/mqtt/record.py", "broker/mqtt/topic.py",
     "broker/ds/buffer.py", "broker/ds/bulk.py", "broker/ds/cook.py", "broker/ds/db.py",
     "broker/ds/iterator.py",
     "broker/ds/keys.py", "broker/ds/kv.py", "broker/ds/lts.py", "broker/ds/recent.py",

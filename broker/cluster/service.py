@@ -15,6 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -97,13 +98,17 @@ class Cluster:
         self._dir = data_dir / "cluster"
         self._clock = clock
         self.name: str = config["cluster.name"]
-        self._cookie = load_cookie(config, self._dir)
         self._listen: str = config["rpc.listen_address"]
         port: int = config["rpc.tcp_server_port"]
         node_name: str = config["node.name"]
         host, _ = split_node_name(node_name)
-        self.me = Identity(ensure_site_id(data_dir / "ds", config["node.site_id"]), node_name,
-                           host, port, ensure_incarnation(data_dir / "ds"))
+        # The cookie on a thread meanwhile: at first start each file is an atomic write,
+        # two fsyncs that need not wait for the other file's.
+        with ThreadPoolExecutor(1, thread_name_prefix="cookie") as making:
+            cookie = making.submit(load_cookie, config, self._dir)
+            self.me = Identity(ensure_site_id(data_dir / "ds", config["node.site_id"]),
+                               node_name, host, port, ensure_incarnation(data_dir / "ds"))
+        self._cookie = cookie.result()
         self._port = port
         self.ticktime: float = config["node.dist_net_ticktime"]
         self.autoclean: float = config["cluster.autoclean"]

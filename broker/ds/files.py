@@ -38,6 +38,8 @@ def _fsync_path(path: Path) -> None:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
+    """Blocking: `path` holds `data`, old or new after a crash, never part of it: a
+    temporary file, fsync'd, renamed over it, and the rename fsync'd."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
@@ -45,6 +47,16 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_all_atomically(files: dict[Path, bytes]) -> None:
+    """Blocking: `write_atomically` of every file, side by side: each write waits on two
+    fsyncs (1-8 ms each on a busy disk), and a start on an empty data dir writes several
+    small files before its first client, which need not wait for one another's. Each file
+    is whole or absent after a crash; which of them were written is not ordered."""
+    with ThreadPoolExecutor(max(1, len(files)), thread_name_prefix="write") as pool:
+        for _ in pool.map(write_atomically, files, files.values()):
+            pass
 
 
 def staging(path: Path) -> Path:

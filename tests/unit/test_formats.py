@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import format_check
 from broker.cli import main as broker_main
 from broker.cluster import versions
+from broker.ds import files
 from broker.format_check import FormatRefused, inspect, record_cluster_version, upgrade
 from broker.formats import (
     BY_NAME,
@@ -153,24 +153,25 @@ def test_a_last_segment_cut_short_at_creation_is_left_to_recovery(tmp_path: Path
 
 def test_an_upgrade_cut_short_after_its_first_stamp_finishes_at_the_next_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A crash between the two stamps (and with a stamp's temporary file half written)."""
+    """A crash between the two stamps (and with a stamp's temporary file half written):
+    the data dir's written, the write-ahead log's not (they are written side by side)."""
     data_dir, wal_dir = _trees(tmp_path)
     _segments(wal_dir, b"RAFTWAL1")
     written: list[Path] = []
-    real = format_check.write_atomically
+    real = files.write_atomically
 
-    def crash_after_first(path: Path, data: bytes) -> None:
-        if written:
+    def crash_on_the_wal_stamp(path: Path, data: bytes) -> None:
+        if path == wal_dir / STAMP:
             path.with_name(path.name + ".tmp").write_bytes(data[:10])
             raise SystemExit("killed")
         written.append(path)
         real(path, data)
 
-    monkeypatch.setattr(format_check, "write_atomically", crash_after_first)
+    monkeypatch.setattr(files, "write_atomically", crash_on_the_wal_stamp)
     with pytest.raises(SystemExit):
         _open(tmp_path)
     assert written == [data_dir / STAMP] and not (wal_dir / STAMP).exists()
-    monkeypatch.setattr(format_check, "write_atomically", real)
+    monkeypatch.setattr(files, "write_atomically", real)
     assert [stamp for stamp, _ in _open(tmp_path)] == [wal_dir / STAMP]
     assert {item.version for item in inspect(data_dir, wal_dir)} == {1}
     assert not (wal_dir / (STAMP + ".tmp")).exists()
