@@ -25,7 +25,7 @@ every run whatever the concurrency did with the others: a finding names (S, N) a
 import base64
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from broker.mqtt.codec import encode, encode_properties, encode_varint
@@ -51,6 +51,7 @@ from broker.mqtt.packets import (
     Will,
 )
 from broker.mqtt.properties import decode_varint
+from broker.mqtt.record import replaced
 
 # Topics and filters stay in a small vocabulary so that subscribers and publishers of
 # different conversations meet, and retained messages and durable subscriptions stay
@@ -441,7 +442,7 @@ def _with_property_block(packet: Packet, block: bytes) -> bytes:
     """`packet` (v5) encoded with `block` as its property block. The encoder would not
     write a broken block, and leaves out an empty one (DISCONNECT, AUTH): so the packet is
     encoded with a marker block, which is then replaced."""
-    marked = encode(replace(packet, properties=_MARK), MQTT_5)  # type: ignore[type-var]
+    marked = encode(replaced(packet, properties=_MARK), MQTT_5)
     _, start = decode_varint(marked, 1, len(marked))
     at = marked.index(_MARK_BLOCK, start)
     body = marked[start:at] + block + marked[at + len(_MARK_BLOCK) :]

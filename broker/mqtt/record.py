@@ -11,7 +11,9 @@ from it natively; in broker/mqtt, which imports nothing else of the broker, so t
 packets can use it (Raft's messages do too).
 """
 
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
+
+R = TypeVar("R", bound="Record")
 
 
 class Record:
@@ -28,3 +30,11 @@ class Record:
         fields = ", ".join(f"{name}={getattr(self, name)!r}"
                            for name in type(self).__match_args__)
         return f"{type(self).__qualname__}({fields})"
+
+
+def replaced(record: R, **changes: Any) -> R:
+    """A copy of `record` with `changes`, as `dataclasses.replace` makes one (the fuzzer
+    marks packets' properties so). Every record's `__init__` takes its fields by name."""
+    fields = {name: getattr(record, name) for name in type(record).__match_args__}
+    fields.update(changes)
+    return type(record)(**fields)

@@ -3,7 +3,6 @@ fire, under the seeded mutator here and under atheris as `make fuzz` runs it."""
 
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from broker.mqtt.codec import Decoder, encode
 from broker.mqtt.constants import MQTT_5
 from broker.mqtt.constants import PropertyId as P
 from broker.mqtt.packets import Packet, Publish
+from broker.mqtt.record import replaced
 from fuzz.decoder import Finding, check, header, mutator
 
 SEED = 20261124
@@ -55,7 +55,7 @@ def test_a_lossy_round_trip_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> Non
     """An encoder that dropped properties would lose a retained message's or a will's."""
     def lossy(packet: Packet, version: int) -> bytes:
         if isinstance(packet, Publish):
-            packet = replace(packet, properties={})
+            packet = replaced(packet, properties={})
         return encode(packet, version)
 
     monkeypatch.setattr(fuzz.decoder, "encode", lossy)
