@@ -390,8 +390,7 @@ class Security:
     def save_scram_users(self, users: dict[str, ScramUser]) -> None:
         """The HTTP API's change: written (atomically, 0600) and in force at once."""
         path = Path(self._scram_path)
-        write_atomically(path, dump_scram_file(users).encode())
-        path.chmod(0o600)
+        write_atomically(path, dump_scram_file(users).encode(), 0o600)
         self.scram_users = users
         self._signatures[self._scram_path] = _signature(self._scram_path)
 

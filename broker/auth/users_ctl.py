@@ -28,8 +28,7 @@ def users_command(args: argparse.Namespace) -> int:
         # Here: its package (Durable Storage) is not what other `broker ctl` commands wait for.
         from broker.ds.files import write_atomically
 
-        write_atomically(path, changed.encode())
-        path.chmod(0o600)
+        write_atomically(path, changed.encode(), 0o600)
     except (OSError, PasswordFileError, ScramFileError) as error:
         print(f"broker ctl users: {error}", file=sys.stderr)
         return 1

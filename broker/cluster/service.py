@@ -85,8 +85,7 @@ def load_cookie(config: Config, cluster_dir: Path) -> str:
     except FileNotFoundError:
         cookie = secrets.token_hex(32)
         cluster_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, cookie.encode() + b"\n")
-        path.chmod(0o600)
+        write_atomically(path, cookie.encode() + b"\n", 0o600)
         log.info("node.cookie not set: made a random one in %s (a node joins only peers"
                  " given the same cookie)", path)
         return cookie

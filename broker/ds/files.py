@@ -37,11 +37,15 @@ def _fsync_path(path: Path) -> None:
         os.close(handle)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, mode: int = 0o666) -> None:
     """Blocking: `path` holds `data`, old or new after a crash, never part of it: a
-    temporary file, fsync'd, renamed over it, and the rename fsync'd."""
+    temporary file, fsync'd, renamed over it, and the rename fsync'd. The temporary file is
+    made with `mode` (less the umask), so that a secret's (0o600) is never readable by
+    others, not even until a chmod; one an earlier crash left goes first, as its mode
+    would stay."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    tmp.unlink(missing_ok=True)
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

@@ -2,6 +2,8 @@
 neither the config file nor the command line; a configured file that is missing or empty
 stops the start instead of leaving the node alone with a random cookie."""
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 
 from broker.cluster.service import load_cookie
 from broker.config.loader import Config, load_config
+from broker.ds import files
 
 
 def config(tmp_path: Path, *overrides: str) -> Config:
@@ -62,3 +65,35 @@ def test_broker_run_refuses_to_start_naming_the_setting(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert f"cannot start: [Errno 2] node.cookie_file: No such file or directory: '{missing}'" \
         in done.stderr
+
+
+def test_a_made_cookie_is_never_readable_by_others(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written with mode 0600 from its creation: a chmod after the write left a moment where
+    others could read it. Each file is looked at when it is synced (before its rename),
+    with a umask that masks nothing, and a temporary file an earlier crash left
+    world-readable does not lend the cookie its mode."""
+    cluster_dir = tmp_path / "data" / "cluster"
+    cluster_dir.mkdir(parents=True)
+    stale = cluster_dir / "cookie.tmp"
+    stale.write_text("left by a crash")
+    stale.chmod(0o666)
+    modes: list[int] = []
+    sync = os.fsync
+
+    def looked_at(fd: int) -> None:
+        st_mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(st_mode):  # (not the directories, synced after renames)
+            modes.append(stat.S_IMODE(st_mode))
+        sync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", looked_at)
+    old = os.umask(0)
+    try:
+        load_cookie(config(tmp_path), cluster_dir)
+    finally:
+        os.umask(old)
+    made = list(cluster_dir.iterdir())
+    assert [path.name for path in made] == ["cookie"]
+    assert stat.S_IMODE(made[0].stat().st_mode) == 0o600
+    assert modes == [0o600]
