@@ -118,15 +118,22 @@ class SocketBody:
         self._sock.close()
 
 
-def socket_fd(transport: object) -> int | None:
-    """The descriptor of the plain socket under an asyncio transport whose write buffer is
-    empty (what it was given is sent: the thread's bytes go after it), or None: a TLS
-    connection, or one the loop still writes to."""
+def plain_socket(transport: object) -> socket.socket | None:
+    """The plain stream socket under an asyncio transport (asyncio's or uvloop's), or None:
+    a TLS connection (whose bytes only the loop's TLS layer can read and write)."""
     get = getattr(transport, "get_extra_info", None)
     if get is None or get("sslcontext") is not None or get("ssl_object") is not None:
         return None
     sock = get("socket")
+    return sock if sock is not None and sock.type == socket.SOCK_STREAM else None
+
+
+def socket_fd(transport: object) -> int | None:
+    """The descriptor of the plain socket under an asyncio transport whose write buffer is
+    empty (what it was given is sent: the thread's bytes go after it), or None: a TLS
+    connection, or one the loop still writes to."""
+    sock = plain_socket(transport)
     size = getattr(transport, "get_write_buffer_size", None)
-    if sock is None or size is None or size() or sock.type != socket.SOCK_STREAM:
+    if sock is None or size is None or size():
         return None
     return int(sock.fileno())

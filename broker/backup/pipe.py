@@ -1,8 +1,9 @@
 """An archive arriving over HTTP, read by the import's thread as it arrives (issue 39): the
 upload is no longer written to a file and read back before it is unpacked.
 
-The event loop `put`s the body's pieces (waiting while LIMIT bytes are unread: the socket's
-backpressure reaches the client); the thread `open`s it as a file: reads block until the
+The event loop `put`s the body's pieces, or a thread reading the socket `give`s them
+(upload.py), either waiting while LIMIT bytes are unread: the socket's backpressure reaches
+the client; the import's thread `open`s it as a file: reads block until the
 bytes they ask for are there (or the body ended), as a file's do, so `tarfile` reads it as
 one, whose seeks (forward only, to where it reads next) skip. An import reads an archive
 twice: its manifest (restore.check), then all of it; the first opening's bytes are kept
@@ -50,6 +51,19 @@ class Pipe:
                 self._waiting = True
             await self._room.wait()
 
+    # ---- the socket's thread's side (upload.py) ---------------------------------------
+    def give(self, piece: bytes) -> None:
+        """Blocking `put`: returns once fewer than LIMIT bytes are unread (or the reader is
+        gone)."""
+        with self._ready:
+            if self._closed:
+                return
+            self._pieces.append(piece)
+            self._unread += len(piece)
+            self._ready.notify_all()
+            while self._unread >= LIMIT and not self._closed:
+                self._ready.wait()
+
     def end(self) -> None:
         """The body ended (or the import stopped): reads past what came return b""."""
         with self._ready:
@@ -62,6 +76,7 @@ class Pipe:
             self._closed = True
             self._pieces.clear()
             self._at = self._unread = 0
+            self._ready.notify_all()  # (a `give` waiting for room)
         self._room.set()
 
     # ---- the thread's side ------------------------------------------------------------
@@ -86,13 +101,28 @@ class Pipe:
                     self._at = 0
                 size -= len(parts[-1])
                 self._unread -= len(parts[-1])
-            if self._waiting and self._unread < LIMIT:
-                self._waiting = False
-                self._loop.call_soon_threadsafe(self._room.set)
+            if self._unread < LIMIT:
+                self._ready.notify_all()  # (a `give` waiting for room)
+                if self._waiting:
+                    self._waiting = False
+                    self._loop.call_soon_threadsafe(self._room.set)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         if keep and self._kept is not None:
             self._kept += data
         return data
+
+    def peek(self, size: int) -> bytes:
+        """Blocking, before anything is taken: the body's first `size` bytes (fewer if it is
+        shorter), left in the pipe."""
+        with self._ready:
+            while sum(map(len, self._pieces)) < size and not self._ended:
+                self._ready.wait()
+            head = b""
+            for piece in self._pieces:
+                head += piece[:size - len(head)]
+                if len(head) == size:
+                    break
+            return head
 
     def open(self, mode: str = "rb") -> "_Reader":
         """The archive from its start, as a file: twice at most (see the module docstring)."""

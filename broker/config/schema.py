@@ -192,8 +192,9 @@ SETTINGS: tuple[Setting, ...] = (
             "HTTP API (`/api/v5/...`) and Prometheus `/metrics`. `off` disables it."),
     Setting("dashboard.listeners.http.header_timeout", "10s", parse_duration,
             "Time an HTTP connection may take to send a request's headers: the first from"
-            " connecting, a later one from the previous response (keep-alive). 0: no bound on"
-            " the first, no keep-alive."),
+            " connecting, a later one from the previous response (keep-alive); and the"
+            " longest an import's upload may go without a byte. 0: no bound on the first or"
+            " on an upload, no keep-alive."),
     Setting("dashboard.default_username", "admin", parse_str,
             "User name of the web dashboard at `/` (EMQX's key); an API key's name and secret"
             " log in too, with the key's role."),

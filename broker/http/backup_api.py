@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from aiohttp import BodyPartReader, web
 
-from broker.backup.archive import CHUNK, BadArchive
+from broker.backup.archive import CHUNK, BadArchive, Opens
 from broker.backup.body import Body, SocketBody, socket_fd
 from broker.backup.collect import ExportFailed, Replicated
 from broker.backup.export import export
@@ -34,10 +34,12 @@ from broker.backup.manifest import parse_time
 from broker.backup.pipe import Pipe
 from broker.backup.restore import ImportRefused, Target, import_online
 from broker.http.common import NODE_KEY
+from broker.http.request_body import Received, feed
 
 GROUPS_KEY: Final = web.AppKey("backup_groups", object)
 _LOAD_REFUSAL_KEY: Final = web.AppKey("backup_load_refusal", object)
 _BUSY_KEY: Final = web.AppKey("backup_busy", asyncio.Lock)
+_IDLE_KEY: Final = web.AppKey("backup_upload_idle_s", float)
 _STATUS: Final = {"NOT_EMPTY": 409, "BAD_ARCHIVE": 400, "UNAVAILABLE": 503,
                    "CLUSTER_VERSION": 409}
 MANIFEST_HEADER: Final = "X-Backup-Manifest-Sha256"
@@ -139,55 +141,69 @@ async def import_data(request: web.Request) -> web.Response:
                         node.restore_durable_sessions, _groups(request),  # type: ignore[arg-type]
                         request.app[_LOAD_REFUSAL_KEY])  # type: ignore[arg-type]
         stem = node.ds.root / f"import-{os.getpid()}"
+        closes = [False]  # a thread read the body: aiohttp's parser did not see it end
         try:
             if request.content_type.startswith("multipart/"):
                 names = await _receive(request, stem, uploads)
                 counts = await import_online(uploads, target, names)
             else:
-                # Pieces as the socket gave them (no join into larger ones on the loop:
-                # the import's thread reads a member's data a piece at a time, pipe.py).
-                counts = await _import_one(request.content.iter_any(), stem, uploads, target)
+                counts = await _import_one(request, stem, uploads, target, closes)
+            response = web.json_response({"restored": counts})
         except ImportRefused as refused:
-            return _error(_STATUS[refused.code], refused.code, str(refused))
+            response = _error(_STATUS[refused.code], refused.code, str(refused))
         finally:
             for upload in uploads:
                 with contextlib.suppress(FileNotFoundError):
                     upload.unlink()
-    return web.json_response({"restored": counts})
+    if closes[0]:
+        response.force_close()
+    return response
 
 
-async def _import_one(chunks: AsyncIterator[bytes], stem: Path, uploads: list[Path],
-                      target: Target) -> dict[str, int]:
+async def _import_one(request: web.Request, stem: Path, uploads: list[Path], target: Target,
+                      closes: list[bool]) -> dict[str, int]:
     """One archive, unpacked as it arrives (pipe.py: no copy of it on disk first); one
-    gzip-compressed (its first bytes say) to a file first, which tarfile reads as one."""
-    first = await anext(chunks, b"")
-    if first.startswith(_GZIP):
-        uploads.append(stem.with_name(f"{stem.name}-0.tar"))
-        await _write(_after(first, chunks), uploads[-1])
-        return await import_online(uploads, target, [_ONE])
-    pipe = Pipe(asyncio.get_running_loop())
-
-    async def feed() -> None:
-        try:
-            await pipe.put(first)
-            async for piece in chunks:
-                await pipe.put(piece)
-        finally:
-            pipe.end()
-
-    feeding = asyncio.ensure_future(feed())
+    gzip-compressed (its first bytes say) to a file first, which tarfile reads as one.
+    `closes[0]` set when a thread read the body (request_body.py)."""
+    loop = asyncio.get_running_loop()
+    pipe = Pipe(loop)
+    feeding = asyncio.ensure_future(feed(request, pipe, request.app[_IDLE_KEY]))
     try:
-        return await import_online([pipe], target, [_ONE])
-    finally:
-        pipe.close()  # what is left of the body (after a refusal) is read and dropped
+        archive: Opens = pipe
+        if await loop.run_in_executor(None, pipe.peek, len(_GZIP)) == _GZIP:
+            uploads.append(stem.with_name(f"{stem.name}-0.tar"))
+            await loop.run_in_executor(None, _save, pipe, uploads[-1])
+            archive = uploads[-1]
+        counts = await import_online([archive], target, [_ONE])
+    except ImportRefused:
+        received = await _finish(pipe, feeding)
+        closes[0] = received.by_thread
+        if received.stopped is not None:  # (what the unpack found short: not the cause)
+            raise ImportRefused("BAD_ARCHIVE", f"the upload stopped: {received.stopped}"
+                                ) from None
+        raise
+    except BaseException:  # cancelled, or failed: the body's reader stops too
+        feeding.cancel()
+        pipe.close()
         pipe.end()
-        await feeding
+        raise
+    closes[0] = (await _finish(pipe, feeding)).by_thread
+    return counts
 
 
-async def _after(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    yield first
-    async for piece in chunks:
-        yield piece
+async def _finish(pipe: Pipe, feeding: "asyncio.Future[Received]") -> Received:
+    """Once the import has read what it needs: the rest of the body is read and dropped
+    (after a refusal: the client hears it once it has sent its body)."""
+    pipe.close()
+    pipe.end()
+    return await feeding
+
+
+def _save(pipe: Pipe, path: Path) -> None:
+    """Blocking: the whole body to `path`."""
+    with path.open("wb") as file:
+        while data := pipe.take(CHUNK, keep=False, partial=True):
+            file.write(data)
 
 
 async def _receive(request: web.Request, stem: Path, uploads: list[Path]) -> list[str]:
@@ -230,10 +246,13 @@ async def _write(chunks: AsyncIterator[bytes], path: Path) -> None:
 
 
 def add_backup_routes(app: web.Application, groups: Any = None,
-                      load_refusal: Callable[[], str | None] = lambda: None) -> None:
+                      load_refusal: Callable[[], str | None] = lambda: None,
+                      idle_s: float = 10.0) -> None:
     """`groups`: replicated Durable Storage's Raft groups (DsGroups), or None;
     `load_refusal`: why the cluster's effective version does not allow an import's LOAD
-    commands yet (versions.load_refusal), None when it does."""
+    commands yet (versions.load_refusal), None when it does; `idle_s`: how long an upload
+    may go without a byte (dashboard.listeners.http.header_timeout; 0: no bound)."""
+    app[_IDLE_KEY] = idle_s
     if groups is not None:
         app[GROUPS_KEY] = groups
     app[_LOAD_REFUSAL_KEY] = load_refusal

@@ -33,17 +33,18 @@ async def start(app: "BrokerApp") -> tuple[Callable[[], asyncio.BaseProtocol],
         registry.add_rendered(node.group_views.exposition)
     web_app = make_app(node, registry)
     add_cluster_routes(web_app, node, app.cluster, app.rpc)
-    keeper = app.versions
-    add_backup_routes(web_app, app.ds_groups, (lambda: None) if keeper is None else
-                      lambda: versions.load_refusal(keeper.effective()))
     if app.metadata is not None:
         add_samples(registry, app.metadata.metrics)
         add_raft_routes(web_app, app.metadata)
     if app.ds_groups is not None:
         add_ds_site_routes(web_app, app.ds_groups)
         add_samples(registry, app.ds_groups.metrics)
-    # A kept-alive connection's next request has as long as a new one's first.
+    # A kept-alive connection's next request has as long as a new one's first, and an
+    # import's upload as long between two bytes.
     header_timeout = config["dashboard.listeners.http.header_timeout"]
+    keeper = app.versions
+    add_backup_routes(web_app, app.ds_groups, (lambda: None) if keeper is None else
+                      lambda: versions.load_refusal(keeper.effective()), header_timeout)
     runner = web.AppRunner(web_app, access_log=None, keepalive_timeout=header_timeout)
     await runner.setup()
     assert runner.server is not None
