@@ -3,7 +3,6 @@
 
 import argparse
 import gc
-import logging
 import sys
 
 from broker.version import RELEASE
@@ -18,6 +17,8 @@ def _run(args: argparse.Namespace) -> int:
     # the imports' CPU); server/app.py collects once when the node has started, freezes it
     # and turns the collector back on.
     gc.disable()
+    import logging  # (here: an import's CLI does not use it)
+
     from broker import logsafe
     from broker.auth.security import SecurityFileError
     from broker.config.loader import ConfigError, load_config

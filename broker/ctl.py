@@ -14,7 +14,6 @@ import os
 import sys
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +54,8 @@ def auth_headers(args: argparse.Namespace) -> dict[str, str]:
 
 def _http(args: argparse.Namespace, path: str, method: str = "GET",
           body: dict[str, Any] | None = None) -> Any:
+    import urllib.request  # (here: `ctl data` does not need it, and it is not free)
+
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json", **auth_headers(args)}
     key = _api_key(args)

@@ -1,87 +1,15 @@
-"""`broker ctl users add|passwd|delete|list --file F`: the password file without
-`mosquitto_passwd`, in the same format, so either tool can edit what the other wrote; with
-`--scram`, the SCRAM user file (`authentication.scram.user_file`) instead.
-
-The file is replaced atomically (write, fsync, rename): a broker watching it reloads a
-whole file, never a half-written one.
-"""
+"""`broker ctl users`'s arguments; the command itself is in users_edit.py, imported when it
+runs: password hashing and SCRAM are not what other `broker ctl` commands (a backup's
+export or import, timed with the CLI's start) should wait for."""
 
 import argparse
-import getpass
-import sys
-from pathlib import Path
 from typing import Any
 
-from broker.auth.passwords import PasswordFileError, make_hash, set_user, user_names
-from broker.auth.scram import DEFAULT_ITERATIONS
-from broker.auth.scram_users import ScramFileError, dump_scram_file, make_user, parse_scram_file
 
+def _users(args: argparse.Namespace) -> int:
+    from broker.auth.users_edit import users_command
 
-def users_command(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    try:
-        text = path.read_text() if path.exists() else ""
-        edit = _scram_users if args.scram else _password_users
-        changed = edit(args, text, str(path))
-        if changed is None:
-            return 0
-        # Here: its package (Durable Storage) is not what other `broker ctl` commands wait for.
-        from broker.ds.files import write_atomically
-
-        write_atomically(path, changed.encode(), 0o600)
-    except (OSError, PasswordFileError, ScramFileError) as error:
-        print(f"broker ctl users: {error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _checked(args: argparse.Namespace, known: bool, name: str) -> None:
-    """Raises for a user name missing, unknown to passwd or delete, or known to add."""
-    if not args.username:
-        raise PasswordFileError(f"`users {args.action}` needs a user name")
-    if args.action in ("delete", "passwd") and not known:
-        raise PasswordFileError(f"no user {args.username!r} in {name}")
-    if args.action == "add" and known:
-        raise PasswordFileError(f"user {args.username!r} exists (use passwd)")
-
-
-def _password_users(args: argparse.Namespace, text: str, name: str) -> str | None:
-    """The password file's new text, or None when there is nothing to write (`list`)."""
-    names = user_names(text)
-    if args.action == "list":
-        for user in names:
-            print(user)
-        return None
-    _checked(args, args.username in names, name)
-    hashed = None if args.action == "delete" else make_hash(_password(args).encode())
-    return set_user(text, args.username, hashed)
-
-
-def _scram_users(args: argparse.Namespace, text: str, name: str) -> str | None:
-    """The SCRAM file's new text, or None when there is nothing to write (`list`)."""
-    users = parse_scram_file(text, name)
-    if args.action == "list":
-        for user in users.values():
-            print(user.user_id + (" (superuser)" if user.is_superuser else ""))
-        return None
-    _checked(args, args.username in users, name)
-    if args.action == "delete":
-        del users[args.username]
-    else:
-        users[args.username] = make_user(args.username, _password(args).encode(),
-                                         args.superuser, args.iterations)
-    return dump_scram_file(users)
-
-
-def _password(args: argparse.Namespace) -> str:
-    return args.password if args.password is not None else _ask()
-
-
-def _ask() -> str:
-    password = getpass.getpass("Password: ")
-    if getpass.getpass("Reenter password: ") != password:
-        raise PasswordFileError("passwords do not match")
-    return password
+    return users_command(args)
 
 
 def add_users_parser(topics: Any) -> None:
@@ -95,9 +23,9 @@ def add_users_parser(topics: Any) -> None:
                        help="edit authentication.scram.user_file (SCRAM-SHA-256/512 users)")
     users.add_argument("--superuser", action="store_true",
                        help="with --scram: the user is not subject to the ACL")
-    users.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
+    users.add_argument("--iterations", type=int,
                        help="with --scram: PBKDF2 iterations (authentication.scram."
                        "iteration_count)")
     users.add_argument("--password", help="instead of asking (visible to other local users"
                        " in the process list: prefer the prompt)")
-    users.set_defaults(func=users_command)
+    users.set_defaults(func=_users)
