@@ -37,12 +37,8 @@ class Pipe:
 
     # ---- the event loop's side --------------------------------------------------------
     async def put(self, piece: bytes) -> None:
-        with self._ready:
-            if self._closed:
-                return
-            self._pieces.append(piece)
-            self._unread += len(piece)
-            self._ready.notify()
+        if not self._add(piece):
+            return
         while True:
             with self._ready:
                 if self._unread < LIMIT or self._closed:
@@ -56,13 +52,20 @@ class Pipe:
         """Blocking `put`: returns once fewer than LIMIT bytes are unread (or the reader is
         gone)."""
         with self._ready:
-            if self._closed:
+            if not self._add(piece):
                 return
+            while self._unread >= LIMIT and not self._closed:
+                self._ready.wait()
+
+    def _add(self, piece: bytes) -> bool:
+        """`piece` queued for the reader; False: the reader is gone (it is dropped)."""
+        with self._ready:  # (reentrant: `give` holds it)
+            if self._closed:
+                return False
             self._pieces.append(piece)
             self._unread += len(piece)
             self._ready.notify_all()
-            while self._unread >= LIMIT and not self._closed:
-                self._ready.wait()
+            return True
 
     def end(self) -> None:
         """The body ended (or the import stopped): reads past what came return b""."""

@@ -22,6 +22,7 @@ from broker.backup.pipe import Pipe
 from broker.http.backup_api import _open_body
 from broker.http.request_body import Received, feed
 from tests.support.pki import make_ca, server_certificate
+from tests.unit.test_backup_upload import drain
 
 BODY = os.urandom(3 << 20)  # more than aiohttp buffers: most of it comes after the handover
 
@@ -54,14 +55,6 @@ async def serving(handler: Callable[[web.Request], Awaitable[web.StreamResponse]
         await runner.cleanup()
 
 
-def _drain(pipe: Pipe) -> bytes:
-    with pipe.open() as file:
-        out = bytearray()
-        while data := file.read1(1 << 20):
-            out += data
-        return bytes(out)
-
-
 class Uploads:
     """A handler feeding each request's body to a pipe, read on a thread as the unpack
     does; what each got."""
@@ -75,7 +68,7 @@ class Uploads:
         loop = asyncio.get_running_loop()
         pipe = Pipe(loop)
         feeding = asyncio.ensure_future(feed(request, pipe, self.idle_s))
-        data = await loop.run_in_executor(None, _drain, pipe)
+        data = await loop.run_in_executor(None, drain, pipe)
         received = await feeding
         self.got.append((received, data, buffered))
         response = web.Response(text="ok")

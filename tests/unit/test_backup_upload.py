@@ -36,7 +36,8 @@ async def _run(upload: SocketUpload, pipe: Pipe) -> str | None:
     return await asyncio.get_running_loop().run_in_executor(None, run)
 
 
-def _drain(pipe: Pipe) -> bytes:
+def drain(pipe: Pipe) -> bytes:
+    """Blocking: the pipe's bytes as the unpack reads them, till it ends."""
     with pipe.open() as file:
         out = bytearray()
         while data := file.read1(1 << 20):
@@ -51,7 +52,7 @@ async def test_the_body_arrives_whole_and_what_follows_is_left() -> None:
     sender.start()
     pipe = Pipe(asyncio.get_running_loop())
     loop = asyncio.get_running_loop()
-    reading = loop.run_in_executor(None, _drain, pipe)
+    reading = loop.run_in_executor(None, drain, pipe)
     stopped = await _run(SocketUpload(ours.fileno(), len(body), 5, lambda: False), pipe)
     assert stopped is None
     assert await reading == body
