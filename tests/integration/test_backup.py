@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -364,3 +365,30 @@ def test_a_full_archive_and_its_increments_restore_together(
     durable = resume(restarted.tcp, "durable-2")
     clients.append(durable)
     receives_all(durable, sent)
+
+
+def _post_import(port: int, head: bytes, length: int) -> bytes:
+    """`head` of an upload of `length` bytes, then silence: what the node answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /api/v5/data/import HTTP/1.1\r\nHost: x\r\nContent-Type:"
+                     b" application/x-tar\r\nContent-Length: %d\r\n\r\n" % length + head)
+        answer = bytearray()
+        while data := sock.recv(65536):  # (to its end: the node closes the connection)
+            answer += data
+        return bytes(answer)
+
+
+def test_an_upload_that_stops_is_refused_and_frees_the_node(
+        start_broker: Callable[..., Any], tmp_path: Path) -> None:
+    """A client that stops sending mid-body is dropped after header_timeout, the import
+    refused naming why (the thread reading the socket gives up: it does not hold the node's
+    one import), and the next import is taken."""
+    node: BrokerProcess = start_broker(
+        tmp_path / "node", **{"dashboard.listeners.http.header_timeout": "1s"})
+    answer = _post_import(node.ports["http"], b"\0" * 70_000, 10 << 20)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"Connection: close" in answer  # read by the thread: aiohttp never saw its end
+    assert b"the upload stopped: no byte of the body for 1 s" in answer, answer
+    answer = _post_import(node.ports["http"], b"not a tar", 9)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]  # not 409 BUSY
+    assert b"BAD_ARCHIVE" in answer and b"the upload stopped" not in answer, answer
