@@ -75,8 +75,9 @@ async def _take_over(request: web.Request, pipe: Pipe, idle_s: float) -> SocketU
 
 
 def _pause(request: web.Request) -> None:
-    assert request.transport is not None
-    request.transport.pause_reading()
+    transport = request.transport
+    if transport is not None and not transport.is_closing():  # (the client may be gone)
+        transport.pause_reading()
 
 
 async def _run(upload: SocketUpload, pipe: Pipe) -> None:

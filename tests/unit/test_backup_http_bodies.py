@@ -3,7 +3,8 @@
 had read with the headers handed over first, the connection closed after the response; by
 the loop over TLS or when chunked; a silent client stops it either way. An export's body
 (backup_api._open_body) is written by a thread on a plain connection, by the loop over TLS
-(its fallback); the client gets every byte in order either way."""
+(its fallback); the client gets every byte in order either way. A client that closes
+mid-body stops the upload."""
 
 import asyncio
 import http.client
@@ -62,6 +63,7 @@ class Uploads:
     def __init__(self, idle_s: float = 10) -> None:
         self.idle_s = idle_s
         self.got: list[tuple[Received, bytes, int]] = []
+        self.handled = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
         buffered = request.content.total_bytes  # what aiohttp read with the headers
@@ -71,6 +73,7 @@ class Uploads:
         data = await loop.run_in_executor(None, drain, pipe)
         received = await feeding
         self.got.append((received, data, buffered))
+        self.handled.set()
         response = web.Response(text="ok")
         if received.by_thread:
             response.force_close()
@@ -146,6 +149,20 @@ async def test_a_silent_client_stops_the_upload(chunked: bool) -> None:
         assert received == Received(False, "TimeoutError: ")
     else:
         assert received == Received(True, "no byte of the body for 0.3 s (84 bytes short)")
+
+
+async def test_a_client_that_closes_mid_body_stops_the_upload() -> None:
+    uploads = Uploads()
+    async with serving(uploads.handle, None) as port:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+                         + BODY[:300_000])
+        await uploads.handled.wait()  # (no response to wait for)
+    [(received, data, _)] = uploads.got
+    # (the thread's "closed the connection N bytes short", or the loop's reset when the
+    # close came before the handler)
+    assert received.stopped is not None, received
+    assert BODY.startswith(data)
 
 
 @pytest.mark.parametrize("use_tls", [False, True])
