@@ -121,9 +121,9 @@ def _storm_worker(storm: Storm, cpus: set[int], results: Any) -> None:
         ok, failed, latencies = _run_connects(storm, storm.connects)
         elapsed = time.monotonic() - t0
         cpu = procstat.cpu_seconds(storm.broker_pid) - cpu0
-        results.put(("ok", ok, failed, elapsed, cpu, latencies))
+        results.send(("ok", ok, failed, elapsed, cpu, latencies))
     except BaseException as exc:  # reported by the orchestrator
-        results.put(("error", f"{type(exc).__name__}: {exc}"))
+        results.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
 class _Slot:
@@ -223,19 +223,25 @@ def connect_round(name: str, launcher: Callable[[Path], brokers.Launch], connect
             storm = Storm(broker.port, broker.pid, connects, parallel,
                           max(parallel, connects // 10), users, login)
             ctx = multiprocessing.get_context("fork")
-            results = ctx.SimpleQueue()
-            worker = ctx.Process(target=_storm_worker, args=(storm, brokers.load_cpus(), results),
+            # Read before the worker is joined: a reply larger than the pipe's buffer (the
+            # latencies of 10,000 CONNECTs) blocks the worker until it is read.
+            results, sender = ctx.Pipe(duplex=False)
+            worker = ctx.Process(target=_storm_worker, args=(storm, brokers.load_cpus(), sender),
                                  daemon=True)
             worker.start()
+            sender.close()
             try:
-                worker.join(STORM_TIMEOUT * 2 + 30)
+                replied = results.poll(STORM_TIMEOUT * 2 + 30)
+                reply = results.recv() if replied else None
+            except EOFError:  # the worker died without a word
+                reply = None
             finally:
                 if worker.is_alive():
                     worker.kill()
-                    worker.join()
-            if results.empty():
+                worker.join()
+                results.close()
+            if reply is None:
                 raise RuntimeError(f"connect worker exited with {worker.exitcode}")
-            reply = results.get()
             if reply[0] != "ok":
                 raise RuntimeError(reply[1])
             if not broker.alive():
