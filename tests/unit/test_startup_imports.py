@@ -31,7 +31,9 @@ session records whose equality, `replace` or `astuple` code and tests rely on.""
 
 DEFERRED = ("aiohttp", "prometheus_client", "jwt", "cryptography", "dns", "broker.ctl",
             "broker.http", "broker.metrics", "broker.server.http_app", "wsproto", "h11",
-            "broker.server.websocket", "broker.cluster.ds_groups")
+            "broker.server.websocket", "broker.cluster.ds_groups",
+            # a str host's codec: listeners resolve literal addresses as bytes (reactor.py)
+            "encodings.idna")
 
 _SCRIPT = """
 import asyncio, contextlib, io, json, sys
