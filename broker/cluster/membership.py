@@ -15,7 +15,6 @@ a wiped disk): the site it had is gone for good and is removed as if force-remov
 few such returns would leave the Raft groups with more dead voters than live ones.
 """
 
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -31,16 +30,18 @@ class Status(Enum):
     DOWN = "stopped"
 
 
-@dataclass(slots=True)
 class Member:
-    identity: Identity
-    status: Status
-    since: float  # when `status` last changed, on the shell's clock
+    """(Plain classes here and below: a dataclass costs a start ~0.5 ms to build, issue 42.)"""
+
+    __slots__ = ("identity", "since", "status")
+
+    def __init__(self, identity: Identity, status: Status, since: float) -> None:
+        self.identity = identity
+        self.status = status
+        self.since = since  # when `status` last changed, on the shell's clock
 
 
 class _Backoff:
-    """(A plain class: a dataclass costs a start ~0.7 ms to build, issue 42.)"""
-
     __slots__ = ("delay", "next_at")
 
     def __init__(self, delay: float) -> None:
@@ -48,17 +49,21 @@ class _Backoff:
         self.next_at = 0.0
 
 
-@dataclass(slots=True)
 class Membership:
-    me: Identity
-    seeds: list[Address] = field(default_factory=list)
-    min_backoff: float = 0.5
-    max_backoff: float = 10.0
-    members: dict[str, Member] = field(default_factory=dict)
-    removed: set[str] = field(default_factory=set)
-    # Addresses that turned out to be this node (a seed list usually names every node).
-    _self_addresses: set[Address] = field(default_factory=set)
-    _backoff: dict[Address, _Backoff] = field(default_factory=dict)
+    __slots__ = ("_backoff", "_self_addresses", "max_backoff", "me", "members", "min_backoff",
+                 "removed", "seeds")
+
+    def __init__(self, me: Identity, seeds: list[Address] | None = None,
+                 min_backoff: float = 0.5, max_backoff: float = 10.0) -> None:
+        self.me = me
+        self.seeds: list[Address] = seeds if seeds is not None else []
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self.members: dict[str, Member] = {}
+        self.removed: set[str] = set()
+        # Addresses that turned out to be this node (a seed list usually names every node).
+        self._self_addresses: set[Address] = set()
+        self._backoff: dict[Address, _Backoff] = {}
 
     # ---- facts ---------------------------------------------------------------------------
     def up(self, peer: Identity, now: float) -> bool:

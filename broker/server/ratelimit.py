@@ -8,7 +8,7 @@ long). Nothing is dropped or refused: the client's data waits in its socket, and
 it down.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.config.loader import Config
 from broker.config.values import Rate
@@ -62,9 +62,9 @@ class RateLimiter:
         return wait, limit
 
 
-@dataclass(frozen=True, slots=True)
-class ClientRates:
-    """A listener's per-client limits, read once; each connection gets its own buckets."""
+class ClientRates(NamedTuple):
+    """A listener's per-client limits, read once; each connection gets its own buckets. (A
+    NamedTuple: a frozen dataclass costs a start ~0.7 ms to build, issue 42.)"""
 
     listener: str
     messages: Rate | None
