@@ -181,8 +181,14 @@ class BrokerApp:
         if http_bind is not None:
             self._http = HttpListener()
             self.ports["http"] = await self._http.bind(http_bind[0], http_bind[1])
+        # A replica of replicated Durable Storage catches up as soon as its links are up:
+        # the HTTP API's import is over by then (see HttpListener.start_import).
+        importing = (self._http.start_import()
+                     if self._http is not None and self.ds_groups is not None else None)
         if self.metadata is not None:
             await self.metadata.start()  # before the links: Raft frames find it ready
+        if importing is not None:
+            await importing
         await self.cluster.start()
         if self.versions is not None:
             self._every(VERSION_ROUND, self.versions.round)
