@@ -205,7 +205,7 @@ class BrokerApp:
         if self._tls is not None:
             self._every(CERTIFICATE_POLL, self._tls.check)
         if node.ds is not None:
-            node.ds.start()
+            node.ds.start(spares=self.ds_groups is None)  # (else `_restore_replicated`)
         if node.durable is not None:
             store = node.durable.store
             self._every(config["durable_sessions.heartbeat_interval"],
@@ -256,10 +256,13 @@ class BrokerApp:
 
     async def _restore_replicated(self) -> None:
         """Replicated storage: this node's durable sessions come back once its replica of
-        replicas hold everything committed (one of them may have moved meanwhile)."""
+        replicas hold everything committed (one of them may have moved meanwhile), and its
+        shards' next generations are made ahead from then on."""
         assert self.ds_groups is not None
         while not await self.ds_groups.sync():
             pass
+        if self.node.ds is not None:
+            self.node.ds.messages.make_spares()
         self.node.restore_durable_sessions()
 
     def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:
