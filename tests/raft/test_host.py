@@ -15,10 +15,10 @@ from broker.raft.messages import (
     decode,
     encode,
 )
-from broker.raft.progress import SNAPSHOT, SNAPSHOT_WINDOW
+from broker.raft.progress import SNAPSHOT_WINDOW
 from broker.raft.ready import SnapshotChunk
 from broker.raft.wal import FileStore, WriteAheadLog
-from tests.raft.test_core import Cluster
+from tests.raft.test_core import Cluster, snapshot_asked_for_c
 
 
 class Recording:
@@ -204,17 +204,7 @@ def test_a_window_of_chunks_leaves_with_one_flush(tmp_path: Path) -> None:
     host = RaftHost("a", WriteAheadLog(FileStore(str(tmp_path))), wire, random.Random(1))
     machine = Chunks(events)
     cluster.cores["a"] = host.add_group(1, machine, voters=frozenset(cluster.cores))
-    leader = cluster.elect("a")
-    cluster.down.add("c")
-    for n in range(5):
-        leader.propose(b"%d" % n)
-        cluster.settle()
-    leader.applied(leader.commit)
-    leader.compact(leader.commit)  # c is now behind the leader's first entry
-    cluster.down.discard("c")
-    leader.unreachable("c")
-    cluster.settle()  # the request is made, and dropped here
-    assert leader.progress["c"].state == SNAPSHOT
+    leader = snapshot_asked_for_c(cluster)
     machine.index = index = leader.commit
     leader.snapshot_ready()
     events.clear()
