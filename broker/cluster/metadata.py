@@ -106,10 +106,13 @@ class MetadataGroup:
         self._task: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[None]] = set()
         self._links_changed = asyncio.Event()
+        self._peer_came = asyncio.Event()  # a link came up: a maintenance round at once
+        self._changed = False  # the round under way changed a group's membership
         # More groups on this node's log and links, created with the metadata group
         # (Durable Storage's, broker/cluster/ds_groups.py).
         self.hosted: list[HostedGroups] = []
         cluster.on_peer_up(self._link_changed)
+        cluster.on_peer_up(lambda site: self._peer_came.set())
         cluster.on_peer_down(self._link_changed)
         cluster.on_peer_closed(self._peer_closed)
         cluster.group_sites = self._group_sites
@@ -305,23 +308,27 @@ class MetadataGroup:
         if raft is None:
             return
         record = self.bootstrap.record
-        if group == GROUP and record is None:
+        if record is None:
+            # Any group's traffic names the incarnation (a Durable Storage group's leader
+            # may reach a new site before the metadata group's does: waiting for the latter
+            # dropped the first snapshot chunk, and the transfer stalled for its timeout).
             adopted = self.bootstrap.adopt(epoch)
             if adopted is None:
-                self._foreign(site, epoch)
+                if group == GROUP:
+                    self._foreign(site, epoch)
                 return
-            log.info("joining the metadata Raft group (epoch %x) led from %s", epoch, site)
+            log.info("joining the metadata Raft group (epoch %x): traffic from %s", epoch, site)
             if self.machine.unlogged():
                 log.warning("discarding %d retained messages stored before this node joined"
                             " the group: the group's are the cluster's", len(self._store))
                 self._reset_machine()
             self._exchange.save()
             self._host(adopted)
-        elif record is not None and record.epoch != epoch:
+        elif record.epoch != epoch:
             self._foreign(site, epoch)
             return
-        elif group != GROUP and (record is None or (group not in raft.host.groups and not any(
-                hosted.adopt(group) for hosted in self.hosted))):
+        if group != GROUP and group not in raft.host.groups and not any(
+                hosted.adopt(group) for hosted in self.hosted):
             return  # not a group of ours (yet): its leader retries
         raft.receive(site, data)
 
@@ -343,14 +350,24 @@ class MetadataGroup:
         return task
 
     async def _maintain(self) -> None:
-        """A few times per election timeout: bootstrap, promises, membership, truncation."""
+        """A few times per election timeout: bootstrap, promises, membership, truncation.
+        Membership moves sooner: a round at once when a peer's link comes up, and one a
+        tick after a round that changed a group (its change commits within a round trip):
+        a site back with a new data dir is removed, then added, then a catch-up starts,
+        and that took up to three rounds."""
         interval = self._tick * 4
+        wait = interval
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._peer_came.wait()
+            self._peer_came.clear()
+            self._changed = False
             try:
                 self._round()
             except Exception:
                 log.exception("metadata group maintenance failed")
+            wait = self._tick if self._changed else interval
 
     def _round(self) -> None:
         self._exchange.round()
@@ -393,6 +410,7 @@ class MetadataGroup:
             make(core.group, site)
         except (ConfigChangeRefused, NotLeader):
             return  # the previous change has not committed yet: next round
+        self._changed = True
         log.info("%s group: %s %s", name, {group_members.ADD: "added learner",
                                            group_members.PROMOTE: "promoted voter",
                                            group_members.REMOVE: "removed"}[kind],

@@ -159,12 +159,16 @@ class DurableStorage:
                           f" durable_storage.messages.storage_quota ({quota})",
                           {"used_bytes": used, "quota_bytes": quota})
 
-    def start(self) -> None:
+    def start(self, spares: bool = True) -> None:
         """Starts the generation, retention and space timers, and makes the reserve (call on
-        the running loop)."""
+        the running loop). `spares`: each shard's next generation made ahead from now on,
+        off the event loop; else the caller calls `messages.make_spares` later (a replica
+        of replicated storage, once it caught up: a new one's 16 spare LevelDBs, a dozen
+        fsyncs each, took the workers its catch-up writes and syncs its files on)."""
         settings = self.settings
         self.space.keep_reserve()  # (a node's, not an offline reader's: see space.py)
-        self.messages.make_spares()  # each next generation made ahead, off the event loop
+        if spares:
+            self.messages.make_spares()
         self._tasks.append(asyncio.create_task(every(SPACE_POLL, self.watch_space)))
         self._tasks.append(asyncio.create_task(
             every(settings.generation_interval, lambda: self.messages.rotate(timer=True))

@@ -444,6 +444,18 @@ class RaftGroup:
             done)))
         self._ask_next_chunk(peer, pr)
 
+    def chunk_output(self) -> tuple[list[SnapshotRequest], list[tuple[str, Message]]]:
+        """What handing chunks over since `ready()` made: on a leader, the requests for the
+        chunks its window has room for next and the InstallSnapshot messages of those the
+        machine gave; on a follower, its answers to the chunks the machine stored. None of
+        these messages waits for the log (`_reply` holds back what does), so the shell
+        sends them in the same flush and answers the requests there too: a whole window of
+        chunks leaves at once, and each chunk's answer as soon as it is stored (one step
+        per flush waited a turn of both event loops for each chunk)."""
+        requests, self._snapshot_requests = self._snapshot_requests, []
+        messages, self._messages = self._messages, []
+        return requests, messages
+
     # ---------------------------------------------------------------- outputs
 
     def has_ready(self) -> bool:

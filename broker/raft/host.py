@@ -18,7 +18,7 @@ from typing import Protocol, cast
 
 from broker.raft.core import LEADER, ROLE_NAMES, RaftGroup
 from broker.raft.messages import Config, Entry, MalformedMessage, Message, decode, encode
-from broker.raft.ready import Ready, SnapshotChunk, SnapshotMeta
+from broker.raft.ready import Ready, SnapshotChunk, SnapshotMeta, SnapshotRequest
 from broker.raft.wal import RecoveredGroup, WalBatch, WriteAheadLog
 
 # A histogram's value: cumulative (upper bound, count) buckets ending with "+Inf", and the sum.
@@ -240,7 +240,7 @@ class RaftHost:
         `write(batch)` is called with the batch before the committed entries are applied,
         so the log's fsync runs while the state machines work: on a follower the apply of
         entry N would otherwise delay the fsync of N+1, which the leader waits for. What
-        applying makes to send (snapshot chunks) waits for the next flush (`has_ready`)."""
+        applying makes to send waits for the next flush (`has_ready`)."""
         busy = [hosted for hosted in self.groups.values() if hosted.core.has_ready()]
         if not busy:
             return None
@@ -270,7 +270,9 @@ class RaftHost:
         core = hosted.core
         ready = core.ready()
         group = core.group
-        self._store_chunks(hosted, ready.snapshot_chunks)
+        if ready.snapshot_chunks or ready.snapshot_requests:
+            self._store_chunks(hosted, ready.snapshot_chunks)
+            ready.messages += self._give_chunks(hosted, ready.snapshot_requests)
         wal = self.wal
         if ready.hard_state is not None:
             wal.hard_state(group, ready.hard_state)
@@ -316,6 +318,25 @@ class RaftHost:
             core.chunk_stored(chunk, stored, resume)
             moved = resume is not None
 
+    def _give_chunks(self, hosted: "_Group",
+                     requests: list[SnapshotRequest]) -> list[tuple[str, Message]]:
+        """Answers the core's chunk requests, and those it makes meanwhile while its window
+        has room; returns the messages handing chunks over made (RaftGroup.chunk_output),
+        which leave with this flush."""
+        core = hosted.core
+        machine = hosted.machine
+        out: list[tuple[str, Message]] = []
+        while True:
+            for request in requests:
+                answer = machine.snapshot_chunk(request.index, request.offset)
+                if answer is not None:
+                    index, data, done = answer
+                    core.send_snapshot_chunk(request.peer, index, request.offset, data, done)
+            requests, messages = core.chunk_output()
+            out += messages
+            if not requests:
+                return out
+
     def installed(self, group: int) -> None:
         """The work of the group's PendingInstall is over: the install finished on the loop
         and the core told; the entries committed meanwhile applied unless the snapshot
@@ -346,7 +367,7 @@ class RaftHost:
 
     def _settle(self, hosted: "_Group", ready: Ready) -> None:
         """The rest of a Ready, once its log writes are on their way: committed entries
-        applied, reads and snapshot requests answered."""
+        applied, reads answered."""
         core = hosted.core
         if ready.committed:
             if hosted.installing is not None:
@@ -362,11 +383,6 @@ class RaftHost:
         for context in ready.reads_failed:
             assert callable(context)
             context(False)
-        for request in ready.snapshot_requests:
-            answer = hosted.machine.snapshot_chunk(request.index, request.offset)
-            if answer is not None:
-                index, data, done = answer
-                core.send_snapshot_chunk(request.peer, index, request.offset, data, done)
 
     def _apply(self, hosted: "_Group", entries: list[Entry]) -> None:
         """Applies in order; an entry whose apply raises ApplyFailed (a full disk under the

@@ -181,8 +181,14 @@ class BrokerApp:
         if http_bind is not None:
             self._http = HttpListener()
             self.ports["http"] = await self._http.bind(http_bind[0], http_bind[1])
+        # A replica of replicated Durable Storage catches up as soon as its links are up:
+        # the HTTP API's import is over by then (see HttpListener.start_import).
+        importing = (self._http.start_import()
+                     if self._http is not None and self.ds_groups is not None else None)
         if self.metadata is not None:
             await self.metadata.start()  # before the links: Raft frames find it ready
+        if importing is not None:
+            await importing
         await self.cluster.start()
         if self.versions is not None:
             self._every(VERSION_ROUND, self.versions.round)
@@ -199,7 +205,7 @@ class BrokerApp:
         if self._tls is not None:
             self._every(CERTIFICATE_POLL, self._tls.check)
         if node.ds is not None:
-            node.ds.start()
+            node.ds.start(spares=self.ds_groups is None)  # (else `_restore_replicated`)
         if node.durable is not None:
             store = node.durable.store
             self._every(config["durable_sessions.heartbeat_interval"],
@@ -250,10 +256,13 @@ class BrokerApp:
 
     async def _restore_replicated(self) -> None:
         """Replicated storage: this node's durable sessions come back once its replica of
-        replicas hold everything committed (one of them may have moved meanwhile)."""
+        replicas hold everything committed (one of them may have moved meanwhile), and its
+        shards' next generations are made ahead from then on."""
         assert self.ds_groups is not None
         while not await self.ds_groups.sync():
             pass
+        if self.node.ds is not None:
+            self.node.ds.messages.make_spares()
         self.node.restore_durable_sessions()
 
     def _every(self, interval: float, job: Callable[[], object], *, at_once: bool = False) -> None:

@@ -29,6 +29,8 @@ goes on receiving meanwhile, its chunk unanswered and its committed entries held
 then the receiving machine asks for the transfer to go on from an earlier offset (a shipped
 file failed its checksum: broker/ds/shipped.py), and some groups' leaders send a new replica
 (an empty log) the snapshot rather than the log, as a shard with sealed generations does.
+A snapshot can be made longer than the leader's window of chunks in flight (`snapshot_chunks`),
+so that the window refills as answers come, several per flush.
 """
 
 import argparse
@@ -191,8 +193,11 @@ class SimMachine:
     def __init__(self, group: int, node: str, checker: Checker,
                  storage_fails: Callable[[], bool],
                  rewind: Callable[[int], int | None],
-                 defer: Callable[[], Callable[[Callable[[], object]], None] | None]) -> None:
+                 defer: Callable[[], Callable[[Callable[[], object]], None] | None],
+                 chunks: int = 3) -> None:
         self.group = group
+        # Copies of the digest that pad a snapshot to `chunks` chunks.
+        self.padding = (self.CHUNK * chunks - 16) // 8
         self.node = node
         self.checker = checker
         self.storage_fails = storage_fails
@@ -236,7 +241,8 @@ class SimMachine:
             # Prepared now and served from the next request on, as a shard dumps its
             # snapshot on a worker thread. Padding makes it several chunks long.
             self.snapshots = {
-                self.index: struct.pack(">Q", self.index) + self.digest + self.digest * 16}
+                self.index: struct.pack(">Q", self.index) + self.digest
+                + self.digest * self.padding}
             return None
         chunk = payload[offset:offset + self.CHUNK]
         done = offset + len(chunk) >= len(payload)
@@ -286,7 +292,7 @@ class SimMachine:
     def _install(self, chunk: SnapshotChunk, received: bytes) -> None:
         (index,) = struct.unpack_from(">Q", received)
         digest = received[8:16]
-        if index != chunk.index or received[16:] != digest * 16:
+        if index != chunk.index or received[16:] != digest * self.padding:
             self.checker.fail(f"{self.node}: garbled snapshot at {chunk.index}")
         expected = self.checker.expected_digest(self.group, index)
         if expected != digest:
@@ -323,6 +329,7 @@ class Options:
     chunk_rewinds: float = 0.05  # share after which the machine resumes at an earlier offset
     snapshot_new_replicas: float = 0.5  # share of groups that snapshot an empty follower
     deferred_installs: float = 0.5  # share of installs that run off the loop, 0.5-6 ticks
+    snapshot_chunks: int = 3  # a snapshot's length in chunks (SNAPSHOT_WINDOW: 4 in flight)
 
 
 @dataclass(order=True)
@@ -713,7 +720,7 @@ class SimNode:
             return lambda done: sim.at(0.5 + sim.rng.random() * 5.5, done)
 
         self.machines = {group: SimMachine(group, node, sim.checker, storage_fails, rewind,
-                                           defer)
+                                           defer, sim.options.snapshot_chunks)
                          for group in range(1, sim.options.groups + 1)}
         self._written: list[tuple[HostBatch, WalBatch]] = []
         self.syncing = False

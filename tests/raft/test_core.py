@@ -277,10 +277,11 @@ def test_a_commit_notice_names_only_what_the_follower_matches_and_is_not_answere
     assert not answer.messages and not answer.after_persist
 
 
-def snapshot_asked_for_c() -> RaftGroup:
+def snapshot_asked_for_c(cluster: Cluster | None = None) -> RaftGroup:
     """A leader of a, b, c whose log was compacted while c was down: c needs a snapshot,
-    which the leader asked its machine for (the request dropped: no machine here)."""
-    cluster = Cluster("a", "b", "c")
+    which the leader asked its machine for (the request dropped: no machine here).
+    `cluster`: one of a, b and c whose a is hosted elsewhere (a RaftHost's)."""
+    cluster = cluster or Cluster("a", "b", "c")
     leader = cluster.elect("a")
     cluster.down.add("c")
     for n in range(5):

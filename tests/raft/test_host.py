@@ -6,10 +6,19 @@ from pathlib import Path
 
 from broker.raft.core import LEADER
 from broker.raft.host import HostBatch, RaftHost
-from broker.raft.messages import NORMAL, Entry
+from broker.raft.messages import (
+    NORMAL,
+    Config,
+    Entry,
+    InstallSnapshot,
+    SnapshotResponse,
+    decode,
+    encode,
+)
+from broker.raft.progress import SNAPSHOT_WINDOW
 from broker.raft.ready import SnapshotChunk
 from broker.raft.wal import FileStore, WriteAheadLog
-from tests.raft.test_core import Cluster
+from tests.raft.test_core import Cluster, snapshot_asked_for_c
 
 
 class Recording:
@@ -166,3 +175,70 @@ def test_leadership_goes_to_the_most_complete_voter_the_predicate_allows(
     refused = {"c", "d"}
     assert host.transfer_leadership(1) == "b"  # lagging, but the only one allowed
     assert leader.transferee == "b"
+
+
+class Chunks(Recording):
+    """Gives every chunk it is asked for at once: 10 bytes each, the snapshot 100 long."""
+
+    index = 0
+
+    def snapshot_chunk(self, index: int, offset: int) -> tuple[int, bytes, bool]:
+        return self.index, b"x" * 10, offset == 90
+
+    def install_chunk(self, chunk: SnapshotChunk) -> None:
+        self.events.append(f"stored {chunk.offset}")
+
+
+def sent(wire: Wire) -> list[object]:
+    out, wire.out = wire.out, []
+    return [decode(data) for _, data in out]
+
+
+def test_a_window_of_chunks_leaves_with_one_flush(tmp_path: Path) -> None:
+    """The flush that asks for a chunk sends as many as the window holds, and the flush
+    that takes the follower's answers fills the room they made: one chunk per flush waited
+    a turn of the event loop for each."""
+    events: list[str] = []
+    wire = Wire(events)
+    cluster = Cluster("a", "b", "c")
+    host = RaftHost("a", WriteAheadLog(FileStore(str(tmp_path))), wire, random.Random(1))
+    machine = Chunks(events)
+    cluster.cores["a"] = host.add_group(1, machine, voters=frozenset(cluster.cores))
+    leader = snapshot_asked_for_c(cluster)
+    machine.index = index = leader.commit
+    leader.snapshot_ready()
+    events.clear()
+    host.flush()
+    window = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90][:SNAPSHOT_WINDOW]
+    assert [m.offset for m in sent(wire) if isinstance(m, InstallSnapshot)] == window
+    assert events == [f"sent {len(window)}"]
+    for end in (10, 20):  # two answers come in one read
+        host.receive("c", encode(SnapshotResponse(1, leader.term, index, end, False)))
+    host.flush()
+    assert [m.offset for m in sent(wire)] == [window[-1] + 10, window[-1] + 20]
+
+
+def test_a_stored_chunk_is_answered_in_the_flush_that_stored_it(tmp_path: Path) -> None:
+    events: list[str] = []
+    wire = Wire(events)
+    host = RaftHost("d", WriteAheadLog(FileStore(str(tmp_path))), wire, random.Random(1))
+    host.add_group(1, Chunks(events))  # a new replica, waiting to be added
+
+    def flush() -> None:
+        batch = host.flush()
+        if batch is not None and batch.wal is not None:
+            host.wal.write(batch.wal)
+            host.wal.sync([batch.wal])
+            host.synced(batch)
+
+    for offset in (0, 10):  # (the first one's answer waits for the new term's write)
+        host.receive("a", encode(InstallSnapshot(1, 2, 5, 2, Config(frozenset("abc")),
+                                                 offset, b"x" * 10, False)))
+        flush()
+    events.clear()
+    sent(wire)
+    host.receive("a", encode(InstallSnapshot(1, 2, 5, 2, Config(frozenset("abc")), 20,
+                                             b"x" * 10, False)))
+    flush()
+    assert events == ["stored 20", "sent 1"]
+    assert sent(wire) == [SnapshotResponse(1, 2, 5, 30, False)]

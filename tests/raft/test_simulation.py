@@ -54,6 +54,18 @@ def test_snapshots_that_resume_elsewhere_and_go_to_new_replicas_keep_safety() ->
     assert sum(sim.chunk_rewinds() for sim in sims) > 0
 
 
+def test_snapshots_longer_than_the_window_keep_safety() -> None:
+    """Snapshots of several windows of chunks: each flush sends what the window has room
+    for and each stored chunk is answered in the flush that stored it, while chunks are
+    lost, refused, fetched again from an earlier offset and the leader changes; snapshots
+    still get installed and every safety check holds."""
+    options = Options(steps=30_000, snapshot_chunks=14, chunk_rewinds=0.1,
+                      snapshot_new_replicas=1.0, chunk_failures=0.05)
+    sims = [run(seed, options) for seed in (7, 8)]
+    assert sum(sim.checker.installs for sim in sims) > 0
+    assert sum(sim.chunk_rewinds() for sim in sims) > 0
+
+
 def test_leadership_transfers_under_faults_keep_safety() -> None:
     """Frequent transfers, a crash of the leader or the target in half of them, proposals
     all along: every safety check holds, transfers happen and some are given up."""
