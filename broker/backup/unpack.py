@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+import plyvel  # type: ignore[import-untyped]
+
 from broker.backup.archive import (
     BadArchive,
     Member,
@@ -28,7 +30,7 @@ from broker.backup.archive import (
 from broker.backup.chain import Plan
 from broker.backup.direct import DirectFile, aligned_buffer
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest, pairs_of
-from broker.ds.bulk import Build, write_out
+from broker.ds.bulk import BUILD_BUFFER, Batches, write_out
 from broker.ds.slab import Compression, Slab
 from broker.session.durable import records
 
@@ -53,38 +55,38 @@ def own_meta(key: bytes, value: bytes, now: float) -> bytes:
 
 
 class _Build:
-    """A new LevelDB being built from a `.pairs` member, part after part (manifest.py):
-    written as tables as the pairs come (bulk.Build), unsynced (the import syncs the tree it
-    swaps in, and throws the sessions' and retained messages' away once read)."""
+    """A new LevelDB being built from a `.pairs` member, part after part (manifest.py).
+    Its memtable (all of it, with the large buffer) is written out as a table by `settle`
+    (`bulk.write_out`), which gets the open database."""
 
     def __init__(self, path: Path, compression: Compression, sessions: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._build = Build(path, compression, sync=False)
+        self._db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
+                             compression=compression, write_buffer_size=BUILD_BUFFER)
+        self._batches = Batches(self._db)
         self._sessions = sessions
         self._now = time.time()
         self.count = 0
 
     def add(self, pairs: Member, where: str) -> None:
         """Blocking: a part's pairs."""
-        put, now = self._build.put, self._now
+        put, now = self._batches.put, self._now
         for key, value in decode_pairs(pairs, where):
             put(key, own_meta(key, value, now) if self._sessions else value)
             self.count += 1
 
     def finish(self, settle: Callable[[Any], None]) -> int:
-        """Blocking: the rest written (`settle` writes out a database LevelDB still holds,
-        bulk.write_out); the pairs' count."""
+        """Blocking: the rest written (`settle` makes it durable); the pairs' count."""
         try:
-            db = self._build.finish([])
+            self._batches.finish([], sync=False)
         except BaseException:
             self.abort()
             raise
-        if db is not None:
-            settle(db)
+        settle(self._db)
         return self.count
 
     def abort(self) -> None:
-        self._build.close()
+        self._db.close()
 
 
 def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Path],
@@ -125,8 +127,7 @@ class _Targets:
     and retained messages, into `state`). The databases its `.pairs` members become are
     created ahead, side by side, once its manifest is read: LevelDB syncs a new database's
     directory two or three times, tens of milliseconds each on a busy disk, which the
-    unpacking then does not wait for one after another (with snappy configured: the tables
-    bulk.Build writes otherwise cost a directory's creation)."""
+    unpacking then does not wait for one after another."""
 
     def __init__(self, take: frozenset[str], last: bool, shard_dir: Callable[[int], Path],
                  state: tuple[Path, Path], compression: Compression, result: Unpacked,
