@@ -7,10 +7,12 @@ one synced, and the finished database then replaces the one in use whole (files.
 A database built from pairs in key order (`Build`) skips LevelDB's write path and is
 written as tables (table_writer.py): a catch-up's slabs. An import's databases
 (backup/unpack.py) stay on `Batches`: built by `Build`, an online import of 256 MiB took
-1.95-2.37 s against 1.18-1.31 s (native, the two alternating, load 2.6-2.8; its unpacking
-alone, offline, 0.92-1.37 s against 0.82-1.03 s). Likely why: the import's thread builds
-while the event loop receives the upload, and LevelDB copies a batch into its log and
-memtable without the interpreter lock, which building tables in Python holds.
+1.80-1.98 s against 1.16-1.35 s, the node's CPU 1.8-2.0 s against 1.33-1.63 s (native, the
+two alternating, load 0.3-0.5). Likely why: LevelDB copies a batch into its log and
+memtable, and its compaction thread writes the table, without the interpreter lock, while
+building tables here holds it on the import's one thread, beside the upload's reader and
+the hashing; and the tables' pages are new to the page cache (on this VM a fault on the
+host each), where LevelDB's reuse the pages of the logs it deletes.
 """
 
 import contextlib
