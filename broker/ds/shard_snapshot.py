@@ -11,10 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
-import plyvel  # type: ignore[import-untyped]
-
-from broker.ds.bulk import BUILD_BUFFER, Batches, write_out
-from broker.ds.files import fsync_dir
+from broker.ds.bulk import Build
 from broker.ds.manifest import NAME as MANIFEST
 from broker.ds.open_slabs import OpenSlabs
 from broker.ds.replication_layer import BadCommand
@@ -126,10 +123,11 @@ class SlabBuilder:
     """A shard snapshot's slabs built in `directory` from its records as they come, in
     pieces cut anywhere (a version 2 transfer's, chunk by chunk, on the receiver's writer
     thread, while the rest arrives; version 1's from the received file), then `finish`ed
-    once the snapshot is whole. Blocking. Each slab is written out as tables, synced, before
-    it is closed (bulk.write_out): the shard's reopen, on the event loop once the install
-    swaps it in, then has no log to read back (the current generation's, up to
-    `generation_max_size`), and the logs need no sync."""
+    once the snapshot is whole. Blocking. Each slab is written as tables, synced
+    (bulk.Build: the dump's pairs come in key order): the shard's reopen, on the event loop
+    once the install swaps it in, then has no log to read back (the current generation's,
+    up to `generation_max_size`). The current slab's checkpoint, in the dump among its first
+    keys, is written again at `finish` with the snapshot's index (a `late` pair)."""
 
     def __init__(self, directory: Path, compression: Compression) -> None:
         self.directory = directory
@@ -137,8 +135,7 @@ class SlabBuilder:
         shutil.rmtree(directory, ignore_errors=True)  # an earlier transfer's
         directory.mkdir(parents=True)
         self._framing = Framing(self._record)
-        self._batches: Batches | None = None  # the open slab's
-        self._path = directory  # the open slab's
+        self._build: Build | None = None  # the open slab's
         self._checkpoint: bytes | None = None  # the last slab's (the current one)
         self._sealed: list[tuple[Path, int, int]] = []
 
@@ -146,22 +143,20 @@ class SlabBuilder:
         self._framing.feed(data)
 
     def _record(self, kind: int, data: bytes, start: int, stop: int) -> None:
-        if kind == PAIR_RECORD and self._batches is not None:
+        if kind == PAIR_RECORD and self._build is not None:
             key, value = split_pair(data, start, stop)
-            self._batches.put(key, value)
+            self._build.put(key, value)
             if key == CHECKPOINT_KEY:
                 self._checkpoint = value
         elif kind == SLAB_RECORD:
-            if self._batches is not None:
+            if self._build is not None:
                 self._written([])
             self._checkpoint = None
             generation, _created, sealed_at = SLAB.unpack_from(data, start)
-            self._path = generation_dir(self.directory, generation)
-            self._batches = Batches(plyvel.DB(str(self._path), create_if_missing=True,
-                                              compression=self._compression,
-                                              write_buffer_size=BUILD_BUFFER))
+            path = generation_dir(self.directory, generation)
+            self._build = Build(path, self._compression, sync=True)
             if sealed_at:
-                self._sealed.append((self._path, generation, sealed_at))
+                self._sealed.append((path, generation, sealed_at))
         else:
             raise BadCommand(f"record kind {kind} out of place in a shard snapshot")
 
@@ -170,7 +165,7 @@ class SlabBuilder:
         """The last slab's checkpoint (at `index`, `term`) and `last` written, every slab
         closed, the sealed ones sealed."""
         self._framing.end()
-        if self._batches is None:  # a shard always has a current generation
+        if self._build is None:  # a shard always has a current generation
             raise BadCommand("a shard snapshot without a generation")
         self._written([(CHECKPOINT_KEY, checkpoint_at(self._checkpoint, index, term)), *last])
         for path, generation, until in self._sealed:
@@ -180,17 +175,21 @@ class SlabBuilder:
 
     def close(self) -> None:
         """An unfinished build given up: what it wrote goes."""
-        if self._batches is not None:
-            self._batches.db.close()
-            self._batches = None
+        if self._build is not None:
+            self._build.close()
+            self._build = None
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def _written(self, last: list[tuple[bytes, bytes]]) -> None:
-        assert self._batches is not None
-        self._batches.finish(last, sync=False)
-        write_out(self._batches.db)
-        self._batches = None
-        fsync_dir(self._path)  # (LevelDB syncs the tables and manifest, not their entries)
+        build = self._build
+        assert build is not None
+        self._build = None
+        try:
+            db = build.finish(last)
+        except BaseException:
+            build.close()
+            raise
+        build.settled(db)
 
 
 def write_slabs(file: IO[bytes], stop: threading.Event, slabs: list[tuple[Slab, int]],
