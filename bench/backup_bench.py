@@ -106,7 +106,16 @@ def rate(port: int, tag: str, during: threading.Event | None = None) -> float:
     return acked / elapsed
 
 
+def settled() -> None:
+    """Untimed, before each timed step: what earlier steps left dirty in the page cache
+    written out. An fsync commits ext4's journal, which writes out every file's dirty data
+    of that commit: without this, the first import after the publishers' phase paid for the
+    hundreds of MiB of exports that phase wrote, and each `tar` step for the one before."""
+    subprocess.run(["sync"], check=True)
+
+
 def ctl(*args: str) -> float:
+    settled()
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "broker", "ctl", "data", *args], check=True,
                    capture_output=True, timeout=3600)
@@ -114,6 +123,7 @@ def ctl(*args: str) -> float:
 
 
 def timed(argv: list[str]) -> float:
+    settled()
     started = time.monotonic()
     subprocess.run(argv, check=True, timeout=3600)
     subprocess.run(["sync"], check=True)

@@ -41,11 +41,12 @@ def write_atomically(path: Path, data: bytes, mode: int = 0o666) -> None:
     """Blocking: `path` holds `data`, old or new after a crash, never part of it: a
     temporary file, fsync'd, renamed over it, and the rename fsync'd. The temporary file is
     made with `mode` (less the umask), so that a secret's (0o600) is never readable by
-    others, not even until a chmod; one an earlier crash left goes first, as its mode
-    would stay."""
+    others, not even until a chmod; for a secret, one an earlier crash left goes first,
+    as its mode, and whoever holds it open, would stay."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as handle:
+    if mode != 0o666:
+        tmp.unlink(missing_ok=True)
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
