@@ -56,9 +56,6 @@ log = logging.getLogger(__name__)
 _SESSION_BATCH: Final = 1000  # keys per sessions write (a Raft command when replicated)
 _RETAINED_BATCH: Final = 256  # retained messages in flight at once
 _LOAD_BYTES: Final = 512 << 10  # keys and values per LOAD command
-# Shards a turn of the loop swaps in (MessagesDB.replace_shards: side by side, their fsyncs
-# overlap): the loop is held about as long as for one.
-_SWAPPED_AT_ONCE: Final = 4
 
 
 class ImportRefused(Exception):
@@ -170,9 +167,10 @@ async def import_online(archives: Sequence[Opens], target: Target,
                             f" an empty node, or --force --data-dir into a stopped one")
     work = ds.root / "import.staging"
     messages = ds.messages
-    shard_dirs = [staging(messages.shard_path(i)) if groups is None else work / f"shard-{i:03d}"
-                  for i in range(messages.n_shards)]
-    await _blocking(remove, work, *shard_dirs)
+    # Built apart from the shards' own staging dirs: a write that creates a shard meanwhile
+    # would take one there as a swap a crash cut short (files.recover_swap).
+    shard_dirs = [work / f"shard-{i:03d}" for i in range(messages.n_shards)]
+    await _blocking(remove, work)
     try:
         unpacked = await _blocking(
             _unpack, archives, planned, shard_dirs.__getitem__, work / "sessions",
@@ -180,10 +178,14 @@ async def import_online(archives: Sequence[Opens], target: Target,
         log.info("import: checked and unpacked in %.1f s", time.monotonic() - started)
         if groups is None:
             await _blocking(sync_tree, *shard_dirs)
-            for first in range(0, messages.n_shards, _SWAPPED_AT_ONCE):
-                messages.replace_shards(
-                    range(first, min(first + _SWAPPED_AT_ONCE, messages.n_shards)))
-                await asyncio.sleep(0)  # the loop serves between
+            await messages.settled(range(messages.n_shards))
+            # Checked again with nothing awaited before the shards are closed: a message a
+            # client published meanwhile, acknowledged, must not be swapped away.
+            reason = emptiness(ds, target.retainer)
+            if reason is not None:
+                raise ImportRefused("NOT_EMPTY", f"the node took data during the import"
+                                    f" ({reason}): nothing was imported")
+            await messages.replace_shards(dict(enumerate(shard_dirs)))
         else:
             await asyncio.gather(*(_load_shard(groups, i, shard_dirs[i], manifest)
                                    for i in range(messages.n_shards)))
@@ -191,7 +193,7 @@ async def import_online(archives: Sequence[Opens], target: Target,
         counts["retained"] = await _restore_retained(work / "retained", target)
         counts["sessions"] = await _restore_sessions(work / "sessions", ds)
     finally:
-        await _blocking(remove, work, *shard_dirs)
+        await _blocking(remove, work)
     if groups is None:
         target.sessions_restored()
     log.info("import: %s restored in %.1f s: %s", ", ".join(map(str, names or archives)),

@@ -18,9 +18,11 @@ are handed to its buffer in arrival order, in one step, so no later write overta
 
 import asyncio
 import json
+import shutil
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -153,10 +155,10 @@ class MessagesDB:
             making.add_done_callback(lambda done: done.cancelled() or done.exception())
         return making
 
-    async def _made(self, i: int) -> Shard:
+    async def _made(self, i: int, make: Callable[[int], list[Slab]] | None = None) -> Shard:
         loop = asyncio.get_running_loop()
         try:
-            slabs = await loop.run_in_executor(self._executor, self._make_shard, i)
+            slabs = await loop.run_in_executor(self._executor, make or self._make_shard, i)
         except Exception as error:  # (never cancelled: nothing cancels the task)
             for _, _, waiter in self._waiting.pop(i, []):
                 if not waiter.done():
@@ -211,21 +213,33 @@ class MessagesDB:
             shard.prepare_next()
         return shard
 
-    def replace_shards(self, indexes: Sequence[int]) -> None:
-        """Blocking: shards `indexes` closed, their directories replaced by the ones built
-        beside them (files.swap_in; a shard not created yet is created so) and opened again,
-        side by side: each swap and open waits on fsyncs, which one shard after the other
-        would wait for in turn."""
-        for i in indexes:
+    async def replace_shards(self, built: dict[int, Path]) -> None:
+        """Shards `built` closed, their directories replaced by the ones built (on this
+        filesystem: moved to `staging`, then files.swap_in; a shard not created yet is
+        created so) and opened again, on worker threads side by side: each swap and open
+        waits on fsyncs, which the event loop would wait for (tens of milliseconds a
+        shard). Meanwhile each is a shard being created: writes to it wait for it, in order,
+        and readers find no generation. A shard a first write is creating is made first.
+        For unreplicated shards (a replica's are replaced through its Raft group)."""
+        await self.settled(built)
+        for i, path in built.items():
             self.close_shard_now(i)
+            self._by_index[i] = None
+            self._making[i] = asyncio.ensure_future(
+                self._made(i, partial(self._swapped_in, path)))
+        await asyncio.gather(*(self._making[i] for i in built))
 
-        def load(i: int) -> list[Slab]:
-            swap_in(self.shard_path(i))
-            return self._load_shard(i)
-        with ThreadPoolExecutor(len(indexes), thread_name_prefix=f"{self.name}-open") as pool:
-            loaded = list(pool.map(load, indexes))
-        for i, slabs in zip(indexes, loaded, strict=True):
-            self._install(i, slabs)
+    async def settled(self, indexes: Iterable[int]) -> None:
+        """Once no shard of `indexes` is being created (a write's may have failed)."""
+        await asyncio.gather(*(self._making[i] for i in indexes if i in self._making),
+                             return_exceptions=True)
+
+    def _swapped_in(self, built: Path, i: int) -> list[Slab]:
+        fresh = staging(self.shard_path(i))
+        shutil.rmtree(fresh, ignore_errors=True)
+        built.rename(fresh)
+        swap_in(self.shard_path(i))
+        return self._load_shard(i)
 
     def store_batch(self, messages: Sequence[TTV], sync: bool = True) -> Awaitable[None]:
         """Buffers the messages on their publishers' shards (creating a shard on its first

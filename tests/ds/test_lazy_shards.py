@@ -11,7 +11,6 @@ from pathlib import Path
 
 from broker.ds import DurableStorage
 from broker.ds.db import shard_of
-from broker.ds.files import staging
 from broker.ds.storage import MESSAGES
 from tests.ds.conftest import message, read_all
 
@@ -103,15 +102,40 @@ async def test_create_async_makes_the_rest_off_the_loop(open_storage: Open) -> N
     await storage.messages.create_async()  # nothing left to make
 
 
-async def test_a_shard_never_created_is_replaced_like_any_other(
-        open_storage: Open, tmp_path: Path) -> None:
-    """A backup import into an empty node (MessagesDB.replace_shards): the shard built
-    beside takes the place of one that was never made (files.swap_in)."""
+async def _built_beside(open_storage: Open, tmp_path: Path) -> tuple[DurableStorage, Path]:
+    """A one-shard node, and a shard holding "r" built beside it (as an import builds one)."""
     source = open_storage(tmp_path / "source", n_shards=1)
     await source.store_batch(MESSAGES, [message("r")])
     await source.close()
     target = open_storage(tmp_path / "target", n_shards=1)
-    shutil.copytree(source.messages.shard_path(0), staging(target.messages.shard_path(0)))
-    target.messages.replace_shards([0])
+    built = tmp_path / "target" / "built"
+    shutil.copytree(source.messages.shard_path(0), built)
+    return target, built
+
+
+async def test_a_shard_never_created_is_replaced_like_any_other(
+        open_storage: Open, tmp_path: Path) -> None:
+    """A backup import into an empty node (MessagesDB.replace_shards): the shard built
+    beside takes the place of one that was never made (files.swap_in)."""
+    target, built = await _built_beside(open_storage, tmp_path)
+    await target.messages.replace_shards({0: built})
     assert [m.payload for m in read_all(target, "r")] == [b"r"]
     assert sorted(p.name for p in target.messages.path.iterdir()) == ["db.json", "shard-000"]
+    assert not built.exists()
+
+
+async def test_writes_during_a_replace_wait_for_the_new_shard_in_order(
+        open_storage: Open, tmp_path: Path) -> None:
+    """The swap and open run on worker threads, the event loop free meanwhile: writes that
+    arrive go into the shard swapped in, after what it brought, in their order."""
+    target, built = await _built_beside(open_storage, tmp_path)
+    await target.store_batch(MESSAGES, [message("old")])
+    replacing = asyncio.ensure_future(target.messages.replace_shards({0: built}))
+    await asyncio.sleep(0)  # it began: the shard is closed, its swap on a worker thread
+    writes = [target.store_batch(MESSAGES, [message(f"w/{n}")]) for n in range(3)]
+    assert not replacing.done()
+    await replacing
+    await asyncio.gather(*writes)
+    assert [m.payload for m in read_all(target, "r")] == [b"r"]
+    assert [m.payload for m in read_all(target, "w/+")] == [b"w/0", b"w/1", b"w/2"]
+    assert read_all(target, "old") == []  # (an import refuses a node written to meanwhile)
