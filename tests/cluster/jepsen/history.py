@@ -92,8 +92,9 @@ dropped_unseen  QoS 2 messages no member received that an ended member may have 
               is read in order: what the member held unsent is the last its readers took).
               Allowed, reported.
 Within one member the duplicate rules above hold (qos2_duplicates, missing_dup, ...);
-sessions_lost excuses the CONNACK (Session Present 0) that follows each Ended; `reordered`
-is not checked (a shard's move to another member breaks per-publisher order).
+sessions_lost excuses the CONNACKs (Session Present 0) between an Ended and the next
+SUBACK; `reordered` is not checked (a shard's move to another member breaks per-publisher
+order).
 """
 
 from __future__ import annotations
@@ -279,6 +280,7 @@ class _History:
 
     messages: dict[Key, _Message] = field(default_factory=dict)
     subscribed: dict[str, int] = field(default_factory=dict)  # index of the first SUBACK
+    subacks: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     connects: dict[str, list[tuple[int, Connected]]] = field(
         default_factory=lambda: defaultdict(list))
     deliveries: dict[str, list[tuple[int, Delivered]]] = field(
@@ -308,6 +310,7 @@ def _read(events: list[Event], report: Report) -> _History:
                 message.failed = True
         elif isinstance(event, Subscribed):
             history.subscribed.setdefault(event.subscriber, index)
+            history.subacks[event.subscriber].append(index)
         elif isinstance(event, Connected):
             history.connects[event.subscriber].append((index, event))
         elif isinstance(event, Delivered):
@@ -341,17 +344,22 @@ def _read(events: list[Event], report: Report) -> _History:
 
 
 def _sessions_lost(report: Report, subscriber: str, history: _History, joined: int) -> bool:
-    """Counts the CONNACKs with Session Present 0 `subscriber` got after its first SUBACK,
-    but the first one after each of its Ended events (Clean Start 1: a new session)."""
-    ends = [index for index, _ in history.ends.get(subscriber, [])]
+    """Counts the CONNACKs with Session Present 0 `subscriber` got while its session held a
+    subscription: a SUBACK came after its last Ended event (Clean Start 1: a new session)
+    before the CONNACK. A session begun again holds nothing until its SUBACK, and a crash
+    before then (its CONNACK goes out before the empty session is on disk) loses nothing:
+    the client learns it from Session Present 0 and subscribes again."""
+    marks = sorted([(index, False) for index, _ in history.ends.get(subscriber, [])]
+                   + [(index, True) for index in history.subacks.get(subscriber, [])])
     lost_session = False
-    passed = 0
+    passed, holds = 0, False
     for index, connected in history.connects.get(subscriber, []):
-        new_session = False
-        while passed < len(ends) and ends[passed] < index:
-            passed, new_session = passed + 1, True
-        if index > joined and not connected.session_present and not new_session:
+        while passed < len(marks) and marks[passed][0] < index:
+            holds = marks[passed][1]
+            passed += 1
+        if index > joined and holds and not connected.session_present:
             lost_session = True
+            holds = False  # (until its next SUBACK)
             report.sessions_lost += 1
             report.example("sessions_lost", f"{subscriber} reconnected at"
                            f" {connected.node} with Session Present 0 (event {index})")

@@ -237,6 +237,20 @@ def test_session_present_0_after_subscribing_is_a_lost_session() -> None:
         "s1 reconnected at n3 with Session Present 0 (event 3)"]
 
 
+def test_a_session_begun_again_is_lost_only_once_it_holds_a_subscription() -> None:
+    """Ended, the next session is new (Session Present 0) and holds nothing until its
+    SUBACK: a crash before it may lose that empty session; after it, not."""
+    history = H().sub().connect(present=True).end().connect(present=False)
+    assert history.check().sessions_lost == 1  # (end() subscribed the new session)
+    ended = H().sub()
+    ended.events += [Ended("s1", "n1", ()), Connected("s1", "n1", False),
+                     Connected("s1", "n2", False)]  # killed before its SUBSCRIBE
+    assert ended.check().sessions_lost == 0
+    assert ended.sub().connect(present=False).check().sessions_lost == 1
+    lost_twice = H().sub().connect(present=False).connect(present=False).sub()
+    assert lost_twice.connect(present=False).check().sessions_lost == 2
+
+
 def test_after_a_lost_session_redeliveries_without_dup_are_not_blamed_twice() -> None:
     report = (H().sub().pub(1).ack(1).got(1).connect(present=False).got(1).check())
     assert report.sessions_lost == 1 and report.missing_dup == 0
