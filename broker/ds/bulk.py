@@ -23,13 +23,13 @@ from typing import Final
 import plyvel  # type: ignore[import-untyped]
 
 from broker.ds.files import fsync_dir, rebuild, recover_swap
+from broker.ds.keys import PAST_EVERY_KEY
 from broker.ds.table_writer import TableWriter
 
 BATCH_BYTES: Final = 4 << 20
 # LevelDB's memtable while a database is built (its default is 4 MiB): fewer, larger level-0
 # tables to compact. Only while building: the node opens it with its own options.
 BUILD_BUFFER: Final = 64 << 20
-_PAST_KEYS: Final = b"\xff" * 64  # after every key a database built here holds
 
 
 class Batches:
@@ -65,7 +65,7 @@ def write_out(db: plyvel.DB) -> None:
     compaction; one of a range past every key compacts nothing else (a reopen, which this
     replaces, read the log back in and built the memtable again)."""
     try:
-        db.compact_range(start=_PAST_KEYS, stop=_PAST_KEYS)
+        db.compact_range(start=PAST_EVERY_KEY, stop=PAST_EVERY_KEY)
     finally:
         db.close()
 

@@ -33,6 +33,10 @@ from typing import Final
 META: Final = b"A"
 EDGE: Final = b"B"
 DATA: Final = b"D"
+# After every key of a slab (and of the other databases the node builds: bulk.py), for
+# LevelDB's range calls: plyvel gives an omitted end as the empty key, which ends a range
+# before every key rather than after them.
+PAST_EVERY_KEY: Final = b"\xff" * 64
 
 _U32: Final = struct.Struct(">I")
 _U64: Final = struct.Struct(">Q")

@@ -264,9 +264,11 @@ class Slab:
         self.db.put(STATS_KEY, self.stats.encode(), sync=True)
 
     def seal(self, until: int, shard: int) -> None:
-        """Blocking: compacts, then writes the manifest that marks the slab sealed."""
+        """Blocking: compacts the whole slab (its level-0 tables into the levels below, so
+        LevelDB has no reason to rewrite a sealed slab's files later), then writes the
+        manifest that marks the slab sealed."""
         self.checkpoint()
-        self.db.compact_range()
+        self.db.compact_range(start=b"", stop=keys.PAST_EVERY_KEY)
         lts = self.lts
         write_manifest(self.path, {
             "shard": shard, "generation": self.generation,

@@ -117,3 +117,22 @@ async def test_compression_setting_decides_how_the_tables_are_written(
         sizes[compression] = _tables_bytes(generation_dir(shard_dir(root), 1))
     assert sizes["none"] > 3000 * 8 * 27  # every payload byte on disk
     assert sizes["snappy"] * 4 < sizes["none"]
+
+
+async def test_a_sealed_generation_has_no_level_0_table_left(open_storage, tmp_path) -> None:
+    """The seal compacts the whole slab: its level-0 tables (many streams' keys overlap in
+    each) go into the levels below, so LevelDB finds nothing to rewrite in a sealed slab's
+    files later (an export or a catch-up ships them as they are). An omitted end of the
+    range compacted nothing: plyvel gives it as the empty key."""
+    storage = open_storage(n_shards=1)
+    for batch in range(12):
+        await storage.store_batch(MESSAGES, [message(f"t/{i}", payload=bytes(1000))
+                                             for i in range(batch, 1200, 12)])
+    assert await storage.seal() == 1
+    assert len(read_all(storage, "t/+")) == 1200
+    await storage.close()
+    db = plyvel.DB(str(generation_dir(shard_dir(tmp_path), 1)))
+    try:
+        assert db.get_property(b"leveldb.num-files-at-level0") == b"0"
+    finally:
+        db.close()
