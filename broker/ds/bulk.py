@@ -78,17 +78,16 @@ class Build:
     (an archive made by hand, say) ends that: what was written becomes a database, LevelDB
     opens it, and the rest goes through `Batches` as it always did (a later pair of a key
     wins either way). With `compression` (snappy: the writer writes no compressed blocks)
-    everything goes through `Batches`. With `sync` the finished database is on disk (its
-    files and directory synced); without, the caller syncs the tree or throws it away."""
+    everything goes through `Batches`. The finished database is on disk (its files and
+    directory synced)."""
 
-    def __init__(self, path: Path, compression: str | None, sync: bool) -> None:
+    def __init__(self, path: Path, compression: str | None) -> None:
         self.path = path
         self._compression = compression
-        self._sync = sync
         self._writer: TableWriter | None = None
         self._batches: Batches | None = None
         if compression is None:
-            self._writer = TableWriter(path, sync)
+            self._writer = TableWriter(path, sync=True)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._batches = Batches(self._open(True))
@@ -104,15 +103,13 @@ class Build:
         assert self._batches is not None
         self._batches.put(key, value)
 
-    def finish(self, late: list[tuple[bytes, bytes]]) -> plyvel.DB | None:
+    def finish(self, late: list[tuple[bytes, bytes]]) -> bool:
         """The pairs put, then `late` (pairs known last, of any key: they win), made a
-        database. Returns the database still to be written out when the pairs went through
-        LevelDB (`write_out`, which the caller may run on another thread; then fsync_dir
-        with `sync`), else None: it is written and closed."""
+        database on disk; whether it was written as tables (else through LevelDB)."""
         if self._writer is not None:
             self._writer.finish(late)
             self._writer = None
-            return None
+            return True
         assert self._batches is not None
         batches, self._batches = self._batches, None
         try:
@@ -120,15 +117,9 @@ class Build:
         except BaseException:
             batches.db.close()
             raise
-        return batches.db
-
-    def settled(self, db: plyvel.DB | None) -> None:
-        """Blocking: what `finish` returned written out and, with `sync`, on disk."""
-        if db is not None:
-            write_out(db)
-            if self._sync:
-                fsync_dir(self.path)  # (LevelDB syncs the tables and manifest, not their
-                # entries)
+        write_out(batches.db)
+        fsync_dir(self.path)  # (LevelDB syncs the tables and manifest, not their entries)
+        return False
 
     def close(self) -> None:
         """An unfinished build given up: what it opened is closed (what it wrote is the

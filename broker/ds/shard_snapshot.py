@@ -154,7 +154,7 @@ class SlabBuilder:
             self._checkpoint = None
             generation, _created, sealed_at = SLAB.unpack_from(data, start)
             path = generation_dir(self.directory, generation)
-            self._build = Build(path, self._compression, sync=True)
+            self._build = Build(path, self._compression)
             if sealed_at:
                 self._sealed.append((path, generation, sealed_at))
         else:
@@ -185,11 +185,10 @@ class SlabBuilder:
         assert build is not None
         self._build = None
         try:
-            db = build.finish(last)
+            build.finish(last)
         except BaseException:
             build.close()
             raise
-        build.settled(db)
 
 
 def write_slabs(file: IO[bytes], stop: threading.Event, slabs: list[tuple[Slab, int]],
