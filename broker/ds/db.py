@@ -34,7 +34,7 @@ from broker.ds.open_slabs import OpenSlabs
 from broker.ds.recent import RecentReads
 from broker.ds.settings import Settings
 from broker.ds.shard import ChangeListener, Shard, load_slabs
-from broker.ds.slab import Slab
+from broker.ds.slab import Slab, SlabClosed
 from broker.ds.ttv import TTV, Make
 from broker.mqtt.topic import topic_matches
 
@@ -189,15 +189,19 @@ class MessagesDB:
             shard.prepare_next()
 
     def close_shard_now(self, i: int) -> None:
-        """Blocking: closes shard `i`'s slabs, whatever is in flight (a snapshot is about
-        to replace its directory; readers find its generations gone)."""
+        """Blocking: closes shard `i`'s slabs (its directory is about to be replaced;
+        readers find its generations gone), once its seals under way are over (callers
+        that can await `shard.wait_sealed()` first). A slab a reader on a worker thread
+        holds is closed by that reader when it lets go: closing a LevelDB under a thread
+        that uses it frees what that thread reads, or deadlocks its compaction. Until then
+        the slab's path stays locked, and a shard reopened there fails and is retried."""
         shard = self._by_index[i]
         if shard is None:
             return
         shard.next.discard()
+        shard.finish_seals()
         for slab in shard.slabs.values():
-            self.open_slabs.drop(slab)
-            slab.close()
+            self.open_slabs.drop(slab, writer_pin=slab is shard.current)
             self._on_change(i, slab.generation, None)
 
     def reopen_shard(self, i: int) -> Shard:
@@ -222,6 +226,9 @@ class MessagesDB:
         and readers find no generation. A shard a first write is creating is made first.
         For unreplicated shards (a replica's are replaced through its Raft group)."""
         await self.settled(built)
+        for shard in [self._by_index[i] for i in built]:
+            if shard is not None:
+                await shard.wait_sealed()
         for i, path in built.items():
             self.close_shard_now(i)
             self._by_index[i] = None
@@ -294,7 +301,12 @@ class MessagesDB:
         slab = self._slab(iterator.stream)
         if slab is None:
             return None, []
-        self.open_slabs.acquire(slab)
+        try:
+            self.open_slabs.acquire(slab)
+        except (plyvel.Error, SlabClosed):
+            if slab.dropped:  # removed while it was being opened
+                return None, []
+            raise
         try:
             return self._scan(slab, iterator, batch_size)
         finally:
@@ -307,8 +319,8 @@ class MessagesDB:
             return None, []
         try:
             await self.open_slabs.acquire_async(slab)
-        except plyvel.Error:
-            if slab.dropped:  # retention removed it while it was being opened
+        except (plyvel.Error, SlabClosed):
+            if slab.dropped:  # removed while it was being opened
                 return None, []
             raise
         try:

@@ -75,11 +75,15 @@ class OpenSlabs:
                     self._order.pop(slab, None)
             self._close_excess()
 
-    def drop(self, slab: Slab) -> None:
-        """Retention removed the slab: closed now, or by its last user."""
+    def drop(self, slab: Slab, writer_pin: bool = False) -> None:
+        """Retention removed the slab, or its shard's directory is about to be replaced
+        (with `writer_pin`, a current slab: the writer's pin goes too): closed now, or by
+        its last user. Never opened again (`Slab.reopen`): a new slab may take its path."""
         with self._lock:
             self._order.pop(slab, None)
             slab.dropped = True
+            if writer_pin:
+                slab.pins -= 1
             if not slab.pins:
                 slab.close()
 

@@ -27,6 +27,7 @@ directories beside the database (`<dir>.snapshot`), then swaps them in (files.sw
 crash leaves the old database or the new one, never a mix (files.recover_swap at the next
 start). """
 
+import asyncio
 import concurrent.futures
 import functools
 import json
@@ -59,7 +60,7 @@ from broker.ds.shipped import (
     install_files,
     staging_of,
 )
-from broker.ds.slab import Compression
+from broker.ds.slab import Compression, SlabClosed
 from broker.ds.ttv import TTV
 from broker.raft.host import ApplyFailed, PendingInstall
 from broker.raft.messages import NORMAL, Config, Entry
@@ -114,7 +115,7 @@ class _Machine:
                     self._mark(entry.index, entry.term)
             else:
                 self._mark(entry.index, entry.term)
-        except (plyvel.Error, OSError) as failure:  # its storage: `rewind`, then again
+        except (plyvel.Error, SlabClosed, OSError) as failure:  # its storage: `rewind`, again
             # (Not `error`, the BadCommand above: compiled, a name keeps one type.)
             raise ApplyFailed(f"{self.spool.name}: entry {entry.index}: {failure}",
                               failure) from failure
@@ -280,16 +281,19 @@ class ShardMachine(_Machine):
                 1, thread_name_prefix="snapshot-install")
             job.append(thread.submit(build))
             thread.shutdown(wait=False)
-            job[0].add_done_callback(lambda _: done())
+            # Meanwhile the shard's seals under way end (finish closes its slabs).
+            over = asyncio.gather(asyncio.wrap_future(job[0]), self.shard.wait_sealed(),
+                                  return_exceptions=True)
+            over.add_done_callback(lambda _: done())
 
         def finish() -> int | None:
             try:
                 job[0].result()
                 self._db.close_shard_now(self.index)
                 files.swap_in(self.shard.path)
-            except (plyvel.Error, OSError, cmd.BadCommand) as failure:
+                self._reopen(self.index)
+            except (plyvel.Error, SlabClosed, OSError, cmd.BadCommand) as failure:
                 raise self._failed(chunk, failure) from failure
-            self._reopen(self.index)
             shutil.rmtree(staging, ignore_errors=True)
             log.info("messages shard %d replaced by a snapshot at index %d: %d files"
                      " shipped, %d kept from an earlier transfer, %d fetched again",

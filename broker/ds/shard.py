@@ -35,6 +35,7 @@ idempotent.
 """
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import shutil
@@ -130,7 +131,9 @@ class Shard:
         self.cooker = Cooker(self.current.lts, self.current.stats, last)
         self.buffer: WriteBuffer[TTV] = WriteBuffer(self._flush, *buffer_settings)
         self._lock = asyncio.Lock()
-        self._sealing: dict[int, asyncio.Future[None]] = {}
+        # Seals under way on worker threads, by generation: concurrent futures, so that
+        # `finish_seals` can wait for them off the event loop's futures too.
+        self._sealing: dict[int, concurrent.futures.Future[None]] = {}
         # Counters for /metrics: batches, messages, bytes, seconds spent applying.
         self.batches = 0
         self.messages = 0
@@ -219,8 +222,7 @@ class Shard:
         self.current = new
         self.cooker = Cooker(new.lts, new.stats, self.cooker.last_timestamp)
         old.sealed_at = now
-        self._sealing[old.generation] = asyncio.get_running_loop().run_in_executor(
-            self.executor, self._seal, old, now)
+        self._sealing[old.generation] = self.executor.submit(self._seal, old, now)
         self._on_change(self.index, old.generation, None)
         if self.next.wanted:
             self.prepare_next()
@@ -255,8 +257,16 @@ class Shard:
     async def wait_sealed(self) -> None:
         while self._sealing:
             generation, sealing = next(iter(self._sealing.items()))
-            await asyncio.shield(sealing)  # a cancelled waiter must not cancel the seal
+            # A cancelled waiter must not cancel the seal (wrap_future would pass it on).
+            await asyncio.shield(asyncio.wrap_future(sealing))
             self._sealing.pop(generation, None)
+
+    def finish_seals(self) -> None:
+        """Blocking: waits for the seals under way, whatever their outcome. A seal compacts
+        its slab's LevelDB on a worker thread; closing that LevelDB under it would leave
+        LevelDB's destructor waiting forever for the compaction it cut short, the event
+        loop with it. Callers that can await `wait_sealed` first."""
+        concurrent.futures.wait(list(self._sealing.values()))
 
     async def drop_older_than(self, cutoff: int) -> list[int]:
         """Retention: drops sealed generations that ended before `cutoff`, after sealing a
@@ -418,8 +428,7 @@ class Shard:
                 raise BadCommand(f"shard {self.index}: no load of generation"
                                  f" {load.generation} into a shard holding data")
             self.slabs.pop(old.generation)
-            self.open_slabs.drop(old)
-            old.close()
+            self.open_slabs.drop(old, writer_pin=True)
             shutil.rmtree(old.path)
             self._on_change(self.index, old.generation, None)
             self._applied = (index, term)

@@ -47,7 +47,8 @@ _UIDS: Final = itertools.count()
 
 
 class SlabClosed(Exception):
-    """A sealed slab was used without acquiring it (open_slabs.py)."""
+    """A sealed slab was used without acquiring it (open_slabs.py), or opened again after
+    it was dropped."""
 
 
 # LevelDB's block cache per database (its default is 8 MiB): with up to
@@ -114,7 +115,8 @@ class Slab:
         self._db = db
         self._opening = threading.Lock()  # one LevelDB open at a time (it locks its directory)
         # Reads, writes and seals using the LevelDB now (open_slabs.py never closes it then);
-        # `dropped` once retention removed it: the last user closes it.
+        # `dropped` once retention removed it or its shard is being replaced: the last
+        # user closes it.
         self.pins = 0
         self.dropped = False
         self.keys_visited = 0
@@ -178,6 +180,8 @@ class Slab:
         with self._opening:
             if self._db is not None:
                 return False
+            if self.dropped:
+                raise SlabClosed(f"{self.path} was dropped")
             self._db = _open_leveldb(self.path, False, self.compression)
             return True
 
