@@ -1,4 +1,4 @@
-"""DirectFile (broker/backup/direct.py): what goes in comes out, whatever the sizes and
+"""DirectFile (broker/direct.py): what goes in comes out, whatever the sizes and
 however it is filled, with the tail past the last whole block; on an error the file is
 left for the caller to remove."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.backup.direct import DirectFile
+from broker.direct import DirectFile
 
 BUFFER = 64 << 10
 
