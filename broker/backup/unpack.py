@@ -168,7 +168,7 @@ class _Targets:
         if not target.exists():
             target.mkdir(parents=True)
             self._result.counts["generations"] += 1
-        # Past the page cache (direct.py); synced with the whole tree before it is swapped
+        # Past the page cache (broker/direct.py); synced with the whole tree before it is swapped
         # in (restore.py: files.sync_tree, the syncs side by side).
         if self._buffer is None:
             self._buffer = aligned_buffer()
