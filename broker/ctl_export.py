@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from broker.backup.archive import CHUNK, BadArchive, verify
-from broker.backup.direct import DirectFile
 from broker.backup.manifest import NAME, Manifest, parse_time
 from broker.backup.stream_check import StreamCheck
 from broker.ctl_import import TIMEOUT, refusal
+from broker.direct import DirectFile
 
 
 def _request(args: argparse.Namespace, path: str, body: Any = None,

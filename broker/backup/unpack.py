@@ -15,9 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
-
-import plyvel  # type: ignore[import-untyped]
+from typing import Final
 
 from broker.backup.archive import (
     BadArchive,
@@ -28,14 +26,13 @@ from broker.backup.archive import (
     decode_pairs,
 )
 from broker.backup.chain import Plan
-from broker.backup.direct import DirectFile, aligned_buffer
 from broker.backup.manifest import RETAINED, SESSIONS, Generation, Manifest, pairs_of
-from broker.ds.bulk import BUILD_BUFFER, Batches, write_out
+from broker.direct import DirectFile, aligned_buffer
+from broker.ds.bulk import Build
 from broker.ds.slab import Compression, Slab
 from broker.session.durable import records
 
 _META: Final = b"m"
-_SETTLERS: Final = 3  # databases written out as tables at once (`bulk.write_out`)
 _CREATORS: Final = 8  # databases created at once (`_Targets`)
 
 
@@ -55,38 +52,35 @@ def own_meta(key: bytes, value: bytes, now: float) -> bytes:
 
 
 class _Build:
-    """A new LevelDB being built from a `.pairs` member, part after part (manifest.py).
-    Its memtable (all of it, with the large buffer) is written out as a table by `settle`
-    (`bulk.write_out`), which gets the open database."""
+    """A new LevelDB being built from a `.pairs` member, part after part (manifest.py), as
+    tables written past the page cache, unsynced (bulk.Build: the import syncs the tree it
+    swaps in, and throws the sessions' and retained messages' away once read)."""
 
     def __init__(self, path: Path, compression: Compression, sessions: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = plyvel.DB(str(path), create_if_missing=True, error_if_exists=True,
-                             compression=compression, write_buffer_size=BUILD_BUFFER)
-        self._batches = Batches(self._db)
+        self._build = Build(path, compression, direct=True)
         self._sessions = sessions
         self._now = time.time()
         self.count = 0
 
     def add(self, pairs: Member, where: str) -> None:
         """Blocking: a part's pairs."""
-        put, now = self._batches.put, self._now
+        put, now = self._build.put, self._now
         for key, value in decode_pairs(pairs, where):
             put(key, own_meta(key, value, now) if self._sessions else value)
             self.count += 1
 
-    def finish(self, settle: Callable[[Any], None]) -> int:
-        """Blocking: the rest written (`settle` makes it durable); the pairs' count."""
+    def finish(self) -> int:
+        """Blocking: the rest written; the pairs' count."""
         try:
-            self._batches.finish([], sync=False)
+            self._build.finish([])
         except BaseException:
             self.abort()
             raise
-        settle(self._db)
         return self.count
 
     def abort(self) -> None:
-        self._db.close()
+        self._build.close()
 
 
 def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Path],
@@ -98,22 +92,14 @@ def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Pat
     (chain.py); of each, the generations `plan` takes from it (every member checked)."""
     result = Unpacked({"sessions_keys": 0, "retained": 0, "generations": 0})
     to_seal: list[tuple[Path, Generation]] = []
-    settling: list[Future[None]] = []
-    with ThreadPoolExecutor(_SETTLERS, thread_name_prefix="restore-settle") as settlers, \
-            ThreadPoolExecutor(_CREATORS, thread_name_prefix="restore-create") as creators:
-        try:
-            for index, archive in enumerate(archives):
-                targets = _Targets(plan.take[index], index == plan.last, shard_dir,
-                                   (sessions, retained), compression, result, to_seal,
-                                   creators)
-                try:
-                    _unpack_one(archive, targets,
-                                lambda db: settling.append(settlers.submit(write_out, db)))
-                finally:
-                    targets.close()
-        finally:
-            for done in settling:
-                done.result()
+    with ThreadPoolExecutor(_CREATORS, thread_name_prefix="restore-create") as creators:
+        for index, archive in enumerate(archives):
+            targets = _Targets(plan.take[index], index == plan.last, shard_dir,
+                               (sessions, retained), compression, result, to_seal, creators)
+            try:
+                _unpack_one(archive, targets)
+            finally:
+                targets.close()
     for target, gen in to_seal:
         slab = Slab.open(target, gen.generation, compression)
         assert gen.sealed_at is not None
@@ -125,9 +111,10 @@ def unpack(archives: Sequence[Opens], plan: Plan, shard_dir: Callable[[int], Pat
 class _Targets:
     """Where one archive's members go (of `take` its generations; with `last` the sessions
     and retained messages, into `state`). The databases its `.pairs` members become are
-    created ahead, side by side, once its manifest is read: LevelDB syncs a new database's
-    directory two or three times, tens of milliseconds each on a busy disk, which the
-    unpacking then does not wait for one after another."""
+    created ahead, side by side, once its manifest is read: with snappy configured, each is
+    a LevelDB (bulk.Build), which syncs a new database's directory two or three times, tens
+    of milliseconds each on a busy disk, which the unpacking then does not wait for one
+    after another (else a directory made)."""
 
     def __init__(self, take: frozenset[str], last: bool, shard_dir: Callable[[int], Path],
                  state: tuple[Path, Path], compression: Compression, result: Unpacked,
@@ -181,7 +168,7 @@ class _Targets:
         if not target.exists():
             target.mkdir(parents=True)
             self._result.counts["generations"] += 1
-        # Past the page cache (direct.py); synced with the whole tree before it is swapped
+        # Past the page cache (broker/direct.py); synced with the whole tree before it is swapped
         # in (restore.py: files.sync_tree, the syncs side by side).
         if self._buffer is None:
             self._buffer = aligned_buffer()
@@ -202,7 +189,7 @@ class _Targets:
         self._created = {}
 
 
-def _unpack_one(archive: Opens, targets: _Targets, settle: Callable[[Any], None]) -> None:
+def _unpack_one(archive: Opens, targets: _Targets) -> None:
     """One archive of `unpack`'s, into `targets`."""
     building: tuple[str, _Build | None] | None = None  # a `.pairs` member: its parts come
     built: set[str] = set()
@@ -212,7 +199,7 @@ def _unpack_one(archive: Opens, targets: _Targets, settle: Callable[[Any], None]
         name, build = building or ("", None)
         building = None
         if build is not None:
-            count = build.finish(settle)
+            count = build.finish()
             if name in (SESSIONS, RETAINED):
                 targets.counted(name, count)
 

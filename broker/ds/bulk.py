@@ -5,14 +5,14 @@ A snapshot can be larger than a node may hold in memory, and need not be one ato
 while nothing reads the database it goes into: it is written a few MiB per batch, the last
 one synced, and the finished database then replaces the one in use whole (files.swap_in).
 A database built from pairs in key order (`Build`) skips LevelDB's write path and is
-written as tables (table_writer.py): a catch-up's slabs. An import's databases
-(backup/unpack.py) stay on `Batches`: built by `Build`, an online import of 256 MiB took
-1.80-1.98 s against 1.16-1.35 s, the node's CPU 1.8-2.0 s against 1.33-1.63 s (native, the
-two alternating, load 0.3-0.5). Likely why: LevelDB copies a batch into its log and
-memtable, and its compaction thread writes the table, without the interpreter lock, while
-building tables here holds it on the import's one thread, beside the upload's reader and
-the hashing; and the tables' pages are new to the page cache (on this VM a fault on the
-host each), where LevelDB's reuse the pages of the logs it deletes.
+written as tables (table_writer.py): a catch-up's slabs, and an import's databases
+(backup/unpack.py), whose tables go past the page cache (`direct`). Built so through the
+page cache, an online import of 256 MiB had taken 1.80-1.98 s against LevelDB's write
+path's 1.16-1.35 s (native, alternating, load 0.3-0.5): every page of the tables was a new
+one (on this VM a fault on the host each), where LevelDB's writes reuse the pages of the
+logs it deletes. Past the page cache they cost the node less than LevelDB's path (its log,
+memtable and table in new pages): node CPU per import 1.06-1.36 s against 1.41-1.71 s
+(native, alternating, load 1.9-2.6, both with the sealed tables past the page cache).
 """
 
 import contextlib
@@ -79,15 +79,18 @@ class Build:
     opens it, and the rest goes through `Batches` as it always did (a later pair of a key
     wins either way). With `compression` (snappy: the writer writes no compressed blocks)
     everything goes through `Batches`. The finished database is on disk (its files and
-    directory synced)."""
+    directory synced), but for a `direct` one's tables."""
 
-    def __init__(self, path: Path, compression: str | None) -> None:
+    def __init__(self, path: Path, compression: str | None, direct: bool = False) -> None:
+        """`direct`: tables written past the page cache and not synced, for a database
+        nothing reads soon whose tree the caller syncs (files.sync_tree) before it is
+        used (TableWriter: an import's)."""
         self.path = path
         self._compression = compression
         self._writer: TableWriter | None = None
         self._batches: Batches | None = None
         if compression is None:
-            self._writer = TableWriter(path, sync=True)
+            self._writer = TableWriter(path, sync=not direct, direct=direct)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._batches = Batches(self._open(True))

@@ -67,6 +67,7 @@ from typing import Final
 
 from crc32c import crc32c
 
+from broker.direct import DirectFile, aligned_buffer
 from broker.ds.files import fsync_dir
 
 LEVEL: Final = 6  # LevelDB's kNumLevels - 1: see the module docstring
@@ -209,12 +210,15 @@ class TableWriter:
     A finished table is written (and synced) by a thread of the writer's own while the next
     is built, one at a time: the write is the kernel's copy into new page-cache pages (on
     this VM a fault on the host for each: 0.8 s of an import's thread for 130 MiB, py-spy)
-    and releases the interpreter, which building holds."""
+    and releases the interpreter, which building holds. With `direct` the tables go past
+    the page cache instead (broker/direct.py), from one buffer: for a database nothing
+    reads soon (an import's), whose new page-cache pages were the writer's largest cost."""
 
-    def __init__(self, path: Path, sync: bool) -> None:
+    def __init__(self, path: Path, sync: bool, direct: bool = False) -> None:
         path.mkdir(parents=True)
         self.path = path
         self._sync = sync
+        self._direct = aligned_buffer() if direct else None
         # level, number, size, smallest and largest internal keys
         self._files: list[tuple[int, int, int, bytes, bytes]] = []
         self._next_number = _MANIFEST_NUMBER + 1
@@ -279,7 +283,7 @@ class TableWriter:
         self._next_number += 1
         data = table.finish()
         self._written()  # (one table at a time in memory, besides the one being built)
-        self._writing = self._files_out.submit(self._write, f"{number:06d}.ldb", data)
+        self._writing = self._files_out.submit(self._write_table, f"{number:06d}.ldb", data)
         self._files.append((level, number, len(data), table.smallest + table.trailer,
                             table.largest + table.trailer))
         self._table = _Table(self._sequence_trailer)
@@ -308,6 +312,13 @@ class TableWriter:
         os.replace(self.path / temporary, self.path / "CURRENT")
         if self._sync:
             fsync_dir(self.path)
+
+    def _write_table(self, name: str, data: bytearray) -> None:
+        if self._direct is None:
+            self._write(name, data)
+            return
+        with DirectFile(self.path / name, self._sync, self._direct) as out:
+            out.write(memoryview(data))
 
     def _write(self, name: str, data: bytes | bytearray) -> None:
         with open(self.path / name, "wb") as file:

@@ -1,13 +1,14 @@
-"""DirectFile (broker/backup/direct.py): what goes in comes out, whatever the sizes and
+"""DirectFile (broker/direct.py): what goes in comes out, whatever the sizes and
 however it is filled, with the tail past the last whole block; on an error the file is
 left for the caller to remove."""
 
+import fcntl
 import os
 from pathlib import Path
 
 import pytest
 
-from broker.backup.direct import DirectFile
+from broker.direct import DirectFile
 
 BUFFER = 64 << 10
 
@@ -42,3 +43,26 @@ def test_close_twice_and_an_error_leaves_the_file_closed(tmp_path: Path) -> None
         raise RuntimeError("the source failed")
     assert len(os.listdir("/proc/self/fd")) == fds
     assert (tmp_path / "b").stat().st_size == BUFFER  # the whole buffer went out; the tail not
+
+
+def test_a_file_smaller_than_the_buffer_goes_past_the_page_cache_but_its_tail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import's sealed tables (about 2 MiB) never fill the 4 MiB buffer: its whole
+    blocks must still be written with O_DIRECT, only the last partial block without."""
+    writes: list[tuple[int, bool]] = []
+    real_write = os.write
+
+    def write(fd: int, data: memoryview) -> int:
+        writes.append((len(data), bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    data = os.urandom(BUFFER + 3 * 4096 + 100)
+    path = tmp_path / "table.ldb"
+    with DirectFile(path, sync=False, buffer=BUFFER) as file:
+        file.write(data)
+        if not file.direct:
+            pytest.skip("this file system refuses O_DIRECT")
+    assert path.read_bytes() == data
+    assert [(length, direct) for length, direct in writes if length] == [
+        (BUFFER, True), (3 * 4096, True), (100, False)]
