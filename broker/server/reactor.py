@@ -63,10 +63,12 @@ class Reactor:
         self._epoll.modify(fd, events)
 
     def remove(self, fd: int) -> None:
-        if self.transports.pop(fd, None) is not None:
-            self._epoll.unregister(fd)
-            if self._retired and not self.transports:
-                self._close()
+        """Out of the dispatch table: the descriptor's later events are ignored, and the
+        epoll forgets it when `StreamTransport.finish` closes it (an epoll drops a
+        descriptor's entry once its last reference is closed, and the broker neither dups
+        nor forks one), without an EPOLL_CTL_DEL per connection."""
+        if self.transports.pop(fd, None) is not None and self._retired and not self.transports:
+            self._close()
 
     def retire(self) -> None:
         """The listener closed: the epoll goes with its last connection."""
@@ -307,9 +309,9 @@ class StreamTransport(asyncio.Transport):
         self._lose(exc)
 
     def _lose(self, exc: Exception | None) -> None:
-        """No more events: out of the epoll now (its descriptor stays open, so no new
-        connection can take its number meanwhile), the protocol told soon after
-        (`Reactor.lost`), never inside the caller's frame."""
+        """No more events: out of the reactor's table now (its descriptor stays open, so
+        no new connection can take its number meanwhile), the protocol told soon after
+        (`Reactor.lost`), never inside the caller's frame, and the descriptor closed then."""
         if self._lost:
             return
         self._lost = True
