@@ -3,6 +3,7 @@ buffering with flow control, close after the buffer drains, half-close, abort, p
 reading, the peer's EOF, and a closed listener whose connections go on."""
 
 import asyncio
+import os
 import socket
 from collections.abc import AsyncIterator
 
@@ -182,3 +183,78 @@ async def test_a_closed_listener_refuses_new_clients_and_keeps_its_connections(
     writer.close()
     assert await protocol.lost is None
     assert server.reactor.transports == {}
+
+
+def _watched(server: Server) -> set[int]:
+    """The descriptors the reactor's epoll holds, as the kernel lists them."""
+    epoll_fd = server.reactor._epoll.fileno()
+    with open(f"/proc/self/fdinfo/{epoll_fd}") as info:
+        return {int(line.split()[1]) for line in info if line.startswith("tfd:")}
+
+
+def _open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+async def test_thousands_of_connections_leave_no_descriptor_open_or_watched(served) -> None:
+    """A transport leaves the epoll by its descriptor's close, without an EPOLL_CTL_DEL:
+    every descriptor is closed, and none is left in the epoll."""
+    server, protocols = served
+    port = server.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)  # what a first one makes
+    while not protocols or protocols[0].transport is None:
+        await asyncio.sleep(0)
+    protocols[0].transport.abort()
+    await protocols[0].lost
+    writer.close()
+    await writer.wait_closed()
+    before = _open_fds()
+
+    async def one(n: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"x")
+        while len(protocols) <= n or not protocols[n].data:
+            await asyncio.sleep(0)
+        if n % 2:
+            protocols[n].transport.close()  # ours closes first
+            assert await reader.read() == b""
+        writer.close()
+        await protocols[n].lost
+
+    for first in range(1, 2001, 50):
+        await asyncio.gather(*(one(n) for n in range(first, first + 50)))
+    assert len(protocols) == 2001
+    assert all(p.events[-1] == "lost" for p in protocols)
+    assert server.reactor.transports == {}
+    assert _watched(server) == set()
+    assert _open_fds() == before
+
+
+async def test_a_client_given_a_closed_connections_descriptor_at_once_is_served(served) -> None:
+    server, protocols = served
+    reader, writer, protocol, transport = await connect(server, protocols)
+    fd = transport._fd
+    transport.close()
+    assert await protocol.lost is None
+    assert fd not in _watched(server)
+    assert await reader.read() == b""
+    writer.close()
+    await writer.wait_closed()
+    # The kernel hands out the lowest free number: the next accepted client gets `fd`
+    # unless the client's own socket (this process's too) took it first.
+    clients = []
+    while True:
+        reader, writer, second, transport = await connect(server, protocols)
+        clients.append(writer)
+        if transport._fd == fd or len(clients) == 3:
+            break
+    assert transport._fd == fd
+    writer.write(b"hello")
+    await second.received.wait()
+    assert second.data == b"hello"
+    transport.write(b"back")
+    assert await reader.readexactly(4) == b"back"
+    for writer in clients:
+        writer.close()
+    assert await second.lost is None
+    assert protocol.events == ["lost"]  # the first protocol heard nothing of the others
