@@ -8,16 +8,17 @@ in chunks, and a reader gets each member as a file object it reads in chunks. `v
 reads a whole archive and names the first member that is not what the archive lists.
 """
 
-import hashlib
 import struct
 import tarfile
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Final, Literal, Protocol
 
+from broker.backup.hashing import Hasher, Hashing
 from broker.backup.manifest import (
     CHECKSUMS,
     NAME,
@@ -329,6 +330,7 @@ class Ledger:
         self._expected: dict[str, Expected] | None = (
             _listed(manifest) if manifest.version == 1 else None)
         self._found: dict[str, Expected] = {}  # version 2: until checksums.json
+        self._begun: set[str] = set()  # members whose verdict may still be to come
         self._ended = False  # version 2: checksums.json was read
 
     def is_checksums(self, path: str) -> bool:
@@ -339,8 +341,9 @@ class Ledger:
         """A member's header; raises BadArchive if it cannot be one of this archive."""
         if self._ended:
             raise BadArchive(f"{path}: after {CHECKSUMS}, which ends an archive")
-        if path in self._found or (self._expected is not None and path not in self._expected):
+        if path in self._begun or (self._expected is not None and path not in self._expected):
             raise unlisted(path)
+        self._begun.add(path)
 
     def done(self, path: str, size: int, sha256: str) -> None:
         """The member read whole: its size and SHA-256."""
@@ -381,48 +384,20 @@ def _listed(manifest: Manifest) -> dict[str, Expected]:
     return {m.path: (m.size, m.sha256) for m in manifest.files}
 
 
-class _Hashing:
-    """A member's file object that hashes what is read through it, on `hasher`'s thread
-    while the reader deals with the chunk (writes it: hashlib lets go of the GIL), a chunk
-    behind at most. A reader building a database from the chunk (bulk.Build's table
-    writer) holds the GIL until it reads again, and the hash waits for it: in a 256 MiB
-    import the unpacking waited 0.3-0.5 s of its ~1 s for hashes (as long as hashing the
-    same chunks on the reader's thread took), a cost not overlapped yet."""
-
-    def __init__(self, handle: Member, hasher: ThreadPoolExecutor) -> None:
-        self._handle = handle
-        self._hasher = hasher
-        self._sha = hashlib.sha256()
-        self._hashing: Future[None] | None = None
-        self.size = 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._handle.read(size)
-        if self._hashing is not None:
-            self._hashing.result()
-        self._hashing = self._hasher.submit(self._sha.update, data)
-        self.size += len(data)
-        return data
-
-    def hexdigest(self) -> str:
-        if self._hashing is not None:
-            self._hashing.result()
-        return self._sha.hexdigest()
-
-
 def checked_members(file: ArchiveFile) -> Iterator[tuple[Manifest, str, Member | None]]:
     """The archive's members as (manifest, path, file object to read before the next): the
     manifest and checksums.json (version 2) with None, each read whole here (the manifest
     given with checksums.json has its files). Each member is hashed as it is read (what the
     caller did not read is read to the end), and checked (Ledger): a caller that writes
     members out keeps what it wrote only once the iteration ends without an error."""
-    with ThreadPoolExecutor(1, thread_name_prefix="backup-hash") as hasher:
+    with Hasher() as hasher:
         yield from _checked(file, hasher)
 
 
-def _checked(file: ArchiveFile, hasher: ThreadPoolExecutor,
+def _checked(file: ArchiveFile, hasher: Hasher,
              ) -> Iterator[tuple[Manifest, str, Member | None]]:
     ledger: Ledger | None = None
+    hashed: deque[tuple[str, int, Future[str]]] = deque()  # members read, in order
     for path, size, handle in _members(file):
         if ledger is None:
             raw = _whole(path, size, handle) if path == NAME else b""
@@ -430,17 +405,30 @@ def _checked(file: ArchiveFile, hasher: ThreadPoolExecutor,
             yield ledger.manifest, path, None
             continue
         if ledger.is_checksums(path):
+            _settle(ledger, hashed, wait=True)
             yield ledger.checksums(_whole(path, size, handle)), path, None
             continue
         ledger.begin(path)
-        hashing = _Hashing(handle, hasher)
+        hashing = Hashing(handle, hasher)
         yield ledger.manifest, path, hashing
         while hashing.read(CHUNK):
             pass
-        ledger.done(path, hashing.size, hashing.hexdigest())
+        hashed.append((path, hashing.size, hashing.digest()))
+        _settle(ledger, hashed, wait=False)
     if ledger is None:
         raise BadArchive(f"empty archive: no {NAME}")
+    _settle(ledger, hashed, wait=True)
     ledger.finish()
+
+
+def _settle(ledger: "Ledger", hashed: deque[tuple[str, int, Future[str]]], wait: bool,
+            ) -> None:
+    """The members whose hashes are done checked, in the archive's order (with `wait`,
+    all of them): a member's verdict may come after later members were read, never after
+    the iteration ends."""
+    while hashed and (wait or hashed[0][2].done()):
+        path, size, digest = hashed.popleft()
+        ledger.done(path, size, digest.result())
 
 
 def verify(file: ArchiveFile) -> Manifest:

@@ -21,6 +21,7 @@ from broker.backup.archive import (
     parts,
     verify,
 )
+from broker.backup.hashing import Hasher, Hashing
 from broker.backup.manifest import (
     CHECKSUMS,
     NAME,
@@ -291,3 +292,34 @@ def test_times_and_formats() -> None:
     assert unreadable_formats(manifest(), {"messages": 1}) == []
     assert unreadable_formats(manifest(), {"messages": 0}) == [
         "messages version 1 (this release reads up to 0)"]
+
+
+def test_a_member_found_twice_is_refused_while_its_first_hash_is_pending(
+        checked: Callable[[bytes], Manifest]) -> None:
+    """Members are hashed behind the reader (hashing.py): the first copy's verdict may not
+    be in when the second copy's header is read."""
+    with tarfile.open(fileobj=io.BytesIO(archive())) as source:
+        entries = [(info, source.extractfile(info)) for info in source.getmembers()]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as doubled:
+        for info, file in [*entries[:2], entries[1], *entries[2:]]:
+            assert file is not None
+            file.seek(0)
+            doubled.addfile(info, file)
+    with pytest.raises(BadArchive, match=rf"{entries[1][0].name}: not listed .* found twice"):
+        checked(out.getvalue())
+
+
+@pytest.mark.parametrize("sizes", [[0], [1], [CHUNK * 3 + 5, 0, 7, CHUNK]])
+def test_members_hashed_behind_the_reader_have_their_own_digests(sizes: list[int]) -> None:
+    members = [bytes([n]) * size for n, size in enumerate(sizes)]
+    with Hasher() as hasher:
+        digests = []
+        for data in members:
+            reading, pieces = Hashing(io.BytesIO(data), hasher), []
+            while piece := reading.read(CHUNK // 3):
+                pieces.append(piece)
+            assert b"".join(pieces) == data
+            digests.append(reading.digest())
+        assert [d.result(10) for d in digests] == [hashlib.sha256(m).hexdigest()
+                                                   for m in members]
