@@ -35,11 +35,13 @@ class VersionKeeper:
     def __init__(self, metadata: MetadataGroup, cluster: Cluster,
                  record: Callable[[int], None]) -> None:
         """`record`: writes the version the cluster runs where start-up checks it (blocking,
-        once per rise: format_check.record_cluster_version)."""
+        once per rise: format_check.record_cluster_version). At start it runs here; a rise
+        is recorded on a worker thread (`_record_soon`)."""
         self._metadata = metadata
         self._cluster = cluster
         self._record = record
         self._raising: asyncio.Task[None] | None = None
+        self._recording: asyncio.Task[None] | None = None  # the last rise's record
         self._seen = self.effective()
         record(self._seen)  # a rise a crash kept from being recorded, or one before 0.2.0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -91,7 +93,7 @@ class VersionKeeper:
         if effective > self._seen:
             log.info("the cluster's effective version rose to %d", effective)
             self._seen = effective
-            self._record(effective)
+            self._record_soon(effective)
             self._cluster.refuse_older(effective)
             self.on_rise(effective)
         if self._waiters:
@@ -119,7 +121,26 @@ class VersionKeeper:
         finally:
             self._raising = None
 
+    def _record_soon(self, version: int) -> None:
+        """The record of a rise, on a worker thread after the one before it (each reads the
+        stamp and writes only a higher version: two at once could lower it). Its two fsyncs
+        took 10-150 ms on the event loop of a new replica, which sees the rise while its
+        snapshots arrive. A crash before it is written leaves the older version, as one
+        between applying the rise and recording it always could (format_check)."""
+        self._recording = asyncio.get_running_loop().create_task(
+            self._record_after(self._recording, version))
+
+    async def _record_after(self, previous: "asyncio.Task[None] | None", version: int) -> None:
+        if previous is not None:
+            await previous
+        try:
+            await asyncio.to_thread(self._record, version)
+        except OSError:
+            log.exception("the cluster's version %d not recorded in the data dir", version)
+
     async def stop(self) -> None:
         if self._raising is not None:
             self._raising.cancel()
             await asyncio.gather(self._raising, return_exceptions=True)
+        if self._recording is not None:
+            await asyncio.gather(self._recording, return_exceptions=True)

@@ -2,6 +2,8 @@
 only then (its metadata group and cluster stood in for by their few fields it reads)."""
 
 import asyncio
+import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,25 +30,37 @@ class _Cluster:
 
 
 def _keeper(speaks: dict[str, versions.Speaks | None],
-            recorded: list[int] | None = None) -> tuple[VersionKeeper, Any]:
+            record: Callable[[int], None] = lambda version: None
+            ) -> tuple[VersionKeeper, Any]:
     machine = SimpleNamespace(cluster_version=0)
     metadata = SimpleNamespace(machine=machine, member_sites=lambda: set(speaks),
                                core=lambda: None)  # not the leader: nothing proposed here
-    record = recorded.append if recorded is not None else lambda version: None
     return VersionKeeper(metadata, _Cluster(speaks), record), machine  # type: ignore[arg-type]
 
 
-def test_the_version_is_recorded_at_start_and_at_each_rise() -> None:
+async def test_the_version_is_recorded_at_start_and_at_each_rise() -> None:
     """Where start-up refuses code that cannot run it (format_check.record_cluster_version,
-    which writes only a version above the one recorded)."""
+    which writes only a version above the one recorded): a rise on a worker thread, off
+    the event loop, in the order of the rises; a stop waits for it."""
     recorded: list[int] = []
-    keeper, machine = _keeper({"a": versions.MINE}, recorded)
-    assert recorded == [0]
+    loop = threading.get_ident()
+    threads: list[int] = []
+
+    def record(version: int) -> None:
+        threads.append(threading.get_ident())
+        recorded.append(version)
+
+    keeper, machine = _keeper({"a": versions.MINE}, record)
+    assert recorded == [0] and threads == [loop]
     keeper.round()
-    machine.cluster_version = versions.HIGHEST  # the rise, applied here
+    machine.cluster_version = versions.HIGHEST - 1  # two rises, applied here
+    keeper.round()
+    machine.cluster_version = versions.HIGHEST
     keeper.round()
     keeper.round()
-    assert recorded == [0, versions.HIGHEST]
+    await keeper.stop()
+    assert recorded == [0, versions.HIGHEST - 1, versions.HIGHEST]
+    assert loop not in threads[1:]
 
 
 def test_a_rise_every_member_is_ready_for_is_waited_for() -> None:
