@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Final, Literal, Protocol
 
-from broker.backup.hashing import Hasher, Hashing
+from broker.backup.hashing import Hasher, Hashing, Member
 from broker.backup.manifest import (
     CHECKSUMS,
     NAME,
@@ -47,12 +47,6 @@ class ArchiveFile(Protocol):
     def tell(self) -> int: ...
     def seek(self, offset: int, /) -> object: ...
     def close(self) -> object: ...
-
-
-class Member(Protocol):
-    """A member being read from an archive (its reads check or hash it on the way)."""
-
-    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class Opens(Protocol):

@@ -21,7 +21,9 @@ from typing import Any, Final, Protocol
 QUEUED: Final = 16  # chunks (1 MiB each in archive.py) read and not yet hashed, at most
 
 
-class Readable(Protocol):
+class Member(Protocol):
+    """A member being read from an archive (its reads check or hash it on the way)."""
+
     def read(self, size: int = -1, /) -> bytes: ...
 
 
@@ -33,7 +35,7 @@ _Item = tuple[Any, bytes | None, "Future[str] | None"]
 class Hashing:
     """A member's file object that has what is read through it hashed (`Hasher`)."""
 
-    def __init__(self, handle: Readable, hasher: "Hasher") -> None:
+    def __init__(self, handle: Member, hasher: "Hasher") -> None:
         self._handle = handle
         self._hasher = hasher
         self._sha = hashlib.sha256()

@@ -141,30 +141,33 @@ async def import_data(request: web.Request) -> web.Response:
                         node.restore_durable_sessions, _groups(request),  # type: ignore[arg-type]
                         request.app[_LOAD_REFUSAL_KEY])  # type: ignore[arg-type]
         stem = node.ds.root / f"import-{os.getpid()}"
-        closes = [False]  # a thread read the body: aiohttp's parser did not see it end
         try:
             if request.content_type.startswith("multipart/"):
                 names = await _receive(request, stem, uploads)
-                counts = await import_online(uploads, target, names)
-            else:
-                counts = await _import_one(request, stem, uploads, target, closes)
-            response = web.json_response({"restored": counts})
+                return _restored(await import_online(uploads, target, names))
+            return await _import_one(request, stem, uploads, target)
         except ImportRefused as refused:
-            response = _error(_STATUS[refused.code], refused.code, str(refused))
+            return _refusal(refused)
         finally:
             for upload in uploads:
                 with contextlib.suppress(FileNotFoundError):
                     upload.unlink()
-    if closes[0]:
-        response.force_close()
-    return response
 
 
-async def _import_one(request: web.Request, stem: Path, uploads: list[Path], target: Target,
-                      closes: list[bool]) -> dict[str, int]:
+def _restored(counts: dict[str, int]) -> web.Response:
+    return web.json_response({"restored": counts})
+
+
+def _refusal(refused: ImportRefused) -> web.Response:
+    return _error(_STATUS[refused.code], refused.code, str(refused))
+
+
+async def _import_one(request: web.Request, stem: Path, uploads: list[Path],
+                      target: Target) -> web.Response:
     """One archive, unpacked as it arrives (pipe.py: no copy of it on disk first); one
-    gzip-compressed (its first bytes say) to a file first, which tarfile reads as one.
-    `closes[0]` set when a thread read the body (request_body.py)."""
+    gzip-compressed (its first bytes say) to a file first, which tarfile reads as one. The
+    response closes the connection when a thread read the body (request_body.py): aiohttp's
+    parser did not see it end."""
     loop = asyncio.get_running_loop()
     pipe = Pipe(loop)
     feeding = asyncio.ensure_future(feed(request, pipe, request.app[_IDLE_KEY]))
@@ -175,20 +178,23 @@ async def _import_one(request: web.Request, stem: Path, uploads: list[Path], tar
             await loop.run_in_executor(None, _save, pipe, uploads[-1])
             archive = uploads[-1]
         counts = await import_online([archive], target, [_ONE])
-    except ImportRefused:
+    except ImportRefused as found:
         received = await _finish(pipe, feeding)
-        closes[0] = received.by_thread
-        if received.stopped is not None:  # (what the unpack found short: not the cause)
-            raise ImportRefused("BAD_ARCHIVE", f"the upload stopped: {received.stopped}"
-                                ) from None
-        raise
+        refused = found if received.stopped is None else ImportRefused(
+            # (what the unpack found short: not the cause)
+            "BAD_ARCHIVE", f"the upload stopped: {received.stopped}")
+        response = _refusal(refused)
     except BaseException:  # cancelled, or failed: the body's reader stops too
         feeding.cancel()
         pipe.close()
         pipe.end()
         raise
-    closes[0] = (await _finish(pipe, feeding)).by_thread
-    return counts
+    else:
+        received = await _finish(pipe, feeding)
+        response = _restored(counts)
+    if received.by_thread:
+        response.force_close()
+    return response
 
 
 async def _finish(pipe: Pipe, feeding: "asyncio.Future[Received]") -> Received:
