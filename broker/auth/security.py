@@ -140,6 +140,7 @@ class Security:
         self._pending = 0
         self._hashing: HashWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []  # the files' watch, the JWKS fetches
+        self._derive()
         for path in self._paths():
             self._load(path)  # raises: a broker does not start on a bad file
 
@@ -147,16 +148,14 @@ class Security:
         return [path for path in (self._password_path, self._acl_path, self._scram_path,
                                   self._jwks_path) if path]
 
-    @property
-    def authorizes(self) -> bool:
-        """Whether a connection's actions are asked about (it gets an `AclCache`)."""
-        return self.acl is not None or self.http_authz is not None or not self.no_match
-
-    @property
-    def checks_credentials(self) -> bool:
-        """Whether a CONNECT waits for `authenticate` (off the fast path otherwise)."""
-        return (self.users is not None or self.jwt is not None or self.http is not None
-                or not self.allow_anonymous)
+    def _derive(self) -> None:
+        """`authorizes`: whether a connection's actions are asked about (it gets an
+        `AclCache`); `checks_credentials`: whether a CONNECT waits for `authenticate` (off
+        the fast path otherwise). Attributes set when a file is read, not properties: each
+        CONNECT reads both, and a property of this (interpreted) class is a Python call."""
+        self.authorizes = self.acl is not None or self.http_authz is not None or not self.no_match
+        self.checks_credentials = (self.users is not None or self.jwt is not None
+                                   or self.http is not None or not self.allow_anonymous)
 
     # ---- files -----------------------------------------------------------------------------
     def _load(self, path: str) -> None:
@@ -185,6 +184,7 @@ class Security:
         except (PasswordFileError, AclFileError, ScramFileError) as error:
             raise SecurityFileError(str(error)) from None
         self._signatures[path] = signature
+        self._derive()
 
     def _use_jwks(self, text: str, path: str) -> None:
         from broker.auth.tokens import JwtConfigError  # with the verifier (`_jwt_verifier`)
