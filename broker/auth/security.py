@@ -86,6 +86,8 @@ class Outcome(NamedTuple):
 
 
 Later = Callable[[Outcome | BaseException], None]
+_SUCCESS: Final = Outcome(ReasonCode.SUCCESS)
+"""The plain success, shared (a NamedTuple is immutable): not one made per CONNECT."""
 
 
 class _Later:
@@ -120,6 +122,9 @@ class Security:
         self.jwt = _jwt_verifier(config)
         self.disconnect_after_expire: bool = config["authentication.jwt.disconnect_after_expire"]
         self.http = _http_service(config, "authentication.http.")
+        # Whether `authenticate_now` can decide: no source in the chain answers in a
+        # coroutine (the HTTP service). An attribute, as `_derive`'s: read per CONNECT.
+        self.answers_now = self.http is None
         authz_service = _http_service(config, "authorization.http.")
         # The cache's size, 0 when it is off (every decision made again).
         self.cache_size: int = (config["authorization.cache.max_size"]
@@ -140,6 +145,7 @@ class Security:
         self._pending = 0
         self._hashing: HashWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []  # the files' watch, the JWKS fetches
+        self._derive()
         for path in self._paths():
             self._load(path)  # raises: a broker does not start on a bad file
 
@@ -147,16 +153,14 @@ class Security:
         return [path for path in (self._password_path, self._acl_path, self._scram_path,
                                   self._jwks_path) if path]
 
-    @property
-    def authorizes(self) -> bool:
-        """Whether a connection's actions are asked about (it gets an `AclCache`)."""
-        return self.acl is not None or self.http_authz is not None or not self.no_match
-
-    @property
-    def checks_credentials(self) -> bool:
-        """Whether a CONNECT waits for `authenticate` (off the fast path otherwise)."""
-        return (self.users is not None or self.jwt is not None or self.http is not None
-                or not self.allow_anonymous)
+    def _derive(self) -> None:
+        """`authorizes`: whether a connection's actions are asked about (it gets an
+        `AclCache`); `checks_credentials`: whether a CONNECT waits for `authenticate` (off
+        the fast path otherwise). Attributes set when a file is read, not properties: each
+        CONNECT reads both, and a property of this (interpreted) class is a Python call."""
+        self.authorizes = self.acl is not None or self.http_authz is not None or not self.no_match
+        self.checks_credentials = (self.users is not None or self.jwt is not None
+                                   or self.http is not None or not self.allow_anonymous)
 
     # ---- files -----------------------------------------------------------------------------
     def _load(self, path: str) -> None:
@@ -185,6 +189,7 @@ class Security:
         except (PasswordFileError, AclFileError, ScramFileError) as error:
             raise SecurityFileError(str(error)) from None
         self._signatures[path] = signature
+        self._derive()
 
     def _use_jwks(self, text: str, path: str) -> None:
         from broker.auth.tokens import JwtConfigError  # with the verifier (`_jwt_verifier`)
@@ -242,12 +247,6 @@ class Security:
             await self.http_authz.service.close()
 
     # ---- authentication --------------------------------------------------------------------
-    @property
-    def answers_now(self) -> bool:
-        """Whether `authenticate_now` can decide: no source in the chain answers in a
-        coroutine (the HTTP service)."""
-        return self.http is None
-
     def authenticate_now(self, client_id: str, username: str | None, password: bytes | None,
                          later: Later) -> Outcome | None:
         """`authenticate` without coroutines, when `answers_now`: the outcome, or None while
@@ -295,13 +294,13 @@ class Security:
         """No source: credentials are not checked, only their absence."""
         if anonymous and not self.allow_anonymous:
             return self._fail("anonymous", ReasonCode.NOT_AUTHORIZED)
-        return Outcome(ReasonCode.SUCCESS)
+        return _SUCCESS
 
     def _passed(self, anonymous: bool, unavailable: bool) -> Outcome:
         """Every source passed: anonymous clients as configured, credentials refused."""
         if anonymous:
             if self.allow_anonymous:
-                return Outcome(ReasonCode.SUCCESS)
+                return _SUCCESS
             return self._fail("anonymous", ReasonCode.NOT_AUTHORIZED)
         if unavailable:
             return self._fail("http_unavailable", ReasonCode.SERVER_UNAVAILABLE)
@@ -328,7 +327,7 @@ class Security:
         if isinstance(result, BaseException):
             later(result)
         elif result:
-            later(Outcome(ReasonCode.SUCCESS))
+            later(_SUCCESS)
         else:
             later(self._fail("bad_password", ReasonCode.BAD_USER_NAME_OR_PASSWORD))
 

@@ -134,15 +134,20 @@ class Takeover:
         rpc.register("client.connected", self._converge)
         cluster.on_peer_up(self._peer_up)
 
-    def needed(self) -> bool:
-        """A claim round only when another node could hold the ID, or, with replicated
-        storage, its durable session may be in the replicas (with any node's claim on it:
-        even a session in this node's memory waits for this node's replica to catch up)."""
-        return bool(self._cluster.links) or self.replicated is not None
-
     def stamp(self) -> Stamp:
         self._clock = max(time.time_ns(), self._clock + 1)
         return self._clock, self._cluster.me.site
+
+    def local_stamp(self) -> Stamp | None:
+        """The stamp of a CONNECT that needs no claim round; None when it needs one: another
+        node could hold the ID, or, with replicated storage, its durable session may be in
+        the replicas (with any node's claim on it: even a session in this node's memory
+        waits for this node's replica to catch up). One call on every CONNECT's path (this
+        module is interpreted), not a check and a stamp."""
+        if self._cluster.links or self.replicated is not None:
+            return None
+        clock = self._clock = max(time.time_ns(), self._clock + 1)
+        return clock, self._cluster.me.site
 
     def _observe(self, clock: Any) -> None:
         if isinstance(clock, int) and clock > self._clock:

@@ -183,29 +183,34 @@ class Connection:
 
     def _handle(self, packets: list[Packet], error: MQTTError | None) -> None:
         handlers = HANDLERS
+        output = self._output
+        output.reading()
         try:
-            for packet in packets:
-                if self.closed:
-                    return
-                if self._held is not None:
-                    self._held.append(packet)
-                    self.pause_input(PAUSE_HOLD)
-                    continue
-                # Connected: straight to the handler (a call less per packet on the hot
-                # path); otherwise, or for a type with no handler, `_dispatch` decides.
-                handler = handlers.get(packet.type) if self.connected else None
-                if handler is None:
-                    self._dispatch(packet)
-                else:
-                    handler(self, packet)
-        except MQTTError as exc:
-            error = exc
-        except Exception:
-            log.exception("internal error handling a packet from %s", self.client_id or self.peer)
-            error = MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
-        if error is not None and not self.closed:
-            self.fail(error)
-        self._output.flush()
+            try:
+                for packet in packets:
+                    if self.closed:
+                        break
+                    if self._held is not None:
+                        self._held.append(packet)
+                        self.pause_input(PAUSE_HOLD)
+                        continue
+                    # Connected: straight to the handler (a call less per packet on the hot
+                    # path); otherwise, or for a type with no handler, `_dispatch` decides.
+                    handler = handlers.get(packet.type) if self.connected else None
+                    if handler is None:
+                        self._dispatch(packet)
+                    else:
+                        handler(self, packet)
+            except MQTTError as exc:
+                error = exc
+            except Exception:
+                log.exception("internal error handling a packet from %s",
+                              self.client_id or self.peer)
+                error = MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+            if error is not None and not self.closed:
+                self.fail(error)
+        finally:
+            output.read_done()  # the read's output, every destination's, leaves now
 
     def hold_input(self, until: "asyncio.Task[None] | None" = None) -> None:
         """The packet being handled finishes in later loop turns (a large SUBSCRIBE is

@@ -17,21 +17,30 @@ class Flushable(Protocol):
 
 
 class OutputBatch:
-    __slots__ = ("_dirty", "_scheduled", "loop")
+    __slots__ = ("_dirty", "_reads", "_scheduled", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop  # the one its connections run on
         self._dirty: list[Flushable] = []
         self._scheduled = False  # a `_flush_later` is coming
+        self._reads = 0  # reads being handled (`reading`): each flushes at its end
 
     def add(self, connection: Flushable) -> None:
         """The connection has output; it is flushed at the end of the current read, or by
-        the next loop turn when no read is under way. One callback for a turn's reads, not
-        one per read: a read's own `flush` leaves the callback scheduled."""
+        the next loop turn when no read is under way. A read's output schedules no callback
+        (a Handle and a Context copy per loop turn that read anything, with a CONNACK, say)."""
         self._dirty.append(connection)
-        if not self._scheduled:
+        if not self._scheduled and not self._reads:
             self._scheduled = True
             self.loop.call_soon(self._flush_later)
+
+    def reading(self) -> None:
+        """A read is being handled: what it produces is flushed by its `read_done`."""
+        self._reads += 1
+
+    def read_done(self) -> None:
+        self._reads -= 1
+        self.flush()
 
     def _flush_later(self) -> None:
         self._scheduled = False

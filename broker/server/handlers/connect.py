@@ -151,13 +151,12 @@ def _admit(conn: "Connection", accept: "Accept") -> bool:
     CONNACK, at once unless other nodes or the HTTP authorization service are to be asked.
     True: a Task goes on, holding the client's next packets (`hold_input`)."""
     takeover = conn.node.takeover
-    claim = takeover is not None and takeover.needed()
-    will = None if claim else _will_now(conn)
-    if will is None:
+    stamp = takeover.local_stamp() if takeover is not None else conn.claim_stamp
+    if stamp is None or (will := _will_now(conn)) is None:
+        # Other nodes, or the HTTP authorization service, are asked first.
         _hold_for(conn, _accept_later(conn, accept, False))
         return True
-    if takeover is not None:
-        conn.claim_stamp = takeover.stamp()
+    conn.claim_stamp = stamp
     if _will_allowed(conn, will):
         _open(conn, accept)
     return False
@@ -198,10 +197,11 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool) 
     if conn.closed or not _will_allowed(conn, will):
         return
     takeover = conn.node.takeover
-    if takeover is None or not takeover.needed():
-        if takeover is not None:
-            conn.claim_stamp = takeover.stamp()
+    stamp = takeover.local_stamp() if takeover is not None else conn.claim_stamp
+    if stamp is not None:
+        conn.claim_stamp = stamp
         return _open(conn, accept)
+    assert takeover is not None
     outcome = await takeover.claim(conn.client_id, not packet.clean_start)
     conn.claim_stamp = outcome.stamp
     if conn.closed or outcome.refuse is not None:
