@@ -37,6 +37,7 @@ PREP, GO, STOP, DONE = 0, 1, 2, 3
 close everything."""
 
 RECV_SIZE = 1 << 18
+"""The most one read takes (a QoS 0 subscriber's reads fill it)."""
 STALL_RESYNC = 2.0
 COALESCE = 0.01
 CONNECT_TIMEOUT = 10.0
@@ -170,6 +171,7 @@ def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
     shared.resumed[slot] = resumed
     shared.ready[slot] = 1
     total = 0
+    inbox = Inbox()
     # QoS 0 fan-out reads are coalesced: a round of reads at most every COALESCE seconds lets
     # data pile up in the kernel, so 100 sockets cost a few large recv() calls instead of one
     # per packet. A single socket needs no help (under load each recv() returns a lot), and
@@ -180,7 +182,7 @@ def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
             started = time.monotonic()
             for key, _ in sel.select(0.05):
                 sock, scanner = key.fileobj, key.data
-                data = sock.recv(RECV_SIZE)  # type: ignore[union-attr]
+                data = inbox.recv(sock)
                 if not data:
                     raise ConnectionError("broker closed a subscriber connection")
                 before = scanner.count
@@ -204,6 +206,27 @@ def _subscriber(spec: SubscriberSpec, shared: Shared, slot: int) -> None:
                     key.fileobj.sendall(wire.DISCONNECT)  # type: ignore[union-attr]
     finally:
         _close_all(sel)
+
+
+class Inbox:
+    """Reads sockets into one buffer made once, and returns a copy of what arrived.
+
+    Not `sock.recv(RECV_SIZE)`: CPython allocates RECV_SIZE bytes for each call and shrinks
+    them to what came. 256 KiB is above glibc's mmap threshold (128 KiB, until the free of a
+    larger mapped block raises it), so each read of a few PUBACKs cost an mmap, an mremap, a
+    munmap and a page fault: in scenario d a quarter to a third of a publisher process's CPU
+    (perf), and more or less from run to run as a large read did or did not happen to raise
+    the threshold. The copy is of what arrived only.
+    """
+
+    __slots__ = ("_buffer", "_view")
+
+    def __init__(self, size: int = RECV_SIZE) -> None:
+        self._buffer = bytearray(size)
+        self._view = memoryview(self._buffer)
+
+    def recv(self, sock: socket.socket) -> bytes:
+        return self._view[: sock.recv_into(self._buffer)].tobytes()
 
 
 class _LagGate:
@@ -286,6 +309,7 @@ def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
     gate = _LagGate(shared, spec)
     limit = spec.total or float("inf")
     timing: list[tuple[int, float] | None] = [None] * len(socks)  # (PUBACK count, sent at)
+    inbox = Inbox()
     shared.ready[slot] = 1
     try:
         _wait_phase(shared, GO)
@@ -311,7 +335,7 @@ def _publisher_qos1(spec: PublisherSpec, shared: Shared, slot: int) -> None:
                         break
             for key, _ in sel.select(0.002 if sending else 0.05):
                 i = key.data
-                data = socks[i].recv(RECV_SIZE)
+                data = inbox.recv(socks[i])
                 if not data:
                     raise ConnectionError("broker closed a publisher connection")
                 before = scanners[i].count
