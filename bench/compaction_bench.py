@@ -16,6 +16,7 @@ round. Writes bench/compaction_results.json.
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import statistics
@@ -76,6 +77,7 @@ async def one(root: Path, compression: str, n: int, streams: int) -> dict[str, A
 
 
 async def run(n: int, streams: int, rounds: int) -> dict[str, Any]:
+    machine = report.machine()  # before the rounds: its date and load are the run's start
     per: dict[str, list[dict[str, Any]]] = {c: [] for c in SETTINGS}
     for r in range(rounds):
         for compression in SETTINGS if r % 2 == 0 else SETTINGS[::-1]:
@@ -89,7 +91,8 @@ async def run(n: int, streams: int, rounds: int) -> dict[str, Any]:
     median = {c: {key: statistics.median(cell[key] for cell in cells) for key in cells[0]}
               for c, cells in per.items()}
     return {"messages": n, "streams": streams, "batch": BATCH, "rounds": rounds,
-            "machine": report.machine(), "median": median, "rounds_detail": per}
+            "machine": machine | {"loadavg_at_end": os.getloadavg()[0]},
+            "build": report.build(), "median": median, "rounds_detail": per}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -30,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make `broker` importable
 
 import plyvel
 
+from bench import report
 from broker.ds import TTV, DurableStorage, Settings
 from broker.ds.keys import DATA, timestamp_of
 
@@ -132,7 +134,8 @@ def wildcard(storage: DurableStorage) -> dict[str, Any]:
 
 async def run(n: int, n_sync: int, rounds: int) -> dict[str, Any]:
     results: dict[str, Any] = {"messages": n, "sync_messages": n_sync, "batch": BATCH,
-                               "payload_bytes": len(PAYLOAD), "rounds": rounds}
+                               "payload_bytes": len(PAYLOAD), "rounds": rounds,
+                               "machine": report.machine(), "build": report.build()}
     for sync, count in ((False, n), (True, n_sync)):
         best: dict[str, float] = {}
         for _ in range(rounds):  # alternating, best of each: the machine is shared
@@ -189,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| wildcard `bench/dev42/#` (keys visited) | {w['keys_visited']:,} for"
           f" {w['matches']:,} matches | {w['raw_full_scan_keys']:,} (full scan) |"
           f" {w['ratio']} |")
+    results["machine"]["loadavg_at_end"] = os.getloadavg()[0]
     args.output.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

@@ -33,7 +33,6 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `broker` impo
 
 from bench import brokers, durable_bench, procstat, report
 from bench.scenarios import check_broker, settled_rss
-from broker.native import compiled_modules
 
 RESULTS = Path(__file__).resolve().parent / "replay_results.json"
 STREAM = "bench"
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = sorted(cell["replay_over_drain"] for cell in cells)
     summary = {"date": time.strftime("%Y-%m-%d"), "messages": messages,
                "pinned": brokers.pinned(), "loadavg_at_end": os.getloadavg()[0],
-               "build": "native" if compiled_modules() else "pure Python",
+               "build": report.build(),
                "ratios": [cell["replay_over_drain"] for cell in cells],
                "median_ratio": ratios[(len(ratios) - 1) // 2],
                "verified": all(cell["replay_verified"] and cell["drain_verified"]

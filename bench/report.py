@@ -16,6 +16,7 @@ from typing import Any
 
 from bench import brokers
 from bench.scenarios import Outcome, Scenario, Timing
+from broker.native import compiled_modules
 
 PEERS = ("mosquitto", "amqtt")
 BUSY_MACHINE = 0.25
@@ -50,6 +51,12 @@ def machine() -> dict[str, Any]:
         "loadavg_at_start": os.getloadavg()[0],
         "python": sys.version.split()[0],
     }
+
+
+def build() -> str:
+    """Whether this tree's `broker` runs compiled or as pure Python, for a benchmark that runs
+    the engine in its own process: the README's figures differ by up to 2x between the two."""
+    return "native" if compiled_modules() else "pure Python"
 
 
 def environment(versions: dict[str, str], timing: Timing, load_cpus: set[int]) -> dict[str, Any]:
