@@ -7,7 +7,7 @@ back by an install (the format: broker/ds/replication_shard.py's docstring).
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -21,31 +21,40 @@ from broker.ds.slab import CHECKPOINT_KEY, Compression, Slab
 from broker.raft.spool import FILE_BUFFER, DumpStopped, Insert, Splice
 
 _RECORD: Final = struct.Struct(">BI")
+_HEAD: Final = _RECORD.size  # (compiled, `_RECORD.size` is an attribute lookup each time)
 SLAB: Final = struct.Struct(">QQQ")
 _U32: Final = struct.Struct(">I")
 _PAIR_HEAD: Final = struct.Struct(">BII")  # a pair record's head and its key's length
 SLAB_RECORD: Final = 1
 PAIR_RECORD: Final = 2
 
-# (kind, data, start, stop): a whole record whose body is data[start:stop]
-Take = Callable[[int, bytes, int, int], None]
-
 
 def _record(kind: int, data: bytes) -> bytes:
     return _RECORD.pack(kind, len(data)) + data
 
 
+def _u32(data: bytes, at: int) -> int:
+    """The big-endian u32 at `at`: four byte reads, compiled, where struct's unpack_from
+    is a call that makes a tuple."""
+    return data[at] << 24 | data[at + 1] << 16 | data[at + 2] << 8 | data[at + 3]
+
+
 class Framing:
     """The one reader of the record framing: records in pieces cut anywhere (a transfer's
-    chunks, a file's reads) handed whole to `take` where they lie in the piece; only a
-    record a piece's end cuts is put together (copying every byte into a buffer first, then
-    out of it, cost the receiver's writer thread a copy of each chunk and a move of its
-    rest)."""
+    chunks, a file's reads) handed whole to the subclass's `take` where they lie in the
+    piece; only a record a piece's end cuts is put together (copying every byte into a
+    buffer first, then out of it, cost the receiver's writer thread a copy of each chunk
+    and a move of its rest). `take` is a method, which compiled code calls directly: with a
+    callback, and each head unpacked by struct, SlabBuilder took 116-147 ms of CPU for a
+    catch-up's 88,000 pairs (15.3 MiB), against 55-65 ms so (native, min of 5)."""
 
-    def __init__(self, take: Take) -> None:
-        self._take = take
+    def __init__(self) -> None:
         self._cut = bytearray()  # a record's start that the last piece's end cut off
         self._whole = 0  # that record's size, once its head is in `_cut` (0: not yet)
+
+    def take(self, kind: int, data: bytes, start: int, stop: int) -> None:
+        """A whole record, its body data[start:stop]."""
+        raise NotImplementedError
 
     def feed(self, data: bytes) -> None:
         at = 0
@@ -54,13 +63,11 @@ class Framing:
             at = self._join(data)
             if at < 0:
                 return
-        take = self._take
-        while size - at >= _RECORD.size:
-            kind, length = _RECORD.unpack_from(data, at)
-            stop = at + _RECORD.size + length
+        while size - at >= _HEAD:
+            stop = at + _HEAD + _u32(data, at + 1)
             if stop > size:
                 break
-            take(kind, data, at + _RECORD.size, stop)
+            self.take(data[at], data, at + _HEAD, stop)
             at = stop
         if at < size:
             self._cut += data[at:]
@@ -72,12 +79,12 @@ class Framing:
         cut = self._cut
         at = 0
         if not self._whole:
-            if len(cut) < _RECORD.size:
-                at = _RECORD.size - len(cut)
+            if len(cut) < _HEAD:
+                at = _HEAD - len(cut)
                 cut += data[:at]
-                if len(cut) < _RECORD.size:
+                if len(cut) < _HEAD:
                     return -1
-            self._whole = _RECORD.size + _RECORD.unpack_from(cut)[1]
+            self._whole = _HEAD + _RECORD.unpack_from(cut)[1]
         rest = self._whole - len(cut)
         if rest > len(data) - at:
             cut += data[at:]
@@ -86,7 +93,7 @@ class Framing:
         record = bytes(cut)
         cut.clear()
         self._whole = 0
-        self._take(record[0], record, _RECORD.size, len(record))
+        self.take(record[0], record, _HEAD, len(record))
         return at + rest
 
     def end(self) -> None:
@@ -97,29 +104,35 @@ class Framing:
 
 def split_pair(data: bytes, start: int, stop: int) -> tuple[bytes, bytes]:
     """A pair record's key and value, its body data[start:stop]."""
-    (klen,) = _U32.unpack_from(data, start)
-    return data[start + 4:start + 4 + klen], data[start + 4 + klen:stop]
+    key_end = start + 4 + _u32(data, start)
+    return data[start + 4:key_end], data[key_end:stop]
+
+
+class _Pairs(Framing):
+    """The pairs of the records fed, gathered in `read`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[tuple[bytes, bytes]] = []
+
+    def take(self, kind: int, data: bytes, start: int, stop: int) -> None:
+        if kind == PAIR_RECORD:
+            self.read.append(split_pair(data, start, stop))
 
 
 def pairs(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """The key/value pairs of a sessions snapshot, read as they are consumed (a generator
     function: mypyc makes a list of a generator expression passed as an argument)."""
-    read: list[tuple[bytes, bytes]] = []
-
-    def take(kind: int, data: bytes, start: int, stop: int) -> None:
-        if kind == PAIR_RECORD:
-            read.append(split_pair(data, start, stop))
-
-    framing = Framing(take)
+    framing = _Pairs()
     with path.open("rb", buffering=0) as file:
         while piece := file.read(FILE_BUFFER):
             framing.feed(piece)
-            yield from read
-            read.clear()
+            yield from framing.read
+            framing.read.clear()
     framing.end()
 
 
-class SlabBuilder:
+class SlabBuilder(Framing):
     """A shard snapshot's slabs built in `directory` from its records as they come, in
     pieces cut anywhere (a version 2 transfer's, chunk by chunk, on the receiver's writer
     thread, while the rest arrives; version 1's from the received file), then `finish`ed
@@ -130,19 +143,16 @@ class SlabBuilder:
     keys, is written again at `finish` with the snapshot's index (a `late` pair)."""
 
     def __init__(self, directory: Path, compression: Compression) -> None:
+        super().__init__()
         self.directory = directory
         self._compression = compression
         shutil.rmtree(directory, ignore_errors=True)  # an earlier transfer's
         directory.mkdir(parents=True)
-        self._framing = Framing(self._record)
         self._build: Build | None = None  # the open slab's
         self._checkpoint: bytes | None = None  # the last slab's (the current one)
         self._sealed: list[tuple[Path, int, int]] = []
 
-    def feed(self, data: bytes) -> None:
-        self._framing.feed(data)
-
-    def _record(self, kind: int, data: bytes, start: int, stop: int) -> None:
+    def take(self, kind: int, data: bytes, start: int, stop: int) -> None:
         if kind == PAIR_RECORD and self._build is not None:
             key, value = split_pair(data, start, stop)
             self._build.put(key, value)
@@ -164,7 +174,7 @@ class SlabBuilder:
                ) -> None:
         """The last slab's checkpoint (at `index`, `term`) and `last` written, every slab
         closed, the sealed ones sealed."""
-        self._framing.end()
+        self.end()
         if self._build is None:  # a shard always has a current generation
             raise BadCommand("a shard snapshot without a generation")
         self._written([(CHECKPOINT_KEY, checkpoint_at(self._checkpoint, index, term)), *last])

@@ -27,6 +27,8 @@ it. So:
 - Chunks leave at most at the node's `Pace` (`durable_storage.raft.snapshot_bytes_rate`,
   all groups together): past it `chunk` answers None and `on_dumped` has the core ask again
   once the rate allows, so a replica catching up never takes the links from client traffic.
+  A slow pace makes the chunks shorter, so the transfer still moves within the core's
+  timeout.
 
 A crash leaves at most these files, removed when the spool is made at the next start.
 """
@@ -51,6 +53,11 @@ log = logging.getLogger(__name__)
 # 1 MiB, up to four in flight (progress.py's SNAPSHOT_WINDOW): at 1 Gbit/s a chunk holds the
 # link for 8 ms, against 64 MiB frames allowed.
 CHUNK_BYTES: Final = 1 << 20
+# At a low pace a chunk holds back the next one for as long as it takes at the rate, and
+# the Raft core gives up a transfer that does not move for an election timeout (1 s by
+# default): paced chunks are what leaves in PACED_SECONDS, at least MIN_CHUNK_BYTES.
+PACED_SECONDS: Final = 0.25
+MIN_CHUNK_BYTES: Final = 64 << 10
 IDLE_SECONDS: Final = 30.0
 FILE_BUFFER: Final = 1 << 20  # of the snapshot files, written and read
 CRC: Final = struct.Struct(">I")
@@ -134,6 +141,13 @@ class Pace:
     def spend(self, size: int) -> None:
         if self.rate is not None:
             self._tokens -= size
+
+    def chunk_bytes(self) -> int:
+        """The size of a chunk at this pace: CHUNK_BYTES, less at a rate that would hold the
+        next one back past PACED_SECONDS (1 MiB at 1MB/s: 1.05 s)."""
+        if self.rate is None:
+            return CHUNK_BYTES
+        return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, int(self.rate * PACED_SECONDS)))
 
 
 class _Stream:
@@ -259,7 +273,7 @@ class SnapshotSpool:
             return None  # the dump is still writing it: `on_dumped` once it is over
         if self._pace_wait():
             return None
-        data = stream.read(offset, CHUNK_BYTES)
+        data = stream.read(offset, CHUNK_BYTES if self.pace is None else self.pace.chunk_bytes())
         if self.pace is not None:
             self.pace.spend(len(data))
         done = stream.complete and offset + len(data) >= stream.size

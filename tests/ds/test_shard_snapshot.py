@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.ds import replication_layer as cmd
+from broker.raft.spool import PACED_SECONDS, Pace
 from tests.ds.conftest import message
 from tests.ds.replicas import Replica, by_generation, snapshot_chunk, traced_transfer, transfer
 
@@ -106,6 +107,17 @@ async def test_a_spooled_snapshot_no_transfer_reads_is_dropped(
     replica.machine.spool.drop_idle()
     assert spooled(tmp_path) == []
     assert replica.machine.flush() == 9
+
+
+async def test_a_slow_pace_cuts_chunks_that_leave_well_within_an_election_timeout(
+        tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    """A paced chunk holds the next one back for as long as it takes at the rate: at 1MB/s
+    a whole chunk would hold it over a second, past the one after which the Raft core
+    gives a transfer up."""
+    replica = filled(tmp_path, executor, 30)
+    replica.machine.spool.pace = Pace((1_000_000, 1.0))
+    at, data, done = await snapshot_chunk(replica.machine, 0, 0)
+    assert (at, len(data), done) == (30, 1_000_000 * PACED_SECONDS, False)
 
 
 async def test_a_dump_is_ended_before_its_slabs_are_closed(
