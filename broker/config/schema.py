@@ -415,12 +415,15 @@ SETTINGS: tuple[Setting, ...] = (
             " with one synced write, then the log is compacted up to it. A peer that fell"
             " behind the log's start gets a snapshot instead."),
     Setting("durable_storage.raft.snapshot_bytes_rate", "256MB/s",
-            parse_rate(sizes=True, zero_unlimited=True),
+            # A chunk paced slower than 64 KiB per 0.25 s (broker/raft/spool.py) could hold
+            # the next one back past the election timeout, which gives the transfer up.
+            parse_rate(sizes=True, zero_unlimited=True, lowest="256KB/s"),
             "Most bytes per second a node sends of Raft snapshots, all groups together"
             " (a replica catching up: a shard's sealed generations go as their LevelDB"
             " files, checksummed, and a broken transfer resumes where it stopped), so that a"
-            " catch-up never takes the cluster links from client traffic. `infinity` or `0` ="
-            " no limit."),
+            " catch-up never takes the cluster links from client traffic; at least `256KB/s`"
+            " (below it, chunks would wait so long that a transfer gives up). `infinity` or"
+            " `0` = no limit."),
     Setting("durable_storage.raft.commit_timeout", "30s", parse_duration,
             "How long a retained PUBLISH waits for its Raft commit. The message reaches"
             " current subscribers at once; its PUBACK/PUBREC waits for the commit (on a"

@@ -52,12 +52,13 @@ Rate = tuple[float, float]
 """(amount, period in seconds): `10/100ms` is (10.0, 0.1)."""
 
 
-def parse_rate(*, sizes: bool, zero_unlimited: bool = False
+def parse_rate(*, sizes: bool, zero_unlimited: bool = False, lowest: str | None = None
                ) -> Callable[[Any], Rate | None]:
     """EMQX's rate values: `infinity` (None: no limit) or AMOUNT/PERIOD such as `1000/s`,
     `10/100ms` or `500/10s`; with `sizes`, the amount may carry a size unit (`1MB/s`,
     `64KB/s`, binary units as in `parse_size`); with `zero_unlimited`, `0` is no limit too
-    (a throttle turned off, as Mosquitto and RabbitMQ write it)."""
+    (a throttle turned off, as Mosquitto and RabbitMQ write it); with `lowest` (a rate
+    written the same way), slower rates are refused."""
 
     def parse(raw: Any) -> Rate | None:
         text = str(raw).strip()
@@ -72,8 +73,11 @@ def parse_rate(*, sizes: bool, zero_unlimited: bool = False
         period = float(count or 1) * _DURATION_UNITS[period_unit.lower()]
         if amount <= 0 or period <= 0:
             raise ValueError(f"a rate must be above zero (or 'infinity'), got {raw!r}")
+        if floor is not None and amount / period < floor[0] / floor[1]:
+            raise ValueError(f"a rate must be at least {lowest}, got {raw!r}")
         return amount, period
 
+    floor = None if lowest is None else parse_rate(sizes=sizes)(lowest)
     return parse
 
 

@@ -48,6 +48,17 @@ def test_zero_is_no_limit_only_where_allowed() -> None:
         parse_rate(sizes=True)("0")
 
 
+def test_a_snapshot_rate_too_slow_to_finish_a_transfer_is_refused() -> None:
+    """Paced chunks are at least 64 KiB (broker/raft/spool.py): slower than 256KB/s, one
+    would hold the next back for longer than the Raft core waits for a transfer to move."""
+    assert load_config(None, ["durable_storage.raft.snapshot_bytes_rate=256KB/s"])[
+        "durable_storage.raft.snapshot_bytes_rate"] == (262144.0, 1.0)
+    with pytest.raises(ConfigError, match=r"snapshot_bytes_rate.*at least 256KB/s"):
+        load_config(None, ["durable_storage.raft.snapshot_bytes_rate=255KB/s"])
+    with pytest.raises(ConfigError, match="at least"):
+        load_config(None, ["durable_storage.raft.snapshot_bytes_rate=1MB/10s"])
+
+
 @pytest.mark.parametrize("raw", ["1000", "0/s", "10/0s", "1MB/s", "x/s", "-1/s", "10/s/s", ""])
 def test_bad_message_rates_are_refused(raw: str) -> None:
     with pytest.raises(ValueError, match="rate"):
