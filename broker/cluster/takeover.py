@@ -146,8 +146,7 @@ class Takeover:
         module is interpreted), not a check and a stamp."""
         if self._cluster.links or self.replicated is not None:
             return None
-        clock = self._clock = max(time.time_ns(), self._clock + 1)
-        return clock, self._cluster.me.site
+        return self.stamp()
 
     def _observe(self, clock: Any) -> None:
         if isinstance(clock, int) and clock > self._clock:

@@ -146,12 +146,18 @@ def _authenticated(conn: "Connection", outcome: Outcome) -> bool:
     return True
 
 
+def _local_stamp(conn: "Connection") -> tuple[int, str] | None:
+    """The client ID's claim stamp when no other node need be asked (a single node has no
+    takeover: its connection's own stamp); None when a claim round is needed."""
+    takeover = conn.node.takeover
+    return conn.claim_stamp if takeover is None else takeover.local_stamp()
+
+
 def _admit(conn: "Connection", accept: "Accept") -> bool:
     """The authenticated CONNECT: its will authorized, its client ID claimed, then the
     CONNACK, at once unless other nodes or the HTTP authorization service are to be asked.
     True: a Task goes on, holding the client's next packets (`hold_input`)."""
-    takeover = conn.node.takeover
-    stamp = takeover.local_stamp() if takeover is not None else conn.claim_stamp
+    stamp = _local_stamp(conn)
     if stamp is None or (will := _will_now(conn)) is None:
         # Other nodes, or the HTTP authorization service, are asked first.
         _hold_for(conn, _accept_later(conn, accept, False))
@@ -196,11 +202,11 @@ async def _accept_later(conn: "Connection", accept: Accept, authenticate: bool) 
                                    conn.will.retain)
     if conn.closed or not _will_allowed(conn, will):
         return
-    takeover = conn.node.takeover
-    stamp = takeover.local_stamp() if takeover is not None else conn.claim_stamp
+    stamp = _local_stamp(conn)
     if stamp is not None:
         conn.claim_stamp = stamp
         return _open(conn, accept)
+    takeover = conn.node.takeover
     assert takeover is not None
     outcome = await takeover.claim(conn.client_id, not packet.clean_start)
     conn.claim_stamp = outcome.stamp
